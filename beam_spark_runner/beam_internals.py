@@ -1,0 +1,162 @@
+"""The one place that touches Apache Beam's non-public modules.
+
+The runner reuses Beam's own machinery rather than re-implementing it: the graph phases
+of ``FnApiRunner`` (fusion, combiner lifting, SDF expansion), the SDK harness's bundle
+processor (which runs user code with Beam's exact semantics), its in-memory state servicer
+(which serves side inputs), the batch trigger driver (GroupByKey) and the monitoring-info
+helpers (metrics). None of these are public API, so every use goes through the names below.
+A Beam upgrade that moves them is fixed here, and ``pyproject.toml`` pins the tested range.
+"""
+
+from __future__ import annotations
+
+from apache_beam.coders.coder_impl import create_InputStream, create_OutputStream
+from apache_beam.metrics.monitoring_infos import consolidate as consolidate_monitoring_infos
+from apache_beam.metrics.monitoring_infos import is_user_monitoring_info
+from apache_beam.portability import common_urns, python_urns
+from apache_beam.portability.api import (
+    beam_fn_api_pb2,
+    beam_runner_api_pb2,
+    endpoints_pb2,
+    metrics_pb2,
+)
+from apache_beam.runners import common as runners_common
+from apache_beam.runners.pipeline_context import PipelineContext
+from apache_beam.runners.pipeline_utils import (
+    group_by_key_input_visitor,
+    merge_common_environments,
+    merge_superset_dep_environments,
+    validate_pipeline_graph,
+)
+from apache_beam.runners.portability import portable_metrics
+from apache_beam.runners.portability.fn_api_runner import translations
+from apache_beam.runners.portability.fn_api_runner.execution import (
+    GroupingBuffer,
+    WindowGroupingBuffer,
+)
+from apache_beam.runners.portability.fn_api_runner.fn_runner import FnApiMetrics, FnApiRunner
+from apache_beam.runners.portability.fn_api_runner.worker_handlers import (
+    FNAPI_RUNNER_CAPABILITIES,
+    SingletonStateHandlerFactory,
+    StateServicer,
+)
+from apache_beam.runners.worker import bundle_processor, data_plane, sdk_worker, statecache
+from apache_beam.transforms import environments, trigger
+from apache_beam.utils import proto_utils
+
+# Graph phases and helpers from FnApiRunner's translations module.
+Stage = translations.Stage
+TransformContext = translations.TransformContext
+create_and_optimize_stages = translations.create_and_optimize_stages
+create_buffer_id = translations.create_buffer_id
+split_buffer_id = translations.split_buffer_id
+only_element = translations.only_element
+unique_name = translations.unique_name
+IMPULSE_BUFFER: bytes = translations.IMPULSE_BUFFER
+PAR_DO_URNS: frozenset[str] = translations.PAR_DO_URNS
+
+# Runner <-> SDK data plane transforms inside a fused stage.
+DATA_INPUT_URN: str = bundle_processor.DATA_INPUT_URN
+DATA_OUTPUT_URN: str = bundle_processor.DATA_OUTPUT_URN
+ENCODED_IMPULSE_VALUE: bytes = runners_common.ENCODED_IMPULSE_VALUE
+
+# The URNs the Python SDK harness can execute inside a fused stage.
+SDK_TRANSFORM_URNS: frozenset[str] = frozenset(
+    bundle_processor.BeamTransformFactory._known_urns  # noqa: SLF001 - Beam internal
+)
+
+ClosableOutputStream = data_plane.ClosableOutputStream
+DataChannel = data_plane.DataChannel
+DataChannelFactory = data_plane.DataChannelFactory
+SdkWorker = sdk_worker.SdkWorker
+BundleProcessorCache = sdk_worker.BundleProcessorCache
+GlobalCachingStateHandler = sdk_worker.GlobalCachingStateHandler
+StateCache = statecache.StateCache
+
+create_trigger_driver = trigger.create_trigger_driver
+from_monitoring_infos = portable_metrics.from_monitoring_infos
+
+
+def fn_api_runner_phases() -> list:
+    """Beam's batch graph phases, in FnApiRunner's order."""
+    t = translations
+    return [
+        t.annotate_downstream_side_inputs,
+        t.fix_side_input_pcoll_coders,
+        t.pack_combiners,
+        t.lift_combiners,
+        t.expand_sdf,
+        t.expand_gbk,
+        t.sink_flattens,
+        t.greedily_fuse,
+        t.read_to_impulse,
+        t.impulse_to_input,
+        t.sort_stages,
+        t.add_impulse_to_dangling_transforms,
+        t.setup_timer_mapping,
+        t.populate_data_channel_coders,
+    ]
+
+
+def fn_api_runner_supported_requirements() -> tuple[str, ...]:
+    """The pipeline requirements Beam's own FnApiRunner declares support for."""
+    return tuple(FnApiRunner.supported_requirements())
+
+
+def embedded_environment_proto() -> beam_runner_api_pb2.Environment:
+    """The environment proto for running Python transforms in this process."""
+    return environments.EmbeddedPythonEnvironment.default().to_runner_api(None)  # type: ignore[arg-type]
+
+
+def default_environment() -> environments.Environment:
+    """The environment the runner asks Beam to use for Python transforms."""
+    return environments.EmbeddedPythonEnvironment.default()
+
+
+def resolve_any_environments(
+    pipeline_proto: beam_runner_api_pb2.Pipeline,
+) -> beam_runner_api_pb2.Pipeline:
+    """Resolves ``AnyOf`` environments the way FnApiRunner does."""
+    for env_id, env in pipeline_proto.components.environments.items():
+        pipeline_proto.components.environments[env_id].CopyFrom(
+            environments.resolve_anyof_environment(
+                env,
+                python_urns.EMBEDDED_PYTHON,
+                common_urns.environments.EXTERNAL.urn,
+                common_urns.environments.DOCKER.urn,
+            )
+        )
+    return pipeline_proto
+
+
+def prepare_pipeline_proto(
+    pipeline_proto: beam_runner_api_pb2.Pipeline,
+) -> beam_runner_api_pb2.Pipeline:
+    """Validates the graph and merges environments, as FnApiRunner does first."""
+    validate_pipeline_graph(pipeline_proto)
+    return merge_common_environments(
+        resolve_any_environments(merge_superset_dep_environments(pipeline_proto))
+    )
+
+
+__all__ = [
+    "FNAPI_RUNNER_CAPABILITIES",
+    "FnApiMetrics",
+    "GroupingBuffer",
+    "PipelineContext",
+    "SingletonStateHandlerFactory",
+    "StateServicer",
+    "WindowGroupingBuffer",
+    "beam_fn_api_pb2",
+    "beam_runner_api_pb2",
+    "common_urns",
+    "consolidate_monitoring_infos",
+    "create_InputStream",
+    "create_OutputStream",
+    "endpoints_pb2",
+    "group_by_key_input_visitor",
+    "is_user_monitoring_info",
+    "metrics_pb2",
+    "proto_utils",
+    "python_urns",
+]

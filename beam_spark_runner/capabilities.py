@@ -1,0 +1,130 @@
+"""What the runner can execute, checked on the pipeline before Spark starts.
+
+Every check raises :class:`UnsupportedFeatureError` naming the transform, its URN, what is
+missing and what to do. Nothing unsupported passes through silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.errors import UnsupportedFeatureError
+from beam_spark_runner.planning import Plan
+
+_REQUIREMENTS = bi.common_urns.requirements
+SUPPORTED_REQUIREMENTS: frozenset[str] = frozenset(
+    [
+        _REQUIREMENTS.REQUIRES_SPLITTABLE_DOFN.urn,
+        _REQUIREMENTS.REQUIRES_BUNDLE_FINALIZATION.urn,
+    ]
+)
+TEST_STREAM_URN: str = bi.common_urns.primitives.TEST_STREAM.urn
+_DATA_PLANE_URNS = frozenset([bi.DATA_INPUT_URN, bi.DATA_OUTPUT_URN])
+_PYTHON_ENVIRONMENT_URNS = frozenset(
+    [
+        bi.python_urns.EMBEDDED_PYTHON,
+        bi.python_urns.EMBEDDED_PYTHON_GRPC,
+        bi.python_urns.SUBPROCESS_SDK,
+        bi.common_urns.environments.DOCKER.urn,
+        bi.common_urns.environments.PROCESS.urn,
+        bi.common_urns.environments.EXTERNAL.urn,
+        bi.common_urns.environments.DEFAULT.urn,
+    ]
+)
+
+_STATEFUL_HINT = (
+    "State and timers are not supported by SparkStructuredRunner yet (tracked in the batch "
+    "semantics issue). Run this pipeline on DirectRunner for now, or restructure it with "
+    "GroupByKey/Combine."
+)
+
+
+def _leaf_transforms(
+    proto: bi.beam_runner_api_pb2.Pipeline,
+) -> Iterator[tuple[str, bi.beam_runner_api_pb2.PTransform]]:
+    for transform_id, transform in proto.components.transforms.items():
+        if not transform.subtransforms:
+            yield transform_id, transform
+
+
+def _stateful_transforms(proto: bi.beam_runner_api_pb2.Pipeline) -> list[str]:
+    found = []
+    for _, transform in _leaf_transforms(proto):
+        if transform.spec.urn in bi.PAR_DO_URNS:
+            payload = bi.proto_utils.parse_Bytes(
+                transform.spec.payload, bi.beam_runner_api_pb2.ParDoPayload
+            )
+            if payload.state_specs or payload.timer_family_specs:
+                found.append(f"'{transform.unique_name}' ({transform.spec.urn})")
+            elif payload.requires_time_sorted_input or payload.requires_stable_input:
+                found.append(f"'{transform.unique_name}' ({transform.spec.urn})")
+    return found
+
+
+def check_pipeline(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
+    """Checks requirements, streaming and TestStream on the unfused pipeline."""
+    for requirement in proto.requirements:
+        if requirement in SUPPORTED_REQUIREMENTS:
+            continue
+        culprits = _stateful_transforms(proto)
+        detail = f" Transforms needing it: {', '.join(culprits)}." if culprits else ""
+        hint = (
+            _STATEFUL_HINT
+            if requirement == _REQUIREMENTS.REQUIRES_STATEFUL_PROCESSING.urn
+            else "Remove the feature from the pipeline or run it on another runner."
+        )
+        raise UnsupportedFeatureError(
+            f"The pipeline requires {requirement}, which SparkStructuredRunner does not support "
+            f"yet (supported: {', '.join(sorted(SUPPORTED_REQUIREMENTS))}).{detail} {hint}"
+        )
+    for _, transform in _leaf_transforms(proto):
+        if transform.spec.urn == TEST_STREAM_URN:
+            raise UnsupportedFeatureError(
+                f"Transform '{transform.unique_name}' is a TestStream ({TEST_STREAM_URN}), which "
+                "needs streaming execution; SparkStructuredRunner runs batch pipelines only so "
+                "far. Use beam.Create for batch tests, or DirectRunner for TestStream."
+            )
+    for pcoll_id, pcoll in proto.components.pcollections.items():
+        if pcoll.is_bounded == bi.beam_runner_api_pb2.IsBounded.UNBOUNDED:
+            producers = [
+                f"'{t.unique_name}' ({t.spec.urn})"
+                for _, t in _leaf_transforms(proto)
+                if pcoll_id in t.outputs.values()
+            ]
+            raise UnsupportedFeatureError(
+                f"PCollection '{pcoll.unique_name}' is unbounded (produced by "
+                f"{', '.join(producers) or 'an unknown transform'}); SparkStructuredRunner runs "
+                "bounded (batch) pipelines only so far. Read bounded inputs, or use "
+                "DirectRunner for streaming pipelines."
+            )
+
+
+def check_plan(plan: Plan, translator_for: Callable[[str], object | None]) -> None:
+    """Checks that every runner primitive has a translator and every SDK URN runs here."""
+    for buffer in plan.buffers.values():
+        if translator_for(buffer.urn) is None:
+            raise UnsupportedFeatureError(
+                f"Transform '{buffer.name}' has URN {buffer.urn}, which SparkStructuredRunner "
+                "cannot translate yet. Replace it with supported transforms or use another runner."
+            )
+    environments = plan.components.environments
+    for stage in plan.stages:
+        for transform in stage.descriptor.transforms.values():
+            urn = transform.spec.urn
+            if urn in _DATA_PLANE_URNS:
+                continue
+            env = environments.get(transform.environment_id) if transform.environment_id else None
+            if env is not None and env.urn not in _PYTHON_ENVIRONMENT_URNS:
+                raise UnsupportedFeatureError(
+                    f"Transform '{transform.unique_name}' ({urn}) runs in environment "
+                    f"{env.urn}, but SparkStructuredRunner executes Python transforms in "
+                    "process only; cross-language transforms are not supported yet."
+                )
+            if urn not in bi.SDK_TRANSFORM_URNS:
+                raise UnsupportedFeatureError(
+                    f"Transform '{transform.unique_name}' has URN {urn}, which neither "
+                    "SparkStructuredRunner nor Beam's Python SDK harness can execute. If it is "
+                    "a cross-language or runner-specific transform, it is not supported yet; "
+                    "replace it with a Python transform or use another runner."
+                )

@@ -1,0 +1,78 @@
+"""Runs a translated plan on Spark and turns Spark failures into Beam-stage errors."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from beam_spark_runner.errors import PipelineExecutionError
+from beam_spark_runner.metrics import decode_infos, new_accumulator
+from beam_spark_runner.planning import Plan
+from beam_spark_runner.translators import translator_for
+from beam_spark_runner.translators.base import TranslationContext
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+_LOGGER = logging.getLogger(__name__)
+
+_STAGE_FAILURE = re.compile(r"Beam stage '(?P<stage>.+?)' failed:\n(?P<detail>.*)", re.DOTALL)
+# Spark appends JVM frames after the Python traceback; keep the message readable.
+_JVM_TAIL = re.compile(r"\n\s*(?:at |JVM stacktrace:|\tat ).*", re.DOTALL)
+
+
+def _describe_failure(error: BaseException) -> PipelineExecutionError:
+    message = str(error)
+    match = _STAGE_FAILURE.search(message)
+    if match is None:
+        return PipelineExecutionError(
+            f"The pipeline failed on Spark: {type(error).__name__}: {_JVM_TAIL.sub('', message)}"
+        )
+    stage = match.group("stage")
+    detail = _JVM_TAIL.sub("", match.group("detail")).strip()
+    return PipelineExecutionError(
+        f"Beam stage '{stage}' failed on Spark. The error from user code:\n{detail}", stage
+    )
+
+
+def run_plan(plan: Plan, spark: SparkSession, job_name: str, parallelism: int | None) -> list[Any]:
+    """Builds every stage's DataFrame, runs the pipeline, returns its monitoring infos."""
+    spark_context = spark.sparkContext
+    run_id = uuid.uuid4().hex[:12]
+    accumulator = new_accumulator(spark_context)
+    context = TranslationContext(
+        spark,
+        plan,
+        run_id,
+        parallelism or spark_context.defaultParallelism,
+        accumulator,
+        translator_for,
+    )
+    group = f"beam-{job_name}-{run_id}"
+    started = time.monotonic()
+    try:
+        spark_context.setJobGroup(group, f"Beam pipeline {job_name}", interruptOnCancel=True)
+        leaves = context.leaf_frames()
+        stage_names = ", ".join(s.name for s in plan.stages)
+        spark_context.setJobDescription(f"Beam pipeline {job_name}: {stage_names}"[:1000])
+        if leaves:
+            context.union_frames(leaves).write.format("noop").mode("overwrite").save()
+    except PipelineExecutionError:
+        raise
+    except Exception as error:
+        if type(error).__module__.startswith(("pyspark", "py4j")):
+            raise _describe_failure(error) from error
+        raise
+    finally:
+        context.release()
+        spark_context.setJobDescription(None)  # type: ignore[arg-type]
+    _LOGGER.info(
+        "Beam pipeline %s finished on Spark in %.1f s (%d stages)",
+        job_name,
+        time.monotonic() - started,
+        len(plan.stages),
+    )
+    return decode_infos(accumulator.value)

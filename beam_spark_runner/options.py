@@ -1,0 +1,129 @@
+"""``SparkRunnerOptions``: the pipeline options the runner adds to Beam's."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+SPARK_LOG_LEVELS = ("ALL", "DEBUG", "ERROR", "FATAL", "INFO", "OFF", "TRACE", "WARN")
+DEFAULT_MASTER = "local[*]"
+
+# Spark master URLs the runner accepts, with an example of each for error messages.
+_MASTER_FORMS: tuple[tuple[str, str], ...] = (
+    (r"local(\[(\*|\d+)(,\s*\d+)?\])?", "local, local[4], local[*], local[4,2]"),
+    (r"local-cluster\[\d+,\s*\d+,\s*\d+\]", "local-cluster[2,1,1024]"),
+    (r"spark://\S+", "spark://host:7077"),
+    (r"yarn", "yarn"),
+    (r"k8s://\S+", "k8s://https://host:443"),
+    (r"mesos://\S+", "mesos://host:5050"),
+)
+
+
+class SparkRunnerOptions(PipelineOptions):
+    """Options of SparkStructuredRunner. All are optional."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):  # type: ignore[no-untyped-def]
+        parser.add_argument(
+            "--spark_master",
+            default=None,
+            help=(
+                "Spark master URL. Default: an already active SparkSession's (spark-submit, "
+                f"notebooks), else an embedded {DEFAULT_MASTER} session."
+            ),
+        )
+        parser.add_argument(
+            "--spark_conf",
+            action="append",
+            default=None,
+            metavar="KEY=VALUE",
+            help="A Spark configuration property for the session the runner creates. Repeatable.",
+        )
+        parser.add_argument(
+            "--spark_app_name",
+            default=None,
+            help="Spark application name. Default: the pipeline's job name.",
+        )
+        parser.add_argument(
+            "--spark_default_parallelism",
+            type=int,
+            default=None,
+            help=(
+                "Partitions for shuffles and reshuffles. Default: Spark's default parallelism "
+                "(the number of cores for local masters)."
+            ),
+        )
+        parser.add_argument(
+            "--spark_log_level",
+            default=None,
+            help=(
+                "Log level of a session the runner creates, one of "
+                f"{', '.join(SPARK_LOG_LEVELS)}. Default: WARN."
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class SparkSettings:
+    """Validated Spark settings for one pipeline run."""
+
+    master: str | None
+    conf: dict[str, str]
+    app_name: str
+    default_parallelism: int | None
+    log_level: str
+
+
+def _validate_master(master: str) -> str:
+    for pattern, _ in _MASTER_FORMS:
+        if re.fullmatch(pattern, master):
+            return master
+    examples = "; ".join(example for _, example in _MASTER_FORMS)
+    raise ValueError(
+        f"--spark_master={master!r} is not a Spark master URL. Expected one of the forms: "
+        f"{examples}. Leave it unset to use an active session or an embedded {DEFAULT_MASTER}."
+    )
+
+
+def _parse_conf(entries: list[str] | None) -> dict[str, str]:
+    conf: dict[str, str] = {}
+    for entry in entries or []:
+        key, sep, value = entry.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(
+                f"--spark_conf={entry!r} is not of the form KEY=VALUE, e.g. "
+                "--spark_conf spark.executor.memory=4g."
+            )
+        conf[key.strip()] = value.strip()
+    return conf
+
+
+def spark_settings(options: PipelineOptions) -> SparkSettings:
+    """Reads and validates the runner's options; raises ValueError naming what is allowed."""
+    from apache_beam.options.pipeline_options import GoogleCloudOptions
+
+    spark_options = options.view_as(SparkRunnerOptions)
+    master = spark_options.spark_master
+    if master is not None:
+        master = _validate_master(master.strip())
+    log_level = (spark_options.spark_log_level or "WARN").upper()
+    if log_level not in SPARK_LOG_LEVELS:
+        raise ValueError(
+            f"--spark_log_level={spark_options.spark_log_level!r} is not a Spark log level. "
+            f"Allowed values: {', '.join(SPARK_LOG_LEVELS)}."
+        )
+    parallelism = spark_options.spark_default_parallelism
+    if parallelism is not None and parallelism < 1:
+        raise ValueError(
+            f"--spark_default_parallelism={parallelism} must be a positive number of partitions."
+        )
+    job_name = options.view_as(GoogleCloudOptions).job_name
+    return SparkSettings(
+        master=master,
+        conf=_parse_conf(spark_options.spark_conf),
+        app_name=spark_options.spark_app_name or job_name or "beam-spark-runner",
+        default_parallelism=parallelism,
+        log_level=log_level,
+    )

@@ -1,0 +1,338 @@
+"""Pipeline proto -> Beam's fusion phases -> a plan of Spark stages and buffers.
+
+Beam's ``FnApiRunner`` graph phases fuse the pipeline into *stages*: chains of SDK
+transforms that run inside one bundle processor, reading one data input and writing to
+data outputs. Stages talk to each other through *buffers* named by id:
+
+* ``impulse``                 -- the single impulse element that starts a root stage;
+* ``group:<transform id>``    -- a GroupByKey: writers' elements are shuffled by key;
+* ``reshuffle:<transform id>`` -- a Reshuffle (our phase): elements are repartitioned;
+* ``materialize:<name>``      -- a plain PCollection or a Flatten: the union of writers.
+
+The runner keeps that model. A :class:`Plan` lists the fused stages in execution order,
+each with its input buffer, its output buffers and its side inputs, and the buffers with
+their writers and readers. Translators (``beam_spark_runner.translators``) turn buffers
+and stages into DataFrames.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+from collections.abc import Iterable, Iterator
+
+from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.errors import UnsupportedFeatureError
+
+_LOGGER = logging.getLogger(__name__)
+
+RESHUFFLE_URN: str = bi.common_urns.composites.RESHUFFLE.urn
+GROUP_BY_KEY_URN: str = bi.common_urns.primitives.GROUP_BY_KEY.urn
+FLATTEN_URN: str = bi.common_urns.primitives.FLATTEN.urn
+IMPULSE_URN: str = bi.common_urns.primitives.IMPULSE.urn
+EXECUTABLE_STAGE_URN: str = bi.common_urns.executable_stage
+
+# Transforms the runner executes itself; everything else runs in the bundle processor.
+RUNNER_PRIMITIVE_URNS: frozenset[str] = frozenset(
+    [FLATTEN_URN, GROUP_BY_KEY_URN, RESHUFFLE_URN]
+)
+
+RESHUFFLE_BUFFER_KIND = "reshuffle"
+
+
+@dataclasses.dataclass(frozen=True)
+class StageOutput:
+    """One data output of a fused stage."""
+
+    transform_id: str
+    buffer_id: bytes
+    coder_id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SideInput:
+    """A side input read by one ParDo of a fused stage."""
+
+    transform_id: str
+    tag: str
+    pcollection_id: str
+    buffer_id: bytes
+    access_pattern_urn: str
+
+
+@dataclasses.dataclass
+class PlannedStage:
+    """A fused stage: one data input, any number of outputs and side inputs."""
+
+    name: str
+    descriptor: bi.beam_fn_api_pb2.ProcessBundleDescriptor
+    input_transform_id: str
+    input_buffer_id: bytes
+    input_coder_id: str
+    outputs: list[StageOutput]
+    side_inputs: list[SideInput]
+    stateful: bool
+    user_transform_names: list[str]
+
+
+@dataclasses.dataclass
+class PlannedBuffer:
+    """A buffer between stages and the runner primitive that fills it."""
+
+    buffer_id: bytes
+    urn: str
+    writers: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+    main_readers: list[str] = dataclasses.field(default_factory=list)
+    side_readers: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def kind(self) -> str:
+        """The buffer id's kind prefix (``group``, ``materialize``, ...)."""
+        if self.buffer_id == bi.IMPULSE_BUFFER:
+            return "impulse"
+        return bi.split_buffer_id(self.buffer_id)[0]
+
+    @property
+    def name(self) -> str:
+        """The transform or PCollection the buffer belongs to."""
+        if self.buffer_id == bi.IMPULSE_BUFFER:
+            return "Impulse"
+        return bi.split_buffer_id(self.buffer_id)[1]
+
+
+@dataclasses.dataclass
+class Plan:
+    """Everything the translators need, built on the driver before Spark starts."""
+
+    stages: list[PlannedStage]
+    buffers: dict[bytes, PlannedBuffer]
+    components: bi.beam_runner_api_pb2.Components
+    # PCollection id -> data-channel coder id (the SDK side, length-prefixed as needed).
+    data_channel_coders: dict[str, str]
+    # Coder id -> the runner-safe coder id (opaque bytes for unknown user coders).
+    safe_coders: dict[str, str]
+
+    def stage(self, name: str) -> PlannedStage:
+        """The stage with this name."""
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise KeyError(name)
+
+
+def expand_reshuffle(
+    stages: Iterable[bi.Stage], context: bi.TransformContext
+) -> Iterator[bi.Stage]:
+    """Turns each Reshuffle into a write to and a read from a ``reshuffle:`` buffer.
+
+    With Reshuffle among the known runner URNs, Beam keeps it as a leaf stage (both the
+    user's ``beam.Reshuffle()`` and the one ``expand_sdf`` inserts between splitting and
+    processing restrictions). The runner executes it as a Spark repartition. The read side
+    reuses the input PCollection's coder, so the bytes written are the bytes read.
+    """
+    for stage in stages:
+        if len(stage.transforms) != 1 or stage.transforms[0].spec.urn != RESHUFFLE_URN:
+            yield stage
+            continue
+        transform = stage.transforms[0]
+        input_pcoll = bi.only_element(list(transform.inputs.values()))
+        output_pcoll = bi.only_element(list(transform.outputs.values()))
+        pcollections = context.components.pcollections
+        context.length_prefix_pcoll_coders(input_pcoll)
+        pcollections[output_pcoll].coder_id = pcollections[input_pcoll].coder_id
+        transform_id = stage.name
+        if transform != context.components.transforms.get(transform_id):
+            transform_id = bi.unique_name(context.components.transforms, stage.name)
+            context.components.transforms[transform_id].CopyFrom(transform)
+        buffer_id = bi.create_buffer_id(transform_id, kind=RESHUFFLE_BUFFER_KIND)
+        write = bi.Stage(
+            transform.unique_name + "/Write",
+            [
+                bi.beam_runner_api_pb2.PTransform(
+                    unique_name=transform.unique_name + "/Write",
+                    inputs=transform.inputs,
+                    spec=bi.beam_runner_api_pb2.FunctionSpec(
+                        urn=bi.DATA_OUTPUT_URN, payload=buffer_id
+                    ),
+                )
+            ],
+            downstream_side_inputs=frozenset(),
+            must_follow=stage.must_follow,
+        )
+        yield write
+        yield bi.Stage(
+            transform.unique_name + "/Read",
+            [
+                bi.beam_runner_api_pb2.PTransform(
+                    unique_name=transform.unique_name + "/Read",
+                    outputs=transform.outputs,
+                    spec=bi.beam_runner_api_pb2.FunctionSpec(
+                        urn=bi.DATA_INPUT_URN, payload=buffer_id
+                    ),
+                )
+            ],
+            downstream_side_inputs=stage.downstream_side_inputs,
+            must_follow=frozenset([write]) | stage.must_follow,
+        )
+
+
+def _phases() -> list:
+    phases = bi.fn_api_runner_phases()
+    # Our Reshuffle expansion runs next to Beam's GroupByKey expansion, before fusion.
+    phases.insert(phases.index(bi.translations.expand_gbk) + 1, expand_reshuffle)
+    return phases
+
+
+def create_stages(
+    pipeline_proto: bi.beam_runner_api_pb2.Pipeline,
+) -> tuple[bi.TransformContext, list[bi.Stage]]:
+    """Runs Beam's graph phases (and ours) over a copy of the pipeline proto."""
+    return bi.create_and_optimize_stages(
+        copy.deepcopy(pipeline_proto),
+        phases=_phases(),
+        known_runner_urns=RUNNER_PRIMITIVE_URNS,
+        use_state_iterables=False,
+        is_drain=False,
+    )
+
+
+def _remote_grpc_port(coder_id: str) -> bytes:
+    port = bi.beam_fn_api_pb2.RemoteGrpcPort(coder_id=coder_id)
+    # The embedded bundle processor ignores the address; it must only be non-empty.
+    port.api_service_descriptor.url = "spark-arrow"
+    return port.SerializeToString()
+
+
+def _user_transform_name(transform: bi.beam_runner_api_pb2.PTransform) -> str | None:
+    if transform.spec.urn in (bi.DATA_INPUT_URN, bi.DATA_OUTPUT_URN):
+        return None
+    return transform.unique_name
+
+
+def _is_stateful(transform: bi.beam_runner_api_pb2.PTransform) -> bool:
+    if transform.spec.urn not in bi.PAR_DO_URNS:
+        return False
+    payload = bi.proto_utils.parse_Bytes(
+        transform.spec.payload, bi.beam_runner_api_pb2.ParDoPayload
+    )
+    return bool(payload.state_specs or payload.timer_family_specs)
+
+
+def _plan_stage(
+    stage: bi.Stage, context: bi.TransformContext, uid: int
+) -> PlannedStage:
+    """Builds the process bundle descriptor and the I/O wiring of one fused stage."""
+    transforms = [copy.deepcopy(t) for t in stage.transforms]
+    inputs: list[tuple[str, bytes, str]] = []
+    outputs: list[StageOutput] = []
+    side_inputs: list[SideInput] = []
+    for transform in transforms:
+        urn = transform.spec.urn
+        if urn == bi.DATA_INPUT_URN:
+            pcoll = bi.only_element(list(transform.outputs.values()))
+            coder_id = context.data_channel_coders[pcoll]
+            inputs.append((transform.unique_name, transform.spec.payload, coder_id))
+            transform.spec.payload = _remote_grpc_port(coder_id)
+        elif urn == bi.DATA_OUTPUT_URN:
+            pcoll = bi.only_element(list(transform.inputs.values()))
+            coder_id = context.data_channel_coders[pcoll]
+            outputs.append(StageOutput(transform.unique_name, transform.spec.payload, coder_id))
+            transform.spec.payload = _remote_grpc_port(coder_id)
+        elif urn in bi.PAR_DO_URNS:
+            payload = bi.proto_utils.parse_Bytes(
+                transform.spec.payload, bi.beam_runner_api_pb2.ParDoPayload
+            )
+            for tag, spec in payload.side_inputs.items():
+                pcoll = transform.inputs[tag]
+                side_inputs.append(
+                    SideInput(
+                        transform.unique_name,
+                        tag,
+                        pcoll,
+                        bi.create_buffer_id(pcoll),
+                        spec.access_pattern.urn,
+                    )
+                )
+    if len(inputs) != 1:
+        raise UnsupportedFeatureError(
+            f"Expected fused stage '{stage.name}' to have exactly one data input, found "
+            f"{len(inputs)}. This pipeline shape is not supported by SparkStructuredRunner "
+            "yet; please report it with the pipeline."
+        )
+    input_transform_id, input_buffer_id, input_coder_id = inputs[0]
+    components = context.components
+    descriptor = bi.beam_fn_api_pb2.ProcessBundleDescriptor(
+        id=f"stage-{uid}",
+        transforms={t.unique_name: t for t in transforms},
+        pcollections=dict(components.pcollections.items()),
+        coders=dict(components.coders.items()),
+        windowing_strategies=dict(components.windowing_strategies.items()),
+        environments=dict(components.environments.items()),
+        # The bundle processor needs a timer endpoint to build timer info; any
+        # non-empty URL selects the channel our data channel factory returns.
+        timer_api_service_descriptor=bi.endpoints_pb2.ApiServiceDescriptor(url="spark-arrow"),
+    )
+    return PlannedStage(
+        name=stage.name,
+        descriptor=descriptor,
+        input_transform_id=input_transform_id,
+        input_buffer_id=input_buffer_id,
+        input_coder_id=input_coder_id,
+        outputs=outputs,
+        side_inputs=side_inputs,
+        stateful=any(_is_stateful(t) for t in transforms),
+        user_transform_names=[n for t in transforms if (n := _user_transform_name(t))],
+    )
+
+
+def _buffer_urn(buffer_id: bytes, components: bi.beam_runner_api_pb2.Components) -> str:
+    if buffer_id == bi.IMPULSE_BUFFER:
+        return IMPULSE_URN
+    kind, name = bi.split_buffer_id(buffer_id)
+    if kind == "group":
+        return components.transforms[name].spec.urn
+    if kind == RESHUFFLE_BUFFER_KIND:
+        return RESHUFFLE_URN
+    if kind == "materialize":
+        return FLATTEN_URN
+    raise UnsupportedFeatureError(
+        f"Expected a buffer of kind impulse, group, reshuffle or materialize; found "
+        f"{buffer_id!r}. This is a bug in SparkStructuredRunner's planning; please report it."
+    )
+
+
+def build_plan(pipeline_proto: bi.beam_runner_api_pb2.Pipeline) -> Plan:
+    """Fuses the pipeline and wires stages to buffers."""
+    context, stages = create_stages(pipeline_proto)
+    planned = [_plan_stage(stage, context, uid) for uid, stage in enumerate(stages)]
+    buffers: dict[bytes, PlannedBuffer] = {}
+
+    def buffer(buffer_id: bytes) -> PlannedBuffer:
+        if buffer_id not in buffers:
+            buffers[buffer_id] = PlannedBuffer(
+                buffer_id, _buffer_urn(buffer_id, context.components)
+            )
+        return buffers[buffer_id]
+
+    for stage in planned:
+        buffer(stage.input_buffer_id).main_readers.append(stage.name)
+        for index, output in enumerate(stage.outputs):
+            buffer(output.buffer_id).writers.append((stage.name, index))
+        for side_input in stage.side_inputs:
+            readers = buffer(side_input.buffer_id).side_readers
+            if stage.name not in readers:
+                readers.append(stage.name)
+    _LOGGER.info(
+        "Planned %d fused stages and %d buffers: %s",
+        len(planned),
+        len(buffers),
+        ", ".join(s.name for s in planned),
+    )
+    return Plan(
+        stages=planned,
+        buffers=buffers,
+        components=context.components,
+        data_channel_coders=dict(context.data_channel_coders),
+        safe_coders=dict(context.safe_coders),
+    )

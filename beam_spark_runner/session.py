@@ -1,0 +1,209 @@
+"""The SparkSession the runner uses: an active one, or an embedded one it owns.
+
+* An already active session (spark-submit, a notebook, a test fixture) is used as is and
+  never stopped by the runner. ``--spark_master`` and ``--spark_conf`` cannot change it.
+* Otherwise the runner creates one (``--spark_master``, default ``local[*]``) and keeps it
+  for later pipelines in the same process, since starting Spark takes seconds. It stops
+  it when the process exits, or when a later pipeline asks for a different master.
+
+Before creating a session it checks for Java, so a machine without it gets a clear message
+rather than a py4j traceback.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import zipfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from beam_spark_runner.errors import JavaNotFoundError
+from beam_spark_runner.options import DEFAULT_MASTER, SparkSettings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+_LOGGER = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_owned: SparkSession | None = None
+_owned_settings: SparkSettings | None = None
+_shipped_package: str | None = None
+
+
+def java_executable() -> str | None:
+    """The ``java`` Spark would launch: ``$JAVA_HOME/bin/java``, else ``java`` on PATH."""
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home:
+        candidate = Path(java_home) / "bin" / "java"
+        return str(candidate) if candidate.exists() else None
+    return shutil.which("java")
+
+
+def java_version(java: str) -> str | None:
+    """The version ``java -version`` reports, e.g. ``17.0.15``, or None if unreadable."""
+    try:
+        completed = subprocess.run(
+            [java, "-version"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r'version "([^"]+)"', completed.stderr + completed.stdout)
+    return match.group(1) if match else None
+
+
+def _java_major(version: str) -> int:
+    parts = version.split(".")
+    return int(parts[1]) if parts[0] == "1" else int(re.sub(r"\D.*", "", parts[0]) or 0)
+
+
+def check_java(required_major: int) -> str:
+    """Returns the Java version, or raises JavaNotFoundError saying what to install."""
+    java = java_executable()
+    if java is None:
+        where = (
+            f"JAVA_HOME={os.environ['JAVA_HOME']} has no bin/java"
+            if os.environ.get("JAVA_HOME")
+            else "JAVA_HOME is not set and no `java` is on PATH"
+        )
+        raise JavaNotFoundError(
+            f"Spark needs a Java {required_major}+ runtime, but {where}. Install one (for "
+            f"example `apt-get install openjdk-{required_major}-jre-headless`) or point "
+            "JAVA_HOME at an existing JDK, then run the pipeline again."
+        )
+    version = java_version(java)
+    if version is None:
+        raise JavaNotFoundError(
+            f"Spark needs a Java {required_major}+ runtime; `{java} -version` did not report "
+            "a version. Check the Java installation or set JAVA_HOME to a working JDK."
+        )
+    if _java_major(version) < required_major:
+        raise JavaNotFoundError(
+            f"Spark needs Java {required_major}+, found Java {version} at {java}. Install "
+            f"Java {required_major} and set JAVA_HOME to it."
+        )
+    return version
+
+
+def required_java_major() -> int:
+    """Spark 4 needs Java 17; Spark 3.5 runs on Java 8 and later."""
+    from beam_spark_runner.spark_compat import pyspark_version
+
+    return 17 if pyspark_version() >= (4, 0) else 8
+
+
+def is_local_master(master: str) -> bool:
+    """True for masters whose executors run on this machine."""
+    return master.startswith("local")
+
+
+def _package_zip() -> str:
+    """A zip of this package, shipped to executors of remote clusters once per process."""
+    global _shipped_package
+    if _shipped_package is None:
+        root = Path(__file__).resolve().parent
+        handle, path = tempfile.mkstemp(prefix="beam_spark_runner-", suffix=".zip")
+        os.close(handle)
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+            for file in root.rglob("*.py"):
+                archive.write(file, Path(root.name) / file.relative_to(root))
+        _shipped_package = path
+    return _shipped_package
+
+
+def _build_session(settings: SparkSettings) -> SparkSession:
+    from pyspark.sql import SparkSession
+
+    check_java(required_java_major())
+    master = settings.master or DEFAULT_MASTER
+    builder = SparkSession.builder.master(master).appName(settings.app_name)
+    conf: dict[str, str] = {
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+    }
+    if is_local_master(master) and not os.environ.get("PYSPARK_PYTHON"):
+        # Local executors' Python workers must see the driver's packages (Beam, pyarrow,
+        # this runner). PySpark takes the worker interpreter from this variable only.
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+    if settings.default_parallelism:
+        conf["spark.default.parallelism"] = str(settings.default_parallelism)
+        conf["spark.sql.shuffle.partitions"] = str(settings.default_parallelism)
+    conf.update(settings.conf)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    _LOGGER.info("Starting a Spark session (master %s, app %s)", master, settings.app_name)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel(settings.log_level)
+    if "spark.sql.shuffle.partitions" not in conf:
+        # Spark's default of 200 shuffle partitions is far too many on a laptop or a
+        # small cluster; use the cluster's parallelism unless the user chose.
+        session.conf.set(
+            "spark.sql.shuffle.partitions", str(session.sparkContext.defaultParallelism)
+        )
+    if not is_local_master(master):
+        session.sparkContext.addPyFile(_package_zip())
+    return session
+
+
+def _stop_owned() -> None:
+    global _owned, _owned_settings
+    if _owned is not None:
+        _LOGGER.info("Stopping the Spark session the runner created")
+        try:
+            _owned.stop()
+        finally:
+            _owned = None
+            _owned_settings = None
+
+
+atexit.register(_stop_owned)
+
+
+def obtain_session(settings: SparkSettings) -> tuple[SparkSession, bool]:
+    """The session to run on, and whether the runner created (owns) it."""
+    global _owned, _owned_settings
+    from pyspark.sql import SparkSession
+
+    with _lock:
+        active = SparkSession.getActiveSession()
+        if active is not None and active is not _owned:
+            active_master = active.sparkContext.master
+            if settings.master is not None and settings.master != active_master:
+                raise ValueError(
+                    f"--spark_master={settings.master} was given, but this process already has "
+                    f"an active SparkSession with master {active_master}, which the runner "
+                    "did not create and will not stop. Drop --spark_master to run on that "
+                    "session, or stop it first."
+                )
+            if settings.conf:
+                _LOGGER.warning(
+                    "Using the active SparkSession; --spark_conf %s applies only to sessions "
+                    "the runner creates and is ignored.",
+                    sorted(settings.conf),
+                )
+            return active, False
+        if _owned is not None and _owned_settings is not None:
+            same = (settings.master or DEFAULT_MASTER) == (
+                _owned_settings.master or DEFAULT_MASTER
+            ) and settings.conf == _owned_settings.conf
+            if same and not _owned.sparkContext._jsc.sc().isStopped():  # noqa: SLF001
+                _owned.sparkContext.setLogLevel(settings.log_level)
+                return _owned, True
+            _stop_owned()
+        _owned = _build_session(settings)
+        _owned_settings = settings
+        return _owned, True
+
+
+def stop_owned_session() -> None:
+    """Stops the session the runner created, if any (tests and long-lived drivers)."""
+    with _lock:
+        _stop_owned()

@@ -1,0 +1,141 @@
+"""The translator interface and the context translators build DataFrames in."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.execution.grouping import GROUPED_DDL
+from beam_spark_runner.execution.stage_worker import ELEMENT, KEY, TAG
+from beam_spark_runner.planning import EXECUTABLE_STAGE_URN, Plan, PlannedBuffer
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class Translator(Protocol):
+    """Builds the DataFrame of one planned node (a buffer or a fused stage)."""
+
+    urn: str
+
+    def translate(self, node: Any, context: TranslationContext) -> DataFrame:
+        """Returns the node's DataFrame; lazy, nothing runs on Spark here."""
+        ...
+
+
+def spark_function_name(beam_name: str) -> str:
+    """A Python identifier naming a Beam stage, shown in Spark's plans and UI."""
+    name = re.sub(r"\W+", "_", beam_name).strip("_")
+    return f"beam_{name}"[:120] or "beam_stage"
+
+
+class TranslationContext:
+    """Builds and memoises DataFrames for stages and buffers of one pipeline run."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        plan: Plan,
+        run_id: str,
+        parallelism: int,
+        metrics_accumulator: Any,
+        translator_for: Callable[[str], Translator | None],
+    ) -> None:
+        self.spark = spark
+        self.plan = plan
+        self.run_id = run_id
+        self.parallelism = parallelism
+        self.metrics_accumulator = metrics_accumulator
+        self.pipeline_context = bi.PipelineContext(plan.components)
+        self._translator_for = translator_for
+        self._stage_frames: dict[str, DataFrame] = {}
+        self._buffer_frames: dict[bytes, DataFrame] = {}
+        self.persisted: list[DataFrame] = []
+        self.broadcasts: list[Any] = []
+        self.side_input_elements: dict[bytes, list[bytes]] = {}
+        self.uses = self._count_uses(plan)
+
+    @staticmethod
+    def _count_uses(plan: Plan) -> Counter[str]:
+        """How many times each stage's output DataFrame is read."""
+        uses: Counter[str] = Counter()
+        for buffer in plan.buffers.values():
+            readers = len(buffer.main_readers) + (1 if buffer.side_readers else 0)
+            for stage_name, _ in buffer.writers:
+                uses[stage_name] += readers
+        return uses
+
+    def _translate(self, urn: str, node: Any) -> DataFrame:
+        translator = self._translator_for(urn)
+        if translator is None:  # validated before Spark starts; kept as a guard
+            raise KeyError(f"No translator registered for {urn}")
+        return translator.translate(node, self)
+
+    def stage_frame(self, stage_name: str) -> DataFrame:
+        """The (tag, key, element) output DataFrame of a fused stage."""
+        if stage_name not in self._stage_frames:
+            frame = self._translate(EXECUTABLE_STAGE_URN, self.plan.stage(stage_name))
+            if self.uses[stage_name] > 1:
+                # Read more than once: persist so user code runs once per element.
+                from pyspark import StorageLevel
+
+                frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+                self.persisted.append(frame)
+            self._stage_frames[stage_name] = frame
+        return self._stage_frames[stage_name]
+
+    def buffer_frame(self, buffer_id: bytes) -> DataFrame:
+        """The (key, element) DataFrame of a buffer."""
+        if buffer_id not in self._buffer_frames:
+            buffer = self.plan.buffers[buffer_id]
+            self._buffer_frames[buffer_id] = self._translate(buffer.urn, buffer)
+        return self._buffer_frames[buffer_id]
+
+    def writer_frames(self, buffer: PlannedBuffer) -> list[DataFrame]:
+        """Each writer's contribution to a buffer, as (key, element) DataFrames."""
+        from pyspark.sql import functions as F
+
+        frames = []
+        for stage_name, index in buffer.writers:
+            frame = self.stage_frame(stage_name)
+            frames.append(frame.filter(F.col(TAG) == index).select(KEY, ELEMENT))
+        return frames
+
+    def union(self, frames: list[DataFrame]) -> DataFrame:
+        """The union of (key, element) DataFrames; an empty one for no frames."""
+        if not frames:
+            return self.spark.createDataFrame([], GROUPED_DDL)
+        return self.union_frames(frames)
+
+    @staticmethod
+    def union_frames(frames: list[DataFrame]) -> DataFrame:
+        """The union of non-empty list of DataFrames with one schema."""
+        result = frames[0]
+        for frame in frames[1:]:
+            result = result.unionAll(frame)
+        return result
+
+    def leaf_frames(self) -> list[DataFrame]:
+        """Stage DataFrames nothing reads: running them runs the whole pipeline."""
+        return [self.stage_frame(s.name) for s in self.plan.stages if self.uses[s.name] == 0]
+
+    def release(self) -> None:
+        """Unpersists cached DataFrames and destroys side-input broadcasts."""
+        for frame in self.persisted:
+            try:
+                frame.unpersist()
+            except Exception:  # noqa: BLE001 - cleanup must not mask the real error
+                _LOGGER.debug("Could not unpersist a DataFrame", exc_info=True)
+        for broadcast in self.broadcasts:
+            try:
+                broadcast.destroy()
+            except Exception:  # noqa: BLE001
+                _LOGGER.debug("Could not destroy a broadcast", exc_info=True)
+        self.persisted.clear()
+        self.broadcasts.clear()

@@ -1,0 +1,104 @@
+"""Fused stages: Beam's bundle processor inside ``mapInArrow``.
+
+A fused stage reads its input buffer's DataFrame and runs it through Beam's SDK worker in
+each Spark task (see ``execution.stage_worker``). Its output is one DataFrame of
+(tag, key, element) rows, tag naming which of the stage's outputs a row belongs to; readers
+of each output filter on the tag. Side inputs are materialised once on the driver and
+broadcast (see ``execution.side_inputs``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import TYPE_CHECKING
+
+from beam_spark_runner.execution.side_inputs import side_input_state_entries
+from beam_spark_runner.execution.stage_worker import (
+    ELEMENT,
+    STAGE_OUTPUT_DDL,
+    OutputSpec,
+    StageSpec,
+    run_stage,
+)
+from beam_spark_runner.planning import EXECUTABLE_STAGE_URN, PlannedStage
+from beam_spark_runner.spark_compat import named_function
+from beam_spark_runner.translators.base import spark_function_name
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from beam_spark_runner.translators.base import TranslationContext
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class FusedStageTranslator:
+    """``mapInArrow`` of the stage's input through Beam's bundle processor."""
+
+    urn = EXECUTABLE_STAGE_URN
+
+    def translate(self, node: PlannedStage, context: TranslationContext) -> DataFrame:
+        """The stage's (tag, key, element) output DataFrame."""
+        plan = context.plan
+        outputs = tuple(
+            OutputSpec(
+                transform_id=output.transform_id,
+                key_coder_id=(
+                    plan.safe_coders[output.coder_id]
+                    if plan.buffers[output.buffer_id].kind == "group"
+                    else None
+                ),
+            )
+            for output in node.outputs
+        )
+        spec = StageSpec(
+            run_id=context.run_id,
+            name=node.name,
+            descriptor=node.descriptor.SerializeToString(),
+            input_transform_id=node.input_transform_id,
+            outputs=outputs,
+            side_input_state=self._side_input_state(node, context),
+        )
+        input_frame = context.buffer_frame(node.input_buffer_id)
+        function = named_function(
+            functools.partial(run_stage, spec, metrics_sink=context.metrics_accumulator),
+            spark_function_name(node.name),
+        )
+        return input_frame.mapInArrow(function, STAGE_OUTPUT_DDL)
+
+    @staticmethod
+    def _side_input_state(node: PlannedStage, context: TranslationContext) -> object | None:
+        if not node.side_inputs:
+            return None
+        plan = context.plan
+        entries: list[tuple[bytes, bytes]] = []
+        for side_input in node.side_inputs:
+            elements = context.side_input_elements.get(side_input.buffer_id)
+            if elements is None:
+                frame = context.buffer_frame(side_input.buffer_id)
+                context.spark.sparkContext.setJobDescription(
+                    f"Beam side input {side_input.pcollection_id} (for {node.name})"
+                )
+                elements = [bytes(row[0]) for row in frame.select(ELEMENT).collect()]
+                context.side_input_elements[side_input.buffer_id] = elements
+            data_channel_coder = plan.data_channel_coders[side_input.pcollection_id]
+            value_coder = context.pipeline_context.coders[plan.safe_coders[data_channel_coder]]
+            entries.extend(
+                side_input_state_entries(
+                    side_input.transform_id,
+                    side_input.tag,
+                    side_input.access_pattern_urn,
+                    elements,
+                    value_coder,
+                )
+            )
+        _LOGGER.info(
+            "Stage %s: %d side input(s), %d state entries broadcast",
+            node.name,
+            len(node.side_inputs),
+            len(entries),
+        )
+        broadcast = context.spark.sparkContext.broadcast(entries)
+        context.broadcasts.append(broadcast)
+        return broadcast
