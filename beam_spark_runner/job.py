@@ -56,7 +56,7 @@ def run_plan(plan: Plan, spark: SparkSession, job_name: str, parallelism: int | 
     try:
         spark_context.setJobGroup(group, f"Beam pipeline {job_name}", interruptOnCancel=True)
         leaves = context.leaf_frames()
-        stage_names = ", ".join(s.name for s in plan.stages)
+        stage_names = "; ".join(s.display_name for s in plan.stages)
         spark_context.setJobDescription(f"Beam pipeline {job_name}: {stage_names}"[:1000])
         if leaves:
             context.union_frames(leaves).write.format("noop").mode("overwrite").save()

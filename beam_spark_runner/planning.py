@@ -34,9 +34,7 @@ IMPULSE_URN: str = bi.common_urns.primitives.IMPULSE.urn
 EXECUTABLE_STAGE_URN: str = bi.common_urns.executable_stage
 
 # Transforms the runner executes itself; everything else runs in the bundle processor.
-RUNNER_PRIMITIVE_URNS: frozenset[str] = frozenset(
-    [FLATTEN_URN, GROUP_BY_KEY_URN, RESHUFFLE_URN]
-)
+RUNNER_PRIMITIVE_URNS: frozenset[str] = frozenset([FLATTEN_URN, GROUP_BY_KEY_URN, RESHUFFLE_URN])
 
 RESHUFFLE_BUFFER_KIND = "reshuffle"
 
@@ -74,6 +72,16 @@ class PlannedStage:
     side_inputs: list[SideInput]
     stateful: bool
     user_transform_names: list[str]
+
+    @property
+    def display_name(self) -> str:
+        """A readable name: the Beam transforms the stage runs, in order."""
+        names = self.user_transform_names
+        if not names:
+            return self.name
+        if len(names) > 4:
+            names = [*names[:2], f"... {len(names) - 3} more ...", names[-1]]
+        return " -> ".join(names)
 
 
 @dataclasses.dataclass
@@ -219,9 +227,7 @@ def _is_stateful(transform: bi.beam_runner_api_pb2.PTransform) -> bool:
     return bool(payload.state_specs or payload.timer_family_specs)
 
 
-def _plan_stage(
-    stage: bi.Stage, context: bi.TransformContext, uid: int
-) -> PlannedStage:
+def _plan_stage(stage: bi.Stage, context: bi.TransformContext, uid: int) -> PlannedStage:
     """Builds the process bundle descriptor and the I/O wiring of one fused stage."""
     transforms = [copy.deepcopy(t) for t in stage.transforms]
     inputs: list[tuple[str, bytes, str]] = []

@@ -62,6 +62,4 @@ class SparkStructuredRunner(PipelineRunner):
         spark, _ = obtain_session(settings)
         job_name = settings.app_name
         infos = run_plan(plan, spark, job_name, settings.default_parallelism)
-        return SparkPipelineResult(
-            PipelineState.DONE, infos, spark.sparkContext.applicationId
-        )
+        return SparkPipelineResult(PipelineState.DONE, infos, spark.sparkContext.applicationId)

@@ -45,9 +45,7 @@ class GroupSpec:
 
 class _Grouper:
     def __init__(self, spec: GroupSpec) -> None:
-        context = bi.PipelineContext(
-            bi.beam_runner_api_pb2.Components.FromString(spec.components)
-        )
+        context = bi.PipelineContext(bi.beam_runner_api_pb2.Components.FromString(spec.components))
         self.pre_coder = context.coders[spec.pre_grouping_coder_id]
         self.post_coder = context.coders[spec.post_grouping_coder_id]
         self.windowing = context.windowing_strategies[spec.windowing_strategy_id]

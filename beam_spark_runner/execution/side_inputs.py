@@ -25,7 +25,6 @@ class _RecordingStateServicer:
         self.entries.append((state_key.SerializeToString(), data))
 
 
-
 def side_input_state_entries(
     consuming_transform_id: str,
     tag: str,

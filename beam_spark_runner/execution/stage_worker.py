@@ -14,6 +14,7 @@ import dataclasses
 import itertools
 import logging
 import time
+import traceback
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -55,6 +56,7 @@ class StageSpec:
 
     run_id: str
     name: str
+    display_name: str
     descriptor: bytes
     input_transform_id: str
     outputs: tuple[OutputSpec, ...]
@@ -143,7 +145,7 @@ class StageWorker:
         response = self.worker.do_instruction(request)
         if response.error:
             self.channel.discard(instruction_id)
-            raise StageExecutionError(self.spec.name, response.error)
+            raise StageExecutionError(self.spec.display_name, response.error)
         for transform_id, stream in self.channel.take_outputs(instruction_id).items():
             outputs.data[self.output_index[transform_id]].append((stream.get(), stream.ends))
         result = response.process_bundle
@@ -158,7 +160,7 @@ class StageWorker:
                 )
             )
             if finalize.error:
-                raise StageExecutionError(self.spec.name, finalize.error)
+                raise StageExecutionError(self.spec.display_name, finalize.error)
         return list(result.residual_roots)
 
     def process(self, data: bytes, metrics: list[Any]) -> BundleOutputs:
@@ -210,7 +212,7 @@ def run_stage(
         except StageExecutionError:
             raise
         except Exception as error:  # noqa: BLE001 - re-raised with the stage's name
-            raise StageExecutionError(spec.name, f"{type(error).__name__}: {error}") from error
+            raise StageExecutionError(spec.display_name, traceback.format_exc()) from error
         yield from outputs.record_batches(spec.outputs, worker.key_extractors)
         if len(metrics) > 256:
             metrics[:] = bi.consolidate_monitoring_infos(metrics)

@@ -55,6 +55,7 @@ class FusedStageTranslator:
         spec = StageSpec(
             run_id=context.run_id,
             name=node.name,
+            display_name=node.display_name,
             descriptor=node.descriptor.SerializeToString(),
             input_transform_id=node.input_transform_id,
             outputs=outputs,
@@ -63,7 +64,7 @@ class FusedStageTranslator:
         input_frame = context.buffer_frame(node.input_buffer_id)
         function = named_function(
             functools.partial(run_stage, spec, metrics_sink=context.metrics_accumulator),
-            spark_function_name(node.name),
+            spark_function_name(node.display_name),
         )
         return input_frame.mapInArrow(function, STAGE_OUTPUT_DDL)
 
@@ -78,7 +79,7 @@ class FusedStageTranslator:
             if elements is None:
                 frame = context.buffer_frame(side_input.buffer_id)
                 context.spark.sparkContext.setJobDescription(
-                    f"Beam side input {side_input.pcollection_id} (for {node.name})"
+                    f"Beam side input {side_input.pcollection_id} (for {node.display_name})"
                 )
                 elements = [bytes(row[0]) for row in frame.select(ELEMENT).collect()]
                 context.side_input_elements[side_input.buffer_id] = elements
@@ -95,7 +96,7 @@ class FusedStageTranslator:
             )
         _LOGGER.info(
             "Stage %s: %d side input(s), %d state entries broadcast",
-            node.name,
+            node.display_name,
             len(node.side_inputs),
             len(entries),
         )
