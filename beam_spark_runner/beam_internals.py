@@ -11,7 +11,7 @@ A Beam upgrade that moves them is fixed here, and ``pyproject.toml`` pins the te
 from __future__ import annotations
 
 from apache_beam.coders.coder_impl import create_InputStream, create_OutputStream
-from apache_beam.metrics.monitoring_infos import consolidate as consolidate_monitoring_infos
+from apache_beam.metrics import monitoring_infos
 from apache_beam.metrics.monitoring_infos import is_user_monitoring_info
 from apache_beam.portability import common_urns, python_urns
 from apache_beam.portability.api import (
@@ -150,7 +150,7 @@ __all__ = [
     "beam_fn_api_pb2",
     "beam_runner_api_pb2",
     "common_urns",
-    "consolidate_monitoring_infos",
+    "monitoring_infos",
     "create_InputStream",
     "create_OutputStream",
     "endpoints_pb2",

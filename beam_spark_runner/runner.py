@@ -16,7 +16,7 @@ from beam_spark_runner.job import run_plan
 from beam_spark_runner.options import spark_settings
 from beam_spark_runner.planning import build_plan
 from beam_spark_runner.result import SparkPipelineResult
-from beam_spark_runner.session import obtain_session
+from beam_spark_runner.session import obtain_session, share_driver_path
 from beam_spark_runner.translators import translator_for
 
 _LOGGER = logging.getLogger(__name__)
@@ -60,6 +60,7 @@ class SparkStructuredRunner(PipelineRunner):
         plan = build_plan(proto)
         check_plan(plan, translator_for)
         spark, _ = obtain_session(settings)
+        share_driver_path(spark)
         job_name = settings.app_name
         infos = run_plan(plan, spark, job_name, settings.default_parallelism)
         return SparkPipelineResult(PipelineState.DONE, infos, spark.sparkContext.applicationId)

@@ -119,11 +119,19 @@ def _package_zip() -> str:
     return _shipped_package
 
 
+def _configured_master() -> str | None:
+    """The master spark-submit (or ``spark.master`` in the JVM's config) already chose."""
+    from pyspark import SparkConf
+
+    conf = SparkConf()
+    return conf.get("spark.master") if conf.contains("spark.master") else None
+
+
 def _build_session(settings: SparkSettings) -> SparkSession:
     from pyspark.sql import SparkSession
 
     check_java(required_java_major())
-    master = settings.master or DEFAULT_MASTER
+    master = settings.master or _configured_master() or DEFAULT_MASTER
     builder = SparkSession.builder.master(master).appName(settings.app_name)
     conf: dict[str, str] = {
         "spark.ui.showConsoleProgress": "false",
@@ -151,6 +159,23 @@ def _build_session(settings: SparkSettings) -> SparkSession:
     if not is_local_master(master):
         session.sparkContext.addPyFile(_package_zip())
     return session
+
+
+def share_driver_path(session: SparkSession) -> None:
+    """Lets local executors import what the driver can: its ``sys.path`` directories.
+
+    Beam pickles module-level user functions and classes by reference, so a Python worker
+    must be able to import the user's modules (a pipeline module beside the script, a test
+    module). Executors of local masters run on this machine, so the driver's import path
+    is valid there. Remote clusters need the code installed or shipped instead.
+    """
+    if not is_local_master(session.sparkContext.master):
+        return
+    paths = [p for p in sys.path if p and os.path.isdir(p)]
+    cwd = os.getcwd()
+    if cwd not in paths:
+        paths.append(cwd)
+    session.sparkContext.environment["PYTHONPATH"] = os.pathsep.join(paths)
 
 
 def _stop_owned() -> None:

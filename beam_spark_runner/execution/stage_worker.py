@@ -23,6 +23,7 @@ import pyarrow as pa
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import KeyExtractor, packed_bytes, split_packed
 from beam_spark_runner.errors import StageExecutionError
+from beam_spark_runner.metrics import merge_monitoring_infos
 from beam_spark_runner.execution.data_channel import ArrowDataChannel, ArrowDataChannelFactory
 
 _LOGGER = logging.getLogger(__name__)
@@ -215,10 +216,10 @@ def run_stage(
             raise StageExecutionError(spec.display_name, traceback.format_exc()) from error
         yield from outputs.record_batches(spec.outputs, worker.key_extractors)
         if len(metrics) > 256:
-            metrics[:] = bi.consolidate_monitoring_infos(metrics)
+            metrics[:] = merge_monitoring_infos(metrics)
     if metrics_sink is not None and metrics:
         user_metrics = [m for m in metrics if bi.is_user_monitoring_info(m)]
         if user_metrics:
             metrics_sink.add(
-                [m.SerializeToString() for m in bi.consolidate_monitoring_infos(user_metrics)]
+                [m.SerializeToString() for m in merge_monitoring_infos(user_metrics)]
             )

@@ -1,0 +1,54 @@
+# beam-spark-runner: the targets a newcomer would guess.
+# Everything runs in a project virtualenv (.venv) that `make install` creates.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST := $(PY) -m pytest -p no:cacheprovider
+
+.PHONY: install demo test unit-test cluster-test validates-runner lint typecheck bench clean help
+
+help:
+	@echo "make demo              run the demo pipeline on an embedded local[*] Spark"
+	@echo "make test              lint, type-check, unit + pipeline tests, cluster smoke, validates-runner"
+	@echo "make unit-test         unit and pipeline tests only (local[2])"
+	@echo "make cluster-test      smoke tests on a standalone Spark cluster (separate executors)"
+	@echo "make validates-runner  Beam's own runner suites against SparkStructuredRunner, as a table"
+	@echo "make lint typecheck    ruff and mypy"
+	@echo "make bench             benchmarks (see benchmarks/)"
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test]"
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m beam_spark_runner demo --output demo-output/wordcount
+
+lint: $(STAMP)
+	$(PY) -m ruff check beam_spark_runner tests validates_runner
+	$(PY) -m ruff format --check beam_spark_runner tests validates_runner
+
+typecheck: $(STAMP)
+	$(PY) -m mypy
+
+unit-test: $(STAMP)
+	$(PYTEST) tests -m "not cluster"
+
+cluster-test: $(STAMP)
+	$(PYTEST) tests -m cluster
+
+validates-runner: $(STAMP)
+	$(PY) -m validates_runner.report
+
+test: lint typecheck unit-test cluster-test validates-runner
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.run
+
+clean:
+	rm -rf build dist *.egg-info demo-output .mypy_cache .ruff_cache spark-warehouse

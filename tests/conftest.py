@@ -1,0 +1,52 @@
+"""Shared fixtures for the runner's tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+
+import pytest
+
+# Spark with two cores: exercises more than one partition, and stays light on a laptop.
+SPARK_TEST_MASTER = "local[2]"
+
+
+@pytest.fixture
+def beam_options() -> list[str]:
+    """Pipeline arguments that run on SparkStructuredRunner with a small local Spark."""
+    return ["--runner=SparkStructuredRunner", f"--spark_master={SPARK_TEST_MASTER}"]
+
+
+@pytest.fixture
+def run_python() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Runs ``python args...`` in a fresh interpreter (this venv's), capturing its output.
+
+    ``env`` entries are added to (or, when None, removed from) a copy of this process's
+    environment. A fresh interpreter is what start-up behaviour and CLI tests need.
+    """
+
+    def run(
+        args: Sequence[str],
+        env: dict[str, str | None] | None = None,
+        timeout: float = 120,
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        environment = dict(os.environ)
+        for key, value in (env or {}).items():
+            if value is None:
+                environment.pop(key, None)
+            else:
+                environment[key] = value
+        return subprocess.run(
+            [sys.executable, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=environment,
+            cwd=cwd,
+            check=False,
+        )
+
+    return run

@@ -1,0 +1,124 @@
+"""``--runner=SparkStructuredRunner`` works in a fresh interpreter, with nothing imported.
+
+Beam resolves runner names from a table built when ``apache_beam.runners.runner`` is
+imported. The ``beam_spark_runner_startup.pth`` file installed with the package adds our
+entry to that table, so these tests must run in a new interpreter: in this one, pytest has
+already imported everything. They run outside the source tree, so that they see the
+installed package as users do.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import types
+
+from beam_spark_runner import _startup_hook
+from beam_spark_runner._version import __version__
+
+RUNNER_CLASS = "beam_spark_runner.runner.SparkStructuredRunner"
+
+
+def run_fresh(run_python, tmp_path, code: str) -> dict:
+    """Runs ``code`` in a new interpreter; it must print one JSON object as its last line."""
+    completed = run_python(["-c", textwrap.dedent(code)], timeout=120, cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def test_create_runner_resolves_our_runner_without_importing_it_first(run_python, tmp_path):
+    result = run_fresh(
+        run_python,
+        tmp_path,
+        """
+        import json, sys
+        imported_before = "beam_spark_runner.runner" in sys.modules
+        from apache_beam.runners.runner import create_runner
+        classes = {}
+        for name in (
+            "SparkStructuredRunner",
+            "sparkstructuredrunner",
+            "SparkStructured",
+            "beam_spark_runner.runner.SparkStructuredRunner",
+        ):
+            runner = create_runner(name)
+            classes[name] = type(runner).__module__ + "." + type(runner).__qualname__
+        print(json.dumps({"imported_before": imported_before, "classes": classes}))
+        """,
+    )
+    assert result == {
+        "imported_before": False,
+        "classes": {
+            "SparkStructuredRunner": RUNNER_CLASS,
+            "sparkstructuredrunner": RUNNER_CLASS,
+            "SparkStructured": RUNNER_CLASS,
+            RUNNER_CLASS: RUNNER_CLASS,
+        },
+    }
+
+
+def test_pipeline_options_runner_name_resolves(run_python, tmp_path):
+    """What users write: ``Pipeline(options=PipelineOptions(['--runner=...']))``."""
+    result = run_fresh(
+        run_python,
+        tmp_path,
+        """
+        import json
+        import apache_beam as beam
+        from apache_beam.options.pipeline_options import PipelineOptions
+
+        pipeline = beam.Pipeline(options=PipelineOptions(["--runner=SparkStructuredRunner"]))
+        runner = type(pipeline.runner)
+        print(json.dumps({"class": runner.__module__ + "." + runner.__qualname__}))
+        """,
+    )
+    assert result == {"class": RUNNER_CLASS}
+
+
+def test_interpreter_start_and_package_import_load_neither_spark_nor_beam(run_python, tmp_path):
+    result = run_fresh(
+        run_python,
+        tmp_path,
+        """
+        import json, sys
+
+        def heavy():
+            return sorted(
+                name for name in sys.modules
+                if name.split(".")[0] in ("pyspark", "py4j", "apache_beam", "pyarrow")
+            )
+
+        at_start = heavy()
+        hook_installed = any(
+            type(finder).__name__ == "_RunnerTableFinder" for finder in sys.meta_path
+        )
+        import beam_spark_runner
+        print(json.dumps({
+            "at_start": at_start,
+            "hook_installed": hook_installed,
+            "after_import": heavy(),
+            "version": beam_spark_runner.__version__,
+        }))
+        """,
+    )
+    assert result == {
+        "at_start": [],
+        "hook_installed": True,
+        "after_import": [],
+        "version": __version__,
+    }
+
+
+def test_register_adds_our_entry_and_keeps_existing_ones():
+    runner_map = {"directrunner": "apache_beam.runners.direct.direct_runner.DirectRunner"}
+    module = types.ModuleType("fake_runner_module")
+    module.__dict__["_RUNNER_MAP"] = runner_map
+    _startup_hook.register(module)
+    assert runner_map == {
+        "directrunner": "apache_beam.runners.direct.direct_runner.DirectRunner",
+        "sparkstructuredrunner": RUNNER_CLASS,
+    }
+
+    runner_map["sparkstructuredrunner"] = "somebody.else.Runner"
+    _startup_hook.register(module)
+    assert runner_map["sparkstructuredrunner"] == "somebody.else.Runner"
