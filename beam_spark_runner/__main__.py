@@ -28,8 +28,7 @@ def _distribution_version(name: str) -> str:
 
 
 def _java_description() -> str:
-    # session.py imports the runner's options, and with them apache-beam: only on demand.
-    from beam_spark_runner.session import java_executable, java_version
+    from beam_spark_runner.java import java_executable, java_version
 
     java = java_executable()
     if java is None:

@@ -13,9 +13,10 @@ import importlib.abc
 import importlib.machinery
 import sys
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 _BEAM_RUNNER_MODULE = "apache_beam.runners.runner"
+_BEAM_OPTIONS_MODULE = "apache_beam.options.pipeline_options"
 RUNNER_SHORT_NAME = "sparkstructuredrunner"
 RUNNER_QUALIFIED_NAME = "beam_spark_runner.runner.SparkStructuredRunner"
 
@@ -27,22 +28,38 @@ def register(module: types.ModuleType) -> None:
         runner_map.setdefault(RUNNER_SHORT_NAME, RUNNER_QUALIFIED_NAME)
 
 
-class _RegisteringLoader(importlib.abc.Loader):
-    """Delegates to Beam's real loader, then registers our runner name."""
+def register_options(module: types.ModuleType) -> None:
+    """Defines our ``--spark_*`` options once Beam's options module exists.
 
-    def __init__(self, wrapped: importlib.abc.Loader) -> None:
+    Beam parses every flag against the PipelineOptions subclasses defined so far and warns
+    that it discards the others; defining ours right after Beam's module keeps
+    ``--spark_master`` and friends known even when the user never imports us.
+    """
+    import beam_spark_runner.options  # noqa: F401
+
+
+_AFTER_IMPORT = {_BEAM_RUNNER_MODULE: register, _BEAM_OPTIONS_MODULE: register_options}
+
+
+class _RegisteringLoader(importlib.abc.Loader):
+    """Delegates to Beam's real loader, then runs our registration step."""
+
+    def __init__(
+        self, wrapped: importlib.abc.Loader, after: Callable[[types.ModuleType], None]
+    ) -> None:
         self._wrapped = wrapped
+        self._after = after
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
         return self._wrapped.create_module(spec)
 
     def exec_module(self, module: types.ModuleType) -> None:
         self._wrapped.exec_module(module)
-        register(module)
+        self._after(module)
 
 
 class _RunnerTableFinder(importlib.abc.MetaPathFinder):
-    """Finds nothing itself; wraps the loader of Beam's runner module."""
+    """Finds nothing itself; wraps the loaders of Beam's runner and options modules."""
 
     def find_spec(
         self,
@@ -50,23 +67,27 @@ class _RunnerTableFinder(importlib.abc.MetaPathFinder):
         path: Sequence[str] | None,
         target: types.ModuleType | None = None,
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != _BEAM_RUNNER_MODULE:
+        after = _AFTER_IMPORT.get(fullname)
+        if after is None:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
                 continue
             spec = finder.find_spec(fullname, path, target)
             if spec is not None and spec.loader is not None:
-                spec.loader = _RegisteringLoader(spec.loader)
+                spec.loader = _RegisteringLoader(spec.loader, after)
                 return spec
         return None
 
 
 def install() -> None:
-    """Registers now if Beam's runner module is loaded, else when it is imported."""
-    loaded = sys.modules.get(_BEAM_RUNNER_MODULE)
-    if loaded is not None:
-        register(loaded)
-        return
-    if not any(isinstance(f, _RunnerTableFinder) for f in sys.meta_path):
+    """Registers now for Beam modules already loaded, else when they are imported."""
+    pending = False
+    for name, after in _AFTER_IMPORT.items():
+        loaded = sys.modules.get(name)
+        if loaded is not None:
+            after(loaded)
+        else:
+            pending = True
+    if pending and not any(isinstance(f, _RunnerTableFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _RunnerTableFinder())

@@ -329,12 +329,8 @@ def build_plan(pipeline_proto: bi.beam_runner_api_pb2.Pipeline) -> Plan:
             readers = buffer(side_input.buffer_id).side_readers
             if stage.name not in readers:
                 readers.append(stage.name)
-    _LOGGER.info(
-        "Planned %d fused stages and %d buffers: %s",
-        len(planned),
-        len(buffers),
-        ", ".join(s.name for s in planned),
-    )
+    _LOGGER.info("Planned %d fused stages and %d buffers", len(planned), len(buffers))
+    _LOGGER.debug("Stages: %s", "; ".join(s.display_name for s in planned))
     return Plan(
         stages=planned,
         buffers=buffers,

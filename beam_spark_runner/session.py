@@ -15,9 +15,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import re
-import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -25,7 +22,7 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from beam_spark_runner.errors import JavaNotFoundError
+from beam_spark_runner.java import check_java, required_java_major
 from beam_spark_runner.options import DEFAULT_MASTER, SparkSettings
 
 if TYPE_CHECKING:
@@ -37,67 +34,6 @@ _lock = threading.Lock()
 _owned: SparkSession | None = None
 _owned_settings: SparkSettings | None = None
 _shipped_package: str | None = None
-
-
-def java_executable() -> str | None:
-    """The ``java`` Spark would launch: ``$JAVA_HOME/bin/java``, else ``java`` on PATH."""
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home:
-        candidate = Path(java_home) / "bin" / "java"
-        return str(candidate) if candidate.exists() else None
-    return shutil.which("java")
-
-
-def java_version(java: str) -> str | None:
-    """The version ``java -version`` reports, e.g. ``17.0.15``, or None if unreadable."""
-    try:
-        completed = subprocess.run(
-            [java, "-version"], capture_output=True, text=True, timeout=30, check=False
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    match = re.search(r'version "([^"]+)"', completed.stderr + completed.stdout)
-    return match.group(1) if match else None
-
-
-def _java_major(version: str) -> int:
-    parts = version.split(".")
-    return int(parts[1]) if parts[0] == "1" else int(re.sub(r"\D.*", "", parts[0]) or 0)
-
-
-def check_java(required_major: int) -> str:
-    """Returns the Java version, or raises JavaNotFoundError saying what to install."""
-    java = java_executable()
-    if java is None:
-        where = (
-            f"JAVA_HOME={os.environ['JAVA_HOME']} has no bin/java"
-            if os.environ.get("JAVA_HOME")
-            else "JAVA_HOME is not set and no `java` is on PATH"
-        )
-        raise JavaNotFoundError(
-            f"Spark needs a Java {required_major}+ runtime, but {where}. Install one (for "
-            f"example `apt-get install openjdk-{required_major}-jre-headless`) or point "
-            "JAVA_HOME at an existing JDK, then run the pipeline again."
-        )
-    version = java_version(java)
-    if version is None:
-        raise JavaNotFoundError(
-            f"Spark needs a Java {required_major}+ runtime; `{java} -version` did not report "
-            "a version. Check the Java installation or set JAVA_HOME to a working JDK."
-        )
-    if _java_major(version) < required_major:
-        raise JavaNotFoundError(
-            f"Spark needs Java {required_major}+, found Java {version} at {java}. Install "
-            f"Java {required_major} and set JAVA_HOME to it."
-        )
-    return version
-
-
-def required_java_major() -> int:
-    """Spark 4 needs Java 17; Spark 3.5 runs on Java 8 and later."""
-    from beam_spark_runner.spark_compat import pyspark_version
-
-    return 17 if pyspark_version() >= (4, 0) else 8
 
 
 def is_local_master(master: str) -> bool:
@@ -169,7 +105,7 @@ def share_driver_path(session: SparkSession) -> None:
     module). Executors of local masters run on this machine, so the driver's import path
     is valid there. Remote clusters need the code installed or shipped instead.
     """
-    if not is_local_master(session.sparkContext.master):
+    if not is_local_master(session.sparkContext.master or ""):
         return
     paths = [p for p in sys.path if p and os.path.isdir(p)]
     cwd = os.getcwd()

@@ -201,7 +201,9 @@ def test_combiners_lifted_packed_and_empty() -> None:
         assert_that(nums | "Mean" >> beam.combiners.Mean.Globally(), equal_to([2.5]), "mean")
         assert_that(nums | "Count" >> beam.combiners.Count.Globally(), equal_to([4]), "count")
         per_key = (
-            nums | beam.Map(lambda x: (x % 2, x)) | beam.CombinePerKey(beam.combiners.TopCombineFn(1))
+            nums
+            | beam.Map(lambda x: (x % 2, x))
+            | beam.CombinePerKey(beam.combiners.TopCombineFn(1))
         )
         assert_that(per_key, equal_to([(0, [4]), (1, [3])]), "top")
         empty = p | "NoNums" >> beam.Create([]).with_output_types(int)
@@ -331,7 +333,9 @@ def test_user_code_runs_once_per_element_with_shared_outputs() -> None:
     assert_that(outs.tagged | "Sum2" >> beam.CombineGlobally(sum), equal_to([4950]), "c")
     side = beam.pvalue.AsList(outs.tagged)
     assert_that(
-        outs.m | "UseSide" >> beam.Map(lambda x, s: x + len(s), s=side) | "Min" >> beam.CombineGlobally(min),
+        outs.m
+        | "UseSide" >> beam.Map(lambda x, s: x + len(s), s=side)
+        | "Min" >> beam.CombineGlobally(min),
         equal_to([100]),
         "d",
     )

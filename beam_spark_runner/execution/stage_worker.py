@@ -23,8 +23,8 @@ import pyarrow as pa
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import KeyExtractor, packed_bytes, split_packed
 from beam_spark_runner.errors import StageExecutionError
-from beam_spark_runner.metrics import merge_monitoring_infos
 from beam_spark_runner.execution.data_channel import ArrowDataChannel, ArrowDataChannelFactory
+from beam_spark_runner.metrics import merge_monitoring_infos
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -220,6 +220,4 @@ def run_stage(
     if metrics_sink is not None and metrics:
         user_metrics = [m for m in metrics if bi.is_user_monitoring_info(m)]
         if user_metrics:
-            metrics_sink.add(
-                [m.SerializeToString() for m in merge_monitoring_infos(user_metrics)]
-            )
+            metrics_sink.add([m.SerializeToString() for m in merge_monitoring_infos(user_metrics)])

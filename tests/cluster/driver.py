@@ -146,9 +146,7 @@ def mixed(beam_args: list[str]) -> dict[str, Any]:
     )
     for tag in ("odd", "even"):
         summed = tagged[tag] | f"Sum{tag}" >> beam.CombinePerKey(sum)
-        assert_that(
-            summed, equal_to(sorted(expected_tagged[tag].items())), label=f"Check{tag}"
-        )
+        assert_that(summed, equal_to(sorted(expected_tagged[tag].items())), label=f"Check{tag}")
     # A list side input too, read by every element of a second stage.
     totals = pairs | "Values only" >> beam.Values() | "Total" >> beam.CombineGlobally(sum)
     shares = pairs | "Share" >> beam.Map(

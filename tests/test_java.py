@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from beam_spark_runner import session
+from beam_spark_runner import java as session
 from beam_spark_runner.errors import JavaNotFoundError, SparkRunnerError
 
 
