@@ -77,6 +77,11 @@ def _build_session(settings: SparkSettings) -> SparkSession:
         # Local executors' Python workers must see the driver's packages (Beam, pyarrow,
         # this runner). PySpark takes the worker interpreter from this variable only.
         os.environ["PYSPARK_PYTHON"] = sys.executable
+    if is_local_master(master):
+        # Workers forked from a daemon that already imported Beam start in milliseconds
+        # instead of seconds (see worker_daemon). Remote executors may not have this
+        # package installed before tasks ship it, so only local sessions use it.
+        conf["spark.python.daemon.module"] = "beam_spark_runner.worker_daemon"
     if settings.default_parallelism:
         conf["spark.default.parallelism"] = str(settings.default_parallelism)
         conf["spark.sql.shuffle.partitions"] = str(settings.default_parallelism)

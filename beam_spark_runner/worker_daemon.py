@@ -1,0 +1,19 @@
+"""PySpark's Python worker daemon, with Beam imported once before it forks workers.
+
+Spark forks a Python worker per concurrent task from this daemon. Importing Beam, pyarrow
+and the runner's executor modules takes seconds; doing it here, before the forks, lets
+every worker start with them already loaded (copy-on-write) instead of importing them
+again. The runner selects this module (``spark.python.daemon.module``) for the local
+sessions it creates; the worker code itself is PySpark's.
+"""
+
+from __future__ import annotations
+
+import apache_beam  # noqa: F401
+from pyspark.daemon import manager
+
+import beam_spark_runner.execution.grouping  # noqa: F401
+import beam_spark_runner.execution.stage_worker  # noqa: F401
+
+if __name__ == "__main__":
+    manager()

@@ -1,0 +1,307 @@
+"""Runs Beam's runner test suites on SparkStructuredRunner and prints a summary.
+
+Usage::
+
+    python -m validates_runner.report [--suite fnapi|validatesrunner|all] [-k EXPR]
+                                      [--out-dir DIR] [--verbose] [-- PYTEST_ARGS...]
+
+Each suite runs in its own pytest process (one SparkSession each) with junitxml output;
+the report prints passed/skipped/failed per suite, the skipped tests with their reasons and
+the failed tests with the root-cause error. It exits non-zero if a test failed or a suite
+could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from validates_runner.conftest import (
+    DEFAULT_TEST_PIPELINE_OPTIONS,
+    KEY_PROPERTY,
+    RUNNER_PROPERTY,
+)
+from validates_runner.reasons import HARNESS_REASONS
+
+_LOGGER = logging.getLogger(__name__)
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SUITES = ("fnapi", "validatesrunner")
+RUNNER_NAME = "SparkStructuredRunner"
+VALIDATES_RUNNER_MARKER = "pytest.mark.it_validatesrunner"
+# pytest exit codes that still mean "the suite ran": all passed, some failed, none collected.
+_RAN_EXIT_CODES = (0, 1, 5)
+
+
+@dataclass
+class TestResult:
+    """The outcome of one test."""
+
+    test_id: str
+    outcome: str  # "passed", "skipped" or "failed"
+    message: str = ""
+    runners: tuple[str, ...] = ()
+
+
+@dataclass
+class SuiteRun:
+    """One suite's pytest run."""
+
+    suite: str
+    exit_code: int
+    seconds: float
+    log: Path
+    results: list[TestResult] = field(default_factory=list)
+
+    def count(self, outcome: str) -> int:
+        """Number of tests with ``outcome``."""
+        return sum(1 for r in self.results if r.outcome == outcome)
+
+
+def validates_runner_modules() -> list[str]:
+    """Modules of the installed apache_beam with tests marked ``it_validatesrunner``."""
+    import apache_beam
+
+    package = Path(apache_beam.__file__).resolve().parent
+    modules = []
+    for path in sorted(package.rglob("*_test.py")):
+        if VALIDATES_RUNNER_MARKER in path.read_text(encoding="utf-8", errors="replace"):
+            relative = path.relative_to(package.parent).with_suffix("")
+            modules.append(".".join(relative.parts))
+    return modules
+
+
+def pytest_command(suite: str, junit: Path, args: argparse.Namespace) -> list[str]:
+    """The pytest command line running ``suite``."""
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        # Our plugin stands in for Beam's conftest; no other conftest applies (and loading
+        # validates_runner/conftest.py a second time as a conftest would clash with -p).
+        "--noconftest",
+        "-p",
+        "validates_runner.conftest",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--rootdir",
+        str(ROOT),
+        f"--junitxml={junit}",
+        "-W",
+        "ignore::pytest.PytestCollectionWarning",
+        f"--test-pipeline-options={args.test_pipeline_options}",
+    ]
+    if args.k:
+        command += ["-k", args.k]
+    if suite == "fnapi":
+        command.append(str(HERE / "fn_runner_spark_test.py"))
+    else:
+        command += ["-m", "it_validatesrunner", "--pyargs", *validates_runner_modules()]
+    return command + list(args.pytest_args)
+
+
+def _pump(stream: IO[str], log: IO[str], echo: bool) -> None:
+    for line in stream:
+        log.write(line)
+        if echo:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+
+
+def run_suite(suite: str, args: argparse.Namespace, out_dir: Path) -> SuiteRun:
+    """Runs one suite in its own pytest process and reads its junitxml."""
+    junit = out_dir / f"{suite}.xml"
+    log = out_dir / f"{suite}.log"
+    junit.unlink(missing_ok=True)
+    command = pytest_command(suite, junit, args)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    _LOGGER.info("Running suite %s (log: %s)", suite, log)
+    _LOGGER.debug("Command: %s", command)
+    start = time.monotonic()
+    with log.open("w", encoding="utf-8") as log_file:
+        log_file.write(" ".join(command) + "\n")
+        process = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        assert process.stdout is not None
+        try:
+            _pump(process.stdout, log_file, args.verbose)
+            exit_code = process.wait(timeout=max(1.0, args.timeout - (time.monotonic() - start)))
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise
+    seconds = time.monotonic() - start
+    run = SuiteRun(suite, exit_code, seconds, log)
+    if junit.exists():
+        run.results = parse_junit(junit)
+    return run
+
+
+def _short_id(classname: str, name: str) -> str:
+    match = re.search(r"(apache_beam|validates_runner)\..*", classname)
+    return f"{match.group(0) if match else classname}::{name}"
+
+
+def root_cause(element: ET.Element) -> str:
+    """A few lines naming the error of a failed test."""
+    message = (element.get("message") or "").strip()
+    text = element.text or ""
+    lines = [message.splitlines()[0][:300]] if message else []
+    # The last "SomeError: ..." line pytest marked with "E" is the innermost error, e.g. the
+    # user-code error inside a PipelineExecutionError.
+    errors = [
+        line[1:].strip()
+        for line in text.splitlines()
+        if line.startswith("E ") and re.match(r"\s*[\w.]+(Error|Exception|Exit)\b", line[1:])
+    ]
+    if errors and (not lines or errors[-1][:300] != lines[0]):
+        lines.append(errors[-1][:300])
+    return "\n".join(lines)
+
+
+def parse_junit(path: Path) -> list[TestResult]:
+    """The results in a pytest junitxml file."""
+    results = []
+    for case in ET.parse(path).iter("testcase"):
+        properties = [
+            (p.get("name"), p.get("value") or "") for p in case.iter("property") if p.get("name")
+        ]
+        keys = [value for name, value in properties if name == KEY_PROPERTY]
+        test_id = keys[0] if keys else _short_id(case.get("classname", ""), case.get("name", ""))
+        runners = tuple(value for name, value in properties if name == RUNNER_PROPERTY)
+        failure = case.find("failure")
+        if failure is None:
+            failure = case.find("error")
+        skipped = case.find("skipped")
+        if failure is not None:
+            results.append(TestResult(test_id, "failed", root_cause(failure), runners))
+        elif skipped is not None:
+            reason = skipped.get("message") or ""
+            results.append(TestResult(test_id, "skipped", reason, runners))
+        else:
+            results.append(TestResult(test_id, "passed", "", runners))
+    return results
+
+
+def is_harness_skip(reason: str) -> bool:
+    """Whether a skip reason is one of this harness's (else Beam's test skipped itself)."""
+    return any(reason.startswith(known) for known in HARNESS_REASONS)
+
+
+def format_report(runs: list[SuiteRun]) -> str:
+    """The summary table, skipped tests with reasons and failed tests with their errors."""
+    out = []
+    header = f"{'suite':<16}{'passed':>8}{'skipped':>9}{'failed':>8}{'total':>7}{'time':>9}"
+    out += [header, "-" * len(header)]
+    for run in runs:
+        status = "" if run.exit_code in _RAN_EXIT_CODES else f"  (pytest exit code {run.exit_code})"
+        out.append(
+            f"{run.suite:<16}{run.count('passed'):>8}{run.count('skipped'):>9}"
+            f"{run.count('failed'):>8}{len(run.results):>7}{run.seconds:>8.0f}s{status}"
+        )
+    if len(runs) > 1:
+        total = sum(len(r.results) for r in runs)
+        out.append(
+            f"{'all':<16}{sum(r.count('passed') for r in runs):>8}"
+            f"{sum(r.count('skipped') for r in runs):>9}{sum(r.count('failed') for r in runs):>8}"
+            f"{total:>7}{sum(r.seconds for r in runs):>8.0f}s"
+        )
+
+    for title, harness in (
+        ("Skipped on this runner (missing capability)", True),
+        ("Skipped by Beam's tests themselves or the environment", False),
+    ):
+        by_reason: dict[str, list[str]] = defaultdict(list)
+        for run in runs:
+            for r in run.results:
+                if r.outcome == "skipped" and is_harness_skip(r.message) == harness:
+                    by_reason[r.message].append(f"[{run.suite}] {r.test_id}")
+        if by_reason:
+            out += ["", f"{title}: {sum(len(v) for v in by_reason.values())}"]
+            for reason, tests in sorted(by_reason.items()):
+                out.append(f"  {reason}")
+                out += [f"    - {test}" for test in sorted(tests)]
+
+    other_runner = [
+        f"  [{run.suite}] {r.test_id}: ran on {', '.join(r.runners)}"
+        for run in runs
+        for r in run.results
+        if r.outcome == "passed" and r.runners and RUNNER_NAME not in r.runners
+    ]
+    if other_runner:
+        out += ["", "Passed without running a pipeline on SparkStructuredRunner:", *other_runner]
+
+    failed = [(run.suite, r) for run in runs for r in run.results if r.outcome == "failed"]
+    out += ["", f"Failed: {len(failed)}"]
+    for suite, r in failed:
+        out.append(f"  [{suite}] {r.test_id}")
+        out += [f"      {line}" for line in r.message.splitlines()]
+    for run in runs:
+        if run.exit_code not in _RAN_EXIT_CODES or not run.results:
+            out.append(f"  [{run.suite}] pytest exited with {run.exit_code}; see {run.log}")
+    out += ["", "Logs and junitxml: " + ", ".join(str(run.log.parent) for run in runs[:1])]
+    return "\n".join(out)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Command-line arguments."""
+    parser = argparse.ArgumentParser(
+        prog="python -m validates_runner.report",
+        description="Run Beam's runner test suites on SparkStructuredRunner and summarize.",
+    )
+    parser.add_argument("--suite", choices=(*SUITES, "all"), default="all")
+    parser.add_argument("-k", default=None, help="pytest -k expression, passed through")
+    parser.add_argument(
+        "--test-pipeline-options",
+        default=DEFAULT_TEST_PIPELINE_OPTIONS,
+        help=f"options for the tests' pipelines (default: {DEFAULT_TEST_PIPELINE_OPTIONS!r})",
+    )
+    parser.add_argument(
+        "--out-dir", type=Path, default=None, help="where to write logs and junitxml"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=3600.0, help="seconds allowed per suite (default 3600)"
+    )
+    parser.add_argument("--verbose", action="store_true", help="also stream pytest's output")
+    parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments, after --")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the chosen suites, prints the report; 0 only if nothing failed."""
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="validates_runner-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    suites = SUITES if args.suite == "all" else (args.suite,)
+    runs = [run_suite(suite, args, out_dir) for suite in suites]
+    print(format_report(runs))
+    failed = any(run.count("failed") for run in runs)
+    broken = any(run.exit_code not in _RAN_EXIT_CODES for run in runs)
+    return 1 if failed or broken else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
