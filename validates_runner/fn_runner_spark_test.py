@@ -128,7 +128,7 @@ class SparkStructuredRunnerMetricsTest(fn_runner_test.FnApiRunnerMetricsTest):
         super().test_non_user_metrics()
 
     @unittest.skip(FNAPI_RESULT_INTERNALS)
-    def test_progress_metrics(self) -> None:
+    def test_progress_metrics(self) -> None:  # type: ignore[override]
         super().test_progress_metrics()
 
 

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -135,6 +136,7 @@ def run_suite(suite: str, args: argparse.Namespace, out_dir: Path) -> SuiteRun:
     start = time.monotonic()
     with log.open("w", encoding="utf-8") as log_file:
         log_file.write(" ".join(command) + "\n")
+        log_file.flush()
         process = subprocess.Popen(
             command,
             cwd=ROOT,
@@ -145,13 +147,20 @@ def run_suite(suite: str, args: argparse.Namespace, out_dir: Path) -> SuiteRun:
             start_new_session=True,
         )
         assert process.stdout is not None
+        pump = threading.Thread(target=_pump, args=(process.stdout, log_file, args.verbose))
+        pump.start()
         try:
-            _pump(process.stdout, log_file, args.verbose)
-            exit_code = process.wait(timeout=max(1.0, args.timeout - (time.monotonic() - start)))
-        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            exit_code = process.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            _LOGGER.error("Suite %s exceeded --timeout=%.0fs; killing it", suite, args.timeout)
+            os.killpg(process.pid, signal.SIGKILL)
+            exit_code = process.wait()
+        except KeyboardInterrupt:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
             raise
+        finally:
+            pump.join()
     seconds = time.monotonic() - start
     run = SuiteRun(suite, exit_code, seconds, log)
     if junit.exists():
@@ -259,9 +268,10 @@ def format_report(runs: list[SuiteRun]) -> str:
         out.append(f"  [{suite}] {r.test_id}")
         out += [f"      {line}" for line in r.message.splitlines()]
     for run in runs:
-        if run.exit_code not in _RAN_EXIT_CODES or not run.results:
+        if run.exit_code not in _RAN_EXIT_CODES:
             out.append(f"  [{run.suite}] pytest exited with {run.exit_code}; see {run.log}")
-    out += ["", "Logs and junitxml: " + ", ".join(str(run.log.parent) for run in runs[:1])]
+    if runs:
+        out += ["", f"Logs and junitxml: {runs[0].log.parent}"]
     return "\n".join(out)
 
 
