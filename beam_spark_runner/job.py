@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from beam_spark_runner.errors import PipelineExecutionError
 from beam_spark_runner.metrics import decode_infos, new_accumulator
 from beam_spark_runner.planning import Plan
+from beam_spark_runner.progress import ProgressReporter
 from beam_spark_runner.translators import translator_for
 from beam_spark_runner.translators.base import TranslationContext
 
@@ -59,7 +60,8 @@ def run_plan(plan: Plan, spark: SparkSession, job_name: str, parallelism: int | 
         stage_names = "; ".join(s.display_name for s in plan.stages)
         spark_context.setJobDescription(f"Beam pipeline {job_name}: {stage_names}"[:1000])
         if leaves:
-            context.union_frames(leaves).write.format("noop").mode("overwrite").save()
+            with ProgressReporter(spark_context, group, job_name):
+                context.union_frames(leaves).write.format("noop").mode("overwrite").save()
     except PipelineExecutionError:
         raise
     except Exception as error:
