@@ -18,6 +18,7 @@ import traceback
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from beam_spark_runner import beam_internals as bi
@@ -73,8 +74,8 @@ class StageSpec:
 class BundleOutputs:
     """The outputs of one bundle: per output index, the stream and element ends."""
 
-    def __init__(self) -> None:
-        self.data: list[list[tuple[bytes, list[int]]]] = []
+    def __init__(self, output_count: int) -> None:
+        self.data: list[list[tuple[bytes, list[int]]]] = [[] for _ in range(output_count)]
 
     def record_batches(
         self, outputs: tuple[OutputSpec, ...], key_extractors: dict[int, KeyExtractor]
@@ -96,7 +97,7 @@ class BundleOutputs:
                     )
                     offset += count
                     yield pa.RecordBatch.from_arrays(
-                        [pa.array([index] * count, type=pa.int32()), key_array, array],
+                        [pa.array(np.full(count, index, dtype=np.int32)), key_array, array],
                         schema=STAGE_OUTPUT_SCHEMA,
                     )
 
@@ -166,8 +167,7 @@ class StageWorker:
 
     def process(self, data: bytes, metrics: list[Any]) -> BundleOutputs:
         """Runs one bundle, then its SDF residuals until none remain."""
-        outputs = BundleOutputs()
-        outputs.data = [[] for _ in self.spec.outputs]
+        outputs = BundleOutputs(len(self.spec.outputs))
         residuals = self._run_once(data, outputs, metrics)
         while residuals:
             delay = max(
