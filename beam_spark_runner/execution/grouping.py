@@ -1,20 +1,27 @@
-"""GroupByKey inside a Spark grouped-map function.
+"""GroupByKey over key-sorted partitions.
 
-Spark shuffles elements on their ``key`` column; each key's elements arrive together in one
-Arrow table. They go through Beam's own ``GroupingBuffer``, which decodes them with the
-pre-grouping coder and runs Beam's batch trigger driver (or, for the global window with the
-default trigger, its fast path): windows, merging windows, triggers and panes all follow
-Beam's semantics, as in FnApiRunner. The grouped output is one cell holding the key's
-encoded ``KV<K, Iterable<V>>`` elements, one per window and pane.
+Spark shuffles elements on their ``key`` column and sorts each partition by it; a
+``mapInArrow`` function then walks the sorted batches, cutting them into runs of one key
+(a run may span batches). Each key's elements go through Beam's own ``GroupingBuffer``,
+which decodes them with the pre-grouping coder and runs Beam's batch trigger driver (or,
+for the global window with the default trigger, its fast path): windows, merging windows,
+triggers and panes all follow Beam's semantics, as in FnApiRunner. The grouped output is
+one cell per key holding its encoded ``KV<K, Iterable<V>>`` elements, one per window and
+pane.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any
+import functools
+import hashlib
+import itertools
+from collections.abc import Iterable, Iterator
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import packed_bytes
@@ -24,6 +31,8 @@ GROUPED_SCHEMA = pa.schema([pa.field(KEY, pa.binary()), pa.field(ELEMENT, pa.bin
 GROUPED_DDL = f"{KEY} binary, {ELEMENT} binary"
 
 _MAX_CACHED = 64
+# Grouped keys per output Arrow batch.
+_OUTPUT_BATCH_KEYS = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,10 +46,11 @@ class GroupSpec:
     post_grouping_coder_id: str
     windowing_strategy_id: str
 
-    @property
+    @functools.cached_property
     def cache_key(self) -> str:
-        """Identifies this GroupByKey of this run in a worker's cache."""
-        return f"{self.run_id}/{self.name}"
+        """Identifies what was shipped, so a worker never reuses another spec's state."""
+        digest = hashlib.sha1(self.components, usedforsecurity=False).hexdigest()
+        return f"{self.run_id}/{self.name}/{digest}"
 
 
 class _Grouper:
@@ -69,18 +79,49 @@ def _grouper(spec: GroupSpec) -> _Grouper:
     return grouper
 
 
-def group_key(spec: GroupSpec, table: pa.Table) -> pa.Table:
-    """Groups one key's elements; the body of the GroupByKey's grouped map."""
-    grouped = _grouper(spec).group(packed_bytes(table.column(ELEMENT)))
-    if not grouped:
-        return GROUPED_SCHEMA.empty_table()
-    return pa.table(
-        {KEY: pa.nulls(1, type=pa.binary()), ELEMENT: pa.array([grouped], type=pa.binary())},
+def _output_batch(grouped: list[bytes]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [pa.nulls(len(grouped), type=pa.binary()), pa.array(grouped, type=pa.binary())],
         schema=GROUPED_SCHEMA,
     )
 
 
-def group_key_pandas(spec: GroupSpec, frame: Any) -> Any:
-    """The pandas form of :func:`group_key`, for Spark lines without ``applyInArrow``."""
-    table = pa.Table.from_pandas(frame, preserve_index=False)
-    return group_key(spec, table).to_pandas()
+def group_sorted(spec: GroupSpec, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Groups a key-sorted partition; the body of the GroupByKey's ``mapInArrow``.
+
+    Emits one cell per key holding its grouped elements (one per window and pane). Only
+    the current key's elements are held in memory.
+    """
+    grouper = _grouper(spec)
+    current_key: bytes | None = None
+    current: list[bytes] = []
+    grouped: list[bytes] = []
+
+    def flush() -> None:
+        if current:
+            result = grouper.group(b"".join(current))
+            if result:
+                grouped.append(result)
+            current.clear()
+
+    for batch in batches:
+        rows = batch.num_rows
+        if rows == 0:
+            continue
+        keys = batch.column(KEY)
+        elements = batch.column(ELEMENT)
+        # Row indexes where a new key starts (besides row 0).
+        changes = pc.not_equal(keys.slice(1), keys.slice(0, rows - 1))
+        starts = [0, *(np.flatnonzero(changes.to_numpy(zero_copy_only=False)) + 1), rows]
+        for start, end in itertools.pairwise(starts):
+            key = keys[start].as_py()
+            if key != current_key:
+                flush()
+                current_key = key
+            current.append(packed_bytes(elements.slice(start, end - start)))
+        if len(grouped) >= _OUTPUT_BATCH_KEYS:
+            yield _output_batch(grouped)
+            grouped.clear()
+    flush()
+    if grouped:
+        yield _output_batch(grouped)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
+import hashlib
 import itertools
 import logging
 import time
@@ -65,10 +67,11 @@ class StageSpec:
     # A pyspark Broadcast of [(StateKey bytes, data bytes)], or None without side inputs.
     side_input_state: Any = None
 
-    @property
+    @functools.cached_property
     def cache_key(self) -> str:
-        """Identifies this stage of this pipeline run in a worker's cache."""
-        return f"{self.run_id}/{self.name}"
+        """Identifies what was shipped, so a worker never reuses another spec's state."""
+        digest = hashlib.sha1(self.descriptor, usedforsecurity=False).hexdigest()
+        return f"{self.run_id}/{self.name}/{digest}"
 
 
 class BundleOutputs:

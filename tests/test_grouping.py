@@ -1,0 +1,96 @@
+"""GroupByKey over key-sorted partitions, without Spark: runs spanning batches, windows."""
+
+import apache_beam as beam
+import pyarrow as pa
+import pytest
+from apache_beam.transforms import window
+from apache_beam.utils.windowed_value import WindowedValue
+
+from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.coders import decode_column
+from beam_spark_runner.execution.grouping import GroupSpec, group_sorted
+from beam_spark_runner.planning import build_plan
+
+
+def _grouping_setup(windowing: beam.WindowInto | None):
+    p = beam.Pipeline()
+    pcoll = p | beam.Create([1]) | beam.Map(lambda x: (x, x))
+    if windowing is not None:
+        pcoll = pcoll | windowing
+    _ = pcoll | beam.GroupByKey()
+    proto = bi.prepare_pipeline_proto(p.to_runner_api(default_environment=bi.default_environment()))
+    plan = build_plan(proto)
+    (buffer,) = [b for b in plan.buffers.values() if b.kind == "group"]
+    transform = plan.components.transforms[buffer.name]
+    (input_pcoll,) = transform.inputs.values()
+    (output_pcoll,) = transform.outputs.values()
+    components = bi.beam_runner_api_pb2.Components(
+        coders=dict(plan.components.coders.items()),
+        windowing_strategies=dict(plan.components.windowing_strategies.items()),
+        environments=dict(plan.components.environments.items()),
+    )
+    spec = GroupSpec(
+        "run",
+        "gbk",
+        components.SerializeToString(),
+        plan.data_channel_coders[input_pcoll],
+        plan.data_channel_coders[output_pcoll],
+        plan.components.pcollections[input_pcoll].windowing_strategy_id,
+    )
+    context = bi.PipelineContext(plan.components)
+    pre = context.coders[plan.data_channel_coders[input_pcoll]]
+    safe = context.coders[plan.safe_coders[plan.data_channel_coders[input_pcoll]]]
+    post = context.coders[plan.data_channel_coders[output_pcoll]]
+    return spec, pre, safe, post
+
+
+def _sorted_batches(elements, pre, safe, rows_per_batch):
+    key_coder = safe.wrapped_value_coder.key_coder()
+    rows = sorted(
+        (key_coder.encode(wv.value[0]), pre.get_impl().encode_nested(wv)) for wv in elements
+    )
+    return [
+        pa.RecordBatch.from_pydict(
+            {
+                "key": pa.array([k for k, _ in rows[i : i + rows_per_batch]], pa.binary()),
+                "element": pa.array([e for _, e in rows[i : i + rows_per_batch]], pa.binary()),
+            }
+        )
+        for i in range(0, len(rows), rows_per_batch)
+    ]
+
+
+@pytest.mark.parametrize("rows_per_batch", [1, 3, 4, 100])
+def test_groups_runs_of_one_key_across_batch_boundaries(rows_per_batch):
+    spec, pre, safe, post = _grouping_setup(None)
+    elements = [
+        WindowedValue((k, v), 0, [window.GlobalWindow()]) for k in range(5) for v in range(k + 1)
+    ]
+    batches = _sorted_batches(elements, pre, safe, rows_per_batch)
+    grouped = []
+    for batch in group_sorted(spec, batches):
+        assert batch.column("key").null_count == len(batch)
+        grouped += decode_column(batch.column("element"), post)
+    assert sorted((wv.value[0], sorted(wv.value[1])) for wv in grouped) == [
+        (k, list(range(k + 1))) for k in range(5)
+    ]
+
+
+def test_fixed_windows_group_per_window():
+    spec, pre, safe, post = _grouping_setup(beam.WindowInto(window.FixedWindows(10)))
+    elements = [
+        WindowedValue((7, t), t, [window.IntervalWindow((t // 10) * 10, (t // 10) * 10 + 10)])
+        for t in (1, 2, 15)
+    ]
+    out = []
+    for batch in group_sorted(spec, _sorted_batches(elements, pre, safe, 2)):
+        out += decode_column(batch.column("element"), post)
+    assert sorted((wv.windows[0].start.micros, sorted(wv.value[1])) for wv in out) == [
+        (0, [1, 2]),
+        (10_000_000, [15]),
+    ]
+
+
+def test_empty_partition_yields_nothing():
+    spec, *_ = _grouping_setup(None)
+    assert list(group_sorted(spec, [])) == []
