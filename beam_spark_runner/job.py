@@ -8,7 +8,9 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from beam_spark_runner import worker_warnings
 from beam_spark_runner.errors import PipelineExecutionError
+from beam_spark_runner.execution.stage_worker import TaskSinks
 from beam_spark_runner.metrics import decode_infos, new_accumulator
 from beam_spark_runner.planning import Plan
 from beam_spark_runner.progress import ProgressReporter
@@ -43,13 +45,16 @@ def run_plan(plan: Plan, spark: SparkSession, job_name: str, parallelism: int | 
     """Builds every stage's DataFrame, runs the pipeline, returns its monitoring infos."""
     spark_context = spark.sparkContext
     run_id = uuid.uuid4().hex[:12]
-    accumulator = new_accumulator(spark_context)
+    sinks = TaskSinks(
+        metrics=new_accumulator(spark_context),
+        warnings=worker_warnings.new_accumulator(spark_context),
+    )
     context = TranslationContext(
         spark,
         plan,
         run_id,
         parallelism or spark_context.defaultParallelism,
-        accumulator,
+        sinks,
         translator_for,
     )
     group = f"beam-{job_name}-{run_id}"
@@ -77,4 +82,5 @@ def run_plan(plan: Plan, spark: SparkSession, job_name: str, parallelism: int | 
         time.monotonic() - started,
         len(plan.stages),
     )
-    return decode_infos(accumulator.value)
+    worker_warnings.reissue(sinks.warnings.value)
+    return decode_infos(sinks.metrics.value)

@@ -94,3 +94,32 @@ def test_fixed_windows_group_per_window():
 def test_empty_partition_yields_nothing():
     spec, *_ = _grouping_setup(None)
     assert list(group_sorted(spec, [])) == []
+
+
+class _UserValue:
+    """A value Beam can only pickle: its coder is unknown to the runner."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def test_grouping_decodes_user_values_as_opaque_bytes():
+    from beam_spark_runner.translators.group_by_key import grouping_coder_id
+
+    p = beam.Pipeline()
+    _ = p | beam.Create([("k", _UserValue(1))]) | beam.GroupByKey()
+    proto = bi.prepare_pipeline_proto(p.to_runner_api(default_environment=bi.default_environment()))
+    plan = build_plan(proto)
+    (buffer,) = [b for b in plan.buffers.values() if b.kind == "group"]
+    (input_pcoll,) = plan.components.transforms[buffer.name].inputs.values()
+    sdk_id = plan.data_channel_coders[input_pcoll]
+    context = bi.PipelineContext(plan.components)
+    element = (
+        context.coders[sdk_id]
+        .get_impl()
+        .encode_nested(WindowedValue(("k", _UserValue(1)), 0, [window.GlobalWindow()]))
+    )
+    grouping = context.coders[grouping_coder_id(plan, sdk_id)]
+    decoded = grouping.get_impl().decode_nested(element)
+    assert isinstance(decoded.value[1], bytes), "user value was unpickled for grouping"
+    assert isinstance(context.coders[sdk_id].get_impl().decode_nested(element).value[1], _UserValue)

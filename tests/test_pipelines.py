@@ -394,3 +394,16 @@ def test_pipeline_is_not_collected_to_driver_results_land_in_files(tmp_path: typ
         with open(shard) as handle:
             values.extend(int(v) for v in handle.read().split())
     assert sorted(values) == list(range(1000))
+
+
+def test_warnings_from_workers_reach_the_driver() -> None:
+    class Warns(beam.DoFn):
+        def process(self, x: int) -> typing.Iterator[int]:
+            import warnings
+
+            warnings.warn(f"careful with element {x}", RuntimeWarning, stacklevel=1)
+            yield x
+
+    with pytest.warns(RuntimeWarning, match="careful with element 7"):
+        with pipeline() as p:
+            _ = p | beam.Create([7]) | beam.ParDo(Warns())

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from validates_runner.reasons import PUBSUB_STREAMING, STATE_AND_TIMERS, TEST_STREAM
+from validates_runner.reasons import OTHER_RUNNER, PUBSUB_STREAMING, STATE_AND_TIMERS, TEST_STREAM
 
 # The options Beam's ``it_validatesrunner`` tests run with by default (see README.md).
 DEFAULT_TEST_PIPELINE_OPTIONS = "--runner=SparkStructuredRunner --spark_master=local[2]"
@@ -78,12 +78,18 @@ SKIPS: dict[str, str] = {
     "::test_streaming_pipeline_returns_expected_user_metrics_fnapi_it": PUBSUB_STREAMING,
 }
 
-# Beam tests that hard-wire another runner, so they would not test this one. They are
-# deselected; the replacement runs them on Spark.
+# Beam tests (``module::Class``) that ignore --test-pipeline-options and run their pipelines
+# on another runner, so passing would say nothing about this one. They are skipped, saying
+# where they run instead.
 OTHER_RUNNER_TESTS: dict[str, str] = {
     "apache_beam.runners.portability.fn_api_runner.fn_runner_test"
     "::FnApiBasedStateBackedCoderTest": (
+        "hard-wires FnApiRunner(use_state_iterables=True); runs on Spark as "
         "validates_runner/fn_runner_spark_test.py::SparkStateBackedCoderTest"
+    ),
+    "apache_beam.transforms.combiners_test::TimestampCombinerTest": (
+        "builds TestPipeline(options=PipelineOptions(streaming=True)), dropping "
+        "--test-pipeline-options, so it runs on the DirectRunner (it also needs TestStream)"
     ),
 }
 
@@ -117,29 +123,30 @@ def pytest_configure(config: pytest.Config) -> None:
     """Registers Beam's markers and passes the test pipeline options to TestPipeline."""
     for name, description in BEAM_MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {description}")
+    # Beam's test modules import TestPipeline, TestStream and the like at module level.
+    config.addinivalue_line("filterwarnings", "ignore::pytest.PytestCollectionWarning")
     from apache_beam.testing.test_pipeline import TestPipeline
 
     options: Any = config.getoption("test_pipeline_options", default=None)
     TestPipeline.pytest_test_pipeline_options = options
 
 
+def skip_reason(key: str) -> str | None:
+    """Why the test ``key`` is skipped on this runner, or None to run it."""
+    for prefix, where in OTHER_RUNNER_TESTS.items():
+        if key == prefix or key.startswith(prefix + "::"):
+            return f"{OTHER_RUNNER}: {where}"
+    return SKIPS.get(key)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skips tests needing missing capabilities; deselects tests wired to another runner."""
-    kept: list[pytest.Item] = []
-    deselected: list[pytest.Item] = []
+    """Skips tests needing a missing capability or wired to another runner."""
     for item in items:
         key = item_key(item)
         item.user_properties.append((KEY_PROPERTY, key))
-        if any(key == prefix or key.startswith(prefix + "::") for prefix in OTHER_RUNNER_TESTS):
-            deselected.append(item)
-            continue
-        reason = SKIPS.get(key)
+        reason = skip_reason(key)
         if reason is not None:
             item.add_marker(pytest.mark.skip(reason=reason))
-        kept.append(item)
-    if deselected:
-        config.hook.pytest_deselected(items=deselected)
-        items[:] = kept
 
 
 @pytest.fixture(autouse=True)

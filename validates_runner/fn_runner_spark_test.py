@@ -19,7 +19,7 @@ import unittest
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import fn_runner_test
-from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing import test_pipeline
 
 from beam_spark_runner import SparkStructuredRunner
 from validates_runner.reasons import (
@@ -27,6 +27,7 @@ from validates_runner.reasons import (
     FNAPI_RESULT_INTERNALS,
     RUNNER_SPLITS,
     STATE_AND_TIMERS,
+    STATE_BACKED_ITERABLES,
     STREAMING,
 )
 
@@ -35,7 +36,8 @@ DEFAULT_PIPELINE_ARGS = ["--spark_master=local[2]"]
 
 def spark_pipeline_args() -> list[str]:
     """The pipeline arguments: ``--test-pipeline-options`` if given, else local[2]."""
-    options = TestPipeline.pytest_test_pipeline_options
+    # Through the module: a TestPipeline name here would make pytest try to collect it.
+    options = test_pipeline.TestPipeline.pytest_test_pipeline_options
     return shlex.split(options) if options else list(DEFAULT_PIPELINE_ARGS)
 
 
@@ -145,6 +147,10 @@ class SparkStateBackedCoderTest(fn_runner_test.FnApiBasedStateBackedCoderTest):
 
     def create_pipeline(self) -> beam.Pipeline:
         return spark_pipeline()
+
+    @unittest.skip(STATE_BACKED_ITERABLES)
+    def test_gbk_many_values(self) -> None:
+        super().test_gbk_many_values()
 
 
 if __name__ == "__main__":

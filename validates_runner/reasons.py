@@ -38,6 +38,15 @@ PUBSUB_STREAMING = (
     "test reading Pub/Sub (also needs google-cloud-pubsub and a GCP project)"
 )
 
+STATE_BACKED_ITERABLES = (
+    "State-backed iterables are not supported yet: GroupByKey values reach the consuming DoFn "
+    "as one decoded list, while the test allows at most 5 live values of a 200-value group "
+    "(FnApiRunner(use_state_iterables=True) streams them through the state API)"
+)
+
+# Not a missing capability: the test never runs a pipeline on the runner under test.
+OTHER_RUNNER = "Not a test of this runner: it runs its pipelines on another runner"
+
 HARNESS_REASONS: frozenset[str] = frozenset(
     [
         STATE_AND_TIMERS,
@@ -47,5 +56,7 @@ HARNESS_REASONS: frozenset[str] = frozenset(
         FNAPI_RESULT_INTERNALS,
         RUNNER_SPLITS,
         PUBSUB_STREAMING,
+        STATE_BACKED_ITERABLES,
+        OTHER_RUNNER,
     ]
 )

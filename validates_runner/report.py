@@ -14,6 +14,7 @@ could not run.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import re
@@ -34,7 +35,7 @@ from validates_runner.conftest import (
     KEY_PROPERTY,
     RUNNER_PROPERTY,
 )
-from validates_runner.reasons import HARNESS_REASONS
+from validates_runner.reasons import HARNESS_REASONS, OTHER_RUNNER
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -65,7 +66,13 @@ class SuiteRun:
     exit_code: int
     seconds: float
     log: Path
+    junit_written: bool = False
     results: list[TestResult] = field(default_factory=list)
+
+    @property
+    def completed(self) -> bool:
+        """Whether pytest ran to the end and wrote its junitxml."""
+        return self.junit_written and self.exit_code in _RAN_EXIT_CODES
 
     def count(self, outcome: str) -> int:
         """Number of tests with ``outcome``."""
@@ -74,9 +81,10 @@ class SuiteRun:
 
 def validates_runner_modules() -> list[str]:
     """Modules of the installed apache_beam with tests marked ``it_validatesrunner``."""
-    import apache_beam
-
-    package = Path(apache_beam.__file__).resolve().parent
+    spec = importlib.util.find_spec("apache_beam")  # finds Beam without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("apache_beam is not installed in this interpreter")
+    package = Path(next(iter(spec.submodule_search_locations))).resolve()
     modules = []
     for path in sorted(package.rglob("*_test.py")):
         if VALIDATES_RUNNER_MARKER in path.read_text(encoding="utf-8", errors="replace"):
@@ -102,8 +110,6 @@ def pytest_command(suite: str, junit: Path, args: argparse.Namespace) -> list[st
         "--rootdir",
         str(ROOT),
         f"--junitxml={junit}",
-        "-W",
-        "ignore::pytest.PytestCollectionWarning",
         f"--test-pipeline-options={args.test_pipeline_options}",
     ]
     if args.k:
@@ -164,6 +170,7 @@ def run_suite(suite: str, args: argparse.Namespace, out_dir: Path) -> SuiteRun:
     seconds = time.monotonic() - start
     run = SuiteRun(suite, exit_code, seconds, log)
     if junit.exists():
+        run.junit_written = True
         run.results = parse_junit(junit)
     return run
 
@@ -214,9 +221,13 @@ def parse_junit(path: Path) -> list[TestResult]:
     return results
 
 
-def is_harness_skip(reason: str) -> bool:
-    """Whether a skip reason is one of this harness's (else Beam's test skipped itself)."""
-    return any(reason.startswith(known) for known in HARNESS_REASONS)
+def skip_kind(reason: str) -> str:
+    """Who skipped: "capability" or "other-runner" (this harness), else "upstream" (Beam)."""
+    if reason.startswith(OTHER_RUNNER):
+        return "other-runner"
+    if any(reason.startswith(known) for known in HARNESS_REASONS):
+        return "capability"
+    return "upstream"
 
 
 def format_report(runs: list[SuiteRun]) -> str:
@@ -225,7 +236,7 @@ def format_report(runs: list[SuiteRun]) -> str:
     header = f"{'suite':<16}{'passed':>8}{'skipped':>9}{'failed':>8}{'total':>7}{'time':>9}"
     out += [header, "-" * len(header)]
     for run in runs:
-        status = "" if run.exit_code in _RAN_EXIT_CODES else f"  (pytest exit code {run.exit_code})"
+        status = "" if run.completed else f"  (incomplete: pytest exit code {run.exit_code})"
         out.append(
             f"{run.suite:<16}{run.count('passed'):>8}{run.count('skipped'):>9}"
             f"{run.count('failed'):>8}{len(run.results):>7}{run.seconds:>8.0f}s{status}"
@@ -238,14 +249,15 @@ def format_report(runs: list[SuiteRun]) -> str:
             f"{total:>7}{sum(r.seconds for r in runs):>8.0f}s"
         )
 
-    for title, harness in (
-        ("Skipped on this runner (missing capability)", True),
-        ("Skipped by Beam's tests themselves or the environment", False),
+    for title, kind in (
+        ("Skipped on this runner (missing capability)", "capability"),
+        ("Skipped: not a test of this runner", "other-runner"),
+        ("Skipped by Beam's tests themselves or the environment", "upstream"),
     ):
         by_reason: dict[str, list[str]] = defaultdict(list)
         for run in runs:
             for r in run.results:
-                if r.outcome == "skipped" and is_harness_skip(r.message) == harness:
+                if r.outcome == "skipped" and skip_kind(r.message) == kind:
                     by_reason[r.message].append(f"[{run.suite}] {r.test_id}")
         if by_reason:
             out += ["", f"{title}: {sum(len(v) for v in by_reason.values())}"]
@@ -268,8 +280,10 @@ def format_report(runs: list[SuiteRun]) -> str:
         out.append(f"  [{suite}] {r.test_id}")
         out += [f"      {line}" for line in r.message.splitlines()]
     for run in runs:
-        if run.exit_code not in _RAN_EXIT_CODES:
-            out.append(f"  [{run.suite}] pytest exited with {run.exit_code}; see {run.log}")
+        if not run.completed:
+            out.append(
+                f"  [{run.suite}] pytest did not complete (exit {run.exit_code}); see {run.log}"
+            )
     if runs:
         out += ["", f"Logs and junitxml: {runs[0].log.parent}"]
     return "\n".join(out)
@@ -309,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = [run_suite(suite, args, out_dir) for suite in suites]
     print(format_report(runs))
     failed = any(run.count("failed") for run in runs)
-    broken = any(run.exit_code not in _RAN_EXIT_CODES for run in runs)
+    broken = not all(run.completed for run in runs)
     return 1 if failed or broken else 0
 
 

@@ -18,12 +18,13 @@ import logging
 import time
 import traceback
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
 from beam_spark_runner import beam_internals as bi
+from beam_spark_runner import worker_warnings
 from beam_spark_runner.coders import KeyExtractor, packed_bytes, split_packed
 from beam_spark_runner.errors import StageExecutionError
 from beam_spark_runner.execution.data_channel import ArrowDataChannel, ArrowDataChannelFactory
@@ -201,18 +202,31 @@ def stage_worker(spec: StageSpec) -> StageWorker:
     return worker
 
 
+class TaskSinks(NamedTuple):
+    """Spark accumulators a task reports into (None where not collected)."""
+
+    metrics: Any = None
+    warnings: Any = None
+
+
+NO_SINKS = TaskSinks()
+
+
 def run_stage(
-    spec: StageSpec, batches: Iterable[pa.RecordBatch], metrics_sink: Any = None
+    spec: StageSpec, batches: Iterable[pa.RecordBatch], sinks: TaskSinks = NO_SINKS
 ) -> Iterator[pa.RecordBatch]:
     """The body of the stage's ``mapInArrow``: one bundle per input batch."""
-    worker = stage_worker(spec)
+    with worker_warnings.recording(sinks.warnings):
+        worker = stage_worker(spec)
     metrics: list[Any] = []
+    metrics_sink = sinks.metrics
     for batch in batches:
         data = packed_bytes(batch.column(ELEMENT))
         if not data:
             continue
         try:
-            outputs = worker.process(data, metrics)
+            with worker_warnings.recording(sinks.warnings):
+                outputs = worker.process(data, metrics)
         except StageExecutionError:
             raise
         except Exception as error:  # noqa: BLE001 - re-raised with the stage's name

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution.grouping import GROUPED_DDL
-from beam_spark_runner.execution.stage_worker import ELEMENT, KEY, TAG
+from beam_spark_runner.execution.stage_worker import ELEMENT, KEY, TAG, TaskSinks
 from beam_spark_runner.planning import EXECUTABLE_STAGE_URN, Plan, PlannedBuffer
 
 if TYPE_CHECKING:
@@ -44,14 +44,14 @@ class TranslationContext:
         plan: Plan,
         run_id: str,
         parallelism: int,
-        metrics_accumulator: Any,
+        sinks: TaskSinks,
         translator_for: Callable[[str], Translator | None],
     ) -> None:
         self.spark = spark
         self.plan = plan
         self.run_id = run_id
         self.parallelism = parallelism
-        self.metrics_accumulator = metrics_accumulator
+        self.sinks = sinks
         self.pipeline_context = bi.PipelineContext(plan.components)
         self._translator_for = translator_for
         self._stage_frames: dict[str, DataFrame] = {}

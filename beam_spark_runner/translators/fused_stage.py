@@ -63,7 +63,7 @@ class FusedStageTranslator:
         )
         input_frame = context.buffer_frame(node.input_buffer_id)
         function = named_function(
-            functools.partial(run_stage, spec, metrics_sink=context.metrics_accumulator),
+            functools.partial(run_stage, spec, sinks=context.sinks),
             spark_function_name(node.display_name),
         )
         return input_frame.mapInArrow(function, STAGE_OUTPUT_DDL)

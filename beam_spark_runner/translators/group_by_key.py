@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution.grouping import GROUPED_DDL, GroupSpec, group_sorted
 from beam_spark_runner.execution.stage_worker import KEY
-from beam_spark_runner.planning import GROUP_BY_KEY_URN, PlannedBuffer
+from beam_spark_runner.planning import GROUP_BY_KEY_URN, Plan, PlannedBuffer
 from beam_spark_runner.spark_compat import named_function
 from beam_spark_runner.translators.base import spark_function_name
 
@@ -26,6 +26,23 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from beam_spark_runner.translators.base import TranslationContext
+
+
+def grouping_coder_id(plan: Plan, data_channel_coder_id: str) -> str:
+    """The coder grouping decodes with: the runner-safe one, unless windows would be opaque.
+
+    Runner-safe coders read user-coded keys and values as opaque bytes, so grouping never
+    unpickles user objects (as in FnApiRunner). For a custom window coder the safe coder
+    makes the windows opaque too; merging them needs the real windows, so then the SDK
+    coder is used.
+    """
+    safe_id = plan.safe_coders.get(data_channel_coder_id, data_channel_coder_id)
+    safe = plan.components.coders[safe_id]
+    if safe.spec.urn == bi.common_urns.coders.WINDOWED_VALUE.urn:
+        window_coder = plan.components.coders[safe.component_coder_ids[1]]
+        if window_coder.spec.urn == bi.python_urns.TIMESTAMP_PREFIXED_OPAQUE_WINDOW_CODER:
+            return data_channel_coder_id
+    return safe_id
 
 
 class GroupByKeyTranslator:
@@ -48,8 +65,8 @@ class GroupByKeyTranslator:
             run_id=context.run_id,
             name=transform.unique_name,
             components=components.SerializeToString(),
-            pre_grouping_coder_id=plan.data_channel_coders[input_pcoll],
-            post_grouping_coder_id=plan.data_channel_coders[output_pcoll],
+            pre_grouping_coder_id=grouping_coder_id(plan, plan.data_channel_coders[input_pcoll]),
+            post_grouping_coder_id=grouping_coder_id(plan, plan.data_channel_coders[output_pcoll]),
             windowing_strategy_id=plan.components.pcollections[input_pcoll].windowing_strategy_id,
         )
         shuffled = context.union(context.writer_frames(node)).repartition(KEY)
