@@ -56,11 +56,19 @@ def _package_zip() -> str:
 
 
 def _configured_master() -> str | None:
-    """The master spark-submit (or ``spark.master`` in the JVM's config) already chose."""
-    from pyspark import SparkConf
+    """The master spark-submit chose, when this driver was launched by spark-submit.
 
-    conf = SparkConf()
-    return conf.get("spark.master") if conf.contains("spark.master") else None
+    spark-submit starts the JVM first and passes its port in ``PYSPARK_GATEWAY_PORT``; its
+    configuration (``--master`` included) is readable only once PySpark has connected to
+    that JVM. Outside spark-submit the JVM must not start early: the builder's
+    ``--spark_conf`` values (driver memory, ...) apply only when it starts.
+    """
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return None
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()  # noqa: SLF001 - connects; creates no context
+    return SparkConf().get("spark.master", None)
 
 
 def _build_session(settings: SparkSettings) -> SparkSession:
