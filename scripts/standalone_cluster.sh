@@ -13,6 +13,10 @@
 #   SPARK_HOME      default: the directory of $PYTHON's pyspark package
 #   MASTER_PORT, MASTER_WEBUI_PORT, WORKER_PORT, WORKER_WEBUI_PORT   default: free ports
 #   WORKER_CORES (2), WORKER_MEMORY (2g), SPARK_DAEMON_MEMORY (512m), START_TIMEOUT (120 s)
+#   OWNER_PID       if set, a watchdog stops the cluster once that process has exited (so
+#                   a test run that is killed outright does not leave the cluster behind)
+#   SPARK_DAEMON_JAVA_OPTS  default "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC" (lean JVMs for
+#                   a small test machine; set it to "" for the JVM's defaults)
 #
 # Everything binds to 127.0.0.1 only (SPARK_LOCAL_IP and --host). Drivers that use this
 # cluster should also set SPARK_LOCAL_IP=127.0.0.1 and PYSPARK_PYTHON=$PYTHON: executors
@@ -100,6 +104,7 @@ daemon_env() {
     SPARK_WORKER_DIR="$CLUSTER_DIR/work" \
     SPARK_CONF_DIR="$CLUSTER_DIR/conf" \
     SPARK_DAEMON_MEMORY="${SPARK_DAEMON_MEMORY:-512m}" \
+    SPARK_DAEMON_JAVA_OPTS="${SPARK_DAEMON_JAVA_OPTS--XX:TieredStopAtLevel=1 -XX:+UseSerialGC}" \
     PYSPARK_PYTHON="$PYTHON" \
     PYSPARK_DRIVER_PYTHON="$PYTHON" \
     "$@"
@@ -120,6 +125,10 @@ cmd_status() {
 }
 
 cmd_stop() {
+  if pid_alive "$CLUSTER_DIR/watchdog.pid" "standalone_cluster.sh watch"; then
+    kill -TERM "$(cat "$CLUSTER_DIR/watchdog.pid")" 2>/dev/null || true
+  fi
+  rm -f "$CLUSTER_DIR/watchdog.pid"
   stop_daemon worker deploy.worker.Worker
   stop_daemon master deploy.master.Master
   rm -f "$CLUSTER_DIR/cluster.env" "$CLUSTER_DIR/master_url"
@@ -133,7 +142,12 @@ cmd_start() {
   fi
   cmd_stop  # leftovers of a half-started cluster
   spark_home
-  if ! command -v java >/dev/null 2>&1 && [[ ! -x "${JAVA_HOME:-/nonexistent}/bin/java" ]]; then
+  if [[ -n "${JAVA_HOME:-}" ]]; then
+    if [[ ! -x "$JAVA_HOME/bin/java" ]]; then
+      log "JAVA_HOME=$JAVA_HOME has no bin/java"
+      return 2
+    fi
+  elif ! command -v java >/dev/null 2>&1; then
     log "no Java found (set JAVA_HOME or put java on PATH)"
     return 2
   fi
@@ -155,7 +169,7 @@ EOF
     </dev/null >"$CLUSTER_DIR/master.log" 2>&1 &
   echo $! >"$CLUSTER_DIR/master.pid"
 
-  log "starting worker ($WORKER_CORES_DESC)"
+  log "starting worker (${WORKER_CORES:-2} cores, ${WORKER_MEMORY:-2g})"
   daemon_env nohup "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.worker.Worker \
     --host $HOST --port "$worker_port" --webui-port "$worker_webui" \
     --cores "${WORKER_CORES:-2}" --memory "${WORKER_MEMORY:-2g}" \
@@ -190,14 +204,28 @@ SPARK_HOME=$SPARK_HOME
 PYTHON=$PYTHON
 EOF
   echo "$master_url" >"$CLUSTER_DIR/master_url"
+  if [[ -n "${OWNER_PID:-}" ]]; then
+    nohup bash "${BASH_SOURCE[0]}" watch "$OWNER_PID" </dev/null >>"$CLUSTER_DIR/watchdog.log" 2>&1 &
+    echo $! >"$CLUSTER_DIR/watchdog.pid"
+  fi
   log "up: worker registered with $master_url"
   echo "$master_url"
 }
 
-WORKER_CORES_DESC="${WORKER_CORES:-2} cores, ${WORKER_MEMORY:-2g}"
+# watch PID: stops the cluster once PID has exited (started by `start` when OWNER_PID is set).
+cmd_watch() {
+  local owner=$1
+  while kill -0 "$owner" 2>/dev/null; do
+    sleep 2
+  done
+  log "owner process $owner exited; stopping the cluster"
+  rm -f "$CLUSTER_DIR/watchdog.pid"  # do not let cmd_stop signal this very process
+  cmd_stop
+}
 
 case "${1:-}" in
   start) cmd_start ;;
+  watch) cmd_watch "${2:?watch needs a pid}" ;;
   stop) cmd_stop ;;
   status) cmd_status ;;
   *)
