@@ -58,6 +58,7 @@ PAR_DO_URNS: frozenset[str] = translations.PAR_DO_URNS
 # Runner <-> SDK data plane transforms inside a fused stage.
 DATA_INPUT_URN: str = bundle_processor.DATA_INPUT_URN
 DATA_OUTPUT_URN: str = bundle_processor.DATA_OUTPUT_URN
+IDENTITY_DOFN_URN: str = bundle_processor.IDENTITY_DOFN_URN
 ENCODED_IMPULSE_VALUE: bytes = runners_common.ENCODED_IMPULSE_VALUE
 
 # The URNs the Python SDK harness can execute inside a fused stage.

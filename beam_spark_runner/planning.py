@@ -136,8 +136,11 @@ def expand_reshuffle(
 
     With Reshuffle among the known runner URNs, Beam keeps it as a leaf stage (both the
     user's ``beam.Reshuffle()`` and the one ``expand_sdf`` inserts between splitting and
-    processing restrictions). The runner executes it as a Spark repartition. The read side
-    reuses the input PCollection's coder, so the bytes written are the bytes read.
+    processing restrictions). The runner executes it as a Spark repartition, moving encoded
+    bytes: where the input and output PCollections' coders differ (the output of a
+    Reshuffle feeding a GroupByKey has a deterministic key coder), an identity transform
+    re-encodes the elements with the output's coder before the write, as Beam's
+    ``fix_flatten_coders`` does for Flatten.
     """
     for stage in stages:
         if len(stage.transforms) != 1 or stage.transforms[0].spec.urn != RESHUFFLE_URN:
@@ -148,7 +151,30 @@ def expand_reshuffle(
         output_pcoll = bi.only_element(list(transform.outputs.values()))
         pcollections = context.components.pcollections
         context.length_prefix_pcoll_coders(input_pcoll)
-        pcollections[output_pcoll].coder_id = pcollections[input_pcoll].coder_id
+        context.length_prefix_pcoll_coders(output_pcoll)
+        written_pcoll = input_pcoll
+        if pcollections[input_pcoll].coder_id != pcollections[output_pcoll].coder_id:
+            written_pcoll = bi.unique_name(pcollections, transform.unique_name + "/Transcoded")
+            pcollections[written_pcoll].CopyFrom(pcollections[input_pcoll])
+            pcollections[written_pcoll].unique_name = written_pcoll
+            pcollections[written_pcoll].coder_id = pcollections[output_pcoll].coder_id
+            transcode_name = bi.unique_name(
+                context.components.transforms, transform.unique_name + "/Transcode"
+            )
+            yield bi.Stage(
+                transcode_name,
+                [
+                    bi.beam_runner_api_pb2.PTransform(
+                        unique_name=transcode_name,
+                        inputs={"in": input_pcoll},
+                        outputs={"out": written_pcoll},
+                        spec=bi.beam_runner_api_pb2.FunctionSpec(urn=bi.IDENTITY_DOFN_URN),
+                        environment_id=transform.environment_id,
+                    )
+                ],
+                downstream_side_inputs=frozenset(),
+                must_follow=stage.must_follow,
+            )
         transform_id = stage.name
         if transform != context.components.transforms.get(transform_id):
             transform_id = bi.unique_name(context.components.transforms, stage.name)
@@ -159,7 +185,7 @@ def expand_reshuffle(
             [
                 bi.beam_runner_api_pb2.PTransform(
                     unique_name=transform.unique_name + "/Write",
-                    inputs=transform.inputs,
+                    inputs={"in": written_pcoll},
                     spec=bi.beam_runner_api_pb2.FunctionSpec(
                         urn=bi.DATA_OUTPUT_URN, payload=buffer_id
                     ),

@@ -123,3 +123,33 @@ def test_grouping_decodes_user_values_as_opaque_bytes():
     decoded = grouping.get_impl().decode_nested(element)
     assert isinstance(decoded.value[1], bytes), "user value was unpickled for grouping"
     assert isinstance(context.coders[sdk_id].get_impl().decode_nested(element).value[1], _UserValue)
+
+
+def test_reshuffle_keeps_the_group_by_key_input_coder():
+    """A Reshuffle feeding a GroupByKey must not replace the GBK's deterministic key coder.
+
+    Grouping passes keys through as bytes, so the keys written before the shuffle must be
+    encoded with the same key coder the GroupByKey's output declares.
+    """
+    from apache_beam.coders import coders_test_common
+
+    p = beam.Pipeline()
+    _ = (
+        p
+        | beam.Create([1])
+        | beam.Map(lambda _: (coders_test_common.MyTypedNamedTuple(1, "a"), 1))
+        | beam.Reshuffle()
+        | beam.GroupByKey()
+    )
+    proto = bi.prepare_pipeline_proto(p.to_runner_api(default_environment=bi.default_environment()))
+    plan = build_plan(proto)
+    (buffer,) = [b for b in plan.buffers.values() if b.kind == "group"]
+    transform = plan.components.transforms[buffer.name]
+    context = bi.PipelineContext(plan.components)
+
+    def key_coder(pcoll):
+        return context.coders[plan.data_channel_coders[pcoll]].wrapped_value_coder.key_coder()
+
+    (input_pcoll,) = transform.inputs.values()
+    (output_pcoll,) = transform.outputs.values()
+    assert key_coder(input_pcoll) == key_coder(output_pcoll)

@@ -407,3 +407,19 @@ def test_warnings_from_workers_reach_the_driver() -> None:
     with pytest.warns(RuntimeWarning, match="careful with element 7"):
         with pipeline() as p:
             _ = p | beam.Create([7]) | beam.ParDo(Warns())
+
+
+def test_reshuffle_then_group_by_key_with_pickled_keys() -> None:
+    from apache_beam.coders import coders_test_common
+
+    key = coders_test_common.MyTypedNamedTuple(1, "a")
+    with pipeline() as p:
+        grouped = (
+            p
+            | beam.Create(range(10))
+            | beam.Map(lambda _: (coders_test_common.MyTypedNamedTuple(1, "a"), 1))
+            | beam.Reshuffle()
+            | beam.GroupByKey()
+            | beam.MapTuple(lambda k, vs: (k, sum(vs)))
+        )
+        assert_that(grouped, equal_to([(key, 10)]))
