@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: install demo test unit-test cluster-test validates-runner lint typecheck bench clean help
+.PHONY: install demo test unit-test cluster-test validates-runner matrix lint typecheck bench clean help
 
 help:
 	@echo "make demo              run the demo pipeline on an embedded local[*] Spark"
@@ -15,6 +15,7 @@ help:
 	@echo "make unit-test         unit and pipeline tests only (local[2])"
 	@echo "make cluster-test      smoke tests on a standalone Spark cluster (separate executors)"
 	@echo "make validates-runner  Beam's own runner suites against SparkStructuredRunner, as a table"
+	@echo "make matrix            smoke tests on the other Spark/Beam lines (nox; see noxfile.py)"
 	@echo "make lint typecheck    ruff and mypy"
 	@echo "make bench             benchmarks (see benchmarks/)"
 
@@ -30,8 +31,8 @@ demo: $(STAMP)
 	$(PY) -m beam_spark_runner demo --output demo-output/wordcount
 
 lint: $(STAMP)
-	$(PY) -m ruff check beam_spark_runner tests validates_runner
-	$(PY) -m ruff format --check beam_spark_runner tests validates_runner
+	$(PY) -m ruff check beam_spark_runner tests validates_runner noxfile.py
+	$(PY) -m ruff format --check beam_spark_runner tests validates_runner noxfile.py
 
 typecheck: $(STAMP)
 	$(PY) -m mypy
@@ -45,10 +46,13 @@ cluster-test: $(STAMP)
 validates-runner: $(STAMP)
 	$(PY) -m validates_runner.report
 
+matrix: $(STAMP)
+	VENV=$(VENV) bash ci/matrix.sh
+
 test: lint typecheck unit-test cluster-test validates-runner
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run
 
 clean:
-	rm -rf build dist *.egg-info demo-output .mypy_cache .ruff_cache spark-warehouse
+	rm -rf build dist *.egg-info demo-output .mypy_cache .ruff_cache spark-warehouse .nox

@@ -1,0 +1,103 @@
+"""What differs between the Spark lines we support, checked on whichever line is installed.
+
+The nox matrix (``noxfile.py``) runs this file on PySpark 3.5, 4.0 and the newest 4.x, and
+on the oldest apache-beam we support; each session says which versions it pinned in
+``BEAM_SPARK_RUNNER_EXPECT_PYSPARK`` / ``BEAM_SPARK_RUNNER_EXPECT_BEAM``, and the first tests
+prove the session really runs on them.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import metadata
+
+import pyspark
+import pytest
+
+from beam_spark_runner import spark_compat
+from beam_spark_runner.errors import UnsupportedFeatureError
+from beam_spark_runner.java import required_java_major
+
+INSTALLED = spark_compat.pyspark_version()
+
+require_spark = getattr(spark_compat, "require_spark", None)
+needs_require_spark = pytest.mark.skipif(
+    require_spark is None, reason="beam_spark_runner.spark_compat.require_spark is missing"
+)
+
+
+@pytest.mark.parametrize(
+    ("variable", "distribution"),
+    [
+        ("BEAM_SPARK_RUNNER_EXPECT_PYSPARK", "pyspark"),
+        ("BEAM_SPARK_RUNNER_EXPECT_BEAM", "apache-beam"),
+    ],
+)
+def test_session_runs_on_the_versions_it_pinned(variable, distribution):
+    expected = os.environ.get(variable)
+    if not expected:
+        pytest.skip(f"{variable} is not set (set by the nox sessions)")
+    assert metadata.version(distribution) == expected
+
+
+def test_pyspark_version_is_the_installed_major_and_minor():
+    major, minor = (int(part) for part in metadata.version("pyspark").split(".")[:2])
+    assert INSTALLED == (major, minor)
+    assert INSTALLED >= (3, 5), "the runner supports Spark 3.5 and later"
+
+
+@pytest.mark.parametrize(
+    ("version", "parsed"),
+    [
+        ("3.5.9", (3, 5)),
+        ("3.5.0", (3, 5)),
+        ("4.0.5", (4, 0)),
+        ("4.3.0", (4, 3)),
+        ("4.1.0.dev1", (4, 1)),
+        ("4.2.0rc1", (4, 2)),
+        ("10.0.0", (10, 0)),
+    ],
+)
+def test_pyspark_version_parsing(monkeypatch, version, parsed):
+    monkeypatch.setattr(pyspark, "__version__", version)
+    assert spark_compat.pyspark_version() == parsed
+
+
+@pytest.mark.parametrize(
+    ("version", "java"),
+    [("3.5.0", 8), ("3.5.9", 8), ("4.0.0", 17), ("4.0.5", 17), ("4.3.0", 17)],
+)
+def test_required_java_per_spark_line(monkeypatch, version, java):
+    monkeypatch.setattr(pyspark, "__version__", version)
+    assert required_java_major() == java
+
+
+def test_required_java_of_the_installed_line():
+    assert required_java_major() == (17 if INSTALLED >= (4, 0) else 8)
+
+
+@needs_require_spark
+def test_require_spark_accepts_the_installed_line():
+    require_spark("anything", (3, 5))
+    require_spark("anything", INSTALLED)
+
+
+@needs_require_spark
+def test_require_spark_names_the_version_a_feature_needs():
+    with pytest.raises(UnsupportedFeatureError) as error:
+        require_spark("Teleporting shuffles", (99, 1))
+    message = str(error.value)
+    assert "Teleporting shuffles" in message
+    assert "Spark 99.1" in message
+    assert pyspark.__version__ in message
+    assert isinstance(error.value, NotImplementedError)
+
+
+@needs_require_spark
+def test_require_spark_on_this_line_for_a_spark_4_feature():
+    """The per-line proof: a Spark 4.0 feature fails on 3.5, naming the version it needs."""
+    if INSTALLED >= (4, 0):
+        require_spark("A Spark 4 feature", (4, 0))
+        return
+    with pytest.raises(UnsupportedFeatureError, match=r"A Spark 4 feature needs Spark 4\.0"):
+        require_spark("A Spark 4 feature", (4, 0))
