@@ -1,0 +1,301 @@
+"""A deterministic Nexmark event generator, in Python and in Spark SQL, and Beam's queries.
+
+Beam's Nexmark launcher (``apache_beam.testing.benchmarks.nexmark``) reads a JSON-lines
+event file that only Beam's Java suite writes. This module generates the events instead,
+as a pure function of the event number ``n``, so every runner sees the same events:
+
+* events come in epochs of 50: 1 person, 3 auctions, 46 bids (Nexmark's 1:3:46);
+* ids start at 1000; an auction's seller and a bid's bidder are persons that already
+  exist, a bid's auction is an auction that already exists;
+* the other fields come from three 32-bit multiplicative hashes of ``n``, written with
+  integer arithmetic that Spark SQL evaluates identically (no floating point, no RNG);
+* event time is ``BASE_TIME_MS + n`` milliseconds; as the launcher does, every event is
+  timestamped with its ``date_time``.
+
+The queries themselves are Beam's own ``queryN.load(events, query_args)``, with the
+launcher's query arguments; the hand-written PySpark and Spark SQL versions of each query
+are here too, next to a *fingerprint* of each query's output element, summed into a
+checksum so that runners can be compared on more than a count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from apache_beam.testing.benchmarks.nexmark.models import nexmark_model
+from apache_beam.testing.benchmarks.nexmark.queries.nexmark_query_util import ResultNames
+from apache_beam.transforms import window
+from apache_beam.utils.timestamp import Timestamp
+
+if TYPE_CHECKING:
+    from pyspark import RDD
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+Event = Any  # nexmark_model.Person | nexmark_model.Auction | nexmark_model.Bid
+
+BASE_TIME_MS = 1_700_000_000_000
+EPOCH = 50  # events per epoch: offset 0 is a person, 1..3 auctions, 4..49 bids
+FIRST_ID = 1000
+USD_TO_EURO = 0.89  # query1.USD_TO_EURO
+# The launcher's query arguments (nexmark_launcher.NexmarkLauncher.run).
+QUERY_ARGS: dict[str, int] = {
+    "auction_skip": 123,
+    "window_size_sec": 10,
+    "window_period_sec": 5,
+    "fanout": 5,
+    "num_max_workers": 5,
+    "max_log_events": 100000,
+    "occasional_delay_sec": 3,
+    "max_auction_waiting_time": 600,
+}
+Q3_STATES = ("OR", "ID", "CA")
+Q3_CATEGORY = 10
+
+_M32 = 1 << 32
+_K1, _C1, _K2 = 2654435761, 97531, 69069
+STATES = ("OR", "ID", "CA", "WA", "NY", "AZ", "NV", "UT", "TX", "MA")
+CITIES = (
+    "Portland",
+    "Boise",
+    "San Francisco",
+    "Seattle",
+    "New York",
+    "Phoenix",
+    "Reno",
+    "Provo",
+    "Austin",
+    "Boston",
+)
+FIRST_NAMES = ("Peter", "Paul", "Luke", "John", "Saul", "Vicky", "Kate", "Julie")
+LAST_NAMES = ("Shultz", "Abrams", "Spencer", "White", "Bartels", "Walton", "Smith", "Jones")
+FILLER = "abcdefghijklmnopqrstuvwxyz0123456789" * 4
+
+
+def _hashes(n: int) -> tuple[int, int, int]:
+    h1 = (n * _K1 + _C1) % _M32
+    h2 = (h1 * _K2 + 1) % _M32
+    h3 = (h2 * _K2 + 1) % _M32
+    return h1, h2, h3
+
+
+def event(n: int) -> Event:
+    """The ``n``-th event (0-based)."""
+    epoch, offset = divmod(n, EPOCH)
+    h1, h2, h3 = _hashes(n)
+    millis = BASE_TIME_MS + n
+    date_time = Timestamp(micros=millis * 1000)
+    if offset == 0:
+        person_id = FIRST_ID + epoch
+        return nexmark_model.Person(
+            person_id,
+            f"{FIRST_NAMES[h1 % 8]} {LAST_NAMES[h2 % 8]}",
+            f"p{person_id}@example.com",
+            str(h3),
+            CITIES[h2 % 10],
+            STATES[h3 % 10],
+            date_time,
+            FILLER[: 20 + h1 % 40],
+        )
+    if offset <= 3:
+        initial_bid = 100 + h1 % 1000
+        return nexmark_model.Auction(
+            FIRST_ID + epoch * 3 + offset - 1,
+            f"item {h1 % 1000}",
+            f"description {h2 % 1000}",
+            initial_bid,
+            initial_bid + h2 % 1000,
+            date_time,
+            Timestamp(micros=(millis + 10_000 + h3 % 100_000) * 1000),
+            FIRST_ID + h2 % (epoch + 1),
+            Q3_CATEGORY + h3 % 5,
+            FILLER[: 40 + h1 % 80],
+        )
+    return nexmark_model.Bid(
+        FIRST_ID + h1 % (3 * (epoch + 1)),
+        FIRST_ID + h2 % (epoch + 1),
+        100 + h3 % 100_000,
+        date_time,
+        FILLER[: 10 + h1 % 20],
+    )
+
+
+def events(start: int, stop: int) -> Iterator[Event]:
+    """Events ``start`` to ``stop - 1``."""
+    return (event(n) for n in range(start, stop))
+
+
+def timestamped_events(seed: int, total: int, seeds: int) -> Iterator[Any]:
+    """The share of events of one seed, timestamped as the Nexmark launcher does."""
+    start, stop = seed_range(seed, total, seeds)
+    for item in events(start, stop):
+        yield window.TimestampedValue(item, item.date_time)
+
+
+def seed_range(seed: int, total: int, seeds: int) -> tuple[int, int]:
+    """The ``[start, stop)`` range of element numbers that one of ``seeds`` seeds expands to."""
+    return seed * total // seeds, (seed + 1) * total // seeds
+
+
+# --- Fingerprints: one int per output element of each query, summed into a checksum.
+
+
+def event_fingerprint(item: Event) -> int:
+    """Query 0 outputs events: a person's or auction's id, a bid's auction."""
+    if isinstance(item, nexmark_model.Bid):
+        return int(item.auction)
+    return int(item.id)
+
+
+def q1_fingerprint(bid: Any) -> int:
+    """Query 1 outputs bids priced in euros: the price, truncated."""
+    return int(bid.price)
+
+
+def q2_fingerprint(row: dict[str, Any]) -> int:
+    """Query 2 outputs {auction_id, price}."""
+    return int(row[ResultNames.AUCTION_ID]) + int(row[ResultNames.PRICE])
+
+
+def q3_fingerprint(row: dict[str, Any]) -> int:
+    """Query 3 outputs {name, city, state, auction_id}."""
+    return int(row[ResultNames.AUCTION_ID])
+
+
+FINGERPRINTS: dict[int, Callable[[Any], int]] = {
+    0: event_fingerprint,
+    1: q1_fingerprint,
+    2: q2_fingerprint,
+    3: q3_fingerprint,
+}
+
+
+# --- Hand-written PySpark (RDD of the same Python event objects).
+
+
+def _round_trip(item: Event) -> Event:
+    coder = item.CODER
+    return coder.decode(coder.encode(item))
+
+
+def _to_euro(bid: Any) -> Any:
+    return nexmark_model.Bid(
+        bid.auction, bid.bidder, bid.price * USD_TO_EURO, bid.date_time, bid.extra
+    )
+
+
+def _is_bid(item: Event) -> bool:
+    return isinstance(item, nexmark_model.Bid)
+
+
+def _q2_keep(item: Event) -> bool:
+    return isinstance(item, nexmark_model.Bid) and item.auction % QUERY_ARGS["auction_skip"] == 0
+
+
+def _q2_project(bid: Any) -> dict[str, Any]:
+    return {ResultNames.AUCTION_ID: bid.auction, ResultNames.PRICE: bid.price}
+
+
+def _q3_auction(item: Event) -> bool:
+    return isinstance(item, nexmark_model.Auction) and item.category == Q3_CATEGORY
+
+
+def _q3_person(item: Event) -> bool:
+    return isinstance(item, nexmark_model.Person) and item.state in Q3_STATES
+
+
+def _q3_project(joined: tuple[int, tuple[Any, Any]]) -> dict[str, Any]:
+    _, (auction, person) = joined
+    return {
+        ResultNames.NAME: person.name,
+        ResultNames.CITY: person.city,
+        ResultNames.STATE: person.state,
+        ResultNames.AUCTION_ID: auction.id,
+    }
+
+
+def pyspark_query(query: int, event_rdd: RDD[Any]) -> RDD[Any]:
+    """Query ``query`` over an RDD of events, in plain PySpark; its output elements."""
+    if query == 0:
+        return event_rdd.map(_round_trip)
+    if query == 1:
+        return event_rdd.filter(_is_bid).map(_to_euro)
+    if query == 2:
+        return event_rdd.filter(_q2_keep).map(_q2_project)
+    if query == 3:
+        auctions = event_rdd.filter(_q3_auction).keyBy(lambda a: a.seller)
+        persons = event_rdd.filter(_q3_person).keyBy(lambda p: p.id)
+        return auctions.join(persons).map(_q3_project)
+    raise ValueError(f"no PySpark version of Nexmark query {query}")
+
+
+# --- Spark SQL: the same events as columns, and each query over them.
+
+
+def sql_events(spark: SparkSession, total: int, partitions: int) -> DataFrame:
+    """The events 0..total-1 as a DataFrame with the fields the queries need.
+
+    ``kind`` is 0 for a person, 1 for an auction, 2 for a bid. Columns a query does not
+    read are never computed (Spark prunes them), as a SQL engine should.
+    """
+    from pyspark.sql import functions as F
+
+    def pick(values: tuple[str, ...], index: Column) -> Column:
+        return F.element_at(F.array(*[F.lit(v) for v in values]), (index + 1).cast("int"))
+
+    n = F.col("id")
+    frame = spark.range(0, total, 1, partitions)
+    frame = frame.select(
+        n.alias("n"),
+        (n / EPOCH).cast("long").alias("epoch"),
+        (n % EPOCH).alias("offset"),
+        ((n * F.lit(_K1) + F.lit(_C1)) % F.lit(_M32)).alias("h1"),
+    )
+    frame = frame.withColumn("h2", (F.col("h1") * F.lit(_K2) + 1) % F.lit(_M32))
+    frame = frame.withColumn("h3", (F.col("h2") * F.lit(_K2) + 1) % F.lit(_M32))
+    epoch, offset = F.col("epoch"), F.col("offset")
+    h1, h2, h3 = F.col("h1"), F.col("h2"), F.col("h3")
+    kind = F.when(offset == 0, 0).when(offset <= 3, 1).otherwise(2)
+    return frame.select(
+        kind.alias("kind"),
+        F.when(offset == 0, F.lit(FIRST_ID) + epoch)
+        .when(offset <= 3, F.lit(FIRST_ID) + epoch * 3 + offset - 1)
+        .alias("id"),
+        pick(STATES, h3 % 10).alias("state"),
+        pick(CITIES, h2 % 10).alias("city"),
+        F.concat(pick(FIRST_NAMES, h1 % 8), F.lit(" "), pick(LAST_NAMES, h2 % 8)).alias("name"),
+        (F.lit(FIRST_ID) + h2 % (epoch + 1)).alias("seller"),
+        (F.lit(Q3_CATEGORY) + h3 % 5).alias("category"),
+        (F.lit(FIRST_ID) + h1 % (epoch * 3 + 3)).alias("auction"),
+        (F.lit(100) + h3 % 100_000).alias("price"),
+    )
+
+
+def sql_query(query: int, frame: DataFrame) -> DataFrame:
+    """Query ``query`` in Spark SQL: one row, columns ``results`` and ``checksum``."""
+    from pyspark.sql import functions as F
+
+    kind = F.col("kind")
+    bids = frame.where(kind == 2)
+    if query == 0:
+        fingerprint = F.when(kind == 2, F.col("auction")).otherwise(F.col("id"))
+        return frame.agg(F.count(F.lit(1)).alias("results"), F.sum(fingerprint).alias("checksum"))
+    if query == 1:
+        euros = (F.col("price") * F.lit(USD_TO_EURO)).cast("long")
+        return bids.agg(F.count(F.lit(1)).alias("results"), F.sum(euros).alias("checksum"))
+    if query == 2:
+        kept = bids.where(F.col("auction") % QUERY_ARGS["auction_skip"] == 0)
+        return kept.agg(
+            F.count(F.lit(1)).alias("results"),
+            F.sum(F.col("auction") + F.col("price")).alias("checksum"),
+        )
+    if query == 3:
+        auctions = frame.where((kind == 1) & (F.col("category") == Q3_CATEGORY)).select(
+            F.col("id").alias("auction_id"), "seller"
+        )
+        persons = frame.where((kind == 0) & F.col("state").isin(*Q3_STATES)).select(
+            F.col("id").alias("person_id"), "name", "city", "state"
+        )
+        joined = auctions.join(persons, auctions.seller == persons.person_id)
+        return joined.agg(F.count(F.lit(1)).alias("results"), F.sum("auction_id").alias("checksum"))
+    raise ValueError(f"no Spark SQL version of Nexmark query {query}")

@@ -1,0 +1,41 @@
+"""The runner's PySpark worker daemon, with every Python task run under cProfile.
+
+Selected by ``benchmarks.profile`` through ``--spark_conf
+spark.python.daemon.module=benchmarks.profiling_daemon``. Each task a forked worker runs
+(``pyspark.worker.main``) is profiled and its stats are written to
+``$BENCH_PROFILE_DIR/<pid>-<n>.prof``.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import itertools
+import os
+from typing import Any
+
+import pyspark.worker
+from pyspark.daemon import manager
+
+import beam_spark_runner.worker_daemon  # noqa: F401 - Beam and the runner pre-imported
+
+_ORIGINAL_MAIN = pyspark.worker.main
+_TASKS = itertools.count()
+
+
+def profiled_main(infile: Any, outfile: Any) -> Any:
+    """``pyspark.worker.main`` under cProfile; stats go to one file per task."""
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        return _ORIGINAL_MAIN(infile, outfile)
+    finally:
+        profile.disable()
+        directory = os.environ.get("BENCH_PROFILE_DIR")
+        if directory:
+            profile.dump_stats(os.path.join(directory, f"{os.getpid()}-{next(_TASKS)}.prof"))
+
+
+pyspark.worker.main = profiled_main
+
+if __name__ == "__main__":
+    manager()
