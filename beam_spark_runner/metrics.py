@@ -12,8 +12,9 @@ value, string sets and bounded tries take the union, as Beam's metric cells defi
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from apache_beam.coders import coders
@@ -92,6 +93,38 @@ class MonitoringInfosParam(AccumulatorParam):
     def addInPlace(self, value1: SerializedInfos, value2: SerializedInfos) -> SerializedInfos:  # noqa: N802
         """Merges two lists of infos."""
         return merge_serialized(value1, value2)
+
+
+# A task merges its bundles' infos whenever this many have piled up.
+_MERGE_EVERY = 256
+
+
+class TaskMetrics:
+    """The monitoring infos of one Spark task's bundles, merged as they pile up."""
+
+    def __init__(self) -> None:
+        self.infos: list[Any] = []
+
+    def extend(self, infos: Iterable[Any]) -> None:
+        """Adds the infos of one bundle."""
+        self.infos.extend(infos)
+        if len(self.infos) > _MERGE_EVERY:
+            self.infos[:] = merge_monitoring_infos(self.infos)
+
+
+@contextlib.contextmanager
+def task_metrics(sink: Any) -> Iterator[TaskMetrics]:
+    """Collects a task's metrics and, when the task body ends, adds them to ``sink``.
+
+    ``sink`` is the run's accumulator (None when metrics are not collected).
+    """
+    collected = TaskMetrics()
+    yield collected
+    if sink is None or not collected.infos:
+        return
+    user_metrics = [m for m in collected.infos if bi.is_user_monitoring_info(m)]
+    if user_metrics:
+        sink.add([m.SerializeToString() for m in merge_monitoring_infos(user_metrics)])
 
 
 def new_accumulator(spark_context: Any) -> Any:

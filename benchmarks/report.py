@@ -143,8 +143,10 @@ def ratio_table(results: Sequence[Result]) -> str:
 
 
 def chart(results: Sequence[Result], path: Path, title: str) -> bool:
-    """Grouped bars: median wall time and peak RSS per workload and runner. False without
-    matplotlib."""
+    """Grouped bars per workload and runner: median wall time, median CPU time, peak RSS.
+
+    Returns False (and draws nothing) without matplotlib.
+    """
     try:
         import matplotlib
 
@@ -155,10 +157,10 @@ def chart(results: Sequence[Result], path: Path, title: str) -> bool:
         return False
     workloads = list(dict.fromkeys(r["workload"] for r in results))
     runners = list(dict.fromkeys(r["runner"] for r in results))
-    figure, axes = plt.subplots(2, 1, figsize=(max(8, 1.6 * len(workloads)), 8), sharex=True)
+    figure, axes = plt.subplots(3, 1, figsize=(max(8, 1.6 * len(workloads)), 11), sharex=True)
     width = 0.8 / max(1, len(runners))
     for index, runner in enumerate(runners):
-        times, memory, positions = [], [], []
+        times, cpu, memory, positions = [], [], [], []
         for position, workload in enumerate(workloads):
             x = position + (index - (len(runners) - 1) / 2) * width
             for r in results:
@@ -167,6 +169,7 @@ def chart(results: Sequence[Result], path: Path, title: str) -> bool:
                 if r["status"] == "ok":
                     positions.append(x)
                     times.append(r["median_seconds"])
+                    cpu.append(r.get("median_cpu_seconds") or 0)
                     memory.append(r.get("peak_rss_mib", 0))
                 else:  # say why the bar is missing
                     axes[0].annotate(
@@ -184,14 +187,24 @@ def chart(results: Sequence[Result], path: Path, title: str) -> bool:
         label = RUNNER_LABELS.get(runner, runner)
         color = RUNNER_COLORS.get(runner)
         axes[0].bar(positions, times, width, label=label, color=color)
-        axes[1].bar(positions, memory, width, label=label, color=color)
-    axes[0].set_yscale("log")
+        axes[1].bar(positions, cpu, width, label=label, color=color)
+        axes[2].bar(positions, memory, width, label=label, color=color)
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
+    for axis in axes[:2]:
+        axis.set_yscale("log")
+        axis.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        axis.yaxis.set_major_formatter(ScalarFormatter())
+        axis.yaxis.set_minor_formatter(NullFormatter())
     axes[0].set_ylabel("median wall time, s (log)")
-    axes[0].set_title(title)
-    axes[0].legend(fontsize="small")
-    axes[1].set_ylabel("peak RSS of process tree, MiB")
-    axes[1].set_xticks(range(len(workloads)))
-    axes[1].set_xticklabels(workloads, rotation=20, ha="right")
+    axes[1].set_ylabel("CPU s of process tree (log)")
+    figure.suptitle(title)
+    axes[0].legend(
+        fontsize="small", ncol=len(runners), loc="lower center", bbox_to_anchor=(0.5, 1.0)
+    )
+    axes[2].set_ylabel("peak RSS of process tree, MiB")
+    axes[2].set_xticks(range(len(workloads)))
+    axes[2].set_xticklabels(workloads, rotation=20, ha="right")
     for axis in axes:
         axis.grid(axis="y", alpha=0.3)
     figure.tight_layout()

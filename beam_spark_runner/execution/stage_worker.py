@@ -28,7 +28,7 @@ from beam_spark_runner import worker_warnings
 from beam_spark_runner.coders import KeyExtractor, packed_bytes, split_packed
 from beam_spark_runner.errors import StageExecutionError
 from beam_spark_runner.execution.data_channel import ArrowDataChannel, ArrowDataChannelFactory
-from beam_spark_runner.metrics import merge_monitoring_infos
+from beam_spark_runner.metrics import TaskMetrics, task_metrics
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class StageWorker:
     def _instruction_id(self) -> str:
         return f"{self.spec.name}-{next(self._ids)}"
 
-    def _run_once(self, data: bytes, outputs: BundleOutputs, metrics: list[Any]) -> list[Any]:
+    def _run_once(self, data: bytes, outputs: BundleOutputs, metrics: TaskMetrics) -> list[Any]:
         instruction_id = self._instruction_id()
         self.channel.set_input(instruction_id, self.spec.input_transform_id, data)
         request = bi.beam_fn_api_pb2.InstructionRequest(
@@ -169,7 +169,7 @@ class StageWorker:
                 raise StageExecutionError(self.spec.display_name, finalize.error)
         return list(result.residual_roots)
 
-    def process(self, data: bytes, metrics: list[Any]) -> BundleOutputs:
+    def process(self, data: bytes, metrics: TaskMetrics) -> BundleOutputs:
         """Runs one bundle, then its SDF residuals until none remain."""
         outputs = BundleOutputs(len(self.spec.outputs))
         residuals = self._run_once(data, outputs, metrics)
@@ -218,23 +218,16 @@ def run_stage(
     """The body of the stage's ``mapInArrow``: one bundle per input batch."""
     with worker_warnings.recording(sinks.warnings):
         worker = stage_worker(spec)
-    metrics: list[Any] = []
-    metrics_sink = sinks.metrics
-    for batch in batches:
-        data = packed_bytes(batch.column(ELEMENT))
-        if not data:
-            continue
-        try:
-            with worker_warnings.recording(sinks.warnings):
-                outputs = worker.process(data, metrics)
-        except StageExecutionError:
-            raise
-        except Exception as error:  # noqa: BLE001 - re-raised with the stage's name
-            raise StageExecutionError(spec.display_name, traceback.format_exc()) from error
-        yield from outputs.record_batches(spec.outputs, worker.key_extractors)
-        if len(metrics) > 256:
-            metrics[:] = merge_monitoring_infos(metrics)
-    if metrics_sink is not None and metrics:
-        user_metrics = [m for m in metrics if bi.is_user_monitoring_info(m)]
-        if user_metrics:
-            metrics_sink.add([m.SerializeToString() for m in merge_monitoring_infos(user_metrics)])
+    with task_metrics(sinks.metrics) as metrics:
+        for batch in batches:
+            data = packed_bytes(batch.column(ELEMENT))
+            if not data:
+                continue
+            try:
+                with worker_warnings.recording(sinks.warnings):
+                    outputs = worker.process(data, metrics)
+            except StageExecutionError:
+                raise
+            except Exception as error:  # noqa: BLE001 - re-raised with the stage's name
+                raise StageExecutionError(spec.display_name, traceback.format_exc()) from error
+            yield from outputs.record_batches(spec.outputs, worker.key_extractors)
