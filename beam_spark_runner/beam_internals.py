@@ -10,6 +10,10 @@ A Beam upgrade that moves them is fixed here, and ``pyproject.toml`` pins the te
 
 from __future__ import annotations
 
+import logging
+import threading
+from typing import Any
+
 from apache_beam.coders.coder_impl import create_InputStream, create_OutputStream
 from apache_beam.metrics import monitoring_infos
 from apache_beam.metrics.monitoring_infos import is_user_monitoring_info
@@ -70,12 +74,53 @@ ClosableOutputStream = data_plane.ClosableOutputStream
 DataChannel = data_plane.DataChannel
 DataChannelFactory = data_plane.DataChannelFactory
 SdkWorker = sdk_worker.SdkWorker
-BundleProcessorCache = sdk_worker.BundleProcessorCache
+
+_LOGGER = logging.getLogger(__name__)
+
+# Monitoring infos of bundles that failed in this process, until a task takes them.
+_failed_bundle_infos: list[Any] = []
+_failed_bundle_lock = threading.Lock()
+
+
+class BundleProcessorCache(sdk_worker.BundleProcessorCache):
+    """Beam's bundle processor cache, keeping what a failed bundle's metrics had counted.
+
+    When a bundle fails, Beam's ``SdkWorker`` discards its processor and answers with the
+    error only: the metrics user code updated before failing are lost. They belong to the
+    task attempt's *attempted* metrics, so this cache reads them before the processor is
+    shut down; ``take_failed_bundle_monitoring_infos`` hands them to the failing task.
+    """
+
+    def discard(self, instruction_id: str, exception: Exception) -> None:
+        """Records the failed bundle's monitoring infos, then discards it as Beam does."""
+        entry = self.active_bundle_processors.get(instruction_id)
+        if entry is not None:
+            try:
+                infos = entry[1].monitoring_infos()
+            except Exception:  # noqa: BLE001 - metrics must never mask the bundle's error
+                _LOGGER.debug("Could not read a failed bundle's metrics", exc_info=True)
+            else:
+                with _failed_bundle_lock:
+                    _failed_bundle_infos.extend(infos)
+        super().discard(instruction_id, exception)
+
+
+def take_failed_bundle_monitoring_infos() -> list[Any]:
+    """The monitoring infos of bundles that failed in this process since the last call."""
+    with _failed_bundle_lock:
+        taken = list(_failed_bundle_infos)
+        _failed_bundle_infos.clear()
+    return taken
+
+
 GlobalCachingStateHandler = sdk_worker.GlobalCachingStateHandler
+StateHandler = sdk_worker.StateHandler
 StateCache = statecache.StateCache
 
 create_trigger_driver = trigger.create_trigger_driver
 from_monitoring_infos = portable_metrics.from_monitoring_infos
+# FnApiRunner reports its number of fused stages as this pipeline-level counter.
+NUM_FUSED_STAGES_URN: str = "internal:" + FnApiRunner.NUM_FUSED_STAGES_COUNTER
 
 
 def fn_api_runner_phases() -> list:
@@ -83,6 +128,8 @@ def fn_api_runner_phases() -> list:
     t = translations
     return [
         t.annotate_downstream_side_inputs,
+        # A stateful ParDo starts its own stage, so the runner can shuffle its input by key.
+        t.annotate_stateful_dofns_as_roots,
         t.fix_side_input_pcoll_coders,
         t.pack_combiners,
         t.lift_combiners,

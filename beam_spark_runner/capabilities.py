@@ -15,10 +15,16 @@ from beam_spark_runner.planning import Plan
 _REQUIREMENTS = bi.common_urns.requirements
 SUPPORTED_REQUIREMENTS: frozenset[str] = frozenset(
     [
+        _REQUIREMENTS.REQUIRES_STATEFUL_PROCESSING.urn,
         _REQUIREMENTS.REQUIRES_SPLITTABLE_DOFN.urn,
         _REQUIREMENTS.REQUIRES_BUNDLE_FINALIZATION.urn,
     ]
 )
+# Timer time domains the batch runner fires (as FnApiRunner): event and processing time.
+SUPPORTED_TIME_DOMAINS: dict[int, str] = {
+    bi.beam_runner_api_pb2.TimeDomain.EVENT_TIME: "EVENT_TIME",
+    bi.beam_runner_api_pb2.TimeDomain.PROCESSING_TIME: "PROCESSING_TIME",
+}
 TEST_STREAM_URN: str = bi.common_urns.primitives.TEST_STREAM.urn
 _DATA_PLANE_URNS = frozenset([bi.DATA_INPUT_URN, bi.DATA_OUTPUT_URN])
 _PYTHON_ENVIRONMENT_URNS = frozenset(
@@ -33,11 +39,17 @@ _PYTHON_ENVIRONMENT_URNS = frozenset(
     ]
 )
 
-_STATEFUL_HINT = (
-    "State and timers are not supported by SparkStructuredRunner yet (tracked in the batch "
-    "semantics issue). Run this pipeline on DirectRunner for now, or restructure it with "
-    "GroupByKey/Combine."
-)
+_REQUIREMENT_HINTS: dict[str, str] = {
+    _REQUIREMENTS.REQUIRES_TIME_SORTED_INPUT.urn: (
+        "Time-sorted input (@DoFn.RequiresTimeSortedInput) is not supported yet; sort "
+        "inside the DoFn with state and an event-time timer, or use another runner."
+    ),
+    _REQUIREMENTS.REQUIRES_STABLE_INPUT.urn: (
+        "Stable input (@DoFn.RequiresStableInput) is not supported yet: a retried Spark task "
+        "may recompute its input. Put a Reshuffle before the DoFn and drop the annotation, "
+        "or use another runner."
+    ),
+}
 
 
 def _leaf_transforms(
@@ -48,18 +60,41 @@ def _leaf_transforms(
             yield transform_id, transform
 
 
-def _stateful_transforms(proto: bi.beam_runner_api_pb2.Pipeline) -> list[str]:
-    found = []
+def _par_dos(
+    proto: bi.beam_runner_api_pb2.Pipeline,
+) -> Iterator[tuple[bi.beam_runner_api_pb2.PTransform, bi.beam_runner_api_pb2.ParDoPayload]]:
     for _, transform in _leaf_transforms(proto):
         if transform.spec.urn in bi.PAR_DO_URNS:
-            payload = bi.proto_utils.parse_Bytes(
+            yield transform, bi.proto_utils.parse_Bytes(
                 transform.spec.payload, bi.beam_runner_api_pb2.ParDoPayload
             )
-            if payload.state_specs or payload.timer_family_specs:
-                found.append(f"'{transform.unique_name}' ({transform.spec.urn})")
-            elif payload.requires_time_sorted_input or payload.requires_stable_input:
-                found.append(f"'{transform.unique_name}' ({transform.spec.urn})")
+
+
+def _transforms_needing(proto: bi.beam_runner_api_pb2.Pipeline, requirement: str) -> list[str]:
+    found = []
+    for transform, payload in _par_dos(proto):
+        if (
+            (requirement == _REQUIREMENTS.REQUIRES_TIME_SORTED_INPUT.urn)
+            and payload.requires_time_sorted_input
+        ) or (
+            (requirement == _REQUIREMENTS.REQUIRES_STABLE_INPUT.urn)
+            and payload.requires_stable_input
+        ):
+            found.append(f"'{transform.unique_name}' ({transform.spec.urn})")
     return found
+
+
+def _check_timers(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
+    for transform, payload in _par_dos(proto):
+        for family_id, spec in payload.timer_family_specs.items():
+            if spec.time_domain not in SUPPORTED_TIME_DOMAINS:
+                domain = bi.beam_runner_api_pb2.TimeDomain.Enum.Name(spec.time_domain)
+                raise UnsupportedFeatureError(
+                    f"Transform '{transform.unique_name}' ({transform.spec.urn}) has timer "
+                    f"family '{family_id}' in time domain {domain}; SparkStructuredRunner fires "
+                    f"timers in {' and '.join(SUPPORTED_TIME_DOMAINS.values())} only. Use "
+                    "TimeDomain.WATERMARK or TimeDomain.REAL_TIME."
+                )
 
 
 def check_pipeline(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
@@ -67,17 +102,16 @@ def check_pipeline(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
     for requirement in proto.requirements:
         if requirement in SUPPORTED_REQUIREMENTS:
             continue
-        culprits = _stateful_transforms(proto)
+        culprits = _transforms_needing(proto, requirement)
         detail = f" Transforms needing it: {', '.join(culprits)}." if culprits else ""
-        hint = (
-            _STATEFUL_HINT
-            if requirement == _REQUIREMENTS.REQUIRES_STATEFUL_PROCESSING.urn
-            else "Remove the feature from the pipeline or run it on another runner."
+        hint = _REQUIREMENT_HINTS.get(
+            requirement, "Remove the feature from the pipeline or run it on another runner."
         )
         raise UnsupportedFeatureError(
             f"The pipeline requires {requirement}, which SparkStructuredRunner does not support "
             f"yet (supported: {', '.join(sorted(SUPPORTED_REQUIREMENTS))}).{detail} {hint}"
         )
+    _check_timers(proto)
     for _, transform in _leaf_transforms(proto):
         if transform.spec.urn == TEST_STREAM_URN:
             raise UnsupportedFeatureError(

@@ -121,6 +121,17 @@ class Plan:
     # Coder id -> the runner-safe coder id (opaque bytes for unknown user coders).
     safe_coders: dict[str, str]
 
+    def is_keyed(self, buffer_id: bytes) -> bool:
+        """Whether the buffer's writers must compute each element's key.
+
+        They must for a GroupByKey, and for a stateful stage: Spark shuffles and sorts its
+        input by key.
+        """
+        buffer = self.buffers[buffer_id]
+        return buffer.kind == "group" or any(
+            self.stage(reader).stateful for reader in buffer.main_readers
+        )
+
     def stage(self, name: str) -> PlannedStage:
         """The stage with this name."""
         for stage in self.stages:

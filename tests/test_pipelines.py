@@ -18,7 +18,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import trigger, window
 from apache_beam.transforms.window import TimestampedValue
 
-from beam_spark_runner.errors import PipelineExecutionError, UnsupportedFeatureError
+from beam_spark_runner.errors import PipelineExecutionError
 
 SPARK_ARGS = ["--runner=SparkStructuredRunner", "--spark_master=local[2]"]
 
@@ -357,22 +357,6 @@ def test_failing_dofn_names_stage_and_carries_traceback() -> None:
     assert "ValueError: bad element 3" in message
     assert "test_pipelines.py" in message  # the user's own frame
     assert caught.value.stage_name and "Explode" in caught.value.stage_name
-
-
-def test_stateful_dofn_is_rejected_before_spark_runs() -> None:
-    class Stateful(beam.DoFn):
-        BAG = beam.transforms.userstate.BagStateSpec("bag", beam.coders.VarIntCoder())
-
-        def process(self, kv: typing.Any, bag: typing.Any = beam.DoFn.StateParam(BAG)) -> None:
-            bag.add(kv[1])
-
-    with pytest.raises(UnsupportedFeatureError) as caught:
-        with pipeline() as p:
-            _ = p | beam.Create([("k", 1)]) | "MyStateful" >> beam.ParDo(Stateful())
-    message = str(caught.value)
-    assert "MyStateful" in message
-    assert "beam:requirement:pardo:stateful:v1" in message
-    assert "beam:transform:pardo:v1" in message
 
 
 def test_unknown_option_values_are_rejected() -> None:

@@ -31,7 +31,7 @@ class ElementBoundaryStream(bi.ClosableOutputStream):
 
 
 class _TimerStream(bi.ClosableOutputStream):
-    """Collects timers a bundle sets (stateful stages are rejected before Spark starts)."""
+    """Collects the timers one DoFn's timer family sets (or clears) during a bundle."""
 
     def close(self) -> None:
         """Nothing to flush."""
@@ -41,13 +41,30 @@ class ArrowDataChannel(bi.DataChannel):
     """Feeds one bundle's input and collects its outputs, per instruction id."""
 
     def __init__(self) -> None:
-        self._inputs: dict[str, list[tuple[str, bytes]]] = {}
+        self._inputs: dict[str, list[Any]] = {}
         self._outputs: dict[str, dict[str, ElementBoundaryStream]] = {}
         self._timers: dict[str, dict[tuple[str, str], _TimerStream]] = {}
 
     def set_input(self, instruction_id: str, transform_id: str, data: bytes) -> None:
         """Queues ``data`` (concatenated encoded elements) for the bundle's input."""
-        self._inputs.setdefault(instruction_id, []).append((transform_id, data))
+        self._inputs.setdefault(instruction_id, []).append(
+            bi.beam_fn_api_pb2.Elements.Data(
+                instruction_id=instruction_id, transform_id=transform_id, data=data
+            )
+        )
+
+    def set_timers(
+        self, instruction_id: str, transform_id: str, timer_family_id: str, timers: bytes
+    ) -> None:
+        """Queues encoded timers to fire in the bundle ``instruction_id``."""
+        self._inputs.setdefault(instruction_id, []).append(
+            bi.beam_fn_api_pb2.Elements.Timers(
+                instruction_id=instruction_id,
+                transform_id=transform_id,
+                timer_family_id=timer_family_id,
+                timers=timers,
+            )
+        )
 
     def input_elements(
         self,
@@ -55,11 +72,8 @@ class ArrowDataChannel(bi.DataChannel):
         expected_inputs: Any,
         abort_callback: Any = None,
     ) -> Iterator[Any]:
-        """Yields the queued input of ``instruction_id`` to the bundle processor."""
-        for transform_id, data in self._inputs.pop(instruction_id, []):
-            yield bi.beam_fn_api_pb2.Elements.Data(
-                instruction_id=instruction_id, transform_id=transform_id, data=data
-            )
+        """Yields the queued data and timers of ``instruction_id`` to the bundle processor."""
+        yield from self._inputs.pop(instruction_id, [])
 
     def output_stream(self, instruction_id: str, transform_id: str) -> ElementBoundaryStream:
         """A fresh boundary-recording stream for one output of the bundle."""
@@ -77,8 +91,12 @@ class ArrowDataChannel(bi.DataChannel):
 
     def take_outputs(self, instruction_id: str) -> dict[str, ElementBoundaryStream]:
         """Removes and returns the output streams of a finished bundle."""
-        self._timers.pop(instruction_id, None)
         return self._outputs.pop(instruction_id, {})
+
+    def take_timers(self, instruction_id: str) -> dict[tuple[str, str], bytes]:
+        """Removes and returns the timers a finished bundle set, per (transform, family)."""
+        streams = self._timers.pop(instruction_id, {})
+        return {family: data for family, stream in streams.items() if (data := stream.get())}
 
     def discard(self, instruction_id: str) -> None:
         """Forgets everything about a failed bundle."""

@@ -6,8 +6,8 @@ Spark shuffles elements on their ``key`` column and sorts each partition by it; 
 which decodes them with the pre-grouping coder and runs Beam's batch trigger driver (or,
 for the global window with the default trigger, its fast path): windows, merging windows,
 triggers and panes all follow Beam's semantics, as in FnApiRunner. The grouped output is
-one cell per key holding its encoded ``KV<K, Iterable<V>>`` elements, one per window and
-pane.
+one cell per key, next to its key, holding its encoded ``KV<K, Iterable<V>>`` elements, one
+per window and pane.
 """
 
 from __future__ import annotations
@@ -19,12 +19,11 @@ import hashlib
 import itertools
 from collections.abc import Iterable, Iterator
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import packed_bytes
+from beam_spark_runner.execution.key_runs import run_starts
 from beam_spark_runner.execution.stage_worker import ELEMENT, KEY
 
 GROUPED_SCHEMA = pa.schema([pa.field(KEY, pa.binary()), pa.field(ELEMENT, pa.binary())])
@@ -79,9 +78,10 @@ def _grouper(spec: GroupSpec) -> _Grouper:
     return grouper
 
 
-def _output_batch(grouped: list[bytes]) -> pa.RecordBatch:
+def _output_batch(keys: list[bytes | None], grouped: list[bytes]) -> pa.RecordBatch:
+    # The key stays with its group: a stateful stage reading the group re-shuffles on it.
     return pa.RecordBatch.from_arrays(
-        [pa.nulls(len(grouped), type=pa.binary()), pa.array(grouped, type=pa.binary())],
+        [pa.array(keys, type=pa.binary()), pa.array(grouped, type=pa.binary())],
         schema=GROUPED_SCHEMA,
     )
 
@@ -95,12 +95,14 @@ def group_sorted(spec: GroupSpec, batches: Iterable[pa.RecordBatch]) -> Iterator
     grouper = _grouper(spec)
     current_key: bytes | None = None
     current: list[bytes] = []
+    grouped_keys: list[bytes | None] = []
     grouped: list[bytes] = []
 
     def flush() -> None:
         if current:
             result = grouper.group(b"".join(current))
             if result:
+                grouped_keys.append(current_key)
                 grouped.append(result)
             current.clear()
 
@@ -110,18 +112,16 @@ def group_sorted(spec: GroupSpec, batches: Iterable[pa.RecordBatch]) -> Iterator
             continue
         keys = batch.column(KEY)
         elements = batch.column(ELEMENT)
-        # Row indexes where a new key starts (besides row 0).
-        changes = pc.not_equal(keys.slice(1), keys.slice(0, rows - 1))
-        starts = [0, *(np.flatnonzero(changes.to_numpy(zero_copy_only=False)) + 1), rows]
-        for start, end in itertools.pairwise(starts):
+        for start, end in itertools.pairwise(run_starts(keys)):
             key = keys[start].as_py()
             if key != current_key:
                 flush()
                 current_key = key
             current.append(packed_bytes(elements.slice(start, end - start)))
         if len(grouped) >= _OUTPUT_BATCH_KEYS:
-            yield _output_batch(grouped)
+            yield _output_batch(grouped_keys, grouped)
+            grouped_keys.clear()
             grouped.clear()
     flush()
     if grouped:
-        yield _output_batch(grouped)
+        yield _output_batch(grouped_keys, grouped)

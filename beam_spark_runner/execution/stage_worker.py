@@ -3,8 +3,10 @@
 The driver ships a :class:`StageSpec` (the stage's process bundle descriptor as bytes, its
 I/O wiring and its side inputs as a broadcast). In the Python worker, a :class:`StageWorker`
 is built once per stage and process and reused across tasks: Beam's ``SdkWorker`` with a
-bundle processor cache, fed through :class:`ArrowDataChannel`, with side inputs served from
-an in-memory ``StateServicer``. Each input Arrow batch is one Beam bundle.
+bundle processor cache, fed through :class:`ArrowDataChannel`, with side inputs and user
+state served by a state backend (``execution.state``). Each input Arrow batch of a stateless
+stage is one Beam bundle; a stateful stage runs whole keys at a time and fires their timers
+(``execution.timers``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from beam_spark_runner import worker_warnings
 from beam_spark_runner.coders import KeyExtractor, packed_bytes, split_packed
 from beam_spark_runner.errors import StageExecutionError
 from beam_spark_runner.execution.data_channel import ArrowDataChannel, ArrowDataChannelFactory
+from beam_spark_runner.execution.key_runs import complete_key_groups
+from beam_spark_runner.execution.state import InMemoryStateBackend, StateBackend
+from beam_spark_runner.execution.timers import PendingTimers, TimerFamilyId, timer_families
 from beam_spark_runner.metrics import TaskMetrics, task_metrics
 
 _LOGGER = logging.getLogger(__name__)
@@ -67,6 +72,8 @@ class StageSpec:
     outputs: tuple[OutputSpec, ...]
     # A pyspark Broadcast of [(StateKey bytes, data bytes)], or None without side inputs.
     side_input_state: Any = None
+    # A stateful stage reads key-sorted partitions and runs whole keys (see process_keys).
+    stateful: bool = False
 
     @functools.cached_property
     def cache_key(self) -> str:
@@ -115,10 +122,10 @@ class StageWorker:
         self.spec = spec
         self.descriptor = bi.beam_fn_api_pb2.ProcessBundleDescriptor.FromString(spec.descriptor)
         self.channel = ArrowDataChannel()
-        self.state = bi.StateServicer()
-        if spec.side_input_state is not None:
-            for key, data in spec.side_input_state.value:
-                self.state.append_raw(bi.beam_fn_api_pb2.StateKey.FromString(key), data)
+        self.state: StateBackend = InMemoryStateBackend(
+            spec.side_input_state.value if spec.side_input_state is not None else ()
+        )
+        self.timer_families = timer_families(self.descriptor)
         processor_cache = bi.BundleProcessorCache(
             bi.FNAPI_RUNNER_CAPABILITIES,
             bi.SingletonStateHandlerFactory(
@@ -139,9 +146,23 @@ class StageWorker:
     def _instruction_id(self) -> str:
         return f"{self.spec.name}-{next(self._ids)}"
 
-    def _run_once(self, data: bytes, outputs: BundleOutputs, metrics: TaskMetrics) -> list[Any]:
+    def _run_once(
+        self,
+        data: bytes,
+        outputs: BundleOutputs,
+        metrics: TaskMetrics,
+        timers: dict[TimerFamilyId, bytes] | None = None,
+        pending: PendingTimers | None = None,
+    ) -> list[Any]:
+        """Runs one bundle over ``data`` and ``timers``; returns its SDF residuals.
+
+        Timers the bundle sets go into ``pending`` (stateful stages only).
+        """
         instruction_id = self._instruction_id()
-        self.channel.set_input(instruction_id, self.spec.input_transform_id, data)
+        if data:
+            self.channel.set_input(instruction_id, self.spec.input_transform_id, data)
+        for (transform_id, family_id), encoded in (timers or {}).items():
+            self.channel.set_timers(instruction_id, transform_id, family_id, encoded)
         request = bi.beam_fn_api_pb2.InstructionRequest(
             instruction_id=instruction_id,
             process_bundle=bi.beam_fn_api_pb2.ProcessBundleRequest(
@@ -154,6 +175,17 @@ class StageWorker:
             raise StageExecutionError(self.spec.display_name, response.error)
         for transform_id, stream in self.channel.take_outputs(instruction_id).items():
             outputs.data[self.output_index[transform_id]].append((stream.get(), stream.ends))
+        written_timers = self.channel.take_timers(instruction_id)
+        if written_timers:
+            if pending is None:
+                raise StageExecutionError(
+                    self.spec.display_name,
+                    "Expected timers only from a stateful stage, but a bundle of this stage "
+                    f"set timers for {sorted(written_timers)}. This is a bug in "
+                    "SparkStructuredRunner's planning; please report it with the pipeline.",
+                )
+            for family_key, encoded in written_timers.items():
+                pending.add_written(family_key, encoded)
         result = response.process_bundle
         metrics.extend(result.monitoring_infos)
         if result.requires_finalization:
@@ -169,10 +201,15 @@ class StageWorker:
                 raise StageExecutionError(self.spec.display_name, finalize.error)
         return list(result.residual_roots)
 
-    def process(self, data: bytes, metrics: TaskMetrics) -> BundleOutputs:
-        """Runs one bundle, then its SDF residuals until none remain."""
-        outputs = BundleOutputs(len(self.spec.outputs))
-        residuals = self._run_once(data, outputs, metrics)
+    def _run_with_residuals(
+        self,
+        data: bytes,
+        outputs: BundleOutputs,
+        metrics: TaskMetrics,
+        timers: dict[TimerFamilyId, bytes] | None = None,
+        pending: PendingTimers | None = None,
+    ) -> None:
+        residuals = self._run_once(data, outputs, metrics, timers, pending)
         while residuals:
             delay = max(
                 (r.requested_time_delay.ToTimedelta().total_seconds() for r in residuals),
@@ -181,29 +218,181 @@ class StageWorker:
             if delay > 0:
                 time.sleep(min(delay, _MAX_RESUME_DELAY_SECONDS))
             resumed = b"".join(r.application.element for r in residuals)
-            residuals = self._run_once(resumed, outputs, metrics)
+            residuals = self._run_once(resumed, outputs, metrics, pending=pending)
+
+    def process(self, data: bytes, metrics: TaskMetrics) -> BundleOutputs:
+        """Runs one bundle, then its SDF residuals until none remain."""
+        outputs = BundleOutputs(len(self.spec.outputs))
+        self._run_with_residuals(data, outputs, metrics)
+        return outputs
+
+    def process_keys(self, data: bytes, metrics: TaskMetrics) -> BundleOutputs:
+        """Runs complete key groups of a stateful stage: elements, then timers, then done.
+
+        ``data`` holds every element of the keys it contains. After the elements' bundle
+        the keys' input is complete, so the watermark is +inf for them: timers fire round
+        by round in timestamp order until none remain, then the keys' state is released.
+        """
+        outputs = BundleOutputs(len(self.spec.outputs))
+        pending = PendingTimers(self.timer_families)
+        self._run_with_residuals(data, outputs, metrics, pending=pending)
+        rounds = 0
+        while pending:
+            rounds += 1
+            self._run_with_residuals(b"", outputs, metrics, pending.next_round(), pending)
+        _LOGGER.debug(
+            "Stage %s: %d timers fired in %d rounds, %d state cells released",
+            self.spec.display_name,
+            pending.fired,
+            rounds,
+            self.state.user_state_size(),
+        )
+        self.state.release_user_state()
         return outputs
 
 
 _WORKERS: collections.OrderedDict[str, StageWorker] = collections.OrderedDict()
 
+# DoFn (and CombineFn) teardown, as batch users expect it: a process tears down its idle
+# DoFn instances once it has run no bundle for _IDLE_TEARDOWN_SECONDS (in batch, shortly
+# after its last task of a pipeline run), and tears down the stage workers of a run when it
+# starts a stage of another run, when it evicts them and at interpreter exit. The delay is
+# longer than Spark's locality wait (3 s) between task waves and shorter than Spark's 60 s
+# idle-worker timeout, after which Spark ends the process without running Python exit hooks.
+_IDLE_TEARDOWN_SECONDS = 5.0
+_IDLE_POLL_SECONDS = 1.0
+
+
+@dataclasses.dataclass
+class _Lifecycle:
+    """Per-process state of the teardown machinery (see :func:`stage_worker`)."""
+
+    # The process that started the idle thread and exit hook; a forked child starts its own.
+    pid: int | None = None
+    # A threading.Lock guarding _WORKERS and last_used against the idle thread.
+    lock: Any = None
+    # time.time() of the last stage_worker() call (Beam's bundle times are time.time() too).
+    last_used: float = 0.0
+
+
+_LIFECYCLE = _Lifecycle()
+
+
+def _lifecycle_lock() -> Any:
+    """The lock guarding ``_WORKERS``; starts the idle thread and exit hook once per process.
+
+    Called from the task thread only, so no other thread exists before the lock does. Not
+    done at import: PySpark's daemon imports this module before it forks the workers.
+    """
+    import atexit
+    import os
+    import threading
+
+    if _LIFECYCLE.pid != os.getpid():
+        _LIFECYCLE.pid = os.getpid()
+        _LIFECYCLE.lock = threading.Lock()
+        atexit.register(tear_down_stage_workers)
+        threading.Thread(
+            target=_tear_down_idle_forever, name="beam-spark-dofn-teardown", daemon=True
+        ).start()
+    return _LIFECYCLE.lock
+
+
+def _shut_down(workers: Iterable[StageWorker], why: str) -> None:
+    """Tears down every DoFn of ``workers``; an error is logged, never raised."""
+    for worker in workers:
+        _LOGGER.debug("Tearing down stage %s (%s)", worker.spec.display_name, why)
+        try:
+            worker.worker.bundle_processor_cache.shutdown()
+        except Exception:  # noqa: BLE001 - a teardown error must not fail other work
+            _LOGGER.exception("Teardown of stage %s failed", worker.spec.display_name)
+
+
+def tear_down_stage_workers() -> None:
+    """Tears down and forgets every stage worker of this process (at exit, or on demand)."""
+    with _lifecycle_lock():
+        workers = list(_WORKERS.values())
+        _WORKERS.clear()
+    _shut_down(workers, "process exit")
+
+
+def tear_down_idle_dofns(now: float, idle_seconds: float = _IDLE_TEARDOWN_SECONDS) -> int:
+    """Tears down the DoFns of this process if it has run no bundle for ``idle_seconds``.
+
+    Only bundle processors waiting in Beam's cache are torn down: one running a bundle is
+    never touched, and a bundle starting meanwhile takes a processor from the cache (an
+    atomic pop) or builds a new one. The stage workers stay cached. Returns how many bundle
+    processors (each holding one instance of each DoFn of its stage) were torn down.
+    """
+    with _lifecycle_lock():
+        stages = [(w.worker.bundle_processor_cache, w.spec.display_name) for w in _WORKERS.values()]
+        last_used = _LIFECYCLE.last_used
+    caches = [cache for cache, _ in stages]
+    if any(c.active_bundle_processors or c.processors_being_created for c in caches):
+        return 0
+    bundle_times = [t for c in caches for t in list(c.last_access_times.values())]
+    if now - max([last_used, *bundle_times]) < idle_seconds:
+        return 0
+    torn_down = 0
+    for cache, name in stages:
+        for processors in list(cache.cached_bundle_processors.values()):
+            while processors:
+                try:
+                    processor = processors.pop()
+                except IndexError:  # the task thread took it meanwhile
+                    break
+                torn_down += 1
+                try:
+                    processor.shutdown()
+                except Exception:  # noqa: BLE001 - logged; the other processors still go
+                    _LOGGER.exception("Teardown of an idle bundle processor of %s failed", name)
+    if torn_down:
+        _LOGGER.debug("Tore down %d idle bundle processors", torn_down)
+    return torn_down
+
+
+def _tear_down_idle_forever() -> None:
+    while True:
+        time.sleep(_IDLE_POLL_SECONDS)
+        try:
+            tear_down_idle_dofns(time.time())
+        except Exception:  # noqa: BLE001 - keep the thread alive; the next poll retries
+            _LOGGER.exception("Tearing down idle DoFns failed")
+
 
 def stage_worker(spec: StageSpec) -> StageWorker:
-    """The worker for ``spec`` in this process, built on first use."""
-    worker = _WORKERS.get(spec.cache_key)
-    if worker is None:
-        worker = StageWorker(spec)
-        _WORKERS[spec.cache_key] = worker
-        while len(_WORKERS) > _MAX_CACHED_STAGES:
-            _, evicted = _WORKERS.popitem(last=False)
-            evicted.worker.bundle_processor_cache.shutdown()
-    else:
-        _WORKERS.move_to_end(spec.cache_key)
+    """The worker for ``spec`` in this process, built on first use.
+
+    Workers of other pipeline runs are torn down first (their DoFns' ``teardown`` runs):
+    a process runs one pipeline's stages at a time, and an old run's DoFns never run again.
+    Least recently used workers beyond ``_MAX_CACHED_STAGES`` are torn down too.
+    """
+    lock = _lifecycle_lock()
+    with lock:
+        _LIFECYCLE.last_used = time.time()
+        other_runs = [key for key, w in _WORKERS.items() if w.spec.run_id != spec.run_id]
+        retired = [_WORKERS.pop(key) for key in other_runs]
+    _shut_down(retired, f"a stage of run {spec.run_id} started")
+    with lock:
+        worker = _WORKERS.get(spec.cache_key)
+        evicted: list[StageWorker] = []
+        if worker is None:
+            worker = StageWorker(spec)
+            _WORKERS[spec.cache_key] = worker
+            while len(_WORKERS) > _MAX_CACHED_STAGES:
+                evicted.append(_WORKERS.popitem(last=False)[1])
+        else:
+            _WORKERS.move_to_end(spec.cache_key)
+    _shut_down(evicted, "evicted from the stage worker cache")
     return worker
 
 
 class TaskSinks(NamedTuple):
-    """Spark accumulators a task reports into (None where not collected)."""
+    """Where a task reports (None where not collected).
+
+    ``metrics``: a ``metrics.MetricsSink`` (the run's metrics accumulator, and the driver's
+    side channel for failed attempts' metrics); ``warnings``: the warnings accumulator.
+    """
 
     metrics: Any = None
     warnings: Any = None
@@ -212,20 +401,33 @@ class TaskSinks(NamedTuple):
 NO_SINKS = TaskSinks()
 
 
+def _bundle_inputs(spec: StageSpec, batches: Iterable[pa.RecordBatch]) -> Iterator[bytes]:
+    """The encoded elements of each bundle: one per batch, or per run of whole keys."""
+    if spec.stateful:
+        yield from complete_key_groups((b.column(KEY), b.column(ELEMENT)) for b in batches)
+        return
+    for batch in batches:
+        yield packed_bytes(batch.column(ELEMENT))
+
+
 def run_stage(
     spec: StageSpec, batches: Iterable[pa.RecordBatch], sinks: TaskSinks = NO_SINKS
 ) -> Iterator[pa.RecordBatch]:
-    """The body of the stage's ``mapInArrow``: one bundle per input batch."""
+    """The body of the stage's ``mapInArrow``.
+
+    A stateless stage runs one bundle per input batch. A stateful stage reads a partition
+    sorted by key and runs whole keys at a time: their elements, then their timers.
+    """
     with worker_warnings.recording(sinks.warnings):
         worker = stage_worker(spec)
+    process = worker.process_keys if spec.stateful else worker.process
     with task_metrics(sinks.metrics) as metrics:
-        for batch in batches:
-            data = packed_bytes(batch.column(ELEMENT))
+        for data in _bundle_inputs(spec, batches):
             if not data:
                 continue
             try:
                 with worker_warnings.recording(sinks.warnings):
-                    outputs = worker.process(data, metrics)
+                    outputs = process(data, metrics)
             except StageExecutionError:
                 raise
             except Exception as error:  # noqa: BLE001 - re-raised with the stage's name

@@ -1,10 +1,11 @@
 """Fused stages: Beam's bundle processor inside ``mapInArrow``.
 
 A fused stage reads its input buffer's DataFrame and runs it through Beam's SDK worker in
-each Spark task (see ``execution.stage_worker``). Its output is one DataFrame of
-(tag, key, element) rows, tag naming which of the stage's outputs a row belongs to; readers
-of each output filter on the tag. Side inputs are materialised once on the driver and
-broadcast (see ``execution.side_inputs``).
+each Spark task (see ``execution.stage_worker``). A stateful stage's input is first shuffled
+on the element's key and sorted by it, so that each task runs whole keys. A stage's output
+is one DataFrame of (tag, key, element) rows, tag naming which of the stage's outputs a row
+belongs to; readers of each output filter on the tag. Side inputs are materialised once on
+the driver and broadcast (see ``execution.side_inputs``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 from beam_spark_runner.execution.side_inputs import side_input_state_entries
 from beam_spark_runner.execution.stage_worker import (
     ELEMENT,
+    KEY,
     STAGE_OUTPUT_DDL,
     OutputSpec,
     StageSpec,
@@ -45,8 +47,8 @@ class FusedStageTranslator:
             OutputSpec(
                 transform_id=output.transform_id,
                 key_coder_id=(
-                    plan.safe_coders[output.coder_id]
-                    if plan.buffers[output.buffer_id].kind == "group"
+                    plan.safe_coders.get(output.coder_id, output.coder_id)
+                    if plan.is_keyed(output.buffer_id)
                     else None
                 ),
             )
@@ -60,8 +62,12 @@ class FusedStageTranslator:
             input_transform_id=node.input_transform_id,
             outputs=outputs,
             side_input_state=self._side_input_state(node, context),
+            stateful=node.stateful,
         )
         input_frame = context.buffer_frame(node.input_buffer_id)
+        if node.stateful:
+            # Each key's elements in one task, in one run: its state lives while it runs.
+            input_frame = input_frame.repartition(KEY).sortWithinPartitions(KEY)
         function = named_function(
             functools.partial(run_stage, spec, sinks=context.sinks),
             spark_function_name(node.display_name),

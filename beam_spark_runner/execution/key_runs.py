@@ -1,0 +1,53 @@
+"""Runs of equal keys in key-sorted Arrow batches.
+
+GroupByKey and stateful stages read partitions that Spark shuffled on the ``key`` column and
+sorted by it. A key's run of rows may span batches; these helpers cut batches at key
+changes with Arrow compute, without a Python call per row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from beam_spark_runner.coders import packed_bytes
+
+
+def run_starts(keys: pa.Array) -> list[int]:
+    """Row indexes where each run of equal keys starts, then the row count."""
+    rows = len(keys)
+    if rows == 0:
+        return [0]
+    changes = pc.not_equal(keys.slice(1), keys.slice(0, rows - 1))
+    return [0, *(int(i) + 1 for i in np.flatnonzero(changes.to_numpy(zero_copy_only=False))), rows]
+
+
+def complete_key_groups(batches: Iterable[tuple[pa.Array, pa.Array]]) -> Iterator[bytes]:
+    """Concatenated encoded elements of whole keys, from (keys, elements) sorted batches.
+
+    Each yielded chunk holds every element of the keys in it, and no key appears in two
+    chunks: the last key run of a batch is held back until a later batch shows it ended.
+    One chunk per batch, so a chunk is about a batch's size, except for a key whose run
+    is longer than a batch (its elements are held until the run ends).
+    """
+    carry: list[bytes] = []
+    carry_key: bytes | None = None
+    for keys, elements in batches:
+        rows = len(keys)
+        if rows == 0:
+            continue
+        last_start = run_starts(keys)[-2]
+        if last_start > 0:
+            # Everything before the last run is complete, and so is the carried run.
+            yield b"".join([*carry, packed_bytes(elements.slice(0, last_start))])
+            carry = []
+        elif carry and keys[0].as_py() != carry_key:
+            yield b"".join(carry)
+            carry = []
+        carry.append(packed_bytes(elements.slice(last_start)))
+        carry_key = keys[last_start].as_py()
+    if carry:
+        yield b"".join(carry)

@@ -1,0 +1,108 @@
+"""State backends: what the SDK's state requests reach inside a Spark task.
+
+Beam's bundle processor asks for state through the Fn API state protocol (``get_raw``,
+``append_raw``, ``clear``, keyed by a ``StateKey``). Two kinds of state reach a stage:
+
+* **side inputs**, read-only, materialised once per run and loaded into each worker process;
+* **user state** of a stateful DoFn (bag, value, combining, set, multimap and ordered-list
+  state), keyed by user key and window.
+
+:class:`StateBackend` is the interface the stage worker depends on. In batch, user state
+only lives while its key is processed: a stateful stage walks a key-sorted partition and
+calls :meth:`StateBackend.release_user_state` once every key seen so far is complete (see
+``execution.stateful``). :class:`InMemoryStateBackend` keeps both kinds in Beam's own
+in-memory ``StateServicer`` (the one FnApiRunner uses), so every state type FnApiRunner
+serves is served the same way. A streaming backend (Spark's state store) implements the
+same interface, persisting user state instead of releasing it.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from beam_spark_runner import beam_internals as bi
+
+# StateKey types that carry user state; every other type is a side input.
+USER_STATE_TYPES: frozenset[str] = frozenset(
+    ["bag_user_state", "multimap_user_state", "multimap_keys_user_state", "ordered_list_user_state"]
+)
+
+
+class StateBackend(bi.StateHandler):  # type: ignore[misc]
+    """The Fn API state operations a bundle processor needs, plus user-state lifetime."""
+
+    @abc.abstractmethod
+    def get_raw(
+        self, state_key: Any, continuation_token: bytes | None = None
+    ) -> tuple[bytes, bytes | None]:
+        """The encoded state under ``state_key`` (and a continuation token, if any)."""
+
+    @abc.abstractmethod
+    def append_raw(self, state_key: Any, data: bytes) -> Any:
+        """Appends encoded ``data`` under ``state_key``; returns a done future."""
+
+    @abc.abstractmethod
+    def clear(self, state_key: Any) -> Any:
+        """Clears the state under ``state_key``; returns a done future."""
+
+    @abc.abstractmethod
+    def release_user_state(self) -> None:
+        """Forgets all user state: the keys it belongs to are complete."""
+
+    @abc.abstractmethod
+    def user_state_size(self) -> int:
+        """How many user-state cells are held (for logging and tests)."""
+
+    @contextlib.contextmanager
+    def process_instruction_id(self, unused_instruction_id: Any) -> Iterator[None]:
+        """Beam's state handler enters this around each bundle; nothing to do."""
+        yield
+
+    def done(self) -> None:  # noqa: B027 - optional hook, a no-op unless overridden
+        """Called by Beam's state handler when the bundle ends; nothing to flush here."""
+
+
+class InMemoryStateBackend(StateBackend):
+    """Side inputs and user state in Beam's in-memory ``StateServicer``, one for each."""
+
+    def __init__(self, side_input_entries: Iterable[tuple[bytes, bytes]] = ()) -> None:
+        self._side_inputs = bi.StateServicer()
+        for key, data in side_input_entries:
+            self._side_inputs.append_raw(bi.beam_fn_api_pb2.StateKey.FromString(key), data)
+        self._user = bi.StateServicer()
+        self._user_cells: set[bytes] = set()
+
+    def _servicer(self, state_key: Any) -> Any:
+        if state_key.WhichOneof("type") in USER_STATE_TYPES:
+            return self._user
+        return self._side_inputs
+
+    def get_raw(
+        self, state_key: Any, continuation_token: bytes | None = None
+    ) -> tuple[bytes, bytes | None]:
+        """Reads from the side-input or the user-state store, by the key's type."""
+        return self._servicer(state_key).get_raw(state_key, continuation_token)  # type: ignore[no-any-return]
+
+    def append_raw(self, state_key: Any, data: bytes) -> Any:
+        """Appends to the user-state store (side inputs are loaded once, up front)."""
+        servicer = self._servicer(state_key)
+        if servicer is self._user:
+            self._user_cells.add(state_key.SerializeToString())
+        return servicer.append_raw(state_key, data)
+
+    def clear(self, state_key: Any) -> Any:
+        """Clears a user-state cell."""
+        return self._servicer(state_key).clear(state_key)
+
+    def release_user_state(self) -> None:
+        """Drops every user-state cell at once."""
+        if self._user_cells:
+            self._user = bi.StateServicer()
+            self._user_cells.clear()
+
+    def user_state_size(self) -> int:
+        """The number of user-state cells written since the last release."""
+        return len(self._user_cells)

@@ -1,0 +1,132 @@
+"""The pieces of stateful execution, without Spark: key runs, pending timers, state backend."""
+
+import pyarrow as pa
+from apache_beam.coders import coders
+from apache_beam.transforms import userstate
+from apache_beam.transforms.window import IntervalWindow
+from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming
+
+from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.execution.key_runs import complete_key_groups, run_starts
+from beam_spark_runner.execution.state import InMemoryStateBackend
+from beam_spark_runner.execution.timers import PendingTimers, TimerFamily
+
+EVENT = bi.beam_runner_api_pb2.TimeDomain.EVENT_TIME
+PROCESSING = bi.beam_runner_api_pb2.TimeDomain.PROCESSING_TIME
+PANE = PaneInfo(True, True, PaneInfoTiming.UNKNOWN, 0, 0)
+
+
+def batch(keys: list[str], elements: list[str]) -> tuple[pa.Array, pa.Array]:
+    return (
+        pa.array([k.encode() for k in keys], type=pa.binary()),
+        pa.array([e.encode() for e in elements], type=pa.binary()),
+    )
+
+
+def test_run_starts() -> None:
+    keys, _ = batch(["a", "a", "b", "c", "c"], ["1"] * 5)
+    assert run_starts(keys) == [0, 2, 3, 5]
+    assert run_starts(pa.array([], type=pa.binary())) == [0]
+
+
+def test_complete_key_groups_never_split_a_key() -> None:
+    batches = [
+        batch(["a", "a", "b"], ["a1", "a2", "b1"]),  # b continues in the next batch
+        batch(["b", "b"], ["b2", "b3"]),  # all b, still not known to be complete
+        batch([], []),
+        batch(["b", "c", "d"], ["b4", "c1", "d1"]),
+        batch(["e"], ["e1"]),  # d was complete when e started
+    ]
+    assert list(complete_key_groups(batches)) == [b"a1a2", b"b1b2b3b4c1", b"d1", b"e1"]
+
+
+def test_complete_key_groups_one_key_only() -> None:
+    assert list(complete_key_groups([batch(["k"], ["1"]), batch(["k"], ["2"])])) == [b"12"]
+    assert list(complete_key_groups([])) == []
+
+
+def family(transform: str, name: str, domain: int) -> TimerFamily:
+    window_coder = coders.IntervalWindowCoder()
+    timer_coder = coders._TimerCoder(coders.StrUtf8Coder(), window_coder)  # noqa: SLF001
+    return TimerFamily(
+        transform, name, domain, timer_coder.get_impl(), coders.StrUtf8Coder().get_impl()
+    )
+
+
+def encode(fam: TimerFamily, *timers: userstate.Timer) -> bytes:
+    out = bi.create_OutputStream()
+    for timer in timers:
+        fam.timer_coder_impl.encode_to_stream(timer, out, True)
+    return out.get()
+
+
+def timer(key: str, at: int, tag: str = "", clear: bool = False) -> userstate.Timer:
+    return userstate.Timer(
+        user_key=key,
+        dynamic_timer_tag=tag,
+        windows=(IntervalWindow(0, 1000),),
+        clear_bit=clear,
+        fire_timestamp=None if clear else Timestamp(at),
+        hold_timestamp=None if clear else Timestamp(at),
+        paneinfo=None if clear else PANE,
+    )
+
+
+def fired(fam: TimerFamily, encoded: dict[tuple[str, str], bytes]) -> list[tuple[str, int]]:
+    data = encoded.get(fam.family_key, b"")
+    return sorted(
+        (t.user_key, int(t.fire_timestamp.micros // 1_000_000))
+        for t in fam.timer_coder_impl.decode_all(data)
+    )
+
+
+def test_pending_timers_fire_each_keys_earliest_first() -> None:
+    fam = family("ParDo", "t", EVENT)
+    pending = PendingTimers({fam.family_key: fam})
+    pending.add_written(
+        fam.family_key,
+        encode(fam, timer("a", 30, "x"), timer("a", 10, "y"), timer("b", 20, "x")),
+    )
+    assert len(pending) == 3
+    assert fired(fam, pending.next_round()) == [("a", 10), ("b", 20)]
+    assert fired(fam, pending.next_round()) == [("a", 30)]
+    assert not pending
+    assert pending.fired == 3
+
+
+def test_later_setting_replaces_and_clear_removes() -> None:
+    fam = family("ParDo", "t", EVENT)
+    pending = PendingTimers({fam.family_key: fam})
+    pending.add_written(
+        fam.family_key,
+        encode(fam, timer("a", 30), timer("a", 5), timer("b", 7), timer("b", 0, clear=True)),
+    )
+    assert fired(fam, pending.next_round()) == [("a", 5)]
+    assert not pending
+
+
+def test_event_time_timers_fire_before_processing_time_timers_of_a_key() -> None:
+    event = family("ParDo", "event", EVENT)
+    processing = family("ParDo", "processing", PROCESSING)
+    pending = PendingTimers({event.family_key: event, processing.family_key: processing})
+    pending.add_written(processing.family_key, encode(processing, timer("a", 1)))
+    pending.add_written(event.family_key, encode(event, timer("a", 99)))
+    first = pending.next_round()
+    assert fired(event, first) == [("a", 99)] and processing.family_key not in first
+    assert fired(processing, pending.next_round()) == [("a", 1)]
+
+
+def test_state_backend_keeps_side_inputs_and_releases_user_state() -> None:
+    key = bi.beam_fn_api_pb2.StateKey
+    side = key(iterable_side_input=key.IterableSideInput(transform_id="t", side_input_id="s"))
+    user = key(bag_user_state=key.BagUserState(transform_id="t", user_state_id="u", key=b"k"))
+    backend = InMemoryStateBackend([(side.SerializeToString(), b"side")])
+    backend.append_raw(user, b"v1")
+    backend.append_raw(user, b"v2")
+    assert backend.get_raw(user) == (b"v1v2", None)
+    assert backend.user_state_size() == 1
+    backend.release_user_state()
+    assert backend.get_raw(user) == (b"", None)
+    assert backend.get_raw(side) == (b"side", None)
+    assert backend.user_state_size() == 0
