@@ -6,12 +6,14 @@ missing and what to do. Nothing unsupported passes through silently.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.errors import UnsupportedFeatureError
 from beam_spark_runner.planning import Plan
 
+_LOGGER = logging.getLogger(__name__)
 _REQUIREMENTS = bi.common_urns.requirements
 SUPPORTED_REQUIREMENTS: frozenset[str] = frozenset(
     [
@@ -65,8 +67,11 @@ def _par_dos(
 ) -> Iterator[tuple[bi.beam_runner_api_pb2.PTransform, bi.beam_runner_api_pb2.ParDoPayload]]:
     for _, transform in _leaf_transforms(proto):
         if transform.spec.urn in bi.PAR_DO_URNS:
-            yield transform, bi.proto_utils.parse_Bytes(
-                transform.spec.payload, bi.beam_runner_api_pb2.ParDoPayload
+            yield (
+                transform,
+                bi.proto_utils.parse_Bytes(
+                    transform.spec.payload, bi.beam_runner_api_pb2.ParDoPayload
+                ),
             )
 
 
@@ -119,6 +124,21 @@ def check_pipeline(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
                 "needs streaming execution; SparkStructuredRunner runs batch pipelines only so "
                 "far. Use beam.Create for batch tests, or DirectRunner for TestStream."
             )
+    unbounded = unbounded_pcollections(proto)
+    if unbounded:
+        _LOGGER.warning(
+            "The pipeline has unbounded PCollections (%s). SparkStructuredRunner runs it in "
+            "batch, as FnApiRunner does: each unbounded read runs until its source ends (or, "
+            "with --spark_drain, until its restriction is truncated), then the watermark "
+            "jumps to +inf. A source that never ends keeps the run going forever; streaming "
+            "execution is not supported yet.",
+            ", ".join(unbounded),
+        )
+
+
+def unbounded_pcollections(proto: bi.beam_runner_api_pb2.Pipeline) -> list[str]:
+    """Unbounded PCollections, each as 'name' (produced by 'transform' (URN))."""
+    found = []
     for pcoll_id, pcoll in proto.components.pcollections.items():
         if pcoll.is_bounded == bi.beam_runner_api_pb2.IsBounded.UNBOUNDED:
             producers = [
@@ -126,12 +146,8 @@ def check_pipeline(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
                 for _, t in _leaf_transforms(proto)
                 if pcoll_id in t.outputs.values()
             ]
-            raise UnsupportedFeatureError(
-                f"PCollection '{pcoll.unique_name}' is unbounded (produced by "
-                f"{', '.join(producers) or 'an unknown transform'}); SparkStructuredRunner runs "
-                "bounded (batch) pipelines only so far. Read bounded inputs, or use "
-                "DirectRunner for streaming pipelines."
-            )
+            found.append(f"'{pcoll.unique_name}' from {', '.join(producers) or 'unknown'}")
+    return found
 
 
 def check_plan(plan: Plan, translator_for: Callable[[str], object | None]) -> None:

@@ -63,6 +63,16 @@ class SparkRunnerOptions(PipelineOptions):
                 f"{', '.join(SPARK_LOG_LEVELS)}. Default: WARN."
             ),
         )
+        parser.add_argument(
+            "--spark_drain",
+            action="store_true",
+            default=False,
+            help=(
+                "Run as Beam's drain does: splittable DoFns truncate their restrictions "
+                "(the SDF truncate step), so reads of unbounded sources stop where their "
+                "truncation says. As FnApiRunner(is_drain=True). Default: off."
+            ),
+        )
 
 
 @dataclass(frozen=True)
@@ -74,6 +84,7 @@ class SparkSettings:
     app_name: str
     default_parallelism: int | None
     log_level: str
+    drain: bool = False
 
 
 def _validate_master(master: str) -> str:
@@ -126,4 +137,5 @@ def spark_settings(options: PipelineOptions) -> SparkSettings:
         app_name=spark_options.spark_app_name or job_name or "beam-spark-runner",
         default_parallelism=parallelism,
         log_level=log_level,
+        drain=bool(spark_options.spark_drain),
     )

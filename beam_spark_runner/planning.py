@@ -230,15 +230,18 @@ def _phases() -> list:
 
 
 def create_stages(
-    pipeline_proto: bi.beam_runner_api_pb2.Pipeline,
+    pipeline_proto: bi.beam_runner_api_pb2.Pipeline, is_drain: bool = False
 ) -> tuple[bi.TransformContext, list[bi.Stage]]:
-    """Runs Beam's graph phases (and ours) over a copy of the pipeline proto."""
+    """Runs Beam's graph phases (and ours) over a copy of the pipeline proto.
+
+    With ``is_drain``, Beam's ``expand_sdf`` adds the truncate step to splittable DoFns.
+    """
     return bi.create_and_optimize_stages(
         copy.deepcopy(pipeline_proto),
         phases=_phases(),
         known_runner_urns=RUNNER_PRIMITIVE_URNS,
         use_state_iterables=False,
-        is_drain=False,
+        is_drain=is_drain,
     )
 
 
@@ -345,9 +348,9 @@ def _buffer_urn(buffer_id: bytes, components: bi.beam_runner_api_pb2.Components)
     )
 
 
-def build_plan(pipeline_proto: bi.beam_runner_api_pb2.Pipeline) -> Plan:
-    """Fuses the pipeline and wires stages to buffers."""
-    context, stages = create_stages(pipeline_proto)
+def build_plan(pipeline_proto: bi.beam_runner_api_pb2.Pipeline, is_drain: bool = False) -> Plan:
+    """Fuses the pipeline and wires stages to buffers (``is_drain``: see create_stages)."""
+    context, stages = create_stages(pipeline_proto, is_drain)
     planned = [_plan_stage(stage, context, uid) for uid, stage in enumerate(stages)]
     buffers: dict[bytes, PlannedBuffer] = {}
 

@@ -161,3 +161,25 @@ def test_options_are_visible_through_the_options_view():
     assert view.spark_master == "local[2]"
     assert view.spark_conf == ["a=b"]
     assert options.get_all_options()["spark_master"] == "local[2]"
+
+
+def test_drain_is_off_by_default_and_adds_the_sdf_truncate_step() -> None:
+    import apache_beam as beam
+
+    from beam_spark_runner import beam_internals as bi
+    from beam_spark_runner.planning import build_plan
+
+    assert settings().drain is False
+    assert settings("--spark_drain").drain is True
+
+    p = beam.Pipeline()
+    _ = p | beam.io.ReadFromText("/nonexistent/input*.txt", validate=False)
+    proto = bi.prepare_pipeline_proto(p.to_runner_api())
+    truncate = bi.common_urns.sdf_components.TRUNCATE_SIZED_RESTRICTION.urn
+
+    def urns(drain: bool) -> set[str]:
+        plan = build_plan(proto, is_drain=drain)
+        return {t.spec.urn for s in plan.stages for t in s.descriptor.transforms.values()}
+
+    assert truncate not in urns(False)
+    assert truncate in urns(True)

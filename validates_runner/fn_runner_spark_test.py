@@ -23,11 +23,8 @@ from apache_beam.testing import test_pipeline
 
 from beam_spark_runner import SparkStructuredRunner
 from validates_runner.reasons import (
-    DRAIN,
-    FNAPI_RESULT_INTERNALS,
     RUNNER_SPLITS,
     STATE_BACKED_ITERABLES,
-    STREAMING,
 )
 
 DEFAULT_PIPELINE_ARGS = ["--spark_master=local[2]"]
@@ -40,69 +37,24 @@ def spark_pipeline_args() -> list[str]:
     return shlex.split(options) if options else list(DEFAULT_PIPELINE_ARGS)
 
 
-def spark_pipeline() -> beam.Pipeline:
-    """A pipeline on SparkStructuredRunner."""
-    return beam.Pipeline(
-        runner=SparkStructuredRunner(), options=PipelineOptions(spark_pipeline_args())
-    )
+def spark_pipeline(is_drain: bool = False) -> beam.Pipeline:
+    """A pipeline on SparkStructuredRunner; ``is_drain`` as in ``FnApiRunner(is_drain=...)``."""
+    args = spark_pipeline_args() + (["--spark_drain"] if is_drain else [])
+    return beam.Pipeline(runner=SparkStructuredRunner(), options=PipelineOptions(args))
 
 
 class SparkStructuredRunnerTest(fn_runner_test.FnApiRunnerTest):
     """Beam's FnApiRunnerTest on Spark."""
 
     def create_pipeline(self, is_drain: bool = False) -> beam.Pipeline:
-        return spark_pipeline()
-
-    # Streaming: unbounded PCollections and draining.
-
-    # The three event-time timer tests read a PeriodicImpulse (unbounded); Beam skips them
-    # on FnApiRunner too (apache/beam#35168).
-    @unittest.skip(f"{STREAMING} (PeriodicImpulse)")
-    def test_pardo_et_timer_with_no_firing(self) -> None:
-        super().test_pardo_et_timer_with_no_firing()
-
-    @unittest.skip(f"{STREAMING} (PeriodicImpulse)")
-    def test_pardo_et_timer_with_no_reset(self) -> None:
-        super().test_pardo_et_timer_with_no_reset()
-
-    @unittest.skip(f"{STREAMING} (PeriodicImpulse)")
-    def test_pardo_et_timer_with_no_reset_and_no_clear(self) -> None:
-        super().test_pardo_et_timer_with_no_reset_and_no_clear()
-
-    @unittest.skip(STREAMING)
-    def test_unbounded_source_read(self) -> None:
-        super().test_unbounded_source_read()
-
-    @unittest.skip(f"{STREAMING} (PeriodicImpulse)")
-    def test_sliding_windows(self) -> None:
-        super().test_sliding_windows()
-
-    @unittest.skip(DRAIN)
-    def test_sdf_default_truncate_when_unbounded(self) -> None:
-        super().test_sdf_default_truncate_when_unbounded()
-
-    @unittest.skip(DRAIN)
-    def test_sdf_with_truncate(self) -> None:
-        super().test_sdf_with_truncate()
+        return spark_pipeline(is_drain)
 
 
 class SparkStructuredRunnerMetricsTest(fn_runner_test.FnApiRunnerMetricsTest):
-    """Beam's FnApiRunnerMetricsTest on Spark."""
+    """Beam's FnApiRunnerMetricsTest on Spark: system metrics per stage and PCollection."""
 
     def create_pipeline(self) -> beam.Pipeline:
         return spark_pipeline()
-
-    @unittest.skip(FNAPI_RESULT_INTERNALS)
-    def test_element_count_metrics(self) -> None:
-        super().test_element_count_metrics()
-
-    @unittest.skip(FNAPI_RESULT_INTERNALS)
-    def test_non_user_metrics(self) -> None:
-        super().test_non_user_metrics()
-
-    @unittest.skip(FNAPI_RESULT_INTERNALS)
-    def test_progress_metrics(self) -> None:  # type: ignore[override]
-        super().test_progress_metrics()
 
 
 @unittest.skip(RUNNER_SPLITS)
