@@ -64,6 +64,7 @@ DATA_INPUT_URN: str = bundle_processor.DATA_INPUT_URN
 DATA_OUTPUT_URN: str = bundle_processor.DATA_OUTPUT_URN
 IDENTITY_DOFN_URN: str = bundle_processor.IDENTITY_DOFN_URN
 ENCODED_IMPULSE_VALUE: bytes = runners_common.ENCODED_IMPULSE_VALUE
+STATE_BACKED_ITERABLE_CODER_URN: str = common_urns.coders.STATE_BACKED_ITERABLE.urn
 
 # The URNs the Python SDK harness can execute inside a fused stage.
 SDK_TRANSFORM_URNS: frozenset[str] = frozenset(

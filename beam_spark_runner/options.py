@@ -73,6 +73,17 @@ class SparkRunnerOptions(PipelineOptions):
                 "truncation says. As FnApiRunner(is_drain=True). Default: off."
             ),
         )
+        parser.add_argument(
+            "--spark_state_backed_iterables",
+            action="store_true",
+            default=False,
+            help=(
+                "Hand GroupByKey values (and other iterables) to DoFns as state-backed "
+                "iterables, decoded one value at a time as the DoFn iterates, instead of one "
+                "decoded list per key: for groups too large to hold decoded in memory. As "
+                "FnApiRunner(use_state_iterables=True). Default: off."
+            ),
+        )
 
 
 @dataclass(frozen=True)
@@ -85,6 +96,7 @@ class SparkSettings:
     default_parallelism: int | None
     log_level: str
     drain: bool = False
+    state_backed_iterables: bool = False
 
 
 def _validate_master(master: str) -> str:
@@ -138,4 +150,5 @@ def spark_settings(options: PipelineOptions) -> SparkSettings:
         default_parallelism=parallelism,
         log_level=log_level,
         drain=bool(spark_options.spark_drain),
+        state_backed_iterables=bool(spark_options.spark_state_backed_iterables),
     )

@@ -230,17 +230,21 @@ def _phases() -> list:
 
 
 def create_stages(
-    pipeline_proto: bi.beam_runner_api_pb2.Pipeline, is_drain: bool = False
+    pipeline_proto: bi.beam_runner_api_pb2.Pipeline,
+    is_drain: bool = False,
+    use_state_iterables: bool = False,
 ) -> tuple[bi.TransformContext, list[bi.Stage]]:
     """Runs Beam's graph phases (and ours) over a copy of the pipeline proto.
 
     With ``is_drain``, Beam's ``expand_sdf`` adds the truncate step to splittable DoFns.
+    With ``use_state_iterables``, stages read iterables (GroupByKey values) through
+    state-backed iterable coders, as in ``FnApiRunner(use_state_iterables=True)``.
     """
     return bi.create_and_optimize_stages(
         copy.deepcopy(pipeline_proto),
         phases=_phases(),
         known_runner_urns=RUNNER_PRIMITIVE_URNS,
-        use_state_iterables=False,
+        use_state_iterables=use_state_iterables,
         is_drain=is_drain,
     )
 
@@ -348,9 +352,13 @@ def _buffer_urn(buffer_id: bytes, components: bi.beam_runner_api_pb2.Components)
     )
 
 
-def build_plan(pipeline_proto: bi.beam_runner_api_pb2.Pipeline, is_drain: bool = False) -> Plan:
-    """Fuses the pipeline and wires stages to buffers (``is_drain``: see create_stages)."""
-    context, stages = create_stages(pipeline_proto, is_drain)
+def build_plan(
+    pipeline_proto: bi.beam_runner_api_pb2.Pipeline,
+    is_drain: bool = False,
+    use_state_iterables: bool = False,
+) -> Plan:
+    """Fuses the pipeline and wires stages to buffers (the flags: see create_stages)."""
+    context, stages = create_stages(pipeline_proto, is_drain, use_state_iterables)
     planned = [_plan_stage(stage, context, uid) for uid, stage in enumerate(stages)]
     buffers: dict[bytes, PlannedBuffer] = {}
 

@@ -57,7 +57,11 @@ class SparkStructuredRunner(PipelineRunner):
         settings = settings or spark_settings(options)
         proto = bi.prepare_pipeline_proto(proto)
         check_pipeline(proto)
-        plan = build_plan(proto, is_drain=settings.drain)
+        plan = build_plan(
+            proto,
+            is_drain=settings.drain,
+            use_state_iterables=settings.state_backed_iterables,
+        )
         check_plan(plan, translator_for)
         spark, _ = obtain_session(settings)
         share_driver_path(spark)

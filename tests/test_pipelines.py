@@ -407,3 +407,43 @@ def test_reshuffle_then_group_by_key_with_pickled_keys() -> None:
             | beam.MapTuple(lambda k, vs: (k, sum(vs)))
         )
         assert_that(grouped, equal_to([(key, 10)]))
+
+
+class LiveValue:
+    """A value that counts its live instances, to see how many a DoFn holds at once."""
+
+    live = 0
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        LiveValue.live += 1
+
+    def __del__(self) -> None:
+        LiveValue.live -= 1
+
+    def __reduce__(self) -> tuple[typing.Any, ...]:
+        return (LiveValue, (self.n,))
+
+
+def sum_and_peak_live(kv: typing.Any) -> tuple[int, bool]:
+    """The sum of a group's values, and whether fewer than all were ever live at once."""
+    total, peak = 0, 0
+    for value in kv[1]:
+        total += value.n
+        peak = max(peak, LiveValue.live)
+    return total, peak < 300
+
+
+@pytest.mark.parametrize("state_backed", [False, True])
+def test_state_backed_iterables_decode_group_values_one_at_a_time(state_backed: bool) -> None:
+    extra = ["--spark_state_backed_iterables"] if state_backed else []
+    with pipeline(*extra) as p:
+        out = (
+            p
+            | beam.Create([None])
+            | beam.FlatMap(lambda _: [("k", LiveValue(i)) for i in range(300)])
+            | beam.GroupByKey()
+            | beam.Map(sum_and_peak_live)
+        )
+        # Without the option the group arrives as a list of 300 decoded values.
+        assert_that(out, equal_to([(sum(range(300)), state_backed)]))

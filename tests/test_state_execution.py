@@ -130,3 +130,15 @@ def test_state_backend_keeps_side_inputs_and_releases_user_state() -> None:
     assert backend.get_raw(user) == (b"", None)
     assert backend.get_raw(side) == (b"side", None)
     assert backend.user_state_size() == 0
+
+
+def test_state_backed_iterables_live_for_one_bundle() -> None:
+    backend = InMemoryStateBackend()
+    impl = coders.VarIntCoder().get_impl()
+    token = backend.write_iterable([1, 2, 3], impl)
+    state_key = bi.beam_fn_api_pb2.StateKey(runner=bi.beam_fn_api_pb2.StateKey.Runner(key=token))
+    data, _ = backend.get_raw(state_key)
+    assert list(impl.decode_all(data)) == [1, 2, 3]
+    assert backend.write_iterable([4], impl) != token
+    backend.release_iterables()
+    assert backend.get_raw(state_key) == (b"", None)

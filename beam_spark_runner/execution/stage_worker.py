@@ -74,6 +74,9 @@ class StageSpec:
     side_input_state: Any = None
     # A stateful stage reads key-sorted partitions and runs whole keys (see process_keys).
     stateful: bool = False
+    # The runner-safe input coder when it has state-backed iterables: input elements are
+    # re-encoded with it so that iterables' values go to state (--spark_state_backed_iterables).
+    state_backed_input_coder_id: str | None = None
 
     @functools.cached_property
     def cache_key(self) -> str:
@@ -142,6 +145,22 @@ class StageWorker:
             if output.key_coder_id
         }
         self.output_index = {o.transform_id: i for i, o in enumerate(spec.outputs)}
+        self._state_backed_input = None
+        if spec.state_backed_input_coder_id:
+            writing = bi.PipelineContext(
+                self.descriptor, iterable_state_write=self.state.write_iterable
+            )
+            self._state_backed_input = writing.coders[spec.state_backed_input_coder_id].get_impl()
+
+    def _with_state_backed_iterables(self, data: bytes) -> bytes:
+        """Re-encodes input elements so their iterables' values are read from state."""
+        impl = self._state_backed_input
+        if impl is None or not data:
+            return data
+        out = bi.create_OutputStream()
+        for element in impl.decode_all(data):
+            impl.encode_to_stream(element, out, True)
+        return out.get()
 
     def _instruction_id(self) -> str:
         return f"{self.spec.name}-{next(self._ids)}"
@@ -160,6 +179,7 @@ class StageWorker:
         """
         instruction_id = self._instruction_id()
         if data:
+            data = self._with_state_backed_iterables(data)
             self.channel.set_input(instruction_id, self.spec.input_transform_id, data)
         for (transform_id, family_id), encoded in (timers or {}).items():
             self.channel.set_timers(instruction_id, transform_id, family_id, encoded)
@@ -170,6 +190,7 @@ class StageWorker:
             ),
         )
         response = self.worker.do_instruction(request)
+        self.state.release_iterables()
         if response.error:
             self.channel.discard(instruction_id)
             raise StageExecutionError(self.spec.display_name, response.error)
@@ -281,8 +302,9 @@ _LIFECYCLE = _Lifecycle()
 def _lifecycle_lock() -> Any:
     """The lock guarding ``_WORKERS``; starts the idle thread and exit hook once per process.
 
-    Called from the task thread only, so no other thread exists before the lock does. Not
-    done at import: PySpark's daemon imports this module before it forks the workers.
+    The task thread creates the lock (in stage_worker) before it starts the idle thread, so
+    no other thread can race the creation. Not done at import: PySpark's daemon imports this
+    module before it forks the workers, and a fork copies no threads.
     """
     import atexit
     import os

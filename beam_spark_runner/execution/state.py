@@ -5,7 +5,10 @@ Beam's bundle processor asks for state through the Fn API state protocol (``get_
 
 * **side inputs**, read-only, materialised once per run and loaded into each worker process;
 * **user state** of a stateful DoFn (bag, value, combining, set, multimap and ordered-list
-  state), keyed by user key and window.
+  state), keyed by user key and window;
+* **state-backed iterables**: with ``--spark_state_backed_iterables`` the runner writes the
+  values of a bundle's input iterables (GroupByKey values) to state, and the DoFn reads them
+  one at a time as it iterates; they live for one bundle.
 
 :class:`StateBackend` is the interface the stage worker depends on. In batch, user state
 only lives while its key is processed: a stateful stage walks a key-sorted partition and
@@ -25,10 +28,12 @@ from typing import Any
 
 from beam_spark_runner import beam_internals as bi
 
-# StateKey types that carry user state; every other type is a side input.
+# StateKey types that carry user state.
 USER_STATE_TYPES: frozenset[str] = frozenset(
     ["bag_user_state", "multimap_user_state", "multimap_keys_user_state", "ordered_list_user_state"]
 )
+# The StateKey type of state-backed iterables the runner writes for one bundle's input.
+ITERABLE_STATE_TYPE = "runner"
 
 
 class StateBackend(bi.StateHandler):  # type: ignore[misc]
@@ -53,6 +58,14 @@ class StateBackend(bi.StateHandler):  # type: ignore[misc]
         """Forgets all user state: the keys it belongs to are complete."""
 
     @abc.abstractmethod
+    def write_iterable(self, values: Iterable[Any], element_coder_impl: Any) -> bytes:
+        """Stores an iterable's values for the current bundle; returns its state token."""
+
+    @abc.abstractmethod
+    def release_iterables(self) -> None:
+        """Forgets the iterables written for a bundle that has finished."""
+
+    @abc.abstractmethod
     def user_state_size(self) -> int:
         """How many user-state cells are held (for logging and tests)."""
 
@@ -74,11 +87,35 @@ class InMemoryStateBackend(StateBackend):
             self._side_inputs.append_raw(bi.beam_fn_api_pb2.StateKey.FromString(key), data)
         self._user = bi.StateServicer()
         self._user_cells: set[bytes] = set()
+        self._iterables = bi.StateServicer()
+        self._iterable_count = 0
 
     def _servicer(self, state_key: Any) -> Any:
-        if state_key.WhichOneof("type") in USER_STATE_TYPES:
+        state_type = state_key.WhichOneof("type")
+        if state_type in USER_STATE_TYPES:
             return self._user
+        if state_type == ITERABLE_STATE_TYPE:
+            return self._iterables
         return self._side_inputs
+
+    def write_iterable(self, values: Iterable[Any], element_coder_impl: Any) -> bytes:
+        """Encodes the values under a fresh runner state key (Beam's iterable_state_write)."""
+        self._iterable_count += 1
+        token = b"iterable-%d" % self._iterable_count
+        out = bi.create_OutputStream()
+        for value in values:
+            element_coder_impl.encode_to_stream(value, out, True)
+        state_key = bi.beam_fn_api_pb2.StateKey(
+            runner=bi.beam_fn_api_pb2.StateKey.Runner(key=token)
+        )
+        self._iterables.append_raw(state_key, out.get())
+        return token
+
+    def release_iterables(self) -> None:
+        """Drops the iterables written for the last bundle."""
+        if self._iterable_count:
+            self._iterables = bi.StateServicer()
+            self._iterable_count = 0
 
     def get_raw(
         self, state_key: Any, continuation_token: bytes | None = None

@@ -14,6 +14,7 @@ import functools
 import logging
 from typing import TYPE_CHECKING
 
+from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution.side_inputs import side_input_state_entries
 from beam_spark_runner.execution.stage_worker import (
     ELEMENT,
@@ -23,7 +24,7 @@ from beam_spark_runner.execution.stage_worker import (
     StageSpec,
     run_stage,
 )
-from beam_spark_runner.planning import EXECUTABLE_STAGE_URN, PlannedStage
+from beam_spark_runner.planning import EXECUTABLE_STAGE_URN, Plan, PlannedStage
 from beam_spark_runner.spark_compat import named_function
 from beam_spark_runner.translators.base import spark_function_name
 
@@ -33,6 +34,19 @@ if TYPE_CHECKING:
     from beam_spark_runner.translators.base import TranslationContext
 
 _LOGGER = logging.getLogger(__name__)
+
+
+def _state_backed_coder(plan: Plan, coder_id: str) -> str | None:
+    """The runner-safe version of ``coder_id`` if it has a state-backed iterable in it."""
+    safe_id = plan.safe_coders.get(coder_id, coder_id)
+    coders = plan.components.coders
+    pending = [safe_id]
+    while pending:
+        coder = coders[pending.pop()]
+        if coder.spec.urn == bi.STATE_BACKED_ITERABLE_CODER_URN:
+            return safe_id
+        pending.extend(coder.component_coder_ids)
+    return None
 
 
 class FusedStageTranslator:
@@ -63,6 +77,7 @@ class FusedStageTranslator:
             outputs=outputs,
             side_input_state=self._side_input_state(node, context),
             stateful=node.stateful,
+            state_backed_input_coder_id=_state_backed_coder(plan, node.input_coder_id),
         )
         input_frame = context.buffer_frame(node.input_buffer_id)
         if node.stateful:
