@@ -47,6 +47,8 @@ STAGE_OUTPUT_DDL = f"{TAG} int, {KEY} binary, {ELEMENT} binary"
 
 # An SDF may ask to be resumed after a delay; in batch the runner waits, up to this long.
 _MAX_RESUME_DELAY_SECONDS = 5.0
+# Decoded side inputs a stage worker's SDK state cache may keep across bundles.
+_SIDE_INPUT_CACHE_BYTES = 256 << 20
 # Worker processes keep this many stage workers (descriptors, DoFn instances) alive.
 _MAX_CACHED_STAGES = 64
 
@@ -116,6 +118,26 @@ class BundleOutputs:
                     )
 
 
+def _side_input_cache_tokens(descriptor: Any, token: str) -> list[Any]:
+    """One cache token per side input read by the descriptor's ParDos."""
+    cache_token = bi.beam_fn_api_pb2.ProcessBundleRequest.CacheToken
+    tokens = []
+    for transform_id, transform in descriptor.transforms.items():
+        if transform.spec.urn not in bi.PAR_DO_URNS:
+            continue
+        payload = bi.proto_utils.parse_Bytes(
+            transform.spec.payload, bi.beam_runner_api_pb2.ParDoPayload
+        )
+        for tag in payload.side_inputs:
+            tokens.append(
+                cache_token(
+                    side_input=cache_token.SideInput(transform_id=transform_id, side_input_id=tag),
+                    token=f"side-input/{token}".encode(),
+                )
+            )
+    return tokens
+
+
 class StageWorker:
     """Beam's SDK worker for one stage, living in a Spark Python worker process."""
 
@@ -129,10 +151,16 @@ class StageWorker:
             spec.side_input_state.value if spec.side_input_state is not None else ()
         )
         self.timer_families = timer_families(self.descriptor)
+        # Side inputs never change for a stage worker: one cache token each lets the SDK keep
+        # them decoded across bundles. User state gets no token, so it is never cached.
+        self.cache_tokens = _side_input_cache_tokens(self.descriptor, spec.cache_key)
         processor_cache = bi.BundleProcessorCache(
             bi.FNAPI_RUNNER_CAPABILITIES,
             bi.SingletonStateHandlerFactory(
-                bi.GlobalCachingStateHandler(bi.StateCache(0), self.state)
+                bi.GlobalCachingStateHandler(
+                    bi.StateCache(_SIDE_INPUT_CACHE_BYTES if self.cache_tokens else 0),
+                    self.state,
+                )
             ),
             ArrowDataChannelFactory(self.channel),
             {self.descriptor.id: self.descriptor},
@@ -186,7 +214,7 @@ class StageWorker:
         request = bi.beam_fn_api_pb2.InstructionRequest(
             instruction_id=instruction_id,
             process_bundle=bi.beam_fn_api_pb2.ProcessBundleRequest(
-                process_bundle_descriptor_id=self.descriptor.id
+                process_bundle_descriptor_id=self.descriptor.id, cache_tokens=self.cache_tokens
             ),
         )
         response = self.worker.do_instruction(request)
