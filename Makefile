@@ -15,6 +15,7 @@ help:
 	@echo "make unit-test         unit and pipeline tests only (local[2])"
 	@echo "make cluster-test      smoke tests on a standalone Spark cluster (separate executors)"
 	@echo "make validates-runner  Beam's own runner suites against SparkStructuredRunner, as a table"
+	@echo "make capabilities      regenerate docs/capabilities.md from the last validates-runner run"
 	@echo "make matrix            smoke tests on the other Spark/Beam lines (nox; see noxfile.py)"
 	@echo "make lint typecheck    ruff and mypy"
 	@echo "make bench             benchmarks (see benchmarks/)"
@@ -45,6 +46,12 @@ cluster-test: $(STAMP)
 
 validates-runner: $(STAMP)
 	$(PY) -m validates_runner.report
+
+# validates-runner regenerates docs/capabilities.md after a complete run; this target redoes
+# only that, from the results it saved in build/validates-runner/results.json.
+.PHONY: capabilities
+capabilities: $(STAMP)
+	$(PY) -m validates_runner.capabilities_doc
 
 matrix: $(STAMP)
 	VENV=$(VENV) bash ci/matrix.sh

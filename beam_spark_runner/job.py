@@ -6,12 +6,18 @@ import logging
 import re
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from beam_spark_runner import worker_warnings
+from beam_spark_runner.attempts import AttemptCollector
 from beam_spark_runner.errors import PipelineExecutionError
 from beam_spark_runner.execution.stage_worker import TaskSinks
-from beam_spark_runner.metrics import decode_infos, new_accumulator
+from beam_spark_runner.metrics import (
+    MetricsSink,
+    RunMetrics,
+    new_accumulator,
+    pipeline_level_infos,
+)
 from beam_spark_runner.planning import Plan
 from beam_spark_runner.progress import ProgressReporter
 from beam_spark_runner.translators import translator_for
@@ -41,14 +47,34 @@ def _describe_failure(error: BaseException) -> PipelineExecutionError:
     )
 
 
-def run_plan(plan: Plan, spark: SparkSession, job_name: str, parallelism: int | None) -> list[Any]:
-    """Builds every stage's DataFrame, runs the pipeline, returns its monitoring infos."""
+def run_plan(plan: Plan, spark: SparkSession, job_name: str, parallelism: int | None) -> RunMetrics:
+    """Builds every stage's DataFrame, runs the pipeline, returns its metrics.
+
+    Committed metrics come from the run's accumulator; failed task attempts report theirs
+    to an ``AttemptCollector`` listening on the driver for the duration of the run.
+    """
+    spark_context = spark.sparkContext
+    collector = AttemptCollector.start(spark_context.getConf())
+    try:
+        return _run(plan, spark, job_name, parallelism, collector)
+    finally:
+        if collector is not None:
+            collector.close()
+
+
+def _run(
+    plan: Plan,
+    spark: SparkSession,
+    job_name: str,
+    parallelism: int | None,
+    collector: AttemptCollector | None,
+) -> RunMetrics:
     spark_context = spark.sparkContext
     run_id = uuid.uuid4().hex[:12]
-    sinks = TaskSinks(
-        metrics=new_accumulator(spark_context),
-        warnings=worker_warnings.new_accumulator(spark_context),
+    metrics = MetricsSink(
+        new_accumulator(spark_context), collector.address if collector is not None else None
     )
+    sinks = TaskSinks(metrics=metrics, warnings=worker_warnings.new_accumulator(spark_context))
     context = TranslationContext(
         spark,
         plan,
@@ -83,4 +109,16 @@ def run_plan(plan: Plan, spark: SparkSession, job_name: str, parallelism: int | 
         len(plan.stages),
     )
     worker_warnings.reissue(sinks.warnings.value)
-    return decode_infos(sinks.metrics.value)
+    run_metrics = RunMetrics.collect(
+        metrics.accumulator.value,
+        collector.attempts if collector is not None else [],
+        pipeline_level_infos(len(plan.stages)),
+    )
+    if run_metrics.failed_attempt_count:
+        _LOGGER.info(
+            "Beam pipeline %s: %d failed task attempt(s) reported metrics; they count in "
+            "attempted metrics only",
+            job_name,
+            run_metrics.failed_attempt_count,
+        )
+    return run_metrics

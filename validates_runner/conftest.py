@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from validates_runner.reasons import OTHER_RUNNER, PUBSUB_STREAMING, STATE_AND_TIMERS, TEST_STREAM
+from validates_runner.reasons import OTHER_RUNNER, PUBSUB_STREAMING, TEST_STREAM
 
 # The options Beam's ``it_validatesrunner`` tests run with by default (see README.md).
 DEFAULT_TEST_PIPELINE_OPTIONS = "--runner=SparkStructuredRunner --spark_master=local[2]"
@@ -67,10 +67,8 @@ BEAM_MARKERS: dict[str, str] = {
 # Beam tests (``module::Class::test``) that cannot pass on SparkStructuredRunner yet, with the
 # missing capability. Each was run and seen to fail for that reason.
 SKIPS: dict[str, str] = {
-    "apache_beam.transforms.combinefn_lifecycle_test::CombineFnLifecycleTest"
-    "::test_combining_value_state": STATE_AND_TIMERS,
     "apache_beam.transforms.deduplicate_test::DeduplicateTest"
-    "::test_deduplication_in_different_windows": STATE_AND_TIMERS,
+    "::test_deduplication_in_different_windows": TEST_STREAM,
     "apache_beam.transforms.sideinputs_test::SideInputsTest"
     "::test_multi_triggered_gbk_side_input": TEST_STREAM,
     "apache_beam.runners.dataflow.dataflow_exercise_streaming_metrics_pipeline_test"

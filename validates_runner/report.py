@@ -9,15 +9,25 @@ Each suite runs in its own pytest process (one SparkSession each) with junitxml 
 the report prints passed/skipped/failed per suite, the skipped tests with their reasons and
 the failed tests with the root-cause error. It exits non-zero if a test failed or a suite
 could not run.
+
+The results are saved as JSON (``results.json`` in ``--out-dir``). A complete run (both
+suites, no ``-k``, no extra pytest arguments) also saves them as
+``build/validates-runner/results.json`` and regenerates ``docs/capabilities.md`` from them
+(:mod:`validates_runner.capabilities_doc`; ``make capabilities`` redoes only that).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import importlib.metadata
 import importlib.util
+import json
 import logging
 import os
+import platform
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from validates_runner import capabilities_doc
 from validates_runner.conftest import (
     DEFAULT_TEST_PIPELINE_OPTIONS,
     KEY_PROPERTY,
@@ -46,6 +57,10 @@ RUNNER_NAME = "SparkStructuredRunner"
 VALIDATES_RUNNER_MARKER = "pytest.mark.it_validatesrunner"
 # pytest exit codes that still mean "the suite ran": all passed, some failed, none collected.
 _RAN_EXIT_CODES = (0, 1, 5)
+
+
+CANONICAL_RESULTS = capabilities_doc.DEFAULT_RESULTS
+CAPABILITIES_DOC = capabilities_doc.DEFAULT_OUTPUT
 
 
 @dataclass
@@ -289,6 +304,108 @@ def format_report(runs: list[SuiteRun]) -> str:
     return "\n".join(out)
 
 
+def _distribution_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _git_commit() -> str:
+    """The checked-out commit, with "+changes" if the work tree differs (read-only git)."""
+    git = shutil.which("git")
+    if git is None:
+        return "unknown"
+    try:
+        head = subprocess.run(
+            [git, "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        ).stdout.strip()
+        status = subprocess.run(
+            [git, "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{head}+changes" if status else head
+
+
+def _java() -> str:
+    from beam_spark_runner.java import java_executable, java_version
+
+    java = java_executable()
+    version = java_version(java) if java else None
+    return f"{version} ({java})" if version else "unknown"
+
+
+def versions() -> dict[str, str]:
+    """The versions the suites ran with (the suites run in this interpreter)."""
+    return {
+        "apache-beam": _distribution_version("apache-beam"),
+        "pyspark": _distribution_version("pyspark"),
+        "beam-spark-runner": _distribution_version("beam-spark-runner"),
+        "python": platform.python_version(),
+        "java": _java(),
+        "git_commit": _git_commit(),
+    }
+
+
+def is_complete_run(args: argparse.Namespace) -> bool:
+    """Whether the run covers everything: both suites, no test selection."""
+    return args.suite == "all" and not args.k and not args.pytest_args
+
+
+def save_results(
+    runs: list[SuiteRun], args: argparse.Namespace, path: Path, started: datetime.datetime
+) -> None:
+    """Saves the runs' results as JSON, the input of ``capabilities_doc``."""
+    data = {
+        "format": capabilities_doc.RESULTS_FORMAT,
+        "saved_as": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path),
+        "run": {
+            "started_at": f"{started:%Y-%m-%d %H:%M}",
+            "finished_at": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}",
+            "test_pipeline_options": args.test_pipeline_options,
+            "k": args.k,
+            "pytest_args": list(args.pytest_args),
+        },
+        "versions": versions(),
+        "validatesrunner_modules": validates_runner_modules()
+        if any(run.suite == "validatesrunner" for run in runs)
+        else [],
+        "suites": [
+            {
+                "suite": run.suite,
+                "exit_code": run.exit_code,
+                "seconds": round(run.seconds, 1),
+                "completed": run.completed,
+                "results": [
+                    {
+                        "test_id": r.test_id,
+                        "outcome": r.outcome,
+                        "message": r.message,
+                        "kind": skip_kind(r.message) if r.outcome == "skipped" else "",
+                        "runners": list(r.runners),
+                    }
+                    for r in run.results
+                ],
+            }
+            for run in runs
+        ],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    _LOGGER.info("Saved results to %s", path)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Command-line arguments."""
     parser = argparse.ArgumentParser(
@@ -309,6 +426,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--timeout", type=float, default=3600.0, help="seconds allowed per suite (default 3600)"
     )
     parser.add_argument("--verbose", action="store_true", help="also stream pytest's output")
+    parser.add_argument(
+        "--write-capabilities",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help=f"write the capabilities document there (default after a complete run: "
+        f"{CAPABILITIES_DOC.relative_to(ROOT)})",
+    )
+    parser.add_argument(
+        "--no-capabilities",
+        action="store_true",
+        help="do not save build/validates-runner/results.json nor write the document",
+    )
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments, after --")
     return parser.parse_args(argv)
 
@@ -320,8 +450,19 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="validates_runner-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     suites = SUITES if args.suite == "all" else (args.suite,)
+    started = datetime.datetime.now(datetime.timezone.utc)
     runs = [run_suite(suite, args, out_dir) for suite in suites]
     print(format_report(runs))
+    results = out_dir / "results.json"
+    save_results(runs, args, results, started)
+    if is_complete_run(args) and not args.no_capabilities:
+        save_results(runs, args, CANONICAL_RESULTS, started)
+        results = CANONICAL_RESULTS
+    document = args.write_capabilities
+    if document is None and is_complete_run(args) and not args.no_capabilities:
+        document = CAPABILITIES_DOC
+    if document is not None:
+        capabilities_doc.write(results, document)
     failed = any(run.count("failed") for run in runs)
     broken = not all(run.completed for run in runs)
     return 1 if failed or broken else 0

@@ -471,7 +471,7 @@ def run_stage(
     with worker_warnings.recording(sinks.warnings):
         worker = stage_worker(spec)
     process = worker.process_keys if spec.stateful else worker.process
-    with task_metrics(sinks.metrics) as metrics:
+    with task_metrics(sinks.metrics, spec.name) as metrics:
         for data in _bundle_inputs(spec, batches):
             if not data:
                 continue
