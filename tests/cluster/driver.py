@@ -33,11 +33,14 @@ import traceback
 from typing import Any
 
 import apache_beam as beam
+from apache_beam.coders import VarIntCoder
 from apache_beam.io import ReadFromText, WriteToText
 from apache_beam.metrics import Metrics
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that, equal_to
+from apache_beam.transforms import userstate
+from apache_beam.transforms.window import GlobalWindow
 
 NAMESPACE = "cluster_test"
 JVM_NAMESPACE = "cluster_jvm"
@@ -124,7 +127,36 @@ def mixed_expected() -> list[tuple[str, Any]]:
     ]
     expected += [("sum", (parity, group, s)) for (parity, group), s in by_group.items()]
     expected.append(("sum", ("main", "all", VALUES)))
+    expected += [("state", (key, len(vs), sum(vs))) for key, vs in by_key.items()]
     return expected
+
+
+class CountAndSumPerKey(beam.DoFn):
+    """State and an event-time timer: each key's count and sum, emitted when it fires."""
+
+    COUNT = userstate.ReadModifyWriteStateSpec("count", VarIntCoder())
+    VALUES = userstate.BagStateSpec("values", VarIntCoder())
+    END = userstate.TimerSpec("end", userstate.TimeDomain.WATERMARK)
+
+    def process(
+        self,
+        element: Any,
+        count: Any = beam.DoFn.StateParam(COUNT),
+        values: Any = beam.DoFn.StateParam(VALUES),
+        end: Any = beam.DoFn.TimerParam(END),
+    ) -> None:
+        count.write((count.read() or 0) + 1)
+        values.add(element[1])
+        end.set(GlobalWindow().max_timestamp())
+
+    @userstate.on_timer(END)
+    def flush(
+        self,
+        key: Any = beam.DoFn.KeyParam,
+        count: Any = beam.DoFn.StateParam(COUNT),
+        values: Any = beam.DoFn.StateParam(VALUES),
+    ) -> Any:
+        yield "state", (key, count.read(), sum(values.read()))
 
 
 def summarise_group(group: tuple[str, Any], maxima: list[int]) -> tuple[str, Any]:
@@ -147,7 +179,7 @@ class SplitByParity(beam.DoFn):
 
 
 def mixed(beam_args: list[str]) -> dict[str, Any]:
-    """GroupByKey + AsDict and AsList side inputs + tagged outputs + CombinePerKey.
+    """GroupByKey + AsDict and AsList side inputs + tagged outputs + CombinePerKey + state.
 
     Every result is tagged and flattened into one ``assert_that``: each assert_that costs
     a GroupByKey and Spark jobs of its own, and this runs on a 2-core machine. For the
@@ -177,8 +209,9 @@ def mixed(beam_args: list[str]) -> dict[str, Any]:
         | "SumPerTagAndGroup" >> beam.CombinePerKey(sum)
         | "Label" >> beam.MapTuple(lambda tag_group, total: ("sum", (*tag_group, total)))
     )
+    stateful = pairs | "CountAndSum" >> beam.ParDo(CountAndSumPerKey())
     assert_that(
-        (grouped, sums) | "FlattenAll" >> beam.Flatten(),
+        (grouped, sums, stateful) | "FlattenAll" >> beam.Flatten(),
         equal_to(mixed_expected()),
         label="CheckAll",
     )

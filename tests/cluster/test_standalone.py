@@ -121,7 +121,7 @@ def test_wordcount_matches_direct_runner(suite: Suite, words_file: Path) -> None
     assert_ran_on_executors(entry, elements=sum(spark_counts.values()))
 
 
-def test_group_by_key_side_inputs_tagged_outputs_combine(suite: Suite) -> None:
+def test_group_by_key_side_inputs_tagged_outputs_combine_and_state(suite: Suite) -> None:
     run = suite.run
     # The pipeline checks its own output with assert_that: succeeding is the check.
     entry = run.entry("mixed")
