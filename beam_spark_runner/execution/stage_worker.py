@@ -173,6 +173,8 @@ class StageWorker:
             if output.key_coder_id
         }
         self.output_index = {o.transform_id: i for i, o in enumerate(spec.outputs)}
+        # Bundles that asked for finalization, finalized once their output is with Spark.
+        self.unfinalized: list[str] = []
         self._state_backed_input = None
         if spec.state_backed_input_coder_id:
             writing = bi.PipelineContext(
@@ -238,27 +240,54 @@ class StageWorker:
         result = response.process_bundle
         metrics.extend(result.monitoring_infos)
         if result.requires_finalization:
+            self.unfinalized.append(instruction_id)
+        return list(result.residual_roots)
+
+    def finalize_bundles(self) -> None:
+        """Runs the finalization callbacks of bundles whose output Spark has taken.
+
+        Called after the task handed a bundle's output batches to Spark (the task's
+        generator resumes only when Spark asks for more), before the next bundle or
+        residual runs. A bundle that fails, or whose output was not handed over before
+        its task failed, is never finalized.
+        """
+        while self.unfinalized:
             finalize = self.worker.do_instruction(
                 bi.beam_fn_api_pb2.InstructionRequest(
                     instruction_id=self._instruction_id(),
                     finalize_bundle=bi.beam_fn_api_pb2.FinalizeBundleRequest(
-                        instruction_id=instruction_id
+                        instruction_id=self.unfinalized.pop(0)
                     ),
                 )
             )
             if finalize.error:
                 raise StageExecutionError(self.spec.display_name, finalize.error)
-        return list(result.residual_roots)
 
-    def _run_with_residuals(
+    def drop_unfinalized(self) -> None:
+        """Forgets the unfinalized bundles of a task that failed.
+
+        Spark recomputes their output, so they must never be finalized; their processors go
+        back to the cache.
+        """
+        while self.unfinalized:
+            self.worker.bundle_processor_cache.release(self.unfinalized.pop())
+
+    def _bundles(
         self,
         data: bytes,
-        outputs: BundleOutputs,
         metrics: TaskMetrics,
         timers: dict[TimerFamilyId, bytes] | None = None,
         pending: PendingTimers | None = None,
-    ) -> None:
+    ) -> Iterator[BundleOutputs]:
+        """Runs one bundle, then its SDF residuals until none remain, yielding each output.
+
+        The caller hands each bundle's output to Spark before asking for the next one, and
+        finalizes the bundle in between (:meth:`finalize_bundles`): a self-checkpointing
+        SDF sees its bundle finalized before its residual resumes.
+        """
+        outputs = BundleOutputs(len(self.spec.outputs))
         residuals = self._run_once(data, outputs, metrics, timers, pending)
+        yield outputs
         while residuals:
             delay = max(
                 (r.requested_time_delay.ToTimedelta().total_seconds() for r in residuals),
@@ -267,37 +296,38 @@ class StageWorker:
             if delay > 0:
                 time.sleep(min(delay, _MAX_RESUME_DELAY_SECONDS))
             resumed = b"".join(r.application.element for r in residuals)
+            outputs = BundleOutputs(len(self.spec.outputs))
             residuals = self._run_once(resumed, outputs, metrics, pending=pending)
+            yield outputs
 
-    def process(self, data: bytes, metrics: TaskMetrics) -> BundleOutputs:
-        """Runs one bundle, then its SDF residuals until none remain."""
-        outputs = BundleOutputs(len(self.spec.outputs))
-        self._run_with_residuals(data, outputs, metrics)
-        return outputs
+    def process(self, data: bytes, metrics: TaskMetrics) -> Iterator[BundleOutputs]:
+        """Runs one bundle over ``data``, then its SDF residuals; yields each's output."""
+        yield from self._bundles(data, metrics)
 
-    def process_keys(self, data: bytes, metrics: TaskMetrics) -> BundleOutputs:
+    def process_keys(self, data: bytes, metrics: TaskMetrics) -> Iterator[BundleOutputs]:
         """Runs complete key groups of a stateful stage: elements, then timers, then done.
 
         ``data`` holds every element of the keys it contains. After the elements' bundle
         the keys' input is complete, so the watermark is +inf for them: timers fire round
         by round in timestamp order until none remain, then the keys' state is released.
         """
-        outputs = BundleOutputs(len(self.spec.outputs))
+        self.state.release_user_state()  # never another task's keys, even after a failure
         pending = PendingTimers(self.timer_families)
-        self._run_with_residuals(data, outputs, metrics, pending=pending)
-        rounds = 0
-        while pending:
-            rounds += 1
-            self._run_with_residuals(b"", outputs, metrics, pending.next_round(), pending)
-        _LOGGER.debug(
-            "Stage %s: %d timers fired in %d rounds, %d state cells released",
-            self.spec.display_name,
-            pending.fired,
-            rounds,
-            self.state.user_state_size(),
-        )
-        self.state.release_user_state()
-        return outputs
+        try:
+            yield from self._bundles(data, metrics, pending=pending)
+            rounds = 0
+            while pending:
+                rounds += 1
+                yield from self._bundles(b"", metrics, pending.next_round(), pending)
+            _LOGGER.debug(
+                "Stage %s: %d timers fired in %d rounds, %d state cells released",
+                self.spec.display_name,
+                pending.fired,
+                rounds,
+                self.state.user_state_size(),
+            )
+        finally:
+            self.state.release_user_state()
 
 
 _WORKERS: collections.OrderedDict[str, StageWorker] = collections.OrderedDict()
@@ -471,15 +501,23 @@ def run_stage(
     with worker_warnings.recording(sinks.warnings):
         worker = stage_worker(spec)
     process = worker.process_keys if spec.stateful else worker.process
+    worker.drop_unfinalized()  # left over from a task of this worker that failed
     with task_metrics(sinks.metrics, spec.name) as metrics:
         for data in _bundle_inputs(spec, batches):
             if not data:
                 continue
-            try:
+            bundles = process(data, metrics)
+            while True:
+                try:
+                    with worker_warnings.recording(sinks.warnings):
+                        outputs = next(bundles, None)
+                except StageExecutionError:
+                    raise
+                except Exception as error:  # noqa: BLE001 - re-raised with the stage's name
+                    raise StageExecutionError(spec.display_name, traceback.format_exc()) from error
+                if outputs is None:
+                    break
+                yield from outputs.record_batches(spec.outputs, worker.key_extractors)
+                # Spark has taken the bundle's output: its finalization may run now.
                 with worker_warnings.recording(sinks.warnings):
-                    outputs = process(data, metrics)
-            except StageExecutionError:
-                raise
-            except Exception as error:  # noqa: BLE001 - re-raised with the stage's name
-                raise StageExecutionError(spec.display_name, traceback.format_exc()) from error
-            yield from outputs.record_batches(spec.outputs, worker.key_extractors)
+                    worker.finalize_bundles()
