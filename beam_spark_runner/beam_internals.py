@@ -106,6 +106,14 @@ class BundleProcessorCache(sdk_worker.BundleProcessorCache):
         super().discard(instruction_id, exception)
 
 
+def bundle_processors_busy(cache: sdk_worker.BundleProcessorCache) -> bool:
+    """Whether a bundle processor cache has a bundle running or a processor being built.
+
+    ``processors_being_created`` only exists from Beam 2.69 on.
+    """
+    return bool(cache.active_bundle_processors or getattr(cache, "processors_being_created", 0))
+
+
 def take_failed_bundle_monitoring_infos() -> list[Any]:
     """The monitoring infos of bundles that failed in this process since the last call."""
     with _failed_bundle_lock:

@@ -408,7 +408,7 @@ def tear_down_idle_dofns(now: float, idle_seconds: float = _IDLE_TEARDOWN_SECOND
         stages = [(w.worker.bundle_processor_cache, w.spec.display_name) for w in _WORKERS.values()]
         last_used = _LIFECYCLE.last_used
     caches = [cache for cache, _ in stages]
-    if any(c.active_bundle_processors or c.processors_being_created for c in caches):
+    if any(bi.bundle_processors_busy(c) for c in caches):
         return 0
     bundle_times = [t for c in caches for t in list(c.last_access_times.values())]
     if now - max([last_used, *bundle_times]) < idle_seconds:
