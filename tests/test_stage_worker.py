@@ -26,16 +26,6 @@ class Finalizing(beam.DoFn):
         yield 1, 1
 
 
-class CountPerKey(beam.DoFn):
-    COUNT = beam.transforms.userstate.ReadModifyWriteStateSpec("count", beam.coders.VarIntCoder())
-
-    def process(
-        self, kv: typing.Any, count: typing.Any = beam.DoFn.StateParam(COUNT)
-    ) -> Iterator[int]:
-        count.write((count.read() or 0) + 1)
-        yield count.read()
-
-
 def finalizing_stage(run_id: str) -> StageSpec:
     p = beam.Pipeline()
     _ = p | beam.Impulse() | beam.ParDo(Finalizing()) | beam.GroupByKey()
@@ -89,31 +79,3 @@ def test_a_failed_task_does_not_finalize_bundles_it_did_not_hand_over() -> None:
     abandoned.close()  # the task is killed before it asks for more
     list(run_stage(spec, impulse_batches(1)))
     assert FINALIZED == [1]
-
-
-def test_a_group_by_key_read_by_one_stateless_stage_runs_in_that_stage() -> None:
-    import types
-
-    from beam_spark_runner.translators.fused_stage import _reads_its_own_group
-
-    def readers_of_groups(build: typing.Callable[[beam.Pipeline], None]) -> list[bool]:
-        p = beam.Pipeline()
-        build(p)
-        plan = build_plan(bi.prepare_pipeline_proto(p.to_runner_api()))
-        context = types.SimpleNamespace(plan=plan)
-        return [
-            _reads_its_own_group(stage, context)  # type: ignore[arg-type]
-            for stage in plan.stages
-            if plan.buffers[stage.input_buffer_id].kind == "group"
-        ]
-
-    def one_reader(p: beam.Pipeline) -> None:
-        _ = p | beam.Create([(1, 2)]) | beam.GroupByKey() | beam.Map(print)
-
-    def stateful_reader(p: beam.Pipeline) -> None:
-        # A stateful ParDo starts its own stage, so the groups are read by a pass-through
-        # stage (grouped in it) that writes them, keyed, for the stateful stage's shuffle.
-        _ = p | beam.Create([(1, 2)]) | beam.GroupByKey() | beam.ParDo(CountPerKey())
-
-    assert readers_of_groups(one_reader) == [True]
-    assert readers_of_groups(stateful_reader) == [True]

@@ -15,7 +15,6 @@ import logging
 from typing import TYPE_CHECKING
 
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.execution.grouped_stage import run_grouped_stage
 from beam_spark_runner.execution.side_inputs import side_input_state_entries
 from beam_spark_runner.execution.stage_worker import (
     ELEMENT,
@@ -28,7 +27,6 @@ from beam_spark_runner.execution.stage_worker import (
 from beam_spark_runner.planning import EXECUTABLE_STAGE_URN, Plan, PlannedStage
 from beam_spark_runner.spark_compat import named_function
 from beam_spark_runner.translators.base import spark_function_name
-from beam_spark_runner.translators.group_by_key import group_spec, sorted_input
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -49,17 +47,6 @@ def _state_backed_coder(plan: Plan, coder_id: str) -> str | None:
             return safe_id
         pending.extend(coder.component_coder_ids)
     return None
-
-
-def _reads_its_own_group(node: PlannedStage, context: TranslationContext) -> bool:
-    """Whether the stage is the only reader of a GroupByKey's output (and stateless)."""
-    buffer = context.plan.buffers[node.input_buffer_id]
-    return (
-        buffer.kind == "group"
-        and not node.stateful
-        and buffer.main_readers == [node.name]
-        and not buffer.side_readers
-    )
 
 
 class FusedStageTranslator:
@@ -92,22 +79,14 @@ class FusedStageTranslator:
             stateful=node.stateful,
             state_backed_input_coder_id=_state_backed_coder(plan, node.input_coder_id),
         )
-        name = spark_function_name(node.display_name)
-        if _reads_its_own_group(node, context):
-            # Group and run the stage in one task: no round trip of the groups via the JVM.
-            group = context.plan.buffers[node.input_buffer_id]
-            grouped_function = named_function(
-                functools.partial(
-                    run_grouped_stage, group_spec(group, context), spec, sinks=context.sinks
-                ),
-                name,
-            )
-            return sorted_input(group, context).mapInArrow(grouped_function, STAGE_OUTPUT_DDL)
         input_frame = context.buffer_frame(node.input_buffer_id)
         if node.stateful:
             # Each key's elements in one task, in one run: its state lives while it runs.
             input_frame = input_frame.repartition(KEY).sortWithinPartitions(KEY)
-        function = named_function(functools.partial(run_stage, spec, sinks=context.sinks), name)
+        function = named_function(
+            functools.partial(run_stage, spec, sinks=context.sinks),
+            spark_function_name(node.display_name),
+        )
         return input_frame.mapInArrow(function, STAGE_OUTPUT_DDL)
 
     @staticmethod

@@ -52,34 +52,25 @@ class GroupByKeyTranslator:
 
     def translate(self, node: PlannedBuffer, context: TranslationContext) -> DataFrame:
         """The grouped (key, element) DataFrame of one GroupByKey."""
-        spec = group_spec(node, context)
-        function = named_function(
-            functools.partial(group_sorted, spec), spark_function_name(spec.name)
+        plan = context.plan
+        transform = plan.components.transforms[node.name]
+        input_pcoll = bi.only_element(list(transform.inputs.values()))
+        output_pcoll = bi.only_element(list(transform.outputs.values()))
+        components = bi.beam_runner_api_pb2.Components(
+            coders=dict(plan.components.coders.items()),
+            windowing_strategies=dict(plan.components.windowing_strategies.items()),
+            environments=dict(plan.components.environments.items()),
         )
-        return sorted_input(node, context).mapInArrow(function, GROUPED_DDL)
-
-
-def group_spec(node: PlannedBuffer, context: TranslationContext) -> GroupSpec:
-    """What a task needs to group this GroupByKey's sorted input."""
-    plan = context.plan
-    transform = plan.components.transforms[node.name]
-    input_pcoll = bi.only_element(list(transform.inputs.values()))
-    output_pcoll = bi.only_element(list(transform.outputs.values()))
-    components = bi.beam_runner_api_pb2.Components(
-        coders=dict(plan.components.coders.items()),
-        windowing_strategies=dict(plan.components.windowing_strategies.items()),
-        environments=dict(plan.components.environments.items()),
-    )
-    return GroupSpec(
-        run_id=context.run_id,
-        name=transform.unique_name,
-        components=components.SerializeToString(),
-        pre_grouping_coder_id=grouping_coder_id(plan, plan.data_channel_coders[input_pcoll]),
-        post_grouping_coder_id=grouping_coder_id(plan, plan.data_channel_coders[output_pcoll]),
-        windowing_strategy_id=plan.components.pcollections[input_pcoll].windowing_strategy_id,
-    )
-
-
-def sorted_input(node: PlannedBuffer, context: TranslationContext) -> DataFrame:
-    """The writers' (key, element) rows, shuffled on the key and sorted by it."""
-    return context.union(context.writer_frames(node)).repartition(KEY).sortWithinPartitions(KEY)
+        spec = GroupSpec(
+            run_id=context.run_id,
+            name=transform.unique_name,
+            components=components.SerializeToString(),
+            pre_grouping_coder_id=grouping_coder_id(plan, plan.data_channel_coders[input_pcoll]),
+            post_grouping_coder_id=grouping_coder_id(plan, plan.data_channel_coders[output_pcoll]),
+            windowing_strategy_id=plan.components.pcollections[input_pcoll].windowing_strategy_id,
+        )
+        shuffled = context.union(context.writer_frames(node)).repartition(KEY)
+        function = named_function(
+            functools.partial(group_sorted, spec), spark_function_name(transform.unique_name)
+        )
+        return shuffled.sortWithinPartitions(KEY).mapInArrow(function, GROUPED_DDL)
