@@ -59,6 +59,7 @@ matrix: $(STAMP)
 test: lint typecheck unit-test cluster-test validates-runner
 
 bench: $(STAMP)
+	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install --quiet -e ".[bench]"
 	$(PY) -m benchmarks.run
 
 clean:

@@ -1,8 +1,19 @@
-"""The benchmark report: a markdown table, ratios against the baselines, and a PNG chart."""
+"""The benchmark report: a markdown table, ratios against the baselines, and a PNG chart.
+
+``python -m benchmarks.run`` writes it at the end of a run. ``python -m benchmarks.report
+[--output-dir DIR]`` writes it again from ``DIR/latest.json`` (``latest.md`` and
+``latest.png``), e.g. from the partial results of a run that was stopped; with ``--merge
+DIR1 DIR2 ...`` it first merges those runs' ``latest.json`` (more rounds of the same size,
+run later) into ``DIR/latest.json``, medians over all their rounds.
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
 import logging
+import statistics
+import sys
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -14,6 +25,7 @@ RUNNER_LABELS = {
     "ours": "SparkStructuredRunner local[2]",
     "direct": "DirectRunner (FnApiRunner)",
     "direct-mp": "FnApiRunner, 2 worker processes",
+    "ours-exp": "SparkStructuredRunner local[2], --ours-conf settings",
     "pyspark": "hand-written PySpark (floor)",
     "sql": "Spark SQL (ceiling)",
 }
@@ -21,6 +33,7 @@ RUNNER_COLORS = {
     "ours": "#d62728",
     "direct": "#1f77b4",
     "direct-mp": "#17becf",
+    "ours-exp": "#9467bd",
     "pyspark": "#ff7f0e",
     "sql": "#2ca02c",
 }
@@ -50,7 +63,9 @@ def _rate(result: Result) -> str:
 def consistency(results: Sequence[Result]) -> dict[tuple[str, str], str]:
     """Per (workload, runner): whether its output summary agrees with the other runners.
 
-    The reference is the (results, checksum) pair most runners of the workload agree on.
+    The reference is the (results, checksum) pair most runners of the workload agree on;
+    where no pair has a strict majority over the others (two runners against two), every
+    runner's verdict is ``DIFFERENT (no majority)``: the table must not pick a side.
     """
     verdicts: dict[tuple[str, str], str] = {}
     by_workload: dict[str, list[Result]] = {}
@@ -58,13 +73,16 @@ def consistency(results: Sequence[Result]) -> dict[tuple[str, str], str]:
         by_workload.setdefault(result["workload"], []).append(result)
     for workload, group in by_workload.items():
         ok = [r for r in group if r["status"] == "ok"]
-        votes = Counter((r["results"], r["checksum"]) for r in ok)
-        reference = votes.most_common(1)[0][0] if votes else None
+        votes = Counter((r["results"], r["checksum"]) for r in ok).most_common()
+        reference = votes[0][0] if votes else None
+        tied = len(votes) > 1 and votes[0][1] == votes[1][1]
         for result in group:
             if result["status"] != "ok":
                 verdict = ""
             elif len(ok) < 2:
                 verdict = "(alone)"
+            elif tied:
+                verdict = "DIFFERENT (no majority)"
             elif (result["results"], result["checksum"]) == reference:
                 verdict = "same"
             else:
@@ -104,6 +122,15 @@ def _median(
     return None
 
 
+def _same_output(results: Iterable[Result], workload: str, one: str, other: str) -> bool:
+    summaries = {
+        r["runner"]: (r.get("results"), r.get("checksum"))
+        for r in results
+        if r["workload"] == workload and r["runner"] in (one, other)
+    }
+    return summaries.get(one) == summaries.get(other)
+
+
 def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}" if a and b else ""
 
@@ -114,6 +141,8 @@ def ratio_table(results: Sequence[Result]) -> str:
     ``DirectRunner / ours`` above 1 means ours is faster; ``ours / PySpark`` at most 2 meets
     the target of staying within 2x of hand-written PySpark. The same ratios of CPU time
     (the whole process tree's) follow: on a loaded machine they vary less than wall time.
+    Where ours and the baseline produced different output, the verdict says so instead of
+    yes or no: the two did not do the same work.
     """
     workloads = list(dict.fromkeys(r["workload"] for r in results))
     lines = [
@@ -133,6 +162,10 @@ def ratio_table(results: Sequence[Result]) -> str:
         }
         faster = "" if not (ours and direct) else ("yes" if ours < direct else "no")
         within = "" if not (ours and floor) else ("yes" if ours <= 2 * floor else "no")
+        if faster and not _same_output(results, workload, "ours", "direct"):
+            faster += " (outputs differ)"
+        if within and not _same_output(results, workload, "ours", "pyspark"):
+            within += " (outputs differ)"
         lines.append(
             f"| {workload} | {_seconds(ours)} | {_seconds(direct)} | {_ratio(direct, ours)} "
             f"| {_seconds(floor)} | {_ratio(ours, floor)} | {_seconds(sql)} "
@@ -211,3 +244,152 @@ def chart(results: Sequence[Result], path: Path, title: str) -> bool:
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return True
+
+
+def merge_rounds(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One result per (workload, runner): the timed runs of all its rounds together.
+
+    The median is taken over all timed runs, the cold start is the median of the warm-ups,
+    memory peaks are the largest of any round. A pair that failed in any round reports that
+    round's failure; outputs that differ between rounds are a failure too.
+    """
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    warmups: dict[tuple[str, str], list[float]] = {}
+    for result in results:
+        key = (result["workload"], result["runner"])
+        if result.get("warmup_seconds") is not None:
+            warmups.setdefault(key, []).append(result["warmup_seconds"])
+        if key not in merged:
+            merged[key] = dict(
+                result,
+                seconds=list(result.get("seconds", [])),
+                cpu_seconds=list(result.get("cpu_seconds", [])),
+            )
+            continue
+        into = merged[key]
+        if into["status"] != "ok":
+            continue
+        if result["status"] != "ok":
+            into.update(status=result["status"], error=result.get("error", ""))
+            continue
+        if (result["results"], result["checksum"]) != (into["results"], into["checksum"]):
+            into.update(status="failed", error="outputs differ between rounds")
+            continue
+        into["seconds"].extend(result["seconds"])
+        into["cpu_seconds"].extend(result.get("cpu_seconds", []))
+        for field in ("peak_rss_mib", "peak_pss_mib", "peak_processes"):
+            into[field] = max(into.get(field, 0), result.get(field, 0))
+    for key, into in merged.items():
+        seconds = into.get("seconds") or []
+        cpu = into.get("cpu_seconds") or []
+        ok = into["status"] == "ok"
+        into["median_seconds"] = statistics.median(seconds) if ok and seconds else None
+        into["median_cpu_seconds"] = statistics.median(cpu) if ok and cpu else None
+        if warmups.get(key):
+            into["warmup_seconds"] = statistics.median(warmups[key])
+    return list(merged.values())
+
+
+def write_report(header: dict[str, Any], results: Sequence[Result], out_dir: Path) -> str:
+    """Writes ``latest.md`` and ``latest.png`` into ``out_dir``; returns the markdown.
+
+    ``header`` is ``latest.json`` without its results: size, runs, sizes, environment and,
+    once the run is over, its total seconds and the runner code hashes seen.
+    """
+    sizes = header["sizes"]
+    title = (
+        f"{header['size']} size: {sizes['elements']:,} elements / {sizes['text_mb']:g} MB "
+        f"text / {sizes['events']:,} events; median of {header['runs']}"
+    )
+    runners = list(dict.fromkeys(r["runner"] for r in results))
+    legend = "\n".join(f"* `{name}`: {RUNNER_LABELS.get(name, name)}" for name in runners)
+    facts = dict(header["environment"])
+    if header.get("load_average_1min"):
+        facts["load average during the run"] = header["load_average_1min"]
+    if header.get("merged_from"):
+        facts["merged from the runs of"] = "; ".join(header["merged_from"])
+    machine = ", ".join(f"{k} {v}" for k, v in facts.items())
+    total = header.get("total_seconds")
+    took = f"; {total / 60:.1f} min in all" if total else " (partial results)"
+    report = (
+        f"# Benchmarks ({title})\n\n{machine}{took}.\n\n{legend}\n\n"
+        f"{markdown_table(results)}\n\n## Ratios (median times)\n\n{ratio_table(results)}\n"
+    )
+    codes = header.get("runner_codes") or []
+    if len(codes) > 1:
+        report += (
+            f"\n**Warning**: the runner's code changed during this run ({len(codes)} versions: "
+            f"{', '.join(codes)}; see `runner_code` in latest.json).\n"
+        )
+    (out_dir / "latest.md").write_text(report)
+    if chart(results, out_dir / "latest.png", title):
+        _LOGGER.info("Chart written to %s", out_dir / "latest.png")
+    return report
+
+
+def merge_runs(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Several ``latest.json`` contents of the same size as one: all their timed runs.
+
+    Medians are taken over all the runs' timed runs, memory peaks are the largest; the cold
+    start is the median of the runs' cold-start medians. The header is the first run's,
+    with the total of rounds, the load averages and runner code hashes of all.
+    """
+    if len({run["size"] for run in runs}) > 1:
+        raise ValueError("cannot merge runs of different sizes")
+    header = {key: value for key, value in runs[0].items() if key != "results"}
+    header["runs"] = sum(run["runs"] for run in runs)
+    # Settings only a later run had (e.g. the ours-exp runner's) are kept too.
+    header["environment"] = {
+        **{k: v for run in reversed(runs) for k, v in run["environment"].items()},
+        **runs[0]["environment"],
+    }
+    header["runner_codes"] = sorted(
+        {code for run in runs for code in run.get("runner_codes", [])}
+        | {r["runner_code"] for run in runs for r in run["results"] if r.get("runner_code")}
+    )
+    header["merged_from"] = [
+        f"{run['environment']['date']} ({run['runs']} rounds"
+        + (f", load average {run['load_average_1min']}" if run.get("load_average_1min") else "")
+        + ")"
+        for run in runs
+    ]
+    header["total_seconds"] = sum(run.get("total_seconds") or 0 for run in runs) or None
+    workloads = list(dict.fromkeys(r["workload"] for run in runs for r in run["results"]))
+    runners = list(dict.fromkeys(r["runner"] for run in runs for r in run["results"]))
+    results = merge_rounds([r for run in runs for r in run["results"]])
+    results.sort(key=lambda r: (workloads.index(r["workload"]), runners.index(r["runner"])))
+    return {**header, "results": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line entry: the report again from ``latest.json``."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        default=Path(__file__).resolve().parent / "results",
+        help="where latest.json is, and latest.md and latest.png go",
+    )
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        metavar="DIR",
+        help="merge the latest.json of these output directories (runs of the same size, "
+        "e.g. more rounds run later) into OUTPUT_DIR/latest.json, then report",
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.merge:
+        data = merge_runs([json.loads((d / "latest.json").read_text()) for d in args.merge])
+        args.output_dir.mkdir(parents=True, exist_ok=True)
+        (args.output_dir / "latest.json").write_text(json.dumps(data, indent=2))
+    else:
+        data = json.loads((args.output_dir / "latest.json").read_text())
+    results = data.pop("results")
+    print(write_report(data, results, args.output_dir))  # noqa: T201 - this command's output
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

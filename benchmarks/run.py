@@ -34,7 +34,7 @@ from typing import Any
 
 from benchmarks.data import text_file
 from benchmarks.memory import TreeMemorySampler, peaks
-from benchmarks.report import RUNNER_LABELS, chart, markdown_table, ratio_table
+from benchmarks.report import merge_rounds, write_report
 from benchmarks.worker import RUNNERS, SIZES, WorkerResult, runner_code_hash
 from benchmarks.workloads import WARMUP, WORKLOADS
 
@@ -91,6 +91,7 @@ def _run_subprocess(
     data_dir: Path,
     out_dir: Path,
     suffix: str = "",
+    ours_conf: tuple[str, ...] = (),  # the ours-exp runner's Spark settings
 ) -> list[dict[str, Any]]:
     """Runs one subprocess (one runner, one or more workloads) under the memory sampler."""
     name = f"{workloads[0]}-{runner}" if len(workloads) == 1 else f"all-{runner}"
@@ -109,6 +110,8 @@ def _run_subprocess(
         f"--data-dir={data_dir}",
         f"--out={result_path}",
     ]
+    if runner == "ours-exp":
+        command += [f"--ours-conf={entry}" for entry in ours_conf]
     env = dict(os.environ)
     # Spark's Python workers must import this package and use this interpreter.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -152,48 +155,14 @@ def _run_subprocess(
     return done
 
 
-def merge_rounds(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One result per (workload, runner): the timed runs of all its rounds together.
-
-    The median is taken over all timed runs, the cold start is the median of the warm-ups,
-    memory peaks are the largest of any round. A pair that failed in any round reports that
-    round's failure; outputs that differ between rounds are a failure too.
-    """
-    merged: dict[tuple[str, str], dict[str, Any]] = {}
-    warmups: dict[tuple[str, str], list[float]] = {}
-    for result in results:
-        key = (result["workload"], result["runner"])
-        if result.get("warmup_seconds") is not None:
-            warmups.setdefault(key, []).append(result["warmup_seconds"])
-        if key not in merged:
-            merged[key] = dict(
-                result,
-                seconds=list(result.get("seconds", [])),
-                cpu_seconds=list(result.get("cpu_seconds", [])),
-            )
-            continue
-        into = merged[key]
-        if into["status"] != "ok":
-            continue
-        if result["status"] != "ok":
-            into.update(status=result["status"], error=result.get("error", ""))
-            continue
-        if (result["results"], result["checksum"]) != (into["results"], into["checksum"]):
-            into.update(status="failed", error="outputs differ between rounds")
-            continue
-        into["seconds"].extend(result["seconds"])
-        into["cpu_seconds"].extend(result.get("cpu_seconds", []))
-        for field in ("peak_rss_mib", "peak_pss_mib", "peak_processes"):
-            into[field] = max(into.get(field, 0), result.get(field, 0))
-    for key, into in merged.items():
-        seconds = into.get("seconds") or []
-        cpu = into.get("cpu_seconds") or []
-        ok = into["status"] == "ok"
-        into["median_seconds"] = statistics.median(seconds) if ok and seconds else None
-        into["median_cpu_seconds"] = statistics.median(cpu) if ok and cpu else None
-        if warmups.get(key):
-            into["warmup_seconds"] = statistics.median(warmups[key])
-    return list(merged.values())
+def _load_summary(loads: list[float]) -> str:
+    """Minimum, median and maximum of the load averages sampled during the run."""
+    if not loads:
+        return ""
+    return (
+        f"min {min(loads):.1f}, median {statistics.median(loads):.1f}, max {max(loads):.1f} "
+        f"(1-minute load average after each of {len(loads)} subprocesses)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -236,6 +205,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--data-dir", type=Path, help="generated inputs (default OUTPUT_DIR/data)")
+    parser.add_argument(
+        "--ours-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting for the ours-exp runner: SparkStructuredRunner with these "
+        "settings, to compare side by side with ours (repeatable; e.g. "
+        "spark.sql.execution.arrow.maxRecordsPerBatch=100000)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
@@ -268,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     schedule = args.schedule or ("runner" if args.quick else "rounds")
     header["schedule"] = schedule
+    if args.ours_conf:
+        environment["ours-exp --spark_conf"] = " ".join(args.ours_conf)
     if schedule == "rounds":
         groups = [
             ([w], r, 1, f"-round{n + 1}") for n in range(runs) for w in workloads for r in runners
@@ -277,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         groups = [(workloads, r, runs, "") for r in runners]
     results: list[dict[str, Any]] = []
+    loads: list[float] = []  # the 1-minute load average after each subprocess
     started = time.monotonic()
     for number, (group, runner, group_runs, suffix) in enumerate(groups, 1):
         _LOGGER.info(
@@ -289,7 +270,15 @@ def main(argv: list[str] | None = None) -> int:
             group_runs,
         )
         for result in _run_subprocess(
-            group, runner, size, group_runs, timeout, data_dir, out_dir, suffix
+            group,
+            runner,
+            size,
+            group_runs,
+            timeout,
+            data_dir,
+            out_dir,
+            suffix,
+            tuple(args.ours_conf),
         ):
             _LOGGER.info(
                 "%s on %s: %s, median %s s, peak RSS %.0f MiB",
@@ -300,35 +289,19 @@ def main(argv: list[str] | None = None) -> int:
                 result["peak_rss_mib"],
             )
             results.append(result)
+        loads.append(os.getloadavg()[0])
         merged = merge_rounds(results)
+        header["load_average_1min"] = _load_summary(loads)
         (out_dir / "latest.json").write_text(json.dumps({**header, "results": merged}, indent=2))
     codes = sorted({r["runner_code"] for r in results if r.get("runner_code")})
     results = merge_rounds(results)
     # Report workload by workload, runners in the order asked.
     results.sort(key=lambda r: (workloads.index(r["workload"]), runners.index(r["runner"])))
-    total = time.monotonic() - started
-    header["total_seconds"] = round(total)
+    header["total_seconds"] = round(time.monotonic() - started)
+    header["runner_codes"] = codes
+    header["load_average_1min"] = _load_summary(loads)
     (out_dir / "latest.json").write_text(json.dumps({**header, "results": results}, indent=2))
-
-    title = (
-        f"{size} size: {sizes.elements:,} elements / {sizes.text_mb:g} MB text / "
-        f"{sizes.events:,} events; median of {runs}"
-    )
-    legend = "\n".join(f"* `{name}`: {RUNNER_LABELS[name]}" for name in runners)
-    machine = ", ".join(f"{k} {v}" for k, v in environment.items())
-    report = (
-        f"# Benchmarks ({title})\n\n{machine}; {total / 60:.1f} min in all.\n\n{legend}\n\n"
-        f"{markdown_table(results)}\n\n## Ratios (median times)\n\n{ratio_table(results)}\n"
-    )
-    if len(codes) > 1:
-        report += (
-            f"\n**Warning**: the runner's code changed during this run ({len(codes)} versions: "
-            f"{', '.join(codes)}; see `runner_code` in latest.json).\n"
-        )
-    (out_dir / "latest.md").write_text(report)
-    if chart(results, out_dir / "latest.png", title):
-        _LOGGER.info("Chart written to %s", out_dir / "latest.png")
-    print(report)  # noqa: T201 - the report is this command's output
+    print(write_report(header, results, out_dir))  # noqa: T201 - this command's output
     return 0
 
 

@@ -73,11 +73,20 @@ def _run_beam(workload: str, inputs: Inputs, args: list[str], runner: Any = None
     return _beam_summary(result)
 
 
+# The ``--spark_conf KEY=VALUE`` settings of the ``ours-exp`` runner (``--ours-conf``): an
+# experiment with the runner's Spark settings, run side by side with ``ours``.
+OURS_CONF: list[str] = []
+_OURS_ARGS = ["--runner=SparkStructuredRunner", f"--spark_master={SPARK_MASTER}"]
+
+
 def run_ours(workload: str, inputs: Inputs) -> Summary:
     """SparkStructuredRunner on local[2]."""
-    return _run_beam(
-        workload, inputs, ["--runner=SparkStructuredRunner", f"--spark_master={SPARK_MASTER}"]
-    )
+    return _run_beam(workload, inputs, _OURS_ARGS)
+
+
+def run_ours_experiment(workload: str, inputs: Inputs) -> Summary:
+    """SparkStructuredRunner on local[2] with the ``--ours-conf`` Spark settings."""
+    return _run_beam(workload, inputs, _OURS_ARGS + [f"--spark_conf={c}" for c in OURS_CONF])
 
 
 def run_direct(workload: str, inputs: Inputs) -> Summary:
@@ -137,6 +146,7 @@ RUNNERS: dict[str, Callable[[str, Inputs], Summary]] = {
     "pyspark": run_pyspark,
     "sql": run_sql,
     "direct-mp": run_direct_multiprocess,
+    "ours-exp": run_ours_experiment,
 }
 
 
@@ -252,7 +262,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--ours-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting for the ours-exp runner's session (repeatable)",
+    )
     args = parser.parse_args(argv)
+    OURS_CONF[:] = args.ours_conf
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
     )

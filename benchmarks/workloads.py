@@ -105,6 +105,22 @@ def _spark_key_values(spark: SparkSession, sizes: Sizes) -> Any:
     )
 
 
+def _beam_key_values(pipeline: beam.Pipeline, sizes: Sizes) -> beam.PCollection:
+    """The (key, value) elements of ``sizes`` in a Beam pipeline: seeds, expanded."""
+    return _seeds(pipeline, sizes.seeds) | "Expand" >> beam.FlatMap(
+        key_values, total=sizes.elements, seeds=sizes.seeds, keys=sizes.keys
+    ).with_output_types(KV)
+
+
+def _sql_key_values(spark: SparkSession, sizes: Sizes) -> Any:
+    """The same (key, value) elements as a DataFrame with columns ``k`` and ``v``."""
+    from pyspark.sql import functions as F
+
+    return spark.range(0, sizes.elements, 1, sizes.partitions).select(
+        (F.col("id") % sizes.keys).alias("k"), F.col("id").alias("v")
+    )
+
+
 def _rdd_summary(rdd: Any, fingerprint: Callable[[Any], int]) -> Summary:
     results, checksum = rdd.map(lambda e: (1, fingerprint(e))).fold(
         (0, 0), lambda a, b: (a[0] + b[0], a[1] + b[1])
@@ -211,13 +227,8 @@ class GroupByKeyWorkload(Workload):
 
     def beam(self, pipeline: beam.Pipeline, inputs: Inputs) -> None:
         """Seeds, FlatMap(expand), GroupByKey, Tally(sum of values)."""
-        sizes = inputs.sizes
         _ = (
-            _seeds(pipeline, sizes.seeds)
-            | "Expand"
-            >> beam.FlatMap(
-                key_values, total=sizes.elements, seeds=sizes.seeds, keys=sizes.keys
-            ).with_output_types(KV)
+            _beam_key_values(pipeline, inputs.sizes)
             | "Group" >> beam.GroupByKey()
             | "Tally" >> beam.ParDo(Tally(_sum_of_values))
         )
@@ -231,10 +242,7 @@ class GroupByKeyWorkload(Workload):
         """groupBy(key).agg(collect_list(value)), then sum each list."""
         from pyspark.sql import functions as F
 
-        sizes = inputs.sizes
-        frame = spark.range(0, sizes.elements, 1, sizes.partitions).select(
-            (F.col("id") % sizes.keys).alias("k"), F.col("id").alias("v")
-        )
+        frame = _sql_key_values(spark, inputs.sizes)
         grouped = frame.groupBy("k").agg(F.collect_list("v").alias("vs"))
         total = F.aggregate("vs", F.lit(0).cast("long"), lambda acc, x: acc + x)
         return _sql_summary(
@@ -250,13 +258,8 @@ class CombinePerKeyWorkload(Workload):
 
     def beam(self, pipeline: beam.Pipeline, inputs: Inputs) -> None:
         """Seeds, FlatMap(expand), CombinePerKey(sum), Tally."""
-        sizes = inputs.sizes
         _ = (
-            _seeds(pipeline, sizes.seeds)
-            | "Expand"
-            >> beam.FlatMap(
-                key_values, total=sizes.elements, seeds=sizes.seeds, keys=sizes.keys
-            ).with_output_types(KV)
+            _beam_key_values(pipeline, inputs.sizes)
             | "Sum" >> beam.CombinePerKey(sum)
             | "Tally" >> beam.ParDo(Tally(_second))
         )
@@ -272,10 +275,7 @@ class CombinePerKeyWorkload(Workload):
         """groupBy(key).sum(value)."""
         from pyspark.sql import functions as F
 
-        sizes = inputs.sizes
-        frame = spark.range(0, sizes.elements, 1, sizes.partitions).select(
-            (F.col("id") % sizes.keys).alias("k"), F.col("id").alias("v")
-        )
+        frame = _sql_key_values(spark, inputs.sizes)
         sums = frame.groupBy("k").agg(F.sum("v").alias("s"))
         return _sql_summary(
             sums.agg(F.count(F.lit(1)).alias("results"), F.sum("s").alias("checksum"))
@@ -297,11 +297,7 @@ class SideInputWorkload(Workload):
             | "Weights" >> beam.Map(lambda k: (k, _weight(k))).with_output_types(KV)
         )
         _ = (
-            _seeds(pipeline, sizes.seeds)
-            | "Expand"
-            >> beam.FlatMap(
-                key_values, total=sizes.elements, seeds=sizes.seeds, keys=sizes.keys
-            ).with_output_types(KV)
+            _beam_key_values(pipeline, sizes)
             | "Weigh" >> beam.Map(_weighted, weights=beam.pvalue.AsDict(weights))
             | "Tally" >> beam.ParDo(Tally(_identity))
         )
@@ -318,9 +314,7 @@ class SideInputWorkload(Workload):
         from pyspark.sql import functions as F
 
         sizes = inputs.sizes
-        frame = spark.range(0, sizes.elements, 1, sizes.partitions).select(
-            (F.col("id") % sizes.keys).alias("k"), F.col("id").alias("v")
-        )
+        frame = _sql_key_values(spark, sizes)
         weights = spark.range(0, sizes.keys, 1, 1).select(
             F.col("id").alias("k"), (F.col("id") % 7 + 1).alias("w")
         )
