@@ -142,3 +142,16 @@ def test_state_backed_iterables_live_for_one_bundle() -> None:
     assert backend.write_iterable([4], impl) != token
     backend.release_iterables()
     assert backend.get_raw(state_key) == (b"", None)
+
+
+def test_pack_by_key_gives_one_cell_per_key_holding_its_elements() -> None:
+    from beam_spark_runner.execution.key_runs import pack_by_key
+
+    keys, elements = batch(["b", "a", "b", "c", "a"], ["b1", "a1", "b2", "c1", "a2"])
+    packed_keys, packed = pack_by_key(keys, elements)
+    assert packed_keys.to_pylist() == [b"a", b"b", b"c"]
+    assert packed.to_pylist() == [b"a1a2", b"b1b2", b"c1"]  # stable: input order per key
+    distinct_keys, distinct = pack_by_key(*batch(["x", "y"], ["1", "2"]))
+    assert distinct.to_pylist() == [b"1", b"2"] and distinct_keys.to_pylist() == [b"x", b"y"]
+    sliced_keys, sliced = pack_by_key(keys.slice(1), elements.slice(1))
+    assert sliced.to_pylist() == [b"a1a2", b"b2", b"c1"]

@@ -51,3 +51,28 @@ def complete_key_groups(batches: Iterable[tuple[pa.Array, pa.Array]]) -> Iterato
         carry_key = keys[last_start].as_py()
     if carry:
         yield b"".join(carry)
+
+
+def pack_by_key(keys: pa.Array, elements: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """One row per distinct key: its elements' encodings concatenated into one cell.
+
+    Sorts a bundle's keyed output by key (stable) and cuts it into runs; after the sort a
+    run's elements are contiguous in the data buffer, so each packed cell is a slice of it
+    and nothing is copied twice. Fewer, larger rows make Spark's shuffle and sort cheaper;
+    GroupByKey and stateful stages read packed cells as they read single elements.
+    """
+    if len(keys) < 2:
+        return keys, elements
+    order = pc.sort_indices(keys)
+    sorted_keys = keys.take(order)
+    starts = run_starts(sorted_keys)
+    if len(starts) - 1 == len(keys):  # every key distinct: nothing to pack
+        return keys, elements
+    sorted_elements = elements.take(order)
+    _, offsets_buffer, data_buffer = sorted_elements.buffers()
+    offsets = np.frombuffer(offsets_buffer, dtype=np.int32)[sorted_elements.offset :]
+    packed_offsets = offsets[np.asarray(starts)].astype(np.int32)
+    packed = pa.Array.from_buffers(
+        pa.binary(), len(starts) - 1, [None, pa.py_buffer(packed_offsets), data_buffer]
+    )
+    return sorted_keys.take(pa.array(starts[:-1], type=pa.int64())), packed

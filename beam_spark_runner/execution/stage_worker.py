@@ -30,7 +30,7 @@ from beam_spark_runner import worker_warnings
 from beam_spark_runner.coders import KeyExtractor, packed_bytes, split_packed
 from beam_spark_runner.errors import StageExecutionError
 from beam_spark_runner.execution.data_channel import ArrowDataChannel, ArrowDataChannelFactory
-from beam_spark_runner.execution.key_runs import complete_key_groups
+from beam_spark_runner.execution.key_runs import complete_key_groups, pack_by_key
 from beam_spark_runner.execution.state import InMemoryStateBackend, StateBackend
 from beam_spark_runner.execution.timers import PendingTimers, TimerFamilyId, timer_families
 from beam_spark_runner.metrics import TaskMetrics, task_metrics
@@ -106,14 +106,16 @@ class BundleOutputs:
                 offset = 0
                 for array in split_packed(data, ends):
                     count = len(array)
-                    key_array = (
-                        pa.array(keys[offset : offset + count], type=pa.binary())
-                        if keys is not None
-                        else pa.nulls(count, type=pa.binary())
-                    )
+                    if keys is None:
+                        key_array = pa.nulls(count, type=pa.binary())
+                    else:
+                        # A key's elements travel to the shuffle as one row.
+                        key_array, array = pack_by_key(
+                            pa.array(keys[offset : offset + count], type=pa.binary()), array
+                        )
                     offset += count
                     yield pa.RecordBatch.from_arrays(
-                        [pa.array(np.full(count, index, dtype=np.int32)), key_array, array],
+                        [pa.array(np.full(len(array), index, dtype=np.int32)), key_array, array],
                         schema=STAGE_OUTPUT_SCHEMA,
                     )
 
