@@ -316,23 +316,15 @@ def _git_commit() -> str:
     git = shutil.which("git")
     if git is None:
         return "unknown"
+
+    def output(*args: str) -> str:
+        return subprocess.run(
+            [git, *args], cwd=ROOT, capture_output=True, text=True, check=True, timeout=30
+        ).stdout.strip()
+
     try:
-        head = subprocess.run(
-            [git, "rev-parse", "--short", "HEAD"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=30,
-        ).stdout.strip()
-        status = subprocess.run(
-            [git, "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=30,
-        ).stdout.strip()
+        head = output("rev-parse", "--short", "HEAD")
+        status = output("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return f"{head}+changes" if status else head
