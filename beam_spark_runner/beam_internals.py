@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from apache_beam.coders.coder_impl import create_InputStream, create_OutputStream
@@ -130,6 +131,18 @@ create_trigger_driver = trigger.create_trigger_driver
 from_monitoring_infos = portable_metrics.from_monitoring_infos
 # FnApiRunner reports its number of fused stages as this pipeline-level counter.
 NUM_FUSED_STAGES_URN: str = "internal:" + FnApiRunner.NUM_FUSED_STAGES_COUNTER
+
+
+def par_do_payloads(
+    transforms: Mapping[str, beam_runner_api_pb2.PTransform],
+) -> Iterator[tuple[str, beam_runner_api_pb2.PTransform, beam_runner_api_pb2.ParDoPayload]]:
+    """(id, transform, ParDoPayload) of each ParDo (SDF parts included) among ``transforms``."""
+    for transform_id, transform in transforms.items():
+        if transform.spec.urn in PAR_DO_URNS:
+            payload = proto_utils.parse_Bytes(
+                transform.spec.payload, beam_runner_api_pb2.ParDoPayload
+            )
+            yield transform_id, transform, payload
 
 
 def fn_api_runner_phases() -> list:

@@ -65,14 +65,9 @@ def _leaf_transforms(
 def _par_dos(
     proto: bi.beam_runner_api_pb2.Pipeline,
 ) -> Iterator[tuple[bi.beam_runner_api_pb2.PTransform, bi.beam_runner_api_pb2.ParDoPayload]]:
-    for _, transform in _leaf_transforms(proto):
-        if transform.spec.urn in bi.PAR_DO_URNS:
-            yield (
-                transform,
-                bi.proto_utils.parse_Bytes(
-                    transform.spec.payload, bi.beam_runner_api_pb2.ParDoPayload
-                ),
-            )
+    leaves = dict(_leaf_transforms(proto))
+    for _, transform, payload in bi.par_do_payloads(leaves):
+        yield transform, payload
 
 
 def _transforms_needing(proto: bi.beam_runner_api_pb2.Pipeline, requirement: str) -> list[str]:

@@ -262,15 +262,6 @@ def _user_transform_name(transform: bi.beam_runner_api_pb2.PTransform) -> str | 
     return transform.unique_name
 
 
-def _is_stateful(transform: bi.beam_runner_api_pb2.PTransform) -> bool:
-    if transform.spec.urn not in bi.PAR_DO_URNS:
-        return False
-    payload = bi.proto_utils.parse_Bytes(
-        transform.spec.payload, bi.beam_runner_api_pb2.ParDoPayload
-    )
-    return bool(payload.state_specs or payload.timer_family_specs)
-
-
 def _plan_stage(stage: bi.Stage, context: bi.TransformContext, uid: int) -> PlannedStage:
     """Builds the process bundle descriptor and the I/O wiring of one fused stage."""
     transforms = [copy.deepcopy(t) for t in stage.transforms]
@@ -289,21 +280,20 @@ def _plan_stage(stage: bi.Stage, context: bi.TransformContext, uid: int) -> Plan
             coder_id = context.data_channel_coders[pcoll]
             outputs.append(StageOutput(transform.unique_name, transform.spec.payload, coder_id))
             transform.spec.payload = _remote_grpc_port(coder_id)
-        elif urn in bi.PAR_DO_URNS:
-            payload = bi.proto_utils.parse_Bytes(
-                transform.spec.payload, bi.beam_runner_api_pb2.ParDoPayload
-            )
-            for tag, spec in payload.side_inputs.items():
-                pcoll = transform.inputs[tag]
-                side_inputs.append(
-                    SideInput(
-                        transform.unique_name,
-                        tag,
-                        pcoll,
-                        bi.create_buffer_id(pcoll),
-                        spec.access_pattern.urn,
-                    )
+    stateful = False
+    for _, transform, payload in bi.par_do_payloads({t.unique_name: t for t in transforms}):
+        stateful = stateful or bool(payload.state_specs or payload.timer_family_specs)
+        for tag, spec in payload.side_inputs.items():
+            pcoll = transform.inputs[tag]
+            side_inputs.append(
+                SideInput(
+                    transform.unique_name,
+                    tag,
+                    pcoll,
+                    bi.create_buffer_id(pcoll),
+                    spec.access_pattern.urn,
                 )
+            )
     if len(inputs) != 1:
         raise UnsupportedFeatureError(
             f"Expected fused stage '{stage.name}' to have exactly one data input, found "
@@ -331,7 +321,7 @@ def _plan_stage(stage: bi.Stage, context: bi.TransformContext, uid: int) -> Plan
         input_coder_id=input_coder_id,
         outputs=outputs,
         side_inputs=side_inputs,
-        stateful=any(_is_stateful(t) for t in transforms),
+        stateful=stateful,
         user_transform_names=[n for t in transforms if (n := _user_transform_name(t))],
     )
 

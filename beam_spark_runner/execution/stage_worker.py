@@ -11,12 +11,15 @@ stage is one Beam bundle; a stateful stage runs whole keys at a time and fires t
 
 from __future__ import annotations
 
+import atexit
 import collections
 import dataclasses
 import functools
 import hashlib
 import itertools
 import logging
+import os
+import threading
 import time
 import traceback
 from collections.abc import Iterable, Iterator
@@ -124,12 +127,7 @@ def _side_input_cache_tokens(descriptor: Any, token: str) -> list[Any]:
     """One cache token per side input read by the descriptor's ParDos."""
     cache_token = bi.beam_fn_api_pb2.ProcessBundleRequest.CacheToken
     tokens = []
-    for transform_id, transform in descriptor.transforms.items():
-        if transform.spec.urn not in bi.PAR_DO_URNS:
-            continue
-        payload = bi.proto_utils.parse_Bytes(
-            transform.spec.payload, bi.beam_runner_api_pb2.ParDoPayload
-        )
+    for transform_id, _, payload in bi.par_do_payloads(descriptor.transforms):
         for tag in payload.side_inputs:
             tokens.append(
                 cache_token(
@@ -366,10 +364,6 @@ def _lifecycle_lock() -> Any:
     no other thread can race the creation. Not done at import: PySpark's daemon imports this
     module before it forks the workers, and a fork copies no threads.
     """
-    import atexit
-    import os
-    import threading
-
     if _LIFECYCLE.pid != os.getpid():
         _LIFECYCLE.pid = os.getpid()
         _LIFECYCLE.lock = threading.Lock()

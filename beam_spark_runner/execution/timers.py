@@ -49,12 +49,7 @@ def timer_families(descriptor: Any) -> dict[TimerFamilyId, TimerFamily]:
     """Every timer family of the ParDos in a process bundle descriptor."""
     context = bi.PipelineContext(descriptor)
     families: dict[TimerFamilyId, TimerFamily] = {}
-    for transform_id, transform in descriptor.transforms.items():
-        if transform.spec.urn not in bi.PAR_DO_URNS:
-            continue
-        payload = bi.proto_utils.parse_Bytes(
-            transform.spec.payload, bi.beam_runner_api_pb2.ParDoPayload
-        )
+    for transform_id, _, payload in bi.par_do_payloads(descriptor.transforms):
         for family_id, spec in payload.timer_family_specs.items():
             coder_proto = descriptor.coders[spec.timer_family_coder_id]
             key_coder = context.coders[coder_proto.component_coder_ids[0]]
