@@ -43,6 +43,8 @@ _MAX_PAYLOAD = 64 * 1024 * 1024
 _TOKEN_BYTES = 16
 # How long a failing task waits for the driver before giving up on its report.
 REPORT_TIMEOUT_SECONDS = 10.0
+# How often the listening thread checks whether close() asked it to stop.
+_POLL_INTERVAL_S = 0.02
 
 _REPORT_CODER = coders.TupleCoder(
     [
@@ -198,7 +200,9 @@ class AttemptCollector:
         )
         self._thread = threading.Thread(
             target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.2},
+            # serve_forever checks for shutdown once per poll interval, and close() waits
+            # for that check at the end of every run: keep it short.
+            kwargs={"poll_interval": _POLL_INTERVAL_S},
             name=f"beam-failed-attempts-{port}",
             daemon=True,
         )

@@ -90,6 +90,11 @@ def _build_session(settings: SparkSettings) -> SparkSession:
         # instead of seconds (see worker_daemon). Remote executors may not have this
         # package installed before tasks ship it, so only local sessions use it.
         conf["spark.python.daemon.module"] = "beam_spark_runner.worker_daemon"
+    # Adaptive execution merges shuffle partitions smaller than 1 MiB into one task, a
+    # good trade for rows Spark itself processes. A Beam stage spends its time in Python
+    # per element (a lifted combine's merge, a GroupByKey's grouping), so a small
+    # shuffle can still be seconds of work: keep it spread over every core.
+    conf["spark.sql.adaptive.coalescePartitions.enabled"] = "false"
     if settings.default_parallelism:
         conf["spark.default.parallelism"] = str(settings.default_parallelism)
         conf["spark.sql.shuffle.partitions"] = str(settings.default_parallelism)

@@ -283,6 +283,34 @@ def test_text_read_in_parallel_and_write(tmp_path: typing.Any) -> None:
     assert len(sets[0].committed) >= 2, f"file read by one task only: {sets[0].committed}"
 
 
+def test_small_shuffle_still_spreads_over_every_core() -> None:
+    # A lifted combine shuffles one accumulator per key and bundle: a few kilobytes here,
+    # which Spark's adaptive execution would merge into one task. Its merge is Python
+    # work per key, so the stage after the shuffle must keep one task per core.
+    partitions = Metrics.string_set("test", "merge_partitions")
+
+    def note_partition(kv: tuple[int, int]) -> tuple[int, int]:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        partitions.add(str(context.partitionId() if context else -1))
+        return kv
+
+    p = pipeline()
+    sums = (
+        p
+        | beam.Create(range(4))
+        | beam.FlatMap(lambda seed: ((i % 200, 1) for i in range(seed, 20_000, 4)))
+        | beam.CombinePerKey(sum)
+        | beam.Map(note_partition)
+    )
+    assert_that(sums, equal_to([(k, 100) for k in range(200)]))
+    result = p.run()
+    result.wait_until_finish()
+    sets = result.metrics().query(MetricsFilter().with_name("merge_partitions"))["string_sets"]
+    assert sets[0].committed == {"0", "1"}, f"merged by tasks {sets[0].committed} of 2"
+
+
 def test_user_metrics_of_all_kinds() -> None:
     class Measure(beam.DoFn):
         def __init__(self) -> None:
