@@ -116,8 +116,9 @@ def check_pipeline(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
         if transform.spec.urn == TEST_STREAM_URN:
             raise UnsupportedFeatureError(
                 f"Transform '{transform.unique_name}' is a TestStream ({TEST_STREAM_URN}), which "
-                "needs streaming execution; SparkStructuredRunner runs batch pipelines only so "
-                "far. Use beam.Create for batch tests, or DirectRunner for TestStream."
+                "SparkStructuredRunner runs only when it is given the Python pipeline, which "
+                "turns TestStreams that a batch run reproduces into batch sources (see "
+                "beam_spark_runner.batch_test_stream); streaming execution is not supported yet."
             )
     unbounded = unbounded_pcollections(proto)
     if unbounded:

@@ -67,8 +67,6 @@ BEAM_MARKERS: dict[str, str] = {
 # Beam tests (``module::Class::test``) that cannot pass on SparkStructuredRunner yet, with the
 # missing capability. Each was run and seen to fail for that reason.
 SKIPS: dict[str, str] = {
-    "apache_beam.transforms.deduplicate_test::DeduplicateTest"
-    "::test_deduplication_in_different_windows": TEST_STREAM,
     "apache_beam.transforms.sideinputs_test::SideInputsTest"
     "::test_multi_triggered_gbk_side_input": TEST_STREAM,
     "apache_beam.runners.dataflow.dataflow_exercise_streaming_metrics_pipeline_test"
@@ -87,7 +85,8 @@ OTHER_RUNNER_TESTS: dict[str, str] = {
     ),
     "apache_beam.transforms.combiners_test::TimestampCombinerTest": (
         "builds TestPipeline(options=PipelineOptions(streaming=True)), dropping "
-        "--test-pipeline-options, so it runs on the DirectRunner (it also needs TestStream)"
+        "--test-pipeline-options, so it runs on the DirectRunner; the same pipeline runs on "
+        "this runner in tests/test_batch_test_stream.py"
     ),
 }
 

@@ -8,8 +8,10 @@ and seen to fail for the reason given before it was skipped here.
 from __future__ import annotations
 
 TEST_STREAM = (
-    "TestStream is not supported yet (needs streaming execution): the runner raises "
-    "UnsupportedFeatureError for beam:transform:teststream:v1"
+    "Streaming execution is not supported yet: the test's TestStream adds elements after the "
+    "watermark advanced past earlier ones, so panes must fire between them; the runner runs "
+    "only TestStreams whose elements all arrive before time passes them, and raises "
+    "UnsupportedFeatureError for this one"
 )
 RUNNER_SPLITS = (
     "Runner-initiated splits are not supported yet: the tests drive FnApiRunner's split hooks "
