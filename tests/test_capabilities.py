@@ -94,3 +94,14 @@ def test_timer_in_an_unsupported_time_domain_is_refused() -> None:
     assert "'MyStateful'" in message
     assert "UNSPECIFIED" in message
     assert "timer family 'timer'" in message
+
+
+def test_test_stream_left_in_a_proto_is_refused() -> None:
+    # run_pipeline replaces TestStreams a batch run reproduces before it builds the proto;
+    # a proto that still holds one (another caller of run_proto) is refused.
+    from apache_beam.testing.test_stream import TestStream as ScriptedStream
+
+    p = beam.Pipeline()
+    _ = p | "Script" >> ScriptedStream().add_elements([1]) | beam.Map(str)
+    with pytest.raises(UnsupportedFeatureError, match=r"'Script' is a TestStream \(beam:tra"):
+        check_pipeline(p.to_runner_api())
