@@ -308,7 +308,9 @@ def test_small_shuffle_still_spreads_over_every_core() -> None:
     result = p.run()
     result.wait_until_finish()
     sets = result.metrics().query(MetricsFilter().with_name("merge_partitions"))["string_sets"]
-    assert sets[0].committed == {"0", "1"}, f"merged by tasks {sets[0].committed} of 2"
+    # Partition ids, not task counts: the stage may also read a union (assert_that's
+    # Flatten), which numbers the shuffle's two partitions after the union's others.
+    assert len(sets[0].committed) == 2, f"merged in partitions {sets[0].committed} only"
 
 
 def test_user_metrics_of_all_kinds() -> None:
