@@ -129,8 +129,10 @@ KV_CASES = {
 
 def runs_by_key(s: Setup, kvs, panes=ONE_BYTE_PANES):
     """Each key's run of encoded elements, as the shuffle hands them to grouping."""
+    # Window counts other than one, too: GroupingBuffer ignores windows here.
+    windows = [GLOBAL, GLOBAL, GLOBAL * 2, ()]
     elements = [
-        WindowedValue(kv, TIMESTAMPS[i % len(TIMESTAMPS)], GLOBAL, panes[i % len(panes)])
+        WindowedValue(kv, TIMESTAMPS[i % len(TIMESTAMPS)], windows[i % 4], panes[i % len(panes)])
         for i, kv in enumerate(kvs)
     ]
     data = encode_all(s.sdk, elements)

@@ -86,7 +86,6 @@ class _Grouper:
             key_coder, value_coder = self.pre_coder.wrapped_value_coder.coders()
             self._key_impl = key_coder.get_impl()
             self._value_impl = value_coder.get_impl()
-            self._element_impl = self.pre_coder.get_impl()
             # As GroupingBuffer.partition builds it.
             self._globally_window = window.GlobalWindows.windowed_value(
                 None,
@@ -121,15 +120,20 @@ class _Grouper:
         Reads each element as its header (timestamp, window count, pane), the key and the
         value, decoding only the value. Returns False, having written nothing, unless every
         element has a one-byte pane, a plain window count and exactly the first element's
-        key bytes; then the values, their order and the output are those GroupingBuffer
-        gives (one table entry: the key, all values in stream order).
+        key bytes; then GroupingBuffer would hold one entry (the key, all values in stream
+        order), and the output is the one it gives.
         """
-        stream = bi.create_InputStream(elements)
-        if stream.size() <= 0:
+        if not _fits(elements[:_GLOBAL_HEADER_BYTES], b""):
             return False
-        key = self._element_impl.decode_from_stream(stream, True).value[0]
-        nested_key = self._key_impl.encode_nested(key)
-        header = _GLOBAL_HEADER_BYTES + len(nested_key)
+        stream = bi.create_InputStream(elements)
+        stream.read(_GLOBAL_HEADER_BYTES)
+        key = self._key_impl.decode_from_stream(stream, True)
+        header = len(elements) - stream.size()
+        if header > len(elements):
+            return False
+        nested_key = elements[_GLOBAL_HEADER_BYTES:header]
+        # Most elements repeat the first one's window count and pane: one comparison.
+        usual = elements[_WINDOW_COUNT_OFFSET:header]
         stream = bi.create_InputStream(elements)
         size, read = stream.size, stream.read
         decode_value = self._value_impl.decode_from_stream
@@ -139,15 +143,23 @@ class _Grouper:
             if remaining < header:
                 return False
             head = read(header)
-            if head[_PANE_OFFSET] >= 0x10 or head[_WINDOW_COUNT_OFFSET] >= 0x80:
-                return False
-            if not head.endswith(nested_key):
+            if not head.endswith(usual) and not _fits(head, nested_key):
                 return False
             append(decode_value(stream, True))
         # GroupingBuffer's output key: the key decoded from its encoding.
         output_key = self._key_impl.decode(self._key_impl.encode(key))
         self._post_impl.encode_to_stream(self._globally_window((output_key, values)), out, True)
         return True
+
+
+def _fits(head: bytes, nested_key: bytes) -> bool:
+    """Whether an element's header and key (``head``) are those the default path reads."""
+    return (
+        len(head) >= _GLOBAL_HEADER_BYTES
+        and head[_PANE_OFFSET] < 0x10
+        and head[_WINDOW_COUNT_OFFSET] < 0x80
+        and head.endswith(nested_key)
+    )
 
 
 _GROUPERS: collections.OrderedDict[str, _Grouper] = collections.OrderedDict()
