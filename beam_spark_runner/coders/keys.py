@@ -4,15 +4,129 @@ Spark shuffles on a ``key`` binary column. Its value is the element's key encode
 *runner-safe* key coder: user coders Beam does not know are length-prefixed, so the safe
 coder reads them as opaque bytes and never unpickles user objects. Two keys group together
 exactly when their deterministic encodings are equal, as in Beam's own FnApiRunner.
+
+Most elements need no decoding at all. In the global window an element's encoding is a
+fixed-size header (timestamp, window count, a one-byte pane), then the key in the nested
+context, then the value; for the key coders the shuffle meets most (varints, strings,
+bytes, length-prefixed user keys and KVs of these) the key's encoding is that nested
+slice, or a part of it. :class:`KeyExtractor` finds the slices of a whole bundle with numpy
+and copies them out with Arrow, and decodes only the elements it cannot slice.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 
-from apache_beam.coders import Coder
+import numpy as np
+import pyarrow as pa
+from apache_beam.coders import Coder, coders
 
 from beam_spark_runner import beam_internals as bi
+
+# An element in the global window: 8 bytes of timestamp, a big-endian int32 window count
+# (global windows encode to nothing), then the pane: one byte when its high nibble is 0.
+_WINDOW_COUNT_OFFSET = 8
+_PANE_OFFSET = 12
+_GLOBAL_HEADER_BYTES = 13
+# The longest varint a length may take here (35 bits); longer ones are decoded instead.
+_MAX_LENGTH_VARINT_BYTES = 5
+_MAX_VARINT_BYTES = 10
+
+
+class _Part(enum.Enum):
+    """How one leaf of a key coder encodes, in the nested context and in the outer one."""
+
+    VARINT = "varint"  # VarIntCoder: a varint in both contexts
+    BYTES = "bytes"  # BytesCoder, StrUtf8Coder: nested = varint length + data; outer = data
+    PREFIXED = "prefixed"  # LengthPrefixCoder(BytesCoder): varint length + data in both
+
+
+def _key_parts(coder: Coder) -> list[_Part] | None:
+    """The leaves of a key coder whose encodings can be sliced, in order; else None.
+
+    A tuple's nested encoding is its components' nested encodings one after another; its
+    outer encoding differs only in its last leaf, which is encoded in the outer context.
+    Only coders whose decode-then-encode gives back the bytes they wrote are listed, so a
+    slice equals what the decoding path would compute.
+    """
+    kind = type(coder)
+    if kind is coders.VarIntCoder:
+        return [_Part.VARINT]
+    if kind is coders.BytesCoder or kind is coders.StrUtf8Coder:
+        return [_Part.BYTES]
+    if kind is coders.LengthPrefixCoder and type(coder.value_coder()) is coders.BytesCoder:
+        return [_Part.PREFIXED]
+    if kind is coders.TupleCoder:
+        parts: list[_Part] = []
+        for component in coder.coders():  # type: ignore[attr-defined]
+            component_parts = _key_parts(component)
+            if component_parts is None:
+                return None
+            parts += component_parts
+        return parts or None
+    return None
+
+
+def sliceable_key_parts(safe_windowed_kv_coder: Coder) -> list[_Part] | None:
+    """The key's parts when elements of this coder can have their keys sliced, else None."""
+    if type(safe_windowed_kv_coder) is not coders.WindowedValueCoder:
+        return None
+    if type(safe_windowed_kv_coder.window_coder) is not coders.GlobalWindowCoder:
+        return None
+    kv_coder = safe_windowed_kv_coder.wrapped_value_coder
+    if type(kv_coder) is not coders.TupleCoder or len(kv_coder.coders()) != 2:
+        return None
+    return _key_parts(kv_coder.coders()[0])
+
+
+def _read_varints(
+    buf: np.ndarray, positions: np.ndarray, max_bytes: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each position's varint: (value, size in bytes, whether it ends within max_bytes).
+
+    The value is meaningful only for varints of at most 9 bytes (it is kept in an int64).
+    Reads past the buffer are clamped to its last byte; the caller checks bounds.
+    """
+    count = len(positions)
+    values = np.zeros(count, dtype=np.int64)
+    sizes = np.zeros(count, dtype=np.int64)
+    done = np.zeros(count, dtype=bool)
+    last = len(buf) - 1
+    for shift in range(max_bytes):
+        byte = buf[np.minimum(positions + shift, last)].astype(np.int64)
+        active = ~done
+        values |= np.where(active, (byte & 0x7F) << (7 * shift), 0)
+        sizes += active
+        done |= byte < 0x80
+        if done.all():
+            break
+    return values, sizes, done
+
+
+def _gather(data: bytes, starts: np.ndarray, lengths: np.ndarray) -> list[bytes]:
+    """``[data[s : s + n] for s, n in zip(starts, lengths)]``, copied by numpy and Arrow.
+
+    ``starts`` and ``lengths`` have one row per key and one column per segment; a key is
+    its segments concatenated.
+    """
+    count = starts.shape[0]
+    flat_starts = starts.ravel()
+    flat_lengths = lengths.ravel()
+    segment_offsets = np.zeros(len(flat_lengths) + 1, dtype=np.int64)
+    np.cumsum(flat_lengths, out=segment_offsets[1:])
+    total = int(segment_offsets[-1])
+    # The source index of each output byte: its segment's start, plus its place in it.
+    source = np.repeat(flat_starts - segment_offsets[:-1], flat_lengths)
+    source += np.arange(total, dtype=np.int64)
+    gathered = np.frombuffer(data, dtype=np.uint8)[source]
+    key_offsets = np.ascontiguousarray(segment_offsets[:: starts.shape[1]])
+    array = pa.Array.from_buffers(
+        pa.large_binary(),
+        count,
+        [None, pa.py_buffer(key_offsets), pa.py_buffer(gathered)],
+    )
+    return array.to_pylist()  # type: ignore[no-any-return]
 
 
 class KeyExtractor:
@@ -22,9 +136,16 @@ class KeyExtractor:
         self._element_impl = safe_windowed_kv_coder.get_impl()
         kv_coder = safe_windowed_kv_coder.wrapped_value_coder  # type: ignore[attr-defined]
         self._key_impl = kv_coder.key_coder().get_impl()
+        self._parts = sliceable_key_parts(safe_windowed_kv_coder)
 
     def keys(self, data: bytes, ends: Sequence[int]) -> list[bytes]:
         """One key per element of ``data``; ``ends`` are the elements' end offsets."""
+        if self._parts is not None and len(ends):
+            return self._sliced_keys(data, ends, self._parts)
+        return self.decoded_keys(data, ends)
+
+    def decoded_keys(self, data: bytes, ends: Sequence[int]) -> list[bytes]:
+        """The keys by decoding each element and re-encoding its key (any coder)."""
         stream = bi.create_InputStream(data)
         decode = self._element_impl.decode_from_stream
         encode_key = self._key_impl.encode
@@ -32,4 +153,51 @@ class KeyExtractor:
         for _ in ends:
             windowed = decode(stream, True)
             keys.append(encode_key(windowed.value[0]))
+        return keys
+
+    def _sliced_keys(self, data: bytes, ends: Sequence[int], parts: list[_Part]) -> list[bytes]:
+        """The keys as slices of the elements' encodings, decoding only odd elements.
+
+        An element is sliced when its pane takes one byte, its window count is a plain
+        (non-negative) count and its key lies within it; any other element is decoded.
+        """
+        buf = np.frombuffer(data, dtype=np.uint8)
+        element_ends = np.asarray(ends, dtype=np.int64)
+        starts = np.empty_like(element_ends)
+        starts[0] = 0
+        starts[1:] = element_ends[:-1]
+        last = len(buf) - 1
+        sliceable = element_ends >= starts + _GLOBAL_HEADER_BYTES
+        sliceable &= buf[np.minimum(starts + _PANE_OFFSET, last)] < 0x10
+        sliceable &= buf[np.minimum(starts + _WINDOW_COUNT_OFFSET, last)] < 0x80
+        key_starts = starts + _GLOBAL_HEADER_BYTES
+        position = key_starts
+        last_part_start = key_starts
+        for part in parts:
+            last_part_start = position
+            if part is _Part.VARINT:
+                _, size, ended = _read_varints(buf, position, _MAX_VARINT_BYTES)
+                position = position + size
+            else:
+                length, size, ended = _read_varints(buf, position, _MAX_LENGTH_VARINT_BYTES)
+                position = position + size + length
+            sliceable &= ended
+            sliceable &= position <= element_ends
+        key_ends = position
+        if parts[-1] is _Part.BYTES:
+            # The outer context drops the last leaf's length prefix: two segments.
+            _, prefix, _ = _read_varints(buf, last_part_start, _MAX_LENGTH_VARINT_BYTES)
+            segment_starts = np.stack([key_starts, last_part_start + prefix], axis=1)
+            segment_lengths = np.stack(
+                [last_part_start - key_starts, key_ends - last_part_start - prefix], axis=1
+            )
+        else:
+            segment_starts = key_starts[:, None]
+            segment_lengths = (key_ends - key_starts)[:, None]
+        odd = np.flatnonzero(~sliceable)
+        if len(odd):
+            segment_lengths[odd] = 0
+        keys = _gather(data, segment_starts, segment_lengths)
+        for index in odd.tolist():
+            keys[index] = self.decoded_keys(data[starts[index] : element_ends[index]], [0])[0]
         return keys

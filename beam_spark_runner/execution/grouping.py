@@ -3,11 +3,14 @@
 Spark shuffles elements on their ``key`` column and sorts each partition by it; a
 ``mapInArrow`` function then walks the sorted batches, cutting them into runs of one key
 (a run may span batches). Each key's elements go through Beam's own ``GroupingBuffer``,
-which decodes them with the pre-grouping coder and runs Beam's batch trigger driver (or,
-for the global window with the default trigger, its fast path): windows, merging windows,
-triggers and panes all follow Beam's semantics, as in FnApiRunner. The grouped output is
-one cell per key, next to its key, holding its encoded ``KV<K, Iterable<V>>`` elements, one
-per window and pane.
+which decodes them with the pre-grouping coder and runs Beam's batch trigger driver:
+windows, merging windows, triggers and panes all follow Beam's semantics, as in FnApiRunner.
+For the default windowing (global window, default trigger) GroupingBuffer only collects a
+key's values and emits them in one on-time pane at the end of the window; there the runner
+does the same without a buffer per key, reading only each element's value (the header and
+key of every element are checked, and a key that does not fit goes to GroupingBuffer), and
+its output is byte for byte GroupingBuffer's. The grouped output is one cell per key, next
+to its key, holding its encoded ``KV<K, Iterable<V>>`` elements, one per window and pane.
 """
 
 from __future__ import annotations
@@ -16,14 +19,17 @@ import collections
 import dataclasses
 import functools
 import hashlib
-import itertools
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import pyarrow as pa
+from apache_beam.coders import coders
+from apache_beam.transforms import window
+from apache_beam.utils import windowed_value
 
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.coders import packed_bytes
-from beam_spark_runner.execution.key_runs import run_starts
+from beam_spark_runner.coders import split_packed
+from beam_spark_runner.execution.key_runs import key_run_cells
 from beam_spark_runner.execution.stage_worker import ELEMENT, KEY
 
 GROUPED_SCHEMA = pa.schema([pa.field(KEY, pa.binary()), pa.field(ELEMENT, pa.binary())])
@@ -32,6 +38,13 @@ GROUPED_DDL = f"{KEY} binary, {ELEMENT} binary"
 _MAX_CACHED = 64
 # Grouped keys per output Arrow batch.
 _OUTPUT_BATCH_KEYS = 1024
+# ... or fewer, once their grouped elements reach this size (Arrow binary offsets are 32-bit).
+_OUTPUT_BATCH_BYTES = 64 << 20
+# The header of an element in the global window: timestamp (8 bytes), window count
+# (big-endian int32; global windows encode to nothing) and a one-byte pane.
+_WINDOW_COUNT_OFFSET = 8
+_PANE_OFFSET = 12
+_GLOBAL_HEADER_BYTES = 13
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,11 +71,95 @@ class _Grouper:
         self.pre_coder = context.coders[spec.pre_grouping_coder_id]
         self.post_coder = context.coders[spec.post_grouping_coder_id]
         self.windowing = context.windowing_strategies[spec.windowing_strategy_id]
+        self._post_impl = self.post_coder.get_impl()
+        # Default windowing: Beam's GroupingBuffer gives each key one output in the global
+        # window, at its end, in an on-time pane that is the first and the last. Grouping a
+        # run of one key needs only its values, so the default path reads them directly.
+        self._default_layout = (
+            self.windowing.is_default()
+            and type(self.pre_coder) is coders.WindowedValueCoder
+            and type(self.pre_coder.window_coder) is coders.GlobalWindowCoder
+            and type(self.pre_coder.wrapped_value_coder) is coders.TupleCoder
+            and len(self.pre_coder.wrapped_value_coder.coders()) == 2
+        )
+        if self._default_layout:
+            key_coder, value_coder = self.pre_coder.wrapped_value_coder.coders()
+            self._key_impl = key_coder.get_impl()
+            self._value_impl = value_coder.get_impl()
+            # As GroupingBuffer.partition builds it.
+            self._globally_window = window.GlobalWindows.windowed_value(
+                None,
+                timestamp=window.GlobalWindow().max_timestamp(),
+                pane_info=windowed_value.PaneInfo(
+                    is_first=True,
+                    is_last=True,
+                    timing=windowed_value.PaneInfoTiming.ON_TIME,
+                    index=0,
+                    nonspeculative_index=0,
+                ),
+            ).with_value
 
     def group(self, elements: bytes) -> bytes:
+        """The grouped output of one key's elements (as Beam's GroupingBuffer gives it)."""
+        out = bi.create_OutputStream()
+        self.group_into(elements, out)
+        return out.get()  # type: ignore[no-any-return]
+
+    def group_into(self, elements: bytes, out: Any) -> None:
+        """Writes the grouped output of one key's elements to ``out``."""
+        if self._default_layout and self._group_default(elements, out):
+            return
         buffer = bi.GroupingBuffer(self.pre_coder, self.post_coder, self.windowing)
         buffer.append(elements)
-        return b"".join(buffer.partition(1)[0])
+        for chunk in buffer.partition(1)[0]:
+            out.write(chunk)
+
+    def _group_default(self, elements: bytes, out: Any) -> bool:
+        """Groups one key's elements under default windowing, without a GroupingBuffer.
+
+        Reads each element as its header (timestamp, window count, pane), the key and the
+        value, decoding only the value. Returns False, having written nothing, unless every
+        element has a one-byte pane, a plain window count and exactly the first element's
+        key bytes; then GroupingBuffer would hold one entry (the key, all values in stream
+        order), and the output is the one it gives.
+        """
+        if not _fits(elements[:_GLOBAL_HEADER_BYTES], b""):
+            return False
+        stream = bi.create_InputStream(elements)
+        stream.read(_GLOBAL_HEADER_BYTES)
+        key = self._key_impl.decode_from_stream(stream, True)
+        header = len(elements) - stream.size()
+        if header > len(elements):
+            return False
+        nested_key = elements[_GLOBAL_HEADER_BYTES:header]
+        # Most elements repeat the first one's window count and pane: one comparison.
+        usual = elements[_WINDOW_COUNT_OFFSET:header]
+        stream = bi.create_InputStream(elements)
+        size, read = stream.size, stream.read
+        decode_value = self._value_impl.decode_from_stream
+        values: list[Any] = []
+        append = values.append
+        while (remaining := size()) > 0:
+            if remaining < header:
+                return False
+            head = read(header)
+            if not head.endswith(usual) and not _fits(head, nested_key):
+                return False
+            append(decode_value(stream, True))
+        # GroupingBuffer's output key: the key decoded from its encoding.
+        output_key = self._key_impl.decode(self._key_impl.encode(key))
+        self._post_impl.encode_to_stream(self._globally_window((output_key, values)), out, True)
+        return True
+
+
+def _fits(head: bytes, nested_key: bytes) -> bool:
+    """Whether an element's header and key (``head``) are those the default path reads."""
+    return (
+        len(head) >= _GLOBAL_HEADER_BYTES
+        and head[_PANE_OFFSET] < 0x10
+        and head[_WINDOW_COUNT_OFFSET] < 0x80
+        and head.endswith(nested_key)
+    )
 
 
 _GROUPERS: collections.OrderedDict[str, _Grouper] = collections.OrderedDict()
@@ -78,50 +175,56 @@ def _grouper(spec: GroupSpec) -> _Grouper:
     return grouper
 
 
-def _output_batch(keys: list[bytes | None], grouped: list[bytes]) -> pa.RecordBatch:
+def _output_batches(
+    keys: list[bytes | None], data: bytes, ends: list[int]
+) -> Iterator[pa.RecordBatch]:
     # The key stays with its group: a stateful stage reading the group re-shuffles on it.
-    return pa.RecordBatch.from_arrays(
-        [pa.array(keys, type=pa.binary()), pa.array(grouped, type=pa.binary())],
-        schema=GROUPED_SCHEMA,
-    )
+    first = 0
+    for grouped in split_packed(data, ends):
+        count = len(grouped)
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(keys[first : first + count], type=pa.binary()), grouped],
+            schema=GROUPED_SCHEMA,
+        )
+        first += count
 
 
 def group_sorted(spec: GroupSpec, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Groups a key-sorted partition; the body of the GroupByKey's ``mapInArrow``.
 
     Emits one cell per key holding its grouped elements (one per window and pane). Only
-    the current key's elements are held in memory.
+    the current key's elements are held in memory. The grouped elements of an output batch
+    are written to one stream, whose element boundaries become the cells.
     """
     grouper = _grouper(spec)
     current_key: bytes | None = None
     current: list[bytes] = []
     grouped_keys: list[bytes | None] = []
-    grouped: list[bytes] = []
+    out = bi.create_OutputStream()
+    ends: list[int] = []
 
     def flush() -> None:
         if current:
-            result = grouper.group(b"".join(current))
-            if result:
+            before = out.size()
+            grouper.group_into(b"".join(current), out)
+            if out.size() > before:
                 grouped_keys.append(current_key)
-                grouped.append(result)
+                ends.append(out.size())
             current.clear()
 
     for batch in batches:
-        rows = batch.num_rows
-        if rows == 0:
+        if batch.num_rows == 0:
             continue
-        keys = batch.column(KEY)
-        elements = batch.column(ELEMENT)
-        for start, end in itertools.pairwise(run_starts(keys)):
-            key = keys[start].as_py()
+        for key, cell in key_run_cells(batch.column(KEY), batch.column(ELEMENT)):
             if key != current_key:
                 flush()
                 current_key = key
-            current.append(packed_bytes(elements.slice(start, end - start)))
-        if len(grouped) >= _OUTPUT_BATCH_KEYS:
-            yield _output_batch(grouped_keys, grouped)
-            grouped_keys.clear()
-            grouped.clear()
+                if len(ends) >= _OUTPUT_BATCH_KEYS or (ends and ends[-1] >= _OUTPUT_BATCH_BYTES):
+                    yield from _output_batches(grouped_keys, out.get(), ends)
+                    grouped_keys.clear()
+                    ends.clear()
+                    out = bi.create_OutputStream()
+            current.append(cell)
     flush()
-    if grouped:
-        yield _output_batch(grouped_keys, grouped)
+    if ends:
+        yield from _output_batches(grouped_keys, out.get(), ends)

@@ -7,6 +7,7 @@ changes with Arrow compute, without a Python call per row.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -23,6 +24,33 @@ def run_starts(keys: pa.Array) -> list[int]:
         return [0]
     changes = pc.not_equal(keys.slice(1), keys.slice(0, rows - 1))
     return [0, *(int(i) + 1 for i in np.flatnonzero(changes.to_numpy(zero_copy_only=False))), rows]
+
+
+def key_run_cells(keys: pa.Array, elements: pa.Array) -> list[tuple[bytes | None, bytes]]:
+    """Each run of equal keys of a sorted batch: its key and its elements concatenated.
+
+    One copy of each run's bytes out of the Arrow data buffer; no Arrow call per run.
+    """
+    starts = run_starts(keys)
+    if len(starts) < 2:
+        return []
+    run_keys = keys.take(pa.array(starts[:-1], type=pa.int64())).to_pylist()
+    if elements.null_count or elements.type not in (pa.binary(), pa.large_binary()):
+        return [
+            (key, packed_bytes(elements.slice(start, end - start)))
+            for key, (start, end) in zip(run_keys, itertools.pairwise(starts), strict=True)
+        ]
+    offsets_type = np.int64 if elements.type == pa.large_binary() else np.int32
+    _, offsets_buffer, data_buffer = elements.buffers()
+    offsets = np.frombuffer(offsets_buffer, dtype=offsets_type)[elements.offset :]
+    bounds = offsets[np.asarray(starts)].tolist()
+    if data_buffer is None:
+        return [(key, b"") for key in run_keys]
+    data = memoryview(data_buffer)
+    return [
+        (key, data[start:end].tobytes())
+        for key, (start, end) in zip(run_keys, itertools.pairwise(bounds), strict=True)
+    ]
 
 
 def complete_key_groups(batches: Iterable[tuple[pa.Array, pa.Array]]) -> Iterator[bytes]:

@@ -1,0 +1,292 @@
+"""Grouping without a GroupingBuffer per key (default windowing): Beam's output, byte for byte."""
+
+import dataclasses
+import itertools
+import typing
+
+import apache_beam as beam
+import pyarrow as pa
+import pytest
+from apache_beam.transforms import trigger, window
+from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
+from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
+
+from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.coders import KeyExtractor
+from beam_spark_runner.execution import grouping
+from beam_spark_runner.execution.grouping import GroupSpec, group_sorted
+from beam_spark_runner.planning import build_plan
+from beam_spark_runner.translators.group_by_key import grouping_coder_id
+
+GLOBAL = (window.GlobalWindow(),)
+TIMESTAMPS = [MIN_TIMESTAMP, Timestamp(0), Timestamp(-3), Timestamp(12), MAX_TIMESTAMP]
+ONE_BYTE_PANES = [
+    PaneInfo(True, True, PaneInfoTiming.UNKNOWN, 0, 0),  # NO_FIRING, before any GroupByKey
+    PaneInfo(True, True, PaneInfoTiming.ON_TIME, 0, 0),
+    PaneInfo(True, False, PaneInfoTiming.EARLY, 0, 0),
+]
+LONGER_PANES = [
+    PaneInfo(False, False, PaneInfoTiming.EARLY, 2, -1),
+    PaneInfo(False, True, PaneInfoTiming.LATE, 300, 1),
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class _UserKey:
+    """Only pickled: the runner-safe coder makes it opaque bytes."""
+
+    name: str
+
+
+class _UserValue:
+    def __init__(self, value):
+        self.value = value
+
+    def __eq__(self, other):
+        return isinstance(other, _UserValue) and other.value == self.value
+
+    def __hash__(self):
+        return hash(self.value)
+
+
+class Setup(typing.NamedTuple):
+    spec: GroupSpec
+    sdk: typing.Any  # the writers' (data channel) coder
+    pre: typing.Any  # what grouping decodes with
+    post: typing.Any
+    windowing: typing.Any
+    key_extractor: KeyExtractor
+
+
+def setup(kv_type=tuple[int, int], windowing=None):
+    p = beam.Pipeline()
+    pcoll = p | beam.Create([1]) | beam.Map(lambda x: (x, x)).with_output_types(kv_type)
+    if windowing is not None:
+        pcoll = pcoll | windowing
+    _ = pcoll | beam.GroupByKey()
+    proto = bi.prepare_pipeline_proto(p.to_runner_api(default_environment=bi.default_environment()))
+    plan = build_plan(proto)
+    (buffer,) = [b for b in plan.buffers.values() if b.kind == "group"]
+    transform = plan.components.transforms[buffer.name]
+    (input_pcoll,) = transform.inputs.values()
+    (output_pcoll,) = transform.outputs.values()
+    components = bi.beam_runner_api_pb2.Components(
+        coders=dict(plan.components.coders.items()),
+        windowing_strategies=dict(plan.components.windowing_strategies.items()),
+        environments=dict(plan.components.environments.items()),
+    )
+    sdk_id = plan.data_channel_coders[input_pcoll]
+    spec = GroupSpec(
+        "run",
+        f"gbk-{kv_type}-{windowing}",
+        components.SerializeToString(),
+        grouping_coder_id(plan, sdk_id),
+        grouping_coder_id(plan, plan.data_channel_coders[output_pcoll]),
+        plan.components.pcollections[input_pcoll].windowing_strategy_id,
+    )
+    context = bi.PipelineContext(plan.components)
+    return Setup(
+        spec,
+        context.coders[sdk_id],
+        context.coders[spec.pre_grouping_coder_id],
+        context.coders[spec.post_grouping_coder_id],
+        context.windowing_strategies[spec.windowing_strategy_id],
+        KeyExtractor(context.coders[plan.safe_coders[sdk_id]]),
+    )
+
+
+def encode_all(coder, elements):
+    impl = coder.get_impl()
+    out = bi.create_OutputStream()
+    for element in elements:
+        impl.encode_to_stream(element, out, True)
+    return out.get()
+
+
+def beam_grouped(s: Setup, data: bytes) -> bytes:
+    buffer = bi.GroupingBuffer(s.pre, s.post, s.windowing)
+    buffer.append(data)
+    return b"".join(buffer.partition(1)[0])
+
+
+KV_CASES = {
+    "int, int": (tuple[int, int], [(k, v) for k in (0, 7, -1, 2**40) for v in range(4)]),
+    "str, bytes": (
+        tuple[str, bytes],
+        [(k, b"v%d" % v) for k in ("", "k", "ü" * 100) for v in range(3)],
+    ),
+    "kv key, str": (
+        tuple[tuple[str, int], str],
+        [((k, i), "v" * v) for k in ("a", "") for i in (0, -5) for v in (0, 1, 200)],
+    ),
+    "user key, user value": (
+        tuple[_UserKey, _UserValue],
+        [(_UserKey(k), _UserValue(v)) for k in ("a", "b") for v in range(3)],
+    ),
+    "any": (typing.Any, [(k, v) for k in ("k", 1, ("t", 2.5)) for v in (None, 1, "s", [1, 2])]),
+}
+
+
+def runs_by_key(s: Setup, kvs, panes=ONE_BYTE_PANES):
+    """Each key's run of encoded elements, as the shuffle hands them to grouping."""
+    # Window counts other than one, too: GroupingBuffer ignores windows here.
+    windows = [GLOBAL, GLOBAL, GLOBAL * 2, ()]
+    elements = [
+        WindowedValue(kv, TIMESTAMPS[i % len(TIMESTAMPS)], windows[i % 4], panes[i % len(panes)])
+        for i, kv in enumerate(kvs)
+    ]
+    data = encode_all(s.sdk, elements)
+    keys = s.key_extractor.keys(data, _ends(s.sdk, elements))
+    runs: dict[bytes, list[WindowedValue]] = {}
+    for key, element in zip(keys, elements, strict=True):
+        runs.setdefault(key, []).append(element)
+    return {key: encode_all(s.sdk, run) for key, run in runs.items()}
+
+
+def _ends(coder, elements):
+    impl, ends, total = coder.get_impl(), [], 0
+    for element in elements:
+        total += len(impl.encode_nested(element))
+        ends.append(total)
+    return ends
+
+
+@pytest.mark.parametrize("case", sorted(KV_CASES))
+def test_default_windowing_groups_as_beam_without_a_buffer(case, monkeypatch):
+    kv_type, kvs = KV_CASES[case]
+    s = setup(kv_type)
+    assert s.windowing.is_default()
+    runs = runs_by_key(s, kvs)
+    expected = {key: beam_grouped(s, data) for key, data in runs.items()}
+    grouper = grouping._Grouper(s.spec)
+    monkeypatch.setattr(bi, "GroupingBuffer", lambda *_: pytest.fail("used a GroupingBuffer"))
+    assert {key: grouper.group(data) for key, data in runs.items()} == expected
+
+
+def test_keys_whose_panes_take_more_than_a_byte_go_to_the_grouping_buffer():
+    s = setup(tuple[str, int])
+    kvs = [(k, v) for k in ("a", "b") for v in range(5)]
+    runs = runs_by_key(s, kvs, panes=ONE_BYTE_PANES + LONGER_PANES)
+    grouper = grouping._Grouper(s.spec)
+    for data in runs.values():
+        assert not grouper._group_default(data, bi.create_OutputStream())
+        assert grouper.group(data) == beam_grouped(s, data)
+
+
+def test_a_run_must_hold_one_key_for_the_default_path():
+    """Elements of two keys in one run (never from the shuffle): not grouped as one key."""
+    s = setup(tuple[str, int])
+    data = encode_all(s.sdk, [WindowedValue((k, 1), 0, GLOBAL) for k in ("a", "b", "a")])
+    grouper = grouping._Grouper(s.spec)
+    assert not grouper._group_default(data, bi.create_OutputStream())
+    assert grouper.group(data) == beam_grouped(s, data)
+
+
+# group_sorted against the grouping it replaced: Beam's GroupingBuffer for each key's run.
+
+
+def sorted_batches(s: Setup, elements, rows_per_batch, per_row=1):
+    """Key-sorted batches; a row holds ``per_row`` elements of one key (packed cells)."""
+    keys = s.key_extractor.keys(encode_all(s.sdk, elements), _ends(s.sdk, elements))
+    rows = []
+    for key, group in itertools.groupby(
+        sorted(zip(keys, elements, strict=True), key=lambda r: r[0]), key=lambda r: r[0]
+    ):
+        group_elements = [element for _, element in group]
+        for i in range(0, len(group_elements), per_row):
+            rows.append((key, encode_all(s.sdk, group_elements[i : i + per_row])))
+    return [
+        pa.RecordBatch.from_pydict(
+            {
+                "key": pa.array([k for k, _ in rows[i : i + rows_per_batch]], pa.binary()),
+                "element": pa.array([e for _, e in rows[i : i + rows_per_batch]], pa.binary()),
+            }
+        )
+        for i in range(0, len(rows), rows_per_batch)
+    ]
+
+
+def reference_grouped(s: Setup, batches):
+    rows = [
+        (key, element)
+        for batch in batches
+        for key, element in zip(
+            batch.column("key").to_pylist(), batch.column("element").to_pylist(), strict=True
+        )
+    ]
+    out = []
+    for key, group in itertools.groupby(rows, key=lambda r: r[0]):
+        grouped = beam_grouped(s, b"".join(element for _, element in group))
+        if grouped:
+            out.append((key, grouped))
+    return out
+
+
+def actual_grouped(s: Setup, batches):
+    out = []
+    for batch in group_sorted(s.spec, batches):
+        assert batch.schema == grouping.GROUPED_SCHEMA
+        out += zip(
+            batch.column("key").to_pylist(), batch.column("element").to_pylist(), strict=True
+        )
+    return out
+
+
+WINDOWINGS = {
+    "default": None,
+    "fixed": beam.WindowInto(window.FixedWindows(10)),
+    "sessions": beam.WindowInto(window.Sessions(5)),
+    "global, AfterCount": beam.WindowInto(
+        window.GlobalWindows(),
+        trigger=trigger.Repeatedly(trigger.AfterCount(2)),
+        accumulation_mode=trigger.AccumulationMode.DISCARDING,
+    ),
+}
+
+
+@pytest.mark.parametrize("per_row", [1, 3])
+@pytest.mark.parametrize("rows_per_batch", [1, 4, 1000])
+@pytest.mark.parametrize("windowing", sorted(WINDOWINGS))
+def test_group_sorted_gives_beams_bytes(windowing, rows_per_batch, per_row):
+    s = setup(tuple[str, int], WINDOWINGS[windowing])
+    window_fn = s.windowing.windowfn
+    elements = []
+    for i in range(60):
+        timestamp = Timestamp(i % 23)
+        elements.append(
+            WindowedValue(
+                (f"k{i % 7}", i),
+                timestamp,
+                window_fn.assign(window_fn.AssignContext(timestamp, element=None)),
+            )
+        )
+    batches = sorted_batches(s, elements, rows_per_batch, per_row)
+    expected = reference_grouped(s, batches)
+    assert len(expected) == 7
+    assert actual_grouped(s, batches) == expected
+
+
+def test_group_sorted_cuts_output_batches_by_size(monkeypatch):
+    s = setup(tuple[str, bytes])
+    elements = [WindowedValue((f"k{i % 10}", b"x" * 1000), 0, GLOBAL) for i in range(100)]
+    batches = sorted_batches(s, elements, 1000)
+    expected = reference_grouped(s, batches)
+    monkeypatch.setattr(grouping, "_OUTPUT_BATCH_BYTES", 25_000)
+    output = list(group_sorted(s.spec, batches))
+    assert len(output) == 4  # 10 keys of ~10 kB, cut after each third key
+    assert [
+        pair
+        for batch in output
+        for pair in zip(
+            batch.column("key").to_pylist(), batch.column("element").to_pylist(), strict=True
+        )
+    ] == expected
+
+
+def test_group_sorted_many_keys_one_batch_of_output_per_1024():
+    s = setup(tuple[int, int])
+    elements = [WindowedValue((i % 3000, i), 0, GLOBAL) for i in range(6000)]
+    batches = sorted_batches(s, elements, 500, per_row=2)
+    output = list(group_sorted(s.spec, batches))
+    assert [b.num_rows for b in output] == [1024, 1024, 952]
+    assert actual_grouped(s, batches) == reference_grouped(s, batches)
