@@ -21,7 +21,7 @@ naming the event that needs it.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import apache_beam as beam
 from apache_beam.pipeline import AppliedPTransform, PTransformOverride
@@ -99,7 +99,7 @@ class _EmitElements(beam.DoFn):  # type: ignore[misc]
             value = self._coder.decode(encoded)
             if isinstance(value, WindowedValueHolder):
                 # TestStreams recorded by interactive Beam carry whole windowed values.
-                output: Any = value.windowed_value
+                output: Any = cast(Any, value).windowed_value
             else:
                 output = TimestampedValue(value, timestamp)
             yield output if tag is None else TaggedOutput(tag, output)
@@ -155,4 +155,6 @@ class BatchTestStreamOverride(PTransformOverride):  # type: ignore[misc]
     def get_replacement_transform_for_applied_ptransform(
         self, applied_ptransform: AppliedPTransform
     ) -> BatchTestStream:
-        return BatchTestStream(applied_ptransform.transform)
+        transform = applied_ptransform.transform
+        assert isinstance(transform, TestStream)  # matches() accepted only TestStreams
+        return BatchTestStream(transform)

@@ -48,6 +48,7 @@ from apache_beam.runners.portability.fn_api_runner.worker_handlers import (
 from apache_beam.runners.worker import bundle_processor, data_plane, sdk_worker, statecache
 from apache_beam.transforms import environments, trigger
 from apache_beam.utils import proto_utils
+from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming
 
 # Graph phases and helpers from FnApiRunner's translations module.
 Stage = translations.Stage
@@ -213,6 +214,8 @@ __all__ = [
     "FNAPI_RUNNER_CAPABILITIES",
     "FnApiMetrics",
     "GroupingBuffer",
+    "PaneInfo",
+    "PaneInfoTiming",
     "PipelineContext",
     "SingletonStateHandlerFactory",
     "StateServicer",

@@ -25,7 +25,6 @@ from typing import Any
 import pyarrow as pa
 from apache_beam.coders import coders
 from apache_beam.transforms import window
-from apache_beam.utils import windowed_value
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import split_packed
@@ -90,10 +89,10 @@ class _Grouper:
             self._globally_window = window.GlobalWindows.windowed_value(
                 None,
                 timestamp=window.GlobalWindow().max_timestamp(),
-                pane_info=windowed_value.PaneInfo(
+                pane_info=bi.PaneInfo(
                     is_first=True,
                     is_last=True,
-                    timing=windowed_value.PaneInfoTiming.ON_TIME,
+                    timing=bi.PaneInfoTiming.ON_TIME,
                     index=0,
                     nonspeculative_index=0,
                 ),
