@@ -10,12 +10,17 @@ A Beam upgrade that moves them is fixed here, and ``pyproject.toml`` pins the te
 
 from __future__ import annotations
 
+import functools
+import gc
 import logging
 import threading
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
+from apache_beam.coders import coder_impl
 from apache_beam.coders.coder_impl import create_InputStream, create_OutputStream
+from apache_beam.coders.coders import PickleCoder
+from apache_beam.internal import pickler
 from apache_beam.metrics import monitoring_infos
 from apache_beam.metrics.monitoring_infos import is_user_monitoring_info
 from apache_beam.portability import common_urns, python_urns
@@ -132,6 +137,70 @@ create_trigger_driver = trigger.create_trigger_driver
 from_monitoring_infos = portable_metrics.from_monitoring_infos
 # FnApiRunner reports its number of fused stages as this pipeline-level counter.
 NUM_FUSED_STAGES_URN: str = "internal:" + FnApiRunner.NUM_FUSED_STAGES_COUNTER
+
+
+def set_pickle_library(library: str) -> None:
+    """Sets Beam's process-wide pickler (``--pickle_library``), as ``Pipeline`` does.
+
+    It pickles DoFns, coders and windowing on the driver and unpickles them in workers.
+    """
+    pickler.set_library(library)
+
+
+class _TypeCacheProbe(NamedTuple):
+    """A type only :func:`type_pickle_caches` encodes, to find ``coder_impl``'s caches."""
+
+    value: int
+
+
+class _DropFallbackWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "_TypeCacheProbe" not in record.getMessage()
+
+
+@functools.cache
+def type_pickle_caches() -> tuple[dict[Any, bytes], dict[bytes, Any]] | None:
+    """``coder_impl``'s process-wide caches of pickled "special types", or None if not found.
+
+    A deterministic ``FastPrimitivesCoder`` (a GroupByKey's key coder) encodes a named
+    tuple, dataclass, enum or proto by pickling its type, and caches the pickle by type
+    (``_pickled_types``) and the type by pickle (``_unpickled_types``), whichever library
+    pickled it: cloudpickle, or dill for ``--update_compatibility_version`` 2.67.0 and
+    earlier. In the compiled ``coder_impl`` these dicts are C module variables, out of
+    Python's reach: they are found as the dicts that hold a probe type after encoding and
+    decoding one value of it. Searched once per process; the dicts never change identity.
+    """
+    pickled = getattr(coder_impl, "_pickled_types", None)
+    unpickled = getattr(coder_impl, "_unpickled_types", None)
+    if isinstance(pickled, dict) and isinstance(unpickled, dict):  # pure-Python coder_impl
+        return pickled, unpickled
+    impl = coder_impl.FastPrimitivesCoderImpl(
+        PickleCoder().get_impl(), requires_deterministic_step_label="type_pickle_caches"
+    )
+    quiet = _DropFallbackWarning()
+    coder_logger = logging.getLogger(coder_impl.__name__)
+    coder_logger.addFilter(quiet)
+    try:
+        encoded = impl.encode(_TypeCacheProbe(0))
+        impl.decode(encoded)
+    except Exception:  # noqa: BLE001 - a Beam that encodes differently: report not found
+        _LOGGER.debug("Could not encode the type-cache probe", exc_info=True)
+        return None
+    finally:
+        coder_logger.removeFilter(quiet)
+    holders = [r for r in gc.get_referrers(_TypeCacheProbe) if type(r) is dict]
+    pickled_found = [
+        d
+        for d in holders
+        if isinstance(d.get(_TypeCacheProbe), bytes) and d[_TypeCacheProbe] in encoded
+    ]
+    if len(pickled_found) != 1:
+        return None
+    type_pickle = pickled_found[0][_TypeCacheProbe]
+    unpickled_found = [d for d in holders if d.get(type_pickle) is _TypeCacheProbe]
+    if len(unpickled_found) != 1:
+        return None
+    return pickled_found[0], unpickled_found[0]
 
 
 def par_do_payloads(

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from beam_spark_runner import worker_warnings
 from beam_spark_runner.attempts import AttemptCollector
+from beam_spark_runner.beam_globals import DEFAULT_PICKLE_LIBRARY
 from beam_spark_runner.errors import PipelineExecutionError
 from beam_spark_runner.execution.stage_worker import TaskSinks
 from beam_spark_runner.metrics import (
@@ -47,16 +48,23 @@ def _describe_failure(error: BaseException) -> PipelineExecutionError:
     )
 
 
-def run_plan(plan: Plan, spark: SparkSession, job_name: str, parallelism: int | None) -> RunMetrics:
+def run_plan(
+    plan: Plan,
+    spark: SparkSession,
+    job_name: str,
+    parallelism: int | None,
+    pickle_library: str = DEFAULT_PICKLE_LIBRARY,
+) -> RunMetrics:
     """Builds every stage's DataFrame, runs the pipeline, returns its metrics.
 
     Committed metrics come from the run's accumulator; failed task attempts report theirs
-    to an ``AttemptCollector`` listening on the driver for the duration of the run.
+    to an ``AttemptCollector`` listening on the driver for the duration of the run. Tasks
+    run with the pipeline's ``pickle_library`` (``beam_globals``).
     """
     spark_context = spark.sparkContext
     collector = AttemptCollector.start(spark_context.getConf())
     try:
-        return _run(plan, spark, job_name, parallelism, collector)
+        return _run(plan, spark, job_name, parallelism, collector, pickle_library)
     finally:
         if collector is not None:
             collector.close()
@@ -68,6 +76,7 @@ def _run(
     job_name: str,
     parallelism: int | None,
     collector: AttemptCollector | None,
+    pickle_library: str,
 ) -> RunMetrics:
     spark_context = spark.sparkContext
     run_id = uuid.uuid4().hex[:12]
@@ -82,6 +91,7 @@ def _run(
         parallelism or spark_context.defaultParallelism,
         sinks,
         translator_for,
+        pickle_library,
     )
     group = f"beam-{job_name}-{run_id}"
     started = time.monotonic()

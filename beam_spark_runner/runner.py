@@ -9,7 +9,7 @@ from apache_beam.options import pipeline_options
 from apache_beam.options.value_provider import RuntimeValueProvider
 from apache_beam.runners.runner import PipelineRunner, PipelineState
 
-from beam_spark_runner import _startup_hook
+from beam_spark_runner import _startup_hook, beam_globals
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.batch_test_stream import BatchTestStreamOverride
 from beam_spark_runner.capabilities import check_pipeline, check_plan
@@ -39,6 +39,9 @@ class SparkStructuredRunner(PipelineRunner):
     ) -> SparkPipelineResult:
         """Translates ``pipeline`` and runs it to completion on Spark."""
         RuntimeValueProvider.set_runtime_options({})
+        # The pipeline's pickler before to_runner_api pickles its DoFns: another pipeline
+        # constructed since this one may have set Beam's process-wide pickler.
+        beam_globals.apply(beam_globals.pickle_library(options))
         debug = options.view_as(pipeline_options.DebugOptions)
         experiments = debug.experiments or []
         if "beam_fn_api" not in experiments:
@@ -59,6 +62,8 @@ class SparkStructuredRunner(PipelineRunner):
     def run_proto(self, proto: Any, options: Any, settings: Any = None) -> SparkPipelineResult:
         """Runs a Beam pipeline proto; every check happens before Spark starts."""
         settings = settings or spark_settings(options)
+        pickle_library = beam_globals.pickle_library(options)
+        beam_globals.apply(pickle_library)
         proto = bi.prepare_pipeline_proto(proto)
         check_pipeline(proto)
         plan = build_plan(
@@ -70,5 +75,5 @@ class SparkStructuredRunner(PipelineRunner):
         spark, _ = obtain_session(settings)
         share_driver_path(spark)
         job_name = settings.app_name
-        infos = run_plan(plan, spark, job_name, settings.default_parallelism)
+        infos = run_plan(plan, spark, job_name, settings.default_parallelism, pickle_library)
         return SparkPipelineResult(PipelineState.DONE, infos, spark.sparkContext.applicationId)

@@ -14,6 +14,9 @@ from pyspark.daemon import manager
 
 import beam_spark_runner.execution.grouping  # noqa: F401
 import beam_spark_runner.execution.stage_worker  # noqa: F401
+from beam_spark_runner import beam_internals
 
 if __name__ == "__main__":
+    # Found once here (a search of the heap) rather than in every forked worker.
+    beam_internals.type_pickle_caches()
     manager()

@@ -189,6 +189,7 @@ class FakeProcessorCache:
 class FakeSpec(typing.NamedTuple):
     run_id: str
     name: str
+    pickle_library: str = "default"
 
     @property
     def cache_key(self) -> str:

@@ -26,6 +26,7 @@ import pyarrow as pa
 from apache_beam.coders import coders
 from apache_beam.transforms import window
 
+from beam_spark_runner import beam_globals
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import split_packed
 from beam_spark_runner.execution.key_runs import key_run_cells
@@ -56,6 +57,8 @@ class GroupSpec:
     pre_grouping_coder_id: str
     post_grouping_coder_id: str
     windowing_strategy_id: str
+    # The pipeline's --pickle_library, to unpickle its coders and windowing with.
+    pickle_library: str = beam_globals.DEFAULT_PICKLE_LIBRARY
 
     @functools.cached_property
     def cache_key(self) -> str:
@@ -165,6 +168,8 @@ _GROUPERS: collections.OrderedDict[str, _Grouper] = collections.OrderedDict()
 
 
 def _grouper(spec: GroupSpec) -> _Grouper:
+    # With SDK coders (custom windows) grouping decodes and re-encodes keys: run's globals.
+    beam_globals.enter_run(spec.run_id, spec.pickle_library)
     grouper = _GROUPERS.get(spec.cache_key)
     if grouper is None:
         grouper = _Grouper(spec)

@@ -28,8 +28,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from beam_spark_runner import beam_globals, worker_warnings
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner import worker_warnings
 from beam_spark_runner.coders import KeyExtractor, packed_bytes, split_packed
 from beam_spark_runner.errors import StageExecutionError
 from beam_spark_runner.execution.data_channel import ArrowDataChannel, ArrowDataChannelFactory
@@ -82,6 +82,8 @@ class StageSpec:
     # The runner-safe input coder when it has state-backed iterables: input elements are
     # re-encoded with it so that iterables' values go to state (--spark_state_backed_iterables).
     state_backed_input_coder_id: str | None = None
+    # The pipeline's --pickle_library: workers unpickle its DoFns and coders with it.
+    pickle_library: str = beam_globals.DEFAULT_PICKLE_LIBRARY
 
     @functools.cached_property
     def cache_key(self) -> str:
@@ -449,6 +451,8 @@ def stage_worker(spec: StageSpec) -> StageWorker:
         other_runs = [key for key, w in _WORKERS.items() if w.spec.run_id != spec.run_id]
         retired = [_WORKERS.pop(key) for key in other_runs]
     _shut_down(retired, f"a stage of run {spec.run_id} started")
+    # Beam's per-pipeline globals (pickler, pickled-type caches), before unpickling anything.
+    beam_globals.enter_run(spec.run_id, spec.pickle_library)
     with lock:
         worker = _WORKERS.get(spec.cache_key)
         evicted: list[StageWorker] = []

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from beam_spark_runner import beam_globals
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution.grouping import GROUPED_DDL
 from beam_spark_runner.execution.stage_worker import ELEMENT, KEY, TAG, TaskSinks
@@ -46,10 +47,12 @@ class TranslationContext:
         parallelism: int,
         sinks: TaskSinks,
         translator_for: Callable[[str], Translator | None],
+        pickle_library: str = beam_globals.DEFAULT_PICKLE_LIBRARY,
     ) -> None:
         self.spark = spark
         self.plan = plan
         self.run_id = run_id
+        self.pickle_library = pickle_library
         self.parallelism = parallelism
         self.sinks = sinks
         self.pipeline_context = bi.PipelineContext(plan.components)

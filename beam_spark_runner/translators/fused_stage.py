@@ -78,6 +78,7 @@ class FusedStageTranslator:
             side_input_state=self._side_input_state(node, context),
             stateful=node.stateful,
             state_backed_input_coder_id=_state_backed_coder(plan, node.input_coder_id),
+            pickle_library=context.pickle_library,
         )
         input_frame = context.buffer_frame(node.input_buffer_id)
         if node.stateful:

@@ -68,6 +68,7 @@ class GroupByKeyTranslator:
             pre_grouping_coder_id=grouping_coder_id(plan, plan.data_channel_coders[input_pcoll]),
             post_grouping_coder_id=grouping_coder_id(plan, plan.data_channel_coders[output_pcoll]),
             windowing_strategy_id=plan.components.pcollections[input_pcoll].windowing_strategy_id,
+            pickle_library=context.pickle_library,
         )
         shuffled = context.union(context.writer_frames(node)).repartition(KEY)
         function = named_function(
