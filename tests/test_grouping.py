@@ -5,6 +5,7 @@ import pyarrow as pa
 import pytest
 from apache_beam.transforms import window
 from apache_beam.utils.windowed_value import WindowedValue
+from group_by_key_plans import plan_group_by_key
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import decode_column
@@ -13,26 +14,11 @@ from beam_spark_runner.planning import build_plan
 
 
 def _grouping_setup(windowing: beam.WindowInto | None):
-    p = beam.Pipeline()
-    pcoll = p | beam.Create([1]) | beam.Map(lambda x: (x, x))
-    if windowing is not None:
-        pcoll = pcoll | windowing
-    _ = pcoll | beam.GroupByKey()
-    proto = bi.prepare_pipeline_proto(p.to_runner_api(default_environment=bi.default_environment()))
-    plan = build_plan(proto)
-    (buffer,) = [b for b in plan.buffers.values() if b.kind == "group"]
-    transform = plan.components.transforms[buffer.name]
-    (input_pcoll,) = transform.inputs.values()
-    (output_pcoll,) = transform.outputs.values()
-    components = bi.beam_runner_api_pb2.Components(
-        coders=dict(plan.components.coders.items()),
-        windowing_strategies=dict(plan.components.windowing_strategies.items()),
-        environments=dict(plan.components.environments.items()),
-    )
+    plan, input_pcoll, output_pcoll, components = plan_group_by_key(windowing=windowing)
     spec = GroupSpec(
         "run",
         "gbk",
-        components.SerializeToString(),
+        components,
         plan.data_channel_coders[input_pcoll],
         plan.data_channel_coders[output_pcoll],
         plan.components.pcollections[input_pcoll].windowing_strategy_id,

@@ -10,12 +10,12 @@ import pytest
 from apache_beam.transforms import trigger, window
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
+from group_by_key_plans import plan_group_by_key
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import KeyExtractor
 from beam_spark_runner.execution import grouping
 from beam_spark_runner.execution.grouping import GroupSpec, group_sorted
-from beam_spark_runner.planning import build_plan
 from beam_spark_runner.translators.group_by_key import grouping_coder_id
 
 GLOBAL = (window.GlobalWindow(),)
@@ -59,27 +59,12 @@ class Setup(typing.NamedTuple):
 
 
 def setup(kv_type=tuple[int, int], windowing=None):
-    p = beam.Pipeline()
-    pcoll = p | beam.Create([1]) | beam.Map(lambda x: (x, x)).with_output_types(kv_type)
-    if windowing is not None:
-        pcoll = pcoll | windowing
-    _ = pcoll | beam.GroupByKey()
-    proto = bi.prepare_pipeline_proto(p.to_runner_api(default_environment=bi.default_environment()))
-    plan = build_plan(proto)
-    (buffer,) = [b for b in plan.buffers.values() if b.kind == "group"]
-    transform = plan.components.transforms[buffer.name]
-    (input_pcoll,) = transform.inputs.values()
-    (output_pcoll,) = transform.outputs.values()
-    components = bi.beam_runner_api_pb2.Components(
-        coders=dict(plan.components.coders.items()),
-        windowing_strategies=dict(plan.components.windowing_strategies.items()),
-        environments=dict(plan.components.environments.items()),
-    )
+    plan, input_pcoll, output_pcoll, components = plan_group_by_key(kv_type, windowing)
     sdk_id = plan.data_channel_coders[input_pcoll]
     spec = GroupSpec(
         "run",
         f"gbk-{kv_type}-{windowing}",
-        components.SerializeToString(),
+        components,
         grouping_coder_id(plan, sdk_id),
         grouping_coder_id(plan, plan.data_channel_coders[output_pcoll]),
         plan.components.pcollections[input_pcoll].windowing_strategy_id,
