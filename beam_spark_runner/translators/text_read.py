@@ -3,8 +3,9 @@
 Planning (``planning.native_text_reads``) matched the files; here they are split into
 byte ranges spread over ``context.parallelism`` partitions, with no Python and no shuffle:
 ``spark.range`` numbers the ranges and each row picks its encoded range from a literal
-array. The stage that reads the lines turns each partition's ranges into one bundle
-(``execution.text_read``).
+array. Beyond ``LITERAL_RANGES_MAX`` ranges (many files) the literal would bloat the query
+plan: the ranges become a local relation, repartitioned round robin. The stage that reads
+the lines turns each partition's ranges into one bundle (``execution.text_read``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from beam_spark_runner.translators.base import TranslationContext
+
+
+LITERAL_RANGES_MAX = 1000
 
 
 class TextReadTranslator:
@@ -39,6 +43,11 @@ class TextReadTranslator:
             return rows.select(
                 F.lit(None).cast("binary").alias(KEY), F.lit(None).cast("binary").alias(ELEMENT)
             )
+        if len(ranges) > LITERAL_RANGES_MAX:
+            local = context.spark.createDataFrame(
+                [(None, bytearray(r.encode())) for r in ranges], f"{KEY} binary, {ELEMENT} binary"
+            )
+            return local.repartition(partitions)
         encoded = F.array(*[F.lit(bytearray(r.encode())) for r in ranges])
         return rows.select(
             F.lit(None).cast("binary").alias(KEY),
