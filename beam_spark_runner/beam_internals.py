@@ -17,10 +17,12 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
+from apache_beam import coders
 from apache_beam.coders import coder_impl
 from apache_beam.coders.coder_impl import create_InputStream, create_OutputStream
 from apache_beam.coders.coders import PickleCoder
 from apache_beam.internal import pickler
+from apache_beam.io import textio
 from apache_beam.metrics import monitoring_infos
 from apache_beam.metrics.monitoring_infos import is_user_monitoring_info
 from apache_beam.portability import common_urns, python_urns
@@ -134,6 +136,44 @@ StateHandler = sdk_worker.StateHandler
 StateCache = statecache.StateCache
 
 create_trigger_driver = trigger.create_trigger_driver
+
+READ_URN: str = common_urns.deprecated_primitives.READ.urn
+
+
+def plain_text_source(transform: beam_runner_api_pb2.PTransform) -> tuple[str, str] | None:
+    """(file pattern, compression type) of a plain ``ReadFromText``'s ``Read``, else None.
+
+    Plain: Beam's own ``_TextSource`` (not a subclass such as ReadFromTextWithFilename's)
+    with the default separators, newlines stripped, no header handling, the default
+    ``StrUtf8Coder`` and a file pattern known at construction.
+    """
+    if transform.spec.urn != READ_URN:
+        return None
+    payload = beam_runner_api_pb2.ReadPayload.FromString(transform.spec.payload)
+    if payload.source.urn != python_urns.PICKLED_SOURCE:
+        return None
+    try:
+        source = pickler.loads(payload.source.payload)
+    except Exception:  # noqa: BLE001 - not ours to read; Beam's path will report it
+        return None
+    if type(source) is not textio._TextSource:  # noqa: SLF001 - Beam internal
+        return None
+    fields = vars(source)
+    plain = (
+        fields.get("_strip_trailing_newlines") is True
+        and fields.get("_skip_header_lines") == 0
+        and fields.get("_header_matcher") is None
+        and fields.get("_header_processor") is None
+        and fields.get("_delimiter") is None
+        and fields.get("_escapechar") is None
+        and type(fields.get("_coder")) is coders.StrUtf8Coder
+    )
+    pattern = fields.get("_pattern")
+    if not plain or pattern is None or not pattern.is_accessible():
+        return None
+    return str(pattern.get()), str(fields.get("_compression_type"))
+
+
 from_monitoring_infos = portable_metrics.from_monitoring_infos
 # FnApiRunner reports its number of fused stages as this pipeline-level counter.
 NUM_FUSED_STAGES_URN: str = "internal:" + FnApiRunner.NUM_FUSED_STAGES_COUNTER

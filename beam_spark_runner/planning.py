@@ -7,7 +7,9 @@ data outputs. Stages talk to each other through *buffers* named by id:
 * ``impulse``                 -- the single impulse element that starts a root stage;
 * ``group:<transform id>``    -- a GroupByKey: writers' elements are shuffled by key;
 * ``reshuffle:<transform id>`` -- a Reshuffle (our phase): elements are repartitioned;
-* ``materialize:<name>``      -- a plain PCollection or a Flatten: the union of writers.
+* ``materialize:<name>``      -- a plain PCollection or a Flatten: the union of writers;
+* ``textread:<transform id>`` -- the lines of a plain ``ReadFromText``, read by the stage
+  that consumes them (our phase; see :func:`native_text_reads`).
 
 The runner keeps that model. A :class:`Plan` lists the fused stages in execution order,
 each with its input buffer, its output buffers and its side inputs, and the buffers with
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import logging
 from collections.abc import Iterable, Iterator
 
@@ -37,6 +40,11 @@ EXECUTABLE_STAGE_URN: str = bi.common_urns.executable_stage
 RUNNER_PRIMITIVE_URNS: frozenset[str] = frozenset([FLATTEN_URN, GROUP_BY_KEY_URN, RESHUFFLE_URN])
 
 RESHUFFLE_BUFFER_KIND = "reshuffle"
+
+# A plain ReadFromText the runner reads itself (see native_text_reads); its payload is the
+# JSON list of the matched files' [path, size].
+TEXT_READ_URN = "beam:runner:spark:text_read:v1"
+TEXT_READ_BUFFER_KIND = "textread"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,10 +230,121 @@ def expand_reshuffle(
         )
 
 
+def _side_input_pcollections(components: bi.beam_runner_api_pb2.Components) -> set[str]:
+    return {
+        transform.inputs[tag]
+        for _, transform, payload in bi.par_do_payloads(components.transforms)
+        for tag in payload.side_inputs
+    }
+
+
+def _text_files(pattern: str, compression: str) -> list[tuple[str, int]] | None:
+    """The files a text read matches, as (path, size), if all are uncompressed."""
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    try:
+        metadata = FileSystems.match([pattern])[0].metadata_list
+    except Exception:  # noqa: BLE001 - Beam's own read reports it, at run time, as Beam does
+        _LOGGER.debug("Could not match %s; Beam's read will", pattern, exc_info=True)
+        return None
+    if not metadata:
+        return None  # Beam's read raises its own error for an empty match
+    files = []
+    for file in metadata:
+        resolved = compression
+        if compression == CompressionTypes.AUTO:
+            resolved = CompressionTypes.detect_compression_type(file.path)
+        if resolved != CompressionTypes.UNCOMPRESSED:
+            return None
+        files.append((file.path, file.size_in_bytes))
+    return files
+
+
+def native_text_reads(pipeline_proto: bi.beam_runner_api_pb2.Pipeline) -> list[str]:
+    """Makes each plain ``ReadFromText`` a runner transform; returns their ids.
+
+    Beam reads a text file through a splittable DoFn, which costs several µs per line
+    (restriction claims, watermark estimation, an 8 KiB read buffer). A ``Read`` of Beam's
+    ``_TextSource`` with default settings (``bi.plain_text_source``), uncompressed files
+    and lines not read as a side input becomes ``TEXT_READ_URN`` with the matched files as
+    payload: planning gives its output a ``textread:`` buffer, the translator splits the
+    files into byte ranges, and the consuming stage's worker reads the lines
+    (``execution.text_read``), with Beam's exact record boundaries. Other reads keep
+    Beam's expansion. Changes ``pipeline_proto`` in place.
+    """
+    components = pipeline_proto.components
+    side_inputs = _side_input_pcollections(components)
+    rewritten = []
+    for transform_id, transform in list(components.transforms.items()):
+        source = bi.plain_text_source(transform)
+        if source is None or len(transform.outputs) != 1:
+            continue
+        output = bi.only_element(list(transform.outputs.values()))
+        pcollection = components.pcollections[output]
+        windowing = components.windowing_strategies[pcollection.windowing_strategy_id]
+        if (
+            output in side_inputs
+            or components.coders[pcollection.coder_id].spec.urn
+            != bi.common_urns.coders.STRING_UTF8.urn
+            or windowing.window_fn.urn != bi.common_urns.global_windows.urn
+        ):
+            continue
+        files = _text_files(*source)
+        if files is None:
+            continue
+        pending = list(transform.subtransforms)
+        while pending:
+            removed = components.transforms.pop(pending.pop())
+            pending.extend(removed.subtransforms)
+        del transform.subtransforms[:]
+        transform.spec.CopyFrom(
+            bi.beam_runner_api_pb2.FunctionSpec(
+                urn=TEXT_READ_URN, payload=json.dumps(files).encode()
+            )
+        )
+        rewritten.append(transform_id)
+    if rewritten:
+        _LOGGER.info("Reading %d text source(s) natively: %s", len(rewritten), rewritten)
+    return rewritten
+
+
+def expand_text_read(
+    stages: Iterable[bi.Stage], context: bi.TransformContext
+) -> Iterator[bi.Stage]:
+    """Turns each native text read into a read from its ``textread:`` buffer.
+
+    The stage that fuses with the read gets the buffer as its data input: its worker turns
+    the buffer's byte ranges into the lines PCollection's elements.
+    """
+    for stage in stages:
+        if len(stage.transforms) != 1 or stage.transforms[0].spec.urn != TEXT_READ_URN:
+            yield stage
+            continue
+        transform = stage.transforms[0]
+        context.length_prefix_pcoll_coders(bi.only_element(list(transform.outputs.values())))
+        yield bi.Stage(
+            transform.unique_name + "/Read",
+            [
+                bi.beam_runner_api_pb2.PTransform(
+                    unique_name=transform.unique_name + "/Read",
+                    outputs=transform.outputs,
+                    spec=bi.beam_runner_api_pb2.FunctionSpec(
+                        urn=bi.DATA_INPUT_URN,
+                        payload=bi.create_buffer_id(stage.name, kind=TEXT_READ_BUFFER_KIND),
+                    ),
+                )
+            ],
+            downstream_side_inputs=stage.downstream_side_inputs,
+            must_follow=stage.must_follow,
+        )
+
+
 def _phases() -> list:
     phases = bi.fn_api_runner_phases()
     # Our Reshuffle expansion runs next to Beam's GroupByKey expansion, before fusion.
     phases.insert(phases.index(bi.translations.expand_gbk) + 1, expand_reshuffle)
+    phases.insert(phases.index(expand_reshuffle) + 1, expand_text_read)
     return phases
 
 
@@ -240,8 +359,10 @@ def create_stages(
     With ``use_state_iterables``, stages read iterables (GroupByKey values) through
     state-backed iterable coders, as in ``FnApiRunner(use_state_iterables=True)``.
     """
+    pipeline_proto = copy.deepcopy(pipeline_proto)
+    native_text_reads(pipeline_proto)
     return bi.create_and_optimize_stages(
-        copy.deepcopy(pipeline_proto),
+        pipeline_proto,
         phases=_phases(),
         known_runner_urns=RUNNER_PRIMITIVE_URNS,
         use_state_iterables=use_state_iterables,
@@ -336,8 +457,11 @@ def _buffer_urn(buffer_id: bytes, components: bi.beam_runner_api_pb2.Components)
         return RESHUFFLE_URN
     if kind == "materialize":
         return FLATTEN_URN
+    if kind == TEXT_READ_BUFFER_KIND:
+        return TEXT_READ_URN
     raise UnsupportedFeatureError(
-        f"Expected a buffer of kind impulse, group, reshuffle or materialize; found "
+        f"Expected a buffer of kind impulse, group, reshuffle, materialize or textread; "
+        "found "
         f"{buffer_id!r}. This is a bug in SparkStructuredRunner's planning; please report it."
     )
 

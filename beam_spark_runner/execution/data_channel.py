@@ -9,7 +9,7 @@ decoding anything.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from beam_spark_runner import beam_internals as bi
@@ -37,6 +37,14 @@ class _TimerStream(bi.ClosableOutputStream):
         """Nothing to flush."""
 
 
+class _LazyData:
+    """A bundle input whose chunks are produced only as the bundle reads them."""
+
+    def __init__(self, transform_id: str, chunks: Iterable[bytes]) -> None:
+        self.transform_id = transform_id
+        self.chunks = chunks
+
+
 class ArrowDataChannel(bi.DataChannel):
     """Feeds one bundle's input and collects its outputs, per instruction id."""
 
@@ -45,8 +53,17 @@ class ArrowDataChannel(bi.DataChannel):
         self._outputs: dict[str, dict[str, ElementBoundaryStream]] = {}
         self._timers: dict[str, dict[tuple[str, str], _TimerStream]] = {}
 
-    def set_input(self, instruction_id: str, transform_id: str, data: bytes) -> None:
-        """Queues ``data`` (concatenated encoded elements) for the bundle's input."""
+    def set_input(
+        self, instruction_id: str, transform_id: str, data: bytes | Iterable[bytes]
+    ) -> None:
+        """Queues ``data`` (concatenated encoded elements) for the bundle's input.
+
+        ``data`` may also be an iterable of such chunks, read only when the bundle
+        processor asks for its input (e.g. the lines of a text file, a block at a time).
+        """
+        if not isinstance(data, bytes):
+            self._inputs.setdefault(instruction_id, []).append(_LazyData(transform_id, data))
+            return
         self._inputs.setdefault(instruction_id, []).append(
             bi.beam_fn_api_pb2.Elements.Data(
                 instruction_id=instruction_id, transform_id=transform_id, data=data
@@ -73,7 +90,17 @@ class ArrowDataChannel(bi.DataChannel):
         abort_callback: Any = None,
     ) -> Iterator[Any]:
         """Yields the queued data and timers of ``instruction_id`` to the bundle processor."""
-        yield from self._inputs.pop(instruction_id, [])
+        for item in self._inputs.pop(instruction_id, []):
+            if isinstance(item, _LazyData):
+                for chunk in item.chunks:
+                    if chunk:
+                        yield bi.beam_fn_api_pb2.Elements.Data(
+                            instruction_id=instruction_id,
+                            transform_id=item.transform_id,
+                            data=chunk,
+                        )
+            else:
+                yield item
 
     def output_stream(self, instruction_id: str, transform_id: str) -> ElementBoundaryStream:
         """A fresh boundary-recording stream for one output of the bundle."""

@@ -35,6 +35,7 @@ from beam_spark_runner.errors import StageExecutionError
 from beam_spark_runner.execution.data_channel import ArrowDataChannel, ArrowDataChannelFactory
 from beam_spark_runner.execution.key_runs import complete_key_groups, pack_by_key
 from beam_spark_runner.execution.state import InMemoryStateBackend, StateBackend
+from beam_spark_runner.execution.text_read import TextInput, TextRange
 from beam_spark_runner.execution.timers import PendingTimers, TimerFamilyId, timer_families
 from beam_spark_runner.metrics import TaskMetrics, task_metrics
 
@@ -84,6 +85,10 @@ class StageSpec:
     state_backed_input_coder_id: str | None = None
     # The pipeline's --pickle_library: workers unpickle its DoFns and coders with it.
     pickle_library: str = beam_globals.DEFAULT_PICKLE_LIBRARY
+    # The stage reads a ReadFromText's lines natively (execution.text_read): its input rows
+    # are byte ranges of the files, and this is the encoding of a line's windowed value up
+    # to its length.
+    text_read_header: bytes | None = None
 
     @functools.cached_property
     def cache_key(self) -> str:
@@ -184,10 +189,10 @@ class StageWorker:
             )
             self._state_backed_input = writing.coders[spec.state_backed_input_coder_id].get_impl()
 
-    def _with_state_backed_iterables(self, data: bytes) -> bytes:
+    def _with_state_backed_iterables(self, data: bytes | TextInput) -> bytes | TextInput:
         """Re-encodes input elements so their iterables' values are read from state."""
         impl = self._state_backed_input
-        if impl is None or not data:
+        if impl is None or not data or isinstance(data, TextInput):
             return data
         out = bi.create_OutputStream()
         for element in impl.decode_all(data):
@@ -199,7 +204,7 @@ class StageWorker:
 
     def _run_once(
         self,
-        data: bytes,
+        data: bytes | TextInput,
         outputs: BundleOutputs,
         metrics: TaskMetrics,
         timers: dict[TimerFamilyId, bytes] | None = None,
@@ -276,7 +281,7 @@ class StageWorker:
 
     def _bundles(
         self,
-        data: bytes,
+        data: bytes | TextInput,
         metrics: TaskMetrics,
         timers: dict[TimerFamilyId, bytes] | None = None,
         pending: PendingTimers | None = None,
@@ -302,11 +307,13 @@ class StageWorker:
             residuals = self._run_once(resumed, outputs, metrics, pending=pending)
             yield outputs
 
-    def process(self, data: bytes, metrics: TaskMetrics) -> Iterator[BundleOutputs]:
+    def process(self, data: bytes | TextInput, metrics: TaskMetrics) -> Iterator[BundleOutputs]:
         """Runs one bundle over ``data``, then its SDF residuals; yields each's output."""
         yield from self._bundles(data, metrics)
 
-    def process_keys(self, data: bytes, metrics: TaskMetrics) -> Iterator[BundleOutputs]:
+    def process_keys(
+        self, data: bytes | TextInput, metrics: TaskMetrics
+    ) -> Iterator[BundleOutputs]:
         """Runs complete key groups of a stateful stage: elements, then timers, then done.
 
         ``data`` holds every element of the keys it contains. After the elements' bundle
@@ -481,10 +488,21 @@ class TaskSinks(NamedTuple):
 NO_SINKS = TaskSinks()
 
 
-def _bundle_inputs(spec: StageSpec, batches: Iterable[pa.RecordBatch]) -> Iterator[bytes]:
-    """The encoded elements of each bundle: one per batch, or per run of whole keys."""
+def _bundle_inputs(
+    spec: StageSpec, batches: Iterable[pa.RecordBatch]
+) -> Iterator[bytes | TextInput]:
+    """The encoded elements of each bundle: one per batch, or per run of whole keys.
+
+    A stage reading text files natively gets a batch of byte ranges: its bundle's input is
+    their lines, read as the bundle runs.
+    """
     if spec.stateful:
         yield from complete_key_groups((b.column(KEY), b.column(ELEMENT)) for b in batches)
+        return
+    if spec.text_read_header is not None:
+        for batch in batches:
+            ranges = [TextRange.decode(cell) for cell in batch.column(ELEMENT).to_pylist()]
+            yield TextInput(ranges, spec.text_read_header)
         return
     for batch in batches:
         yield packed_bytes(batch.column(ELEMENT))

@@ -1,7 +1,8 @@
 """The URN -> translator registry.
 
 After fusion a pipeline is fused stages (``beam:runner:executable_stage:v1``) joined by
-buffers that runner primitives fill: Impulse, GroupByKey, Reshuffle and Flatten. Each has
+buffers that runner primitives fill: Impulse, GroupByKey, Reshuffle, Flatten and the
+native text read. Each has
 a translator here that builds its Spark DataFrame. A URN without a translator is an error
 raised while planning, before Spark starts (see :func:`translator_for`).
 """
@@ -14,6 +15,7 @@ from beam_spark_runner.translators.fused_stage import FusedStageTranslator
 from beam_spark_runner.translators.group_by_key import GroupByKeyTranslator
 from beam_spark_runner.translators.impulse import ImpulseTranslator
 from beam_spark_runner.translators.reshuffle import ReshuffleTranslator
+from beam_spark_runner.translators.text_read import TextReadTranslator
 
 TRANSLATORS: dict[str, Translator] = {
     translator.urn: translator
@@ -22,6 +24,7 @@ TRANSLATORS: dict[str, Translator] = {
         FlattenTranslator(),
         GroupByKeyTranslator(),
         ReshuffleTranslator(),
+        TextReadTranslator(),
         FusedStageTranslator(),
     )
 }

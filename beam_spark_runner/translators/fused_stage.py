@@ -15,6 +15,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.errors import UnsupportedFeatureError
 from beam_spark_runner.execution.side_inputs import side_input_state_entries
 from beam_spark_runner.execution.stage_worker import (
     ELEMENT,
@@ -24,7 +25,12 @@ from beam_spark_runner.execution.stage_worker import (
     StageSpec,
     run_stage,
 )
-from beam_spark_runner.planning import EXECUTABLE_STAGE_URN, Plan, PlannedStage
+from beam_spark_runner.planning import (
+    EXECUTABLE_STAGE_URN,
+    TEXT_READ_BUFFER_KIND,
+    Plan,
+    PlannedStage,
+)
 from beam_spark_runner.spark_compat import named_function
 from beam_spark_runner.translators.base import spark_function_name
 
@@ -47,6 +53,32 @@ def _state_backed_coder(plan: Plan, coder_id: str) -> str | None:
             return safe_id
         pending.extend(coder.component_coder_ids)
     return None
+
+
+def _text_line_header(node: PlannedStage, context: TranslationContext) -> bytes:
+    """What the stage's input coder writes before a line's length (see execution.text_read).
+
+    Planning reads natively only lines coded as ``str`` in the global window; this checks
+    that the input coder writes every line as this header, a varint length and its bytes.
+    """
+    from apache_beam.transforms.window import GlobalWindows
+
+    impl = context.pipeline_context.coders[node.input_coder_id].get_impl()
+    empty = impl.encode_nested(GlobalWindows.windowed_value(""))
+    header = empty[:-1]
+    line = "é" * 100
+    if (
+        node.stateful
+        or empty[-1:] != b"\x00"
+        or impl.encode_nested(GlobalWindows.windowed_value(line))
+        != header + b"\xc8\x01" + line.encode()
+    ):
+        raise UnsupportedFeatureError(
+            f"Stage {node.display_name} reads text lines with coder {node.input_coder_id}, "
+            "which does not write them as the runner's native text read expects. This is a "
+            "bug in SparkStructuredRunner's planning; please report it with the pipeline."
+        )
+    return header
 
 
 class FusedStageTranslator:
@@ -79,6 +111,11 @@ class FusedStageTranslator:
             stateful=node.stateful,
             state_backed_input_coder_id=_state_backed_coder(plan, node.input_coder_id),
             pickle_library=context.pickle_library,
+            text_read_header=(
+                _text_line_header(node, context)
+                if plan.buffers[node.input_buffer_id].kind == TEXT_READ_BUFFER_KIND
+                else None
+            ),
         )
         input_frame = context.buffer_frame(node.input_buffer_id)
         if node.stateful:

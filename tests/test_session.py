@@ -1,0 +1,29 @@
+"""The settings of the sessions the runner creates (no Spark started here)."""
+
+from __future__ import annotations
+
+from beam_spark_runner.options import SparkSettings
+from beam_spark_runner.session import LOCAL_DRIVER_JAVA_OPTIONS, session_conf
+
+
+def _settings(**conf: str) -> SparkSettings:
+    return SparkSettings(
+        master=None, conf=dict(conf), app_name="t", default_parallelism=None, log_level="WARN"
+    )
+
+
+def test_local_sessions_compile_with_c1_only() -> None:
+    conf = session_conf("local[2]", _settings())
+    assert conf["spark.driver.defaultJavaOptions"] == LOCAL_DRIVER_JAVA_OPTIONS
+    assert "-XX:TieredStopAtLevel=1" in LOCAL_DRIVER_JAVA_OPTIONS
+    assert conf["spark.python.daemon.module"] == "beam_spark_runner.worker_daemon"
+
+
+def test_users_java_options_win_and_remote_masters_keep_the_jvm_default() -> None:
+    mine = {"spark.driver.defaultJavaOptions": "-Xss4m"}
+    assert session_conf("local[*]", _settings(**mine))["spark.driver.defaultJavaOptions"] == (
+        "-Xss4m"
+    )
+    remote = session_conf("spark://host:7077", _settings())
+    assert "spark.driver.defaultJavaOptions" not in remote
+    assert "spark.python.daemon.module" not in remote
