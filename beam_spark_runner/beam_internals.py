@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import inspect
 import logging
 import threading
 from collections.abc import Iterator, Mapping
@@ -52,7 +53,13 @@ from apache_beam.runners.portability.fn_api_runner.worker_handlers import (
     SingletonStateHandlerFactory,
     StateServicer,
 )
-from apache_beam.runners.worker import bundle_processor, data_plane, sdk_worker, statecache
+from apache_beam.runners.worker import (
+    bundle_processor,
+    data_plane,
+    sdk_worker,
+    statecache,
+    statesampler,
+)
 from apache_beam.transforms import environments, trigger
 from apache_beam.utils import proto_utils
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming
@@ -136,6 +143,25 @@ StateHandler = sdk_worker.StateHandler
 StateCache = statecache.StateCache
 
 create_trigger_driver = trigger.create_trigger_driver
+
+
+def set_bundle_sampling_period(period_ms: int) -> bool:
+    """Makes the bundle processors created from now on sample at most every ``period_ms``.
+
+    Each bundle starts a thread that samples which step runs (Beam's ``StateSampler``); at
+    the end of the bundle Beam joins it, which waits out the thread's current sleep, up to
+    the sampling period (200 ms by default). A Spark task runs a bundle or two, so that wait
+    is on every task's critical path. ``BundleProcessor`` creates its sampler with the
+    default period, so the default is what this changes, in this process only. Returns
+    False (and changes nothing) if Beam's signature is not the expected one.
+    """
+    init = statesampler.StateSampler.__init__
+    parameter = inspect.signature(init).parameters.get("sampling_period_ms")
+    if parameter is None or init.__defaults__ is None or len(init.__defaults__) != 1:
+        return False
+    init.__defaults__ = (period_ms,)
+    return True
+
 
 READ_URN: str = common_urns.deprecated_primitives.READ.urn
 

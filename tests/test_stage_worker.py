@@ -10,7 +10,13 @@ import pyarrow as pa
 import pytest
 
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.execution.stage_worker import ELEMENT, OutputSpec, StageSpec, run_stage
+from beam_spark_runner.execution.stage_worker import (
+    BUNDLE_SAMPLING_PERIOD_MS,
+    ELEMENT,
+    OutputSpec,
+    StageSpec,
+    run_stage,
+)
 from beam_spark_runner.planning import build_plan
 
 FINALIZED: list[int] = []
@@ -79,3 +85,18 @@ def test_a_failed_task_does_not_finalize_bundles_it_did_not_hand_over() -> None:
     abandoned.close()  # the task is killed before it asks for more
     list(run_stage(spec, impulse_batches(1)))
     assert FINALIZED == [1]
+
+
+def test_bundles_of_a_stage_worker_sample_every_20_ms_at_most(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from apache_beam.runners.worker import statesampler
+    from apache_beam.utils import counters
+
+    # A bundle's end waits out its sampler's sleep: Beam's default of up to 200 ms would be
+    # on every task's critical path.
+    init = statesampler.StateSampler.__init__
+    monkeypatch.setattr(init, "__defaults__", (statesampler.DEFAULT_SAMPLING_PERIOD_MS,))
+    list(run_stage(finalizing_stage("sampling-run"), impulse_batches(1)))
+    sampler = statesampler.StateSampler("probe", counters.CounterFactory())
+    assert sampler.sampling_period_ms == BUNDLE_SAMPLING_PERIOD_MS == 20

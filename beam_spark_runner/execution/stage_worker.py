@@ -145,12 +145,18 @@ def _side_input_cache_tokens(descriptor: Any, token: str) -> list[Any]:
     return tokens
 
 
+# Beam's bundle processors sample which step runs every 200 ms by default, and a bundle's
+# end waits out the sampler's current sleep: up to that long on every task's critical path.
+BUNDLE_SAMPLING_PERIOD_MS = 20
+
+
 class StageWorker:
     """Beam's SDK worker for one stage, living in a Spark Python worker process."""
 
     _ids = itertools.count()
 
     def __init__(self, spec: StageSpec) -> None:
+        bi.set_bundle_sampling_period(BUNDLE_SAMPLING_PERIOD_MS)
         self.spec = spec
         self.descriptor = bi.beam_fn_api_pb2.ProcessBundleDescriptor.FromString(spec.descriptor)
         self.channel = ArrowDataChannel()
