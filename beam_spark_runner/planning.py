@@ -148,6 +148,27 @@ class Plan:
         raise KeyError(name)
 
 
+def _buffer_read_stage(
+    transform: bi.beam_runner_api_pb2.PTransform,
+    buffer_id: bytes,
+    downstream_side_inputs: frozenset | None,
+    must_follow: frozenset,
+) -> bi.Stage:
+    """A stage whose one transform reads ``transform``'s outputs from a runner buffer."""
+    return bi.Stage(
+        transform.unique_name + "/Read",
+        [
+            bi.beam_runner_api_pb2.PTransform(
+                unique_name=transform.unique_name + "/Read",
+                outputs=transform.outputs,
+                spec=bi.beam_runner_api_pb2.FunctionSpec(urn=bi.DATA_INPUT_URN, payload=buffer_id),
+            )
+        ],
+        downstream_side_inputs=downstream_side_inputs,
+        must_follow=must_follow,
+    )
+
+
 def expand_reshuffle(
     stages: Iterable[bi.Stage], context: bi.TransformContext
 ) -> Iterator[bi.Stage]:
@@ -214,19 +235,11 @@ def expand_reshuffle(
             must_follow=stage.must_follow,
         )
         yield write
-        yield bi.Stage(
-            transform.unique_name + "/Read",
-            [
-                bi.beam_runner_api_pb2.PTransform(
-                    unique_name=transform.unique_name + "/Read",
-                    outputs=transform.outputs,
-                    spec=bi.beam_runner_api_pb2.FunctionSpec(
-                        urn=bi.DATA_INPUT_URN, payload=buffer_id
-                    ),
-                )
-            ],
-            downstream_side_inputs=stage.downstream_side_inputs,
-            must_follow=frozenset([write]) | stage.must_follow,
+        yield _buffer_read_stage(
+            transform,
+            buffer_id,
+            stage.downstream_side_inputs,
+            frozenset([write]) | stage.must_follow,
         )
 
 
@@ -323,20 +336,11 @@ def expand_text_read(
             continue
         transform = stage.transforms[0]
         context.length_prefix_pcoll_coders(bi.only_element(list(transform.outputs.values())))
-        yield bi.Stage(
-            transform.unique_name + "/Read",
-            [
-                bi.beam_runner_api_pb2.PTransform(
-                    unique_name=transform.unique_name + "/Read",
-                    outputs=transform.outputs,
-                    spec=bi.beam_runner_api_pb2.FunctionSpec(
-                        urn=bi.DATA_INPUT_URN,
-                        payload=bi.create_buffer_id(stage.name, kind=TEXT_READ_BUFFER_KIND),
-                    ),
-                )
-            ],
-            downstream_side_inputs=stage.downstream_side_inputs,
-            must_follow=stage.must_follow,
+        yield _buffer_read_stage(
+            transform,
+            bi.create_buffer_id(stage.name, kind=TEXT_READ_BUFFER_KIND),
+            stage.downstream_side_inputs,
+            stage.must_follow,
         )
 
 
