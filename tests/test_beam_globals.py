@@ -23,6 +23,7 @@ from apache_beam.coders import coders
 from apache_beam.internal import pickler
 from apache_beam.options.pipeline_options import PipelineOptions, StreamingOptions
 from apache_beam.testing.util import assert_that, equal_to
+from stage_specs import stage_spec
 
 from beam_spark_runner import beam_globals
 from beam_spark_runner import beam_internals as bi
@@ -30,7 +31,6 @@ from beam_spark_runner.execution.stage_worker import (
     ELEMENT,
     KEY,
     TAG,
-    OutputSpec,
     StageSpec,
     run_stage,
 )
@@ -131,22 +131,7 @@ def _key_stage(run_id: str) -> StageSpec:
         proto = p.to_runner_api()
     plan = build_plan(bi.prepare_pipeline_proto(proto))
     (stage,) = [s for s in plan.stages if any(plan.is_keyed(o.buffer_id) for o in s.outputs)]
-    return StageSpec(
-        run_id=run_id,
-        name=stage.name,
-        display_name=stage.display_name,
-        descriptor=stage.descriptor.SerializeToString(),
-        input_transform_id=stage.input_transform_id,
-        outputs=tuple(
-            OutputSpec(
-                o.transform_id,
-                plan.safe_coders.get(o.coder_id, o.coder_id)
-                if plan.is_keyed(o.buffer_id)
-                else None,
-            )
-            for o in stage.outputs
-        ),
-    )
+    return stage_spec(plan, stage, run_id)
 
 
 @needs_dill

@@ -8,12 +8,12 @@ from collections.abc import Iterator
 import apache_beam as beam
 import pyarrow as pa
 import pytest
+from stage_specs import stage_spec
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution.stage_worker import (
     BUNDLE_SAMPLING_PERIOD_MS,
     ELEMENT,
-    OutputSpec,
     StageSpec,
     run_stage,
 )
@@ -37,14 +37,7 @@ def finalizing_stage(run_id: str) -> StageSpec:
     _ = p | beam.Impulse() | beam.ParDo(Finalizing()) | beam.GroupByKey()
     plan = build_plan(bi.prepare_pipeline_proto(p.to_runner_api()))
     (stage,) = [s for s in plan.stages if any("Finalizing" in n for n in s.user_transform_names)]
-    return StageSpec(
-        run_id=run_id,
-        name=stage.name,
-        display_name=stage.display_name,
-        descriptor=stage.descriptor.SerializeToString(),
-        input_transform_id=stage.input_transform_id,
-        outputs=tuple(OutputSpec(o.transform_id, None) for o in stage.outputs),
-    )
+    return stage_spec(plan, stage, run_id, keyed=False)
 
 
 def impulse_batches(count: int, fail_after: int | None = None) -> Iterator[pa.RecordBatch]:
