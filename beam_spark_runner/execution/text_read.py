@@ -24,6 +24,8 @@ import dataclasses
 import json
 from collections.abc import Iterable, Iterator
 
+from beam_spark_runner import beam_internals as bi
+
 # Bytes read from a file at a time (Beam reads 8 KiB at a time).
 BLOCK_BYTES = 4 << 20
 
@@ -67,15 +69,10 @@ def split_ranges(files: Iterable[tuple[str, int]], parallelism: int) -> list[Tex
 
 
 def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        bits = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(bits | 0x80)
-        else:
-            out.append(bits)
-            return bytes(out)
+    """``value`` as the varint Beam's coders write (a string's length prefix)."""
+    out = bi.create_OutputStream()
+    out.write_var_int64(value)
+    return bytes(out.get())
 
 
 class LineEncoder:

@@ -36,7 +36,7 @@ class TextReadTranslator:
         from pyspark.sql import functions as F
 
         files = json.loads(context.plan.components.transforms[node.name].spec.payload)
-        ranges = split_ranges(((path, size) for path, size in files), context.parallelism)
+        ranges = split_ranges(files, context.parallelism)
         partitions = max(1, min(len(ranges), context.parallelism))
         rows = context.spark.range(0, len(ranges), 1, numPartitions=partitions)
         if not ranges:
