@@ -3,19 +3,23 @@
 A TestStream scripts a stream: elements arrive, the watermark advances, processing time
 advances. The runner executes pipelines in batch: every element is read, then the
 watermark jumps to +inf. That is one of the runs a streaming runner may make of a
-TestStream exactly when no time passes between its elements:
+TestStream when
 
-* every element arrives before any watermark or processing-time advance that follows an
-  element (so no timer, trigger or window can fire between two elements, and nothing is
-  late), and
-* no element is behind its output's watermark when it arrives (a watermark advance before
-  the first element only moves the point elements may not fall behind).
+* no element is behind its output's watermark when it arrives (nothing is late), and
+* no transform that can tell when time passed (an *observer*: a DoFn with timers, or a
+  GroupByKey with a trigger or window function other than the default ones; see
+  :mod:`beam_spark_runner.watermark_observers`) sees its input watermark or processing
+  time move between two elements that reach it. Where elements reach an observer through
+  a GroupByKey or a DoFn with timers, which emit when the watermark moves, the observer's
+  watermark must not move at all once they have arrived.
 
-How a streaming runner bundles elements that arrive together is up to the runner, so
-reading them all at once is legal. Such a TestStream is replaced, before translation, by
-an Impulse and a DoFn that emits its elements with their timestamps on their outputs.
-Any other TestStream needs streaming execution and is refused before Spark starts,
-naming the event that needs it.
+Everything else downstream gives the same result whenever the watermark moved: an element
+that is not late lands only in windows whose on-time pane has not fired. How a streaming
+runner bundles elements that arrive together is up to the runner, so reading them all at
+once is legal. Such a TestStream is replaced, before translation, by an Impulse and a DoFn
+that emits its elements with their timestamps on their outputs. Any other TestStream
+needs streaming execution and is refused before Spark starts, naming the event and the
+transform that need it.
 """
 
 from __future__ import annotations
@@ -34,29 +38,46 @@ from apache_beam.testing.test_stream import (
     WindowedValueHolder,
 )
 from apache_beam.transforms.window import TimestampedValue
-from apache_beam.utils.timestamp import MIN_TIMESTAMP, Timestamp
+from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
 
 from beam_spark_runner.capabilities import TEST_STREAM_URN
 from beam_spark_runner.errors import UnsupportedFeatureError
+from beam_spark_runner.watermark_observers import Tag, WatermarkObserver, find_observers
 
 # One element of a TestStream: its output tag, its encoding with the TestStream's
 # coder, and its timestamp.
 _Element = tuple[str | None, bytes, Timestamp]
 
 
-def streaming_only_reason(events: Sequence[Any]) -> str | None:
-    """Why a TestStream with these events needs streaming execution, or None."""
-    watermarks: dict[str | None, Timestamp] = {}
-    time_passed_after_elements: str | None = None
-    seen_elements = False
+def streaming_only_reason(
+    events: Sequence[Any], observers: Sequence[WatermarkObserver]
+) -> str | None:
+    """Why a TestStream with these events needs streaming execution, or None.
+
+    ``observers`` are the transforms downstream of it that can tell when time passed
+    (:func:`~beam_spark_runner.watermark_observers.find_observers`).
+    """
+    watermarks: dict[Tag, Timestamp] = {}
+    fed: set[WatermarkObserver] = set()  # observers some element has reached
+    passed: dict[WatermarkObserver, str] = {}  # where time passed at an observer, once fed
+
+    def input_watermark(observer: WatermarkObserver) -> Timestamp:
+        return min(watermarks.get(tag, MIN_TIMESTAMP) for tag in observer.tags)
+
+    def time_passes(observer: WatermarkObserver, what: str) -> str | None:
+        if observer not in fed or observer in passed:
+            return None
+        passed[observer] = what
+        if observer.emitted_tags:
+            return (
+                f"{what} moves the watermark of '{observer.label}' ({observer.why}) after "
+                "elements reached a GroupByKey or a DoFn with timers upstream of it, which "
+                "can emit more of its input after its timers fired"
+            )
+        return None
+
     for index, event in enumerate(events):
         if isinstance(event, ElementEvent):
-            if time_passed_after_elements is not None:
-                return (
-                    f"event {index} adds elements after {time_passed_after_elements} had "
-                    "passed earlier elements, so triggers, timers and windows could fire "
-                    "between them"
-                )
             watermark = watermarks.get(event.tag, MIN_TIMESTAMP)
             for value in event.timestamped_values:
                 if value.timestamp < watermark:
@@ -64,14 +85,31 @@ def streaming_only_reason(events: Sequence[Any]) -> str | None:
                         f"event {index} adds an element at {value.timestamp}, behind its "
                         f"output's watermark {watermark} (late data)"
                     )
-            seen_elements = seen_elements or bool(event.timestamped_values)
+            if not event.timestamped_values:
+                continue
+            for observer in observers:
+                if event.tag not in observer.tags:
+                    continue
+                if observer in passed:
+                    return (
+                        f"event {index} adds elements that reach '{observer.label}' "
+                        f"({observer.why}) after {passed[observer]} passed earlier ones"
+                    )
+                fed.add(observer)
         elif isinstance(event, WatermarkEvent):
+            before = {observer: input_watermark(observer) for observer in observers}
             watermarks[event.tag] = Timestamp.of(event.new_watermark)
-            if seen_elements and time_passed_after_elements is None:
-                time_passed_after_elements = f"a watermark advance (event {index})"
+            for observer in observers:
+                after = input_watermark(observer)
+                if before[observer] < after < MAX_TIMESTAMP:
+                    reason = time_passes(observer, f"a watermark advance (event {index})")
+                    if reason is not None:
+                        return reason
         elif isinstance(event, ProcessingTimeEvent):
-            if seen_elements and time_passed_after_elements is None:
-                time_passed_after_elements = f"a processing-time advance (event {index})"
+            for observer in observers:
+                reason = time_passes(observer, f"a processing-time advance (event {index})")
+                if reason is not None:
+                    return reason
         else:
             return f"event {index} is of an unknown kind ({type(event).__name__})"
     return None
@@ -131,6 +169,9 @@ class BatchTestStream(beam.PTransform):  # type: ignore[misc]
 class BatchTestStreamOverride(PTransformOverride):  # type: ignore[misc]
     """Replaces each TestStream by :class:`BatchTestStream`, or refuses it with the reason."""
 
+    def __init__(self, pipeline: beam.Pipeline) -> None:
+        self._pipeline = pipeline
+
     def matches(self, applied_ptransform: AppliedPTransform) -> bool:
         transform = applied_ptransform.transform
         if not isinstance(transform, TestStream):
@@ -141,14 +182,16 @@ class BatchTestStreamOverride(PTransformOverride):  # type: ignore[misc]
                 f"that reads its events from a service ({transform._endpoint}); "  # noqa: SLF001
                 "SparkStructuredRunner runs only TestStreams whose events are in the pipeline."
             )
-        reason = streaming_only_reason(transform._events)  # noqa: SLF001
+        observers = find_observers(self._pipeline, dict(applied_ptransform.outputs))
+        reason = streaming_only_reason(transform._events, observers)  # noqa: SLF001
         if reason is not None:
             raise UnsupportedFeatureError(
                 f"Transform '{applied_ptransform.full_label}' is a TestStream ({TEST_STREAM_URN}) "
                 f"that needs streaming execution: {reason}. SparkStructuredRunner runs a "
-                "TestStream in batch only when all its elements arrive before time passes "
-                "them; streaming execution is not supported yet. Add all elements before "
-                "advancing the watermark or processing time, or run the test on DirectRunner."
+                "TestStream in batch only where no transform can tell when time passed "
+                "between its elements; streaming execution is not supported yet. Add those "
+                "elements before advancing the watermark or processing time, or run the "
+                "test on DirectRunner."
             )
         return True
 

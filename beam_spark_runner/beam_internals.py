@@ -60,7 +60,7 @@ from apache_beam.runners.worker import (
     statecache,
     statesampler,
 )
-from apache_beam.transforms import environments, trigger
+from apache_beam.transforms import environments, trigger, userstate
 from apache_beam.utils import proto_utils
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming
 
@@ -368,3 +368,9 @@ __all__ = [
     "proto_utils",
     "python_urns",
 ]
+
+
+def dofn_has_timers(dofn: Any) -> bool:
+    """Whether a DoFn declares timers (event-time or processing-time)."""
+    _state_specs, timer_specs = userstate.get_dofn_specs(dofn)
+    return bool(timer_specs)

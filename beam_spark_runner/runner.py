@@ -50,7 +50,7 @@ class SparkStructuredRunner(PipelineRunner):
         settings = spark_settings(options)
         # TestStreams that a batch run reproduces exactly become batch sources; any other
         # is refused here, before Spark starts.
-        pipeline.replace_all([BatchTestStreamOverride()])
+        pipeline.replace_all([BatchTestStreamOverride(pipeline)])
         pipeline.visit(
             bi.group_by_key_input_visitor(
                 not options.view_as(pipeline_options.TypeOptions).allow_non_deterministic_key_coders

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import apache_beam as beam
 import pytest
 from apache_beam import coders
@@ -15,13 +17,14 @@ from apache_beam.testing.test_stream import (
     TestStream as ScriptedStream,
 )
 from apache_beam.testing.util import assert_that, equal_to, equal_to_per_window
-from apache_beam.transforms import deduplicate, window
+from apache_beam.transforms import deduplicate, userstate, window
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, Timestamp
 
 from beam_spark_runner import session
-from beam_spark_runner.batch_test_stream import streaming_only_reason
+from beam_spark_runner.batch_test_stream import BatchTestStream, streaming_only_reason
 from beam_spark_runner.errors import UnsupportedFeatureError
+from beam_spark_runner.watermark_observers import WatermarkObserver
 
 SPARK_ARGS = ["--runner=SparkStructuredRunner", "--spark_master=local[2]"]
 
@@ -30,35 +33,198 @@ def _elements(*timestamps: int, tag: str | None = None) -> ElementEvent:
     return ElementEvent([TimestampedValue(t, t) for t in timestamps], tag)
 
 
-@pytest.mark.parametrize(
-    "events",
-    [
-        [],
-        [_elements(1, 2), _elements(3), WatermarkEvent(MAX_TIMESTAMP)],
-        [WatermarkEvent(5), ProcessingTimeEvent(10), _elements(5, 9), WatermarkEvent(20)],
-        [_elements(1), WatermarkEvent(10), ProcessingTimeEvent(3), WatermarkEvent(20)],
-        [WatermarkEvent(50, "a"), _elements(1, tag="b"), _elements(50, tag="a")],
-        [WatermarkEvent(5), ElementEvent([]), WatermarkEvent(6), _elements(7)],
-    ],
-)
-def test_scripts_where_no_time_passes_between_elements_run_in_batch(events: list) -> None:
-    assert streaming_only_reason(events) is None
+# An observer (a DoFn with timers, say) that the TestStream's main output reaches directly,
+# one reached through a GroupByKey, and one reached by output "a" only.
+TIMERS = WatermarkObserver("Timers", "a DoFn with timers", frozenset({None}), frozenset())
+AFTER_GBK = WatermarkObserver("AfterGbk", "a DoFn with timers", frozenset(), frozenset({None}))
+ON_A = WatermarkObserver("OnA", "a GroupByKey triggered by early", frozenset({"a"}), frozenset())
 
 
 @pytest.mark.parametrize(
-    ("events", "expected"),
+    ("events", "observers"),
     [
-        ([_elements(1), WatermarkEvent(10), _elements(12)], "after a watermark advance (event 1)"),
-        ([_elements(1), ProcessingTimeEvent(10), _elements(2)], "processing-time advance"),
-        ([WatermarkEvent(10), _elements(12, 3)], "at Timestamp(3), behind its output's"),
-        ([_elements(1, tag="a"), WatermarkEvent(9, "a"), _elements(12, tag="b")], "event 2"),
+        ([], [TIMERS, AFTER_GBK]),
+        ([_elements(1, 2), _elements(3), WatermarkEvent(MAX_TIMESTAMP)], [TIMERS, AFTER_GBK]),
+        (
+            [WatermarkEvent(5), ProcessingTimeEvent(10), _elements(5, 9), WatermarkEvent(20)],
+            [TIMERS],
+        ),
+        ([_elements(1), WatermarkEvent(10), ProcessingTimeEvent(3), WatermarkEvent(20)], [TIMERS]),
+        ([WatermarkEvent(50, "a"), _elements(1, tag="b"), _elements(50, tag="a")], [ON_A]),
+        ([WatermarkEvent(5), ElementEvent([]), WatermarkEvent(6), _elements(7)], [TIMERS]),
+        # Time passes between elements, but nothing downstream can tell.
+        ([_elements(1), WatermarkEvent(10), _elements(12)], []),
+        ([_elements(1), ProcessingTimeEvent(10), _elements(2)], []),
+        # ... or only where the observer does not look.
+        ([_elements(1, tag="b"), WatermarkEvent(9, "b"), _elements(12, tag="b")], [ON_A]),
+        ([_elements(1, tag="a"), WatermarkEvent(9, "b"), _elements(12, tag="a")], [ON_A]),
+        # Output "a" moves, but the observer's input watermark (the minimum with the
+        # main output's) stays at -inf.
+        (
+            [_elements(1, tag="a"), WatermarkEvent(9, "a"), _elements(12, tag="a")],
+            [WatermarkObserver("Both", "x", frozenset({"a", None}), frozenset())],
+        ),
+        # Everything arrives before the GroupByKey upstream of the observer can emit.
+        ([WatermarkEvent(3), _elements(4, 5), WatermarkEvent(MAX_TIMESTAMP)], [AFTER_GBK]),
     ],
 )
-def test_scripts_where_time_passes_between_elements_need_streaming(
-    events: list, expected: str
+def test_scripts_no_observer_can_tell_from_a_batch_run_run_in_batch(
+    events: list, observers: list[WatermarkObserver]
 ) -> None:
-    reason = streaming_only_reason(events)
+    assert streaming_only_reason(events, observers) is None
+
+
+@pytest.mark.parametrize(
+    ("events", "observers", "expected"),
+    [
+        (
+            [_elements(1), WatermarkEvent(10), _elements(12)],
+            [TIMERS],
+            "event 2 adds elements that reach 'Timers' (a DoFn with timers) after a "
+            "watermark advance (event 1) passed earlier ones",
+        ),
+        (
+            [_elements(1), ProcessingTimeEvent(10), _elements(2)],
+            [TIMERS],
+            "after a processing-time advance (event 1)",
+        ),
+        ([WatermarkEvent(10), _elements(12, 3)], [], "at Timestamp(3), behind its output's"),
+        (
+            [_elements(1, tag="a"), WatermarkEvent(9, "a"), _elements(12, tag="a")],
+            [ON_A],
+            "reach 'OnA'",
+        ),
+        # The GroupByKey upstream fires at the advance and again at +inf: the observer's
+        # timers would fire between its two inputs.
+        (
+            [_elements(1), WatermarkEvent(10), WatermarkEvent(MAX_TIMESTAMP)],
+            [AFTER_GBK],
+            "a watermark advance (event 1) moves the watermark of 'AfterGbk'",
+        ),
+        (
+            [_elements(1), ProcessingTimeEvent(10)],
+            [AFTER_GBK],
+            "a processing-time advance (event 1) moves the watermark of 'AfterGbk'",
+        ),
+    ],
+)
+def test_scripts_where_an_observer_sees_time_pass_need_streaming(
+    events: list, observers: list[WatermarkObserver], expected: str
+) -> None:
+    reason = streaming_only_reason(events, observers)
     assert reason is not None and expected in reason
+
+
+class BufferUntilTimer(beam.DoFn):  # type: ignore[misc]
+    """Buffers a key's values; emits them sorted when an event-time timer 5 s later fires."""
+
+    BUFFER = userstate.BagStateSpec("buffer", coders.VarIntCoder())
+    FLUSH = userstate.TimerSpec("flush", userstate.TimeDomain.WATERMARK)
+
+    def process(
+        self,
+        element: tuple[str, int],
+        timestamp: Timestamp = beam.DoFn.TimestampParam,
+        buffer: userstate.BagRuntimeState = beam.DoFn.StateParam(BUFFER),
+        flush: userstate.RuntimeTimer = beam.DoFn.TimerParam(FLUSH),
+    ) -> None:
+        buffer.add(element[1])
+        flush.set(timestamp + 5)
+
+    @userstate.on_timer(FLUSH)
+    def on_flush(
+        self, buffer: userstate.BagRuntimeState = beam.DoFn.StateParam(BUFFER)
+    ) -> Iterator[list[int]]:
+        yield sorted(buffer.read())
+        buffer.clear()
+
+
+def _run_on(runner_args: list[str], build: Callable[[beam.Pipeline], None]) -> None:
+    with beam.Pipeline(options=PipelineOptions(runner_args)) as p:
+        build(p)
+
+
+DIRECT_STREAMING = ["--runner=DirectRunner", "--streaming"]
+
+
+def _windows_and_values(stream: ScriptedStream, windowing: beam.WindowInto):
+    def build(p: beam.Pipeline) -> beam.PCollection:
+        return (
+            p
+            | stream
+            | windowing
+            | beam.GroupByKey()
+            | beam.Map(lambda kv, w=beam.DoFn.WindowParam: (kv[0], float(w.start), sorted(kv[1])))
+        )
+
+    return build
+
+
+# Built anew for each pipeline: a transform applied once belongs to that pipeline.
+ACCEPTED_SCRIPTS: dict[str, Callable[[], tuple[ScriptedStream, beam.WindowInto, list]]] = {
+    "fixed windows, default trigger": lambda: (
+        ScriptedStream()
+        .add_elements([TimestampedValue(("k", 1), 1), TimestampedValue(("k", 3), 3)])
+        .advance_watermark_to(10)
+        .add_elements([TimestampedValue(("k", 12), 12), TimestampedValue(("j", 14), 14)])
+        .advance_watermark_to(25)
+        .add_elements([TimestampedValue(("k", 27), 27), TimestampedValue(("k", 29), 29)])
+        .advance_watermark_to_infinity(),
+        beam.WindowInto(window.FixedWindows(10)),
+        [("k", 0.0, [1, 3]), ("k", 10.0, [12]), ("j", 10.0, [14]), ("k", 20.0, [27, 29])],
+    ),
+    "sessions, default trigger": lambda: (
+        ScriptedStream()
+        .add_elements([TimestampedValue(("k", 1), 1), TimestampedValue(("k", 4), 4)])
+        .advance_watermark_to(12)
+        .add_elements([TimestampedValue(("k", 12), 12), TimestampedValue(("k", 15), 15)])
+        .advance_watermark_to_infinity(),
+        beam.WindowInto(window.Sessions(5)),
+        [("k", 1.0, [1, 4]), ("k", 12.0, [12, 15])],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ACCEPTED_SCRIPTS))
+@pytest.mark.parametrize("runner_args", [DIRECT_STREAMING, SPARK_ARGS], ids=["direct", "spark"])
+def test_time_passing_between_elements_where_no_observer_sees_it(
+    name: str, runner_args: list[str]
+) -> None:
+    # The same script, pipeline and expected panes on DirectRunner in streaming (the
+    # reference for what a TestStream means) and on this runner in batch.
+    stream, windowing, expected = ACCEPTED_SCRIPTS[name]()
+    build = _windows_and_values(stream, windowing)
+    _run_on(runner_args, lambda p: assert_that(build(p), equal_to(expected)))
+
+
+def _timer_script() -> ScriptedStream:
+    return (
+        ScriptedStream()
+        .add_elements([TimestampedValue(("k", 1), 0)])
+        .advance_watermark_to(10)
+        .add_elements([TimestampedValue(("k", 2), 12)])
+        .advance_watermark_to(100)
+        .advance_watermark_to_infinity()
+    )
+
+
+def test_a_refused_script_really_differs_between_streaming_and_batch() -> None:
+    # Why the runner refuses _timer_script: in streaming the timer set by the first element
+    # fires at the advance, before the second arrives; a batch run (the replacement this
+    # runner would use, here on FnApiRunner) buffers both first.
+    _run_on(
+        DIRECT_STREAMING,
+        lambda p: assert_that(
+            p | _timer_script() | beam.ParDo(BufferUntilTimer()), equal_to([[1], [2]])
+        ),
+    )
+    _run_on(
+        ["--runner=DirectRunner"],
+        lambda p: assert_that(
+            p | BatchTestStream(_timer_script()) | beam.ParDo(BufferUntilTimer()),
+            equal_to([[1, 2]]),
+        ),
+    )
 
 
 def test_deduplicate_per_window_from_a_test_stream() -> None:
@@ -137,11 +303,16 @@ def test_streaming_only_test_stream_is_refused_before_spark_starts(
 
     monkeypatch.setattr(session, "obtain_session", no_session)
     monkeypatch.setattr("beam_spark_runner.runner.obtain_session", no_session)
-    stream = ScriptedStream().add_elements([1]).advance_watermark_to(10).add_elements([2])
+    stream = (
+        ScriptedStream()
+        .add_elements([("k", 1)])
+        .advance_watermark_to(10)
+        .add_elements([TimestampedValue(("k", 2), 12)])
+    )
     p = beam.Pipeline(options=PipelineOptions(SPARK_ARGS))
-    _ = p | "Script" >> stream | beam.Map(print)
+    _ = p | "Script" >> stream | "Buffer" >> beam.ParDo(BufferUntilTimer())
     with pytest.raises(UnsupportedFeatureError) as error:
         p.run()
     message = str(error.value)
     assert "'Script'" in message and "beam:transform:teststream:v1" in message
-    assert "event 2 adds elements after a watermark advance (event 1)" in message
+    assert "event 2 adds elements that reach 'Buffer' (a DoFn with timers" in message

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from validates_runner.reasons import OTHER_RUNNER, PUBSUB_STREAMING, TEST_STREAM
+from validates_runner.reasons import OTHER_RUNNER, PUBSUB_STREAMING
 
 # The options Beam's ``it_validatesrunner`` tests run with by default (see README.md).
 DEFAULT_TEST_PIPELINE_OPTIONS = "--runner=SparkStructuredRunner --spark_master=local[2]"
@@ -67,8 +67,6 @@ BEAM_MARKERS: dict[str, str] = {
 # Beam tests (``module::Class::test``) that cannot pass on SparkStructuredRunner yet, with the
 # missing capability. Each was run and seen to fail for that reason.
 SKIPS: dict[str, str] = {
-    "apache_beam.transforms.sideinputs_test::SideInputsTest"
-    "::test_multi_triggered_gbk_side_input": TEST_STREAM,
     "apache_beam.runners.dataflow.dataflow_exercise_streaming_metrics_pipeline_test"
     "::ExerciseStreamingMetricsPipelineTest"
     "::test_streaming_pipeline_returns_expected_user_metrics_fnapi_it": PUBSUB_STREAMING,

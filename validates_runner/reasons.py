@@ -7,12 +7,6 @@ and seen to fail for the reason given before it was skipped here.
 
 from __future__ import annotations
 
-TEST_STREAM = (
-    "Streaming execution is not supported yet: the test's TestStream adds elements after the "
-    "watermark advanced past earlier ones, so panes must fire between them; the runner runs "
-    "only TestStreams whose elements all arrive before time passes them, and raises "
-    "UnsupportedFeatureError for this one"
-)
 RUNNER_SPLITS = (
     "Runner-initiated splits are not supported yet: the tests drive FnApiRunner's split hooks "
     "(fn_runner.split_manager, DirectOptions.direct_test_splits) and an ElementCounter shared "
@@ -29,7 +23,6 @@ OTHER_RUNNER = "Not a test of this runner: it runs its pipelines on another runn
 
 HARNESS_REASONS: frozenset[str] = frozenset(
     [
-        TEST_STREAM,
         RUNNER_SPLITS,
         PUBSUB_STREAMING,
         OTHER_RUNNER,
