@@ -64,16 +64,22 @@ def streaming_only_reason(
     def input_watermark(observer: WatermarkObserver) -> Timestamp:
         return min(watermarks.get(tag, MIN_TIMESTAMP) for tag in observer.tags)
 
-    def time_passes(observer: WatermarkObserver, what: str) -> str | None:
-        if observer not in fed or observer in passed:
+    def time_passes(observer: WatermarkObserver, what: str, domain: str) -> str | None:
+        if observer not in fed or domain not in observer.domains:
             return None
-        passed[observer] = what
+        if domain == "processing" and "event" in observer.domains:
+            # A batch run fires a key's event-time timers before its processing-time ones.
+            return (
+                f"{what} comes after elements reached '{observer.label}' ({observer.why}); "
+                "a batch run fires event-time timers before processing-time ones"
+            )
         if observer.emitted_tags:
             return (
-                f"{what} moves the watermark of '{observer.label}' ({observer.why}) after "
+                f"{what} moves the time of '{observer.label}' ({observer.why}) after "
                 "elements reached a GroupByKey or a DoFn with timers upstream of it, which "
                 "can emit more of its input after its timers fired"
             )
+        passed.setdefault(observer, what)
         return None
 
     for index, event in enumerate(events):
@@ -102,12 +108,14 @@ def streaming_only_reason(
             for observer in observers:
                 after = input_watermark(observer)
                 if before[observer] < after < MAX_TIMESTAMP:
-                    reason = time_passes(observer, f"a watermark advance (event {index})")
+                    reason = time_passes(observer, f"a watermark advance (event {index})", "event")
                     if reason is not None:
                         return reason
         elif isinstance(event, ProcessingTimeEvent):
             for observer in observers:
-                reason = time_passes(observer, f"a processing-time advance (event {index})")
+                reason = time_passes(
+                    observer, f"a processing-time advance (event {index})", "processing"
+                )
                 if reason is not None:
                     return reason
         else:

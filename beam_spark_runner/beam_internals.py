@@ -370,7 +370,28 @@ __all__ = [
 ]
 
 
-def dofn_has_timers(dofn: Any) -> bool:
-    """Whether a DoFn declares timers (event-time or processing-time)."""
+def dofn_timer_domains(dofn: Any) -> frozenset[str]:
+    """The time domains of a DoFn's timers: a subset of {"event", "processing"}."""
     _state_specs, timer_specs = userstate.get_dofn_specs(dofn)
-    return bool(timer_specs)
+    return frozenset(
+        "event" if spec.time_domain == userstate.TimeDomain.WATERMARK else "processing"
+        for spec in timer_specs
+    )
+
+
+def trigger_uses_processing_time(trigger_fn: trigger.TriggerFn) -> bool:
+    """Whether a trigger, or any trigger inside it, fires on processing time."""
+    processing = {"after_processing_time", "after_synchronized_processing_time"}
+
+    def walk(message: Any) -> bool:
+        for field, value in message.ListFields():
+            if field.name in processing:
+                return True
+            if field.message_type is None:
+                continue
+            values = [value] if hasattr(value, "ListFields") else list(value)
+            if any(walk(item) for item in values):
+                return True
+        return False
+
+    return walk(trigger_fn.to_runner_api(PipelineContext()))

@@ -60,6 +60,8 @@ class WatermarkObserver:
 
     label: str
     why: str
+    # The kinds of time it fires on: "event" (the watermark) and/or "processing".
+    domains: frozenset[str]
     # TestStream outputs whose elements reach it without passing an emitter.
     direct_tags: frozenset[Tag]
     # TestStream outputs whose elements reach it through a GroupByKey or a DoFn with
@@ -94,23 +96,43 @@ def _in_reshuffle(applied: AppliedPTransform) -> bool:
     return False
 
 
-def _classify(applied: AppliedPTransform) -> tuple[bool, str | None]:
-    """Whether ``applied`` emits when the watermark moves, and why it observes it (or None)."""
+@dataclass(frozen=True)
+class _Kind:
+    emits: bool  # emits output when time passes (a GroupByKey, a DoFn with timers)
+    why: str | None = None  # why it observes when time passed; None if it does not
+    domains: frozenset[str] = frozenset()
+
+
+def _classify(applied: AppliedPTransform) -> _Kind:
     transform = applied.transform
     if isinstance(transform, beam.GroupByKey):
         if _in_reshuffle(applied):
-            return False, None
+            return _Kind(emits=False)
         (pcoll,) = applied.main_inputs.values()
         if not isinstance(pcoll, PCollection) or _default_triggered(pcoll):
-            return True, None
+            return _Kind(emits=True)
         windowing = pcoll.windowing
-        return True, (
-            f"a GroupByKey triggered by {windowing.triggerfn} over "
-            f"{type(windowing.windowfn).__name__}, whose panes can fire between elements"
+        domains = frozenset({"event"})
+        if bi.trigger_uses_processing_time(windowing.triggerfn):
+            domains |= {"processing"}
+        return _Kind(
+            emits=True,
+            why=(
+                f"a GroupByKey triggered by {windowing.triggerfn} over "
+                f"{type(windowing.windowfn).__name__}, whose panes can fire between elements"
+            ),
+            domains=domains,
         )
-    if isinstance(transform, beam.ParDo) and bi.dofn_has_timers(transform.fn):
-        return True, "a DoFn with timers, which fire when time passes them"
-    return False, None
+    if isinstance(transform, beam.ParDo):
+        timer_domains = bi.dofn_timer_domains(transform.fn)
+        if timer_domains:
+            kinds = " and ".join(sorted(timer_domains))
+            return _Kind(
+                emits=True,
+                why=f"a DoFn with {kinds}-time timers, which fire when time passes them",
+                domains=timer_domains,
+            )
+    return _Kind(emits=False)
 
 
 class _Leaves(PipelineVisitor):  # type: ignore[misc]
@@ -132,7 +154,7 @@ def find_observers(pipeline: beam.Pipeline, outputs: Mapping[Any, Any]) -> list[
     leaves = _Leaves()
     pipeline.visit(leaves)
     reached: dict[str, dict[str, set[Tag]]] = {}
-    why_of: dict[str, str] = {}
+    kind_of: dict[str, _Kind] = {}
     for tag, start in outputs.items():
         if not isinstance(start, PCollection):
             continue
@@ -145,19 +167,20 @@ def find_observers(pipeline: beam.Pipeline, outputs: Mapping[Any, Any]) -> list[
                 continue
             seen.add((id(pcoll), emitted))
             for consumer in leaves.consumers.get(pcoll, []):
-                emits, why = _classify(consumer)
-                if why is not None:
+                kind = _classify(consumer)
+                if kind.why is not None:
                     label = consumer.full_label
-                    why_of[label] = why
+                    kind_of[label] = kind
                     entry = reached.setdefault(label, {"direct": set(), "emitted": set()})
                     entry["emitted" if emitted else "direct"].add(tag)
                 for output in consumer.outputs.values():
                     if isinstance(output, PCollection):
-                        queue.append((output, emitted or emits))
+                        queue.append((output, emitted or kind.emits))
     return [
         WatermarkObserver(
             label=label,
-            why=why_of[label],
+            why=str(kind_of[label].why),
+            domains=kind_of[label].domains,
             direct_tags=frozenset(entry["direct"]),
             emitted_tags=frozenset(entry["emitted"]),
         )

@@ -33,11 +33,25 @@ def _elements(*timestamps: int, tag: str | None = None) -> ElementEvent:
     return ElementEvent([TimestampedValue(t, t) for t in timestamps], tag)
 
 
-# An observer (a DoFn with timers, say) that the TestStream's main output reaches directly,
+EVENT, PROCESSING, BOTH = (
+    frozenset({"event"}),
+    frozenset({"processing"}),
+    frozenset({"event", "processing"}),
+)
+MAIN = frozenset({None})
+
+
+def _observer(label: str, domains: frozenset[str], direct: frozenset, emitted=frozenset()):
+    return WatermarkObserver(label, "why", domains, frozenset(direct), frozenset(emitted))
+
+
+# Observers (DoFns with timers, say) that the TestStream's main output reaches directly,
 # one reached through a GroupByKey, and one reached by output "a" only.
-TIMERS = WatermarkObserver("Timers", "a DoFn with timers", frozenset({None}), frozenset())
-AFTER_GBK = WatermarkObserver("AfterGbk", "a DoFn with timers", frozenset(), frozenset({None}))
-ON_A = WatermarkObserver("OnA", "a GroupByKey triggered by early", frozenset({"a"}), frozenset())
+TIMERS = _observer("Timers", EVENT, MAIN)
+PT_TIMERS = _observer("PtTimers", PROCESSING, MAIN)
+BOTH_TIMERS = _observer("BothTimers", BOTH, MAIN)
+AFTER_GBK = _observer("AfterGbk", EVENT, frozenset(), MAIN)
+ON_A = _observer("OnA", EVENT, frozenset({"a"}))
 
 
 @pytest.mark.parametrize(
@@ -49,12 +63,15 @@ ON_A = WatermarkObserver("OnA", "a GroupByKey triggered by early", frozenset({"a
             [WatermarkEvent(5), ProcessingTimeEvent(10), _elements(5, 9), WatermarkEvent(20)],
             [TIMERS],
         ),
-        ([_elements(1), WatermarkEvent(10), ProcessingTimeEvent(3), WatermarkEvent(20)], [TIMERS]),
+        (
+            [_elements(1), WatermarkEvent(10), ProcessingTimeEvent(3), WatermarkEvent(20)],
+            [TIMERS, PT_TIMERS],
+        ),
         ([WatermarkEvent(50, "a"), _elements(1, tag="b"), _elements(50, tag="a")], [ON_A]),
         ([WatermarkEvent(5), ElementEvent([]), WatermarkEvent(6), _elements(7)], [TIMERS]),
         # Time passes between elements, but nothing downstream can tell.
-        ([_elements(1), WatermarkEvent(10), _elements(12)], []),
-        ([_elements(1), ProcessingTimeEvent(10), _elements(2)], []),
+        ([_elements(1), WatermarkEvent(10), _elements(12)], [PT_TIMERS]),
+        ([_elements(1), ProcessingTimeEvent(10), _elements(2)], [TIMERS]),
         # ... or only where the observer does not look.
         ([_elements(1, tag="b"), WatermarkEvent(9, "b"), _elements(12, tag="b")], [ON_A]),
         ([_elements(1, tag="a"), WatermarkEvent(9, "b"), _elements(12, tag="a")], [ON_A]),
@@ -62,7 +79,7 @@ ON_A = WatermarkObserver("OnA", "a GroupByKey triggered by early", frozenset({"a
         # main output's) stays at -inf.
         (
             [_elements(1, tag="a"), WatermarkEvent(9, "a"), _elements(12, tag="a")],
-            [WatermarkObserver("Both", "x", frozenset({"a", None}), frozenset())],
+            [_observer("Both", EVENT, frozenset({"a", None}))],
         ),
         # Everything arrives before the GroupByKey upstream of the observer can emit.
         ([WatermarkEvent(3), _elements(4, 5), WatermarkEvent(MAX_TIMESTAMP)], [AFTER_GBK]),
@@ -80,12 +97,12 @@ def test_scripts_no_observer_can_tell_from_a_batch_run_run_in_batch(
         (
             [_elements(1), WatermarkEvent(10), _elements(12)],
             [TIMERS],
-            "event 2 adds elements that reach 'Timers' (a DoFn with timers) after a "
+            "event 2 adds elements that reach 'Timers' (why) after a "
             "watermark advance (event 1) passed earlier ones",
         ),
         (
             [_elements(1), ProcessingTimeEvent(10), _elements(2)],
-            [TIMERS],
+            [PT_TIMERS],
             "after a processing-time advance (event 1)",
         ),
         ([WatermarkEvent(10), _elements(12, 3)], [], "at Timestamp(3), behind its output's"),
@@ -99,12 +116,14 @@ def test_scripts_no_observer_can_tell_from_a_batch_run_run_in_batch(
         (
             [_elements(1), WatermarkEvent(10), WatermarkEvent(MAX_TIMESTAMP)],
             [AFTER_GBK],
-            "a watermark advance (event 1) moves the watermark of 'AfterGbk'",
+            "a watermark advance (event 1) moves the time of 'AfterGbk'",
         ),
+        # Event-time and processing-time timers would fire interleaved as scripted; a
+        # batch run fires the event-time ones first.
         (
-            [_elements(1), ProcessingTimeEvent(10)],
-            [AFTER_GBK],
-            "a processing-time advance (event 1) moves the watermark of 'AfterGbk'",
+            [_elements(1), WatermarkEvent(10), ProcessingTimeEvent(10)],
+            [BOTH_TIMERS],
+            "a processing-time advance (event 2) comes after elements reached 'BothTimers'",
         ),
     ],
 )
@@ -315,4 +334,4 @@ def test_streaming_only_test_stream_is_refused_before_spark_starts(
         p.run()
     message = str(error.value)
     assert "'Script'" in message and "beam:transform:teststream:v1" in message
-    assert "event 2 adds elements that reach 'Buffer' (a DoFn with timers" in message
+    assert "event 2 adds elements that reach 'Buffer' (a DoFn with event-time timers" in message

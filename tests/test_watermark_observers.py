@@ -5,7 +5,7 @@ from __future__ import annotations
 import apache_beam as beam
 from apache_beam.pipeline import AppliedPTransform, PipelineVisitor
 from apache_beam.testing.test_stream import TestStream as ScriptedStream
-from apache_beam.transforms import trigger, window
+from apache_beam.transforms import trigger, userstate, window
 
 from beam_spark_runner.watermark_observers import WatermarkObserver, find_observers
 from tests.test_batch_test_stream import BufferUntilTimer
@@ -67,7 +67,7 @@ def test_early_firing_combine_observes_its_input_directly() -> None:
     (observer,) = _observers(p).values()
     assert observer.label.startswith("Sum/")
     assert observer.direct_tags == {None} and observer.emitted_tags == frozenset()
-    assert "AfterCount" in observer.why
+    assert "AfterCount" in observer.why and observer.domains == {"event"}
 
 
 def test_timers_behind_a_grouping_observe_through_an_emitter() -> None:
@@ -82,7 +82,8 @@ def test_timers_behind_a_grouping_observe_through_an_emitter() -> None:
     assert set(observers) == {"Buffer"}
     assert observers["Buffer"].direct_tags == frozenset()
     assert observers["Buffer"].emitted_tags == {None}
-    assert "timers" in observers["Buffer"].why
+    assert observers["Buffer"].domains == {"event"}
+    assert "event-time timers" in observers["Buffer"].why
 
 
 def test_timers_behind_a_reshuffle_observe_directly_and_custom_windows_observe() -> None:
@@ -115,3 +116,35 @@ def test_side_inputs_reach_an_observer() -> None:
         BufferUntilTimer(), beam.pvalue.AsList(outputs["side"])
     )
     assert _observers(p)["Buffer"].direct_tags == {"main", "side"}
+
+
+class _ProcessingTimeFlush(beam.DoFn):  # type: ignore[misc]
+    FLUSH = userstate.TimerSpec("flush", userstate.TimeDomain.REAL_TIME)
+
+    def process(
+        self, element: tuple[str, int], flush: userstate.RuntimeTimer = beam.DoFn.TimerParam(FLUSH)
+    ) -> None:
+        flush.set(0)
+
+    @userstate.on_timer(FLUSH)
+    def on_flush(self) -> list[str]:
+        return ["flushed"]
+
+
+def test_time_domains_of_timers_and_triggers() -> None:
+    p = beam.Pipeline()
+    keyed = _keyed_stream(p)
+    _ = keyed | "Pt" >> beam.ParDo(_ProcessingTimeFlush())
+    _ = (
+        keyed
+        | beam.WindowInto(
+            window.FixedWindows(5),
+            trigger=trigger.AfterWatermark(early=trigger.AfterProcessingTime(10)),
+            accumulation_mode=trigger.AccumulationMode.ACCUMULATING,
+        )
+        | "Group" >> beam.GroupByKey()
+    )
+    observers = _observers(p)
+    assert observers["Pt"].domains == {"processing"}
+    assert "processing-time timers" in observers["Pt"].why
+    assert observers["Group"].domains == {"event", "processing"}
