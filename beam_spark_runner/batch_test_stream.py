@@ -1,25 +1,29 @@
 """TestStream in batch, for the TestStreams whose batch run is one of their streaming runs.
 
 A TestStream scripts a stream: elements arrive, the watermark advances, processing time
-advances. The runner executes pipelines in batch: every element is read, then the
-watermark jumps to +inf. That is one of the runs a streaming runner may make of a
-TestStream when
+advances, and a streaming run takes each event to quiescence before the next. The runner
+executes pipelines in batch: every element is read, then the watermark jumps to +inf.
+The batch run is one of the streaming runs when
 
-* no element is behind its output's watermark when it arrives (nothing is late), and
-* no transform that can tell when time passed (an *observer*: a DoFn with timers, or a
-  GroupByKey with a trigger or window function other than the default ones; see
-  :mod:`beam_spark_runner.watermark_observers`) sees its input watermark or processing
-  time move between two elements that reach it. Where elements reach an observer through
-  a GroupByKey or a DoFn with timers, which emit when the watermark moves, the observer's
-  watermark must not move at all once they have arrived.
+* no element is behind its output's watermark when it arrives (nothing is late at the
+  source), and
+* no *observer* (see :mod:`beam_spark_runner.watermark_observers`: a GroupByKey or a
+  stateful DoFn) could tell: once elements have reached it, time does not pass in a
+  domain it fires on (its input watermark, the minimum over the outputs reaching it,
+  rising to a finite value; or processing time) before more elements reach it, nor at
+  all if elements reach it through a GroupByKey or a DoFn with timers, which emit when
+  time passes; an observer with both domains sees no processing-time advance after its
+  first element (a batch run fires event-time timers first); and a GroupByKey with a
+  trigger other than the default gets each key and window from one event only (its
+  trigger may fire per event). A default-triggered GroupByKey over a standard window
+  function reached only through WindowInto, Flatten and Reshuffle needs none of this: an
+  element that is not late at the source is not late there either.
 
-Everything else downstream gives the same result whenever the watermark moved: an element
-that is not late lands only in windows whose on-time pane has not fired. How a streaming
-runner bundles elements that arrive together is up to the runner, so reading them all at
-once is legal. Such a TestStream is replaced, before translation, by an Impulse and a DoFn
-that emits its elements with their timestamps on their outputs. Any other TestStream
-needs streaming execution and is refused before Spark starts, naming the event and the
-transform that need it.
+Such a TestStream is replaced, before translation, by an Impulse and a DoFn that emits
+its elements with their timestamps on their outputs. Any other TestStream needs streaming
+execution and is refused before Spark starts, naming the event and the transform that
+need it. Not checked: a DoFn that moves timestamps back behind a watermark the script
+set before its first element.
 """
 
 from __future__ import annotations
@@ -37,16 +41,75 @@ from apache_beam.testing.test_stream import (
     WatermarkEvent,
     WindowedValueHolder,
 )
-from apache_beam.transforms.window import TimestampedValue
+from apache_beam.transforms.window import TimestampedValue, WindowFn
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
 
 from beam_spark_runner.capabilities import TEST_STREAM_URN
 from beam_spark_runner.errors import UnsupportedFeatureError
-from beam_spark_runner.watermark_observers import Tag, WatermarkObserver, find_observers
+from beam_spark_runner.watermark_observers import (
+    DEFAULT_GROUPING,
+    TRIGGERED_GROUPING,
+    Tag,
+    WatermarkObserver,
+    find_observers,
+)
 
 # One element of a TestStream: its output tag, its encoding with the TestStream's
 # coder, and its timestamp.
 _Element = tuple[str | None, bytes, Timestamp]
+
+
+def _needs_time_checks(observer: WatermarkObserver) -> bool:
+    # A default-triggered GroupByKey over a standard window function, reached only through
+    # transforms that keep timestamps, sees no element late: time passing cannot matter.
+    return not (observer.kind == DEFAULT_GROUPING and observer.transparent)
+
+
+class _Panes:
+    """Which event brought the elements of each (key, window) to a triggered GroupByKey."""
+
+    def __init__(self, observer: WatermarkObserver) -> None:
+        self._observer = observer
+        self._first_event: int | None = None
+        self._event_of: dict[tuple[Any, Any], int] = {}
+
+    def _groups(self, values: Sequence[Any]) -> list[tuple[Any, Any]] | None:
+        window_fn = self._observer.window_fn
+        if not self._observer.transparent or window_fn is None or window_fn.is_merging():
+            return None
+        groups = []
+        for value in values:
+            element = value.value
+            if not (isinstance(element, tuple) and len(element) == 2):
+                return None
+            context = WindowFn.AssignContext(Timestamp.of(value.timestamp), element=element)
+            key = repr(element[0])
+            groups += [(key, assigned) for assigned in window_fn.assign(context)]
+        return groups
+
+    def add(self, index: int, values: Sequence[Any]) -> str | None:
+        """Records event ``index``'s elements; why a batch run would fire differently, or None."""
+        if self._first_event is None:
+            self._first_event = index
+        groups = self._groups(values)
+        if groups is None:
+            if self._first_event == index:
+                return None
+            return (
+                f"events {self._first_event} and {index} both add elements that reach "
+                f"'{self._observer.label}' ({self._observer.why}), which a streaming run "
+                "fires per event and a batch run once for both"
+            )
+        for group in groups:
+            earlier = self._event_of.setdefault(group, index)
+            if earlier != index:
+                return (
+                    f"events {earlier} and {index} both add elements of key {group[0]} in "
+                    f"window {group[1]} that reach '{self._observer.label}' "
+                    f"({self._observer.why}), which a streaming run fires per event and a "
+                    "batch run once for both"
+                )
+        return None
 
 
 def streaming_only_reason(
@@ -54,12 +117,16 @@ def streaming_only_reason(
 ) -> str | None:
     """Why a TestStream with these events needs streaming execution, or None.
 
-    ``observers`` are the transforms downstream of it that can tell when time passed
+    ``observers`` are the transforms downstream of it that could tell the difference
     (:func:`~beam_spark_runner.watermark_observers.find_observers`).
     """
     watermarks: dict[Tag, Timestamp] = {}
     fed: set[WatermarkObserver] = set()  # observers some element has reached
     passed: dict[WatermarkObserver, str] = {}  # where time passed at an observer, once fed
+    panes = {
+        observer: _Panes(observer) for observer in observers if observer.kind == TRIGGERED_GROUPING
+    }
+    timed = [observer for observer in observers if _needs_time_checks(observer)]
 
     def input_watermark(observer: WatermarkObserver) -> Timestamp:
         return min(watermarks.get(tag, MIN_TIMESTAMP) for tag in observer.tags)
@@ -73,11 +140,11 @@ def streaming_only_reason(
                 f"{what} comes after elements reached '{observer.label}' ({observer.why}); "
                 "a batch run fires event-time timers before processing-time ones"
             )
-        if observer.emitted_tags:
+        if observer.emitted:
             return (
                 f"{what} moves the time of '{observer.label}' ({observer.why}) after "
                 "elements reached a GroupByKey or a DoFn with timers upstream of it, which "
-                "can emit more of its input after its timers fired"
+                "can emit more of its input after time passed"
             )
         passed.setdefault(observer, what)
         return None
@@ -101,18 +168,22 @@ def streaming_only_reason(
                         f"event {index} adds elements that reach '{observer.label}' "
                         f"({observer.why}) after {passed[observer]} passed earlier ones"
                     )
+                if observer in panes:
+                    reason = panes[observer].add(index, event.timestamped_values)
+                    if reason is not None:
+                        return reason
                 fed.add(observer)
         elif isinstance(event, WatermarkEvent):
-            before = {observer: input_watermark(observer) for observer in observers}
+            before = {observer: input_watermark(observer) for observer in timed}
             watermarks[event.tag] = Timestamp.of(event.new_watermark)
-            for observer in observers:
+            for observer in timed:
                 after = input_watermark(observer)
                 if before[observer] < after < MAX_TIMESTAMP:
                     reason = time_passes(observer, f"a watermark advance (event {index})", "event")
                     if reason is not None:
                         return reason
         elif isinstance(event, ProcessingTimeEvent):
-            for observer in observers:
+            for observer in timed:
                 reason = time_passes(
                     observer, f"a processing-time advance (event {index})", "processing"
                 )

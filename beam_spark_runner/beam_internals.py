@@ -370,13 +370,17 @@ __all__ = [
 ]
 
 
-def dofn_timer_domains(dofn: Any) -> frozenset[str]:
-    """The time domains of a DoFn's timers: a subset of {"event", "processing"}."""
-    _state_specs, timer_specs = userstate.get_dofn_specs(dofn)
-    return frozenset(
+def dofn_state_and_timer_domains(dofn: Any) -> tuple[bool, frozenset[str]]:
+    """Whether a DoFn declares user state, and its timers' time domains.
+
+    The domains are a subset of {"event", "processing"}.
+    """
+    state_specs, timer_specs = userstate.get_dofn_specs(dofn)
+    domains = frozenset(
         "event" if spec.time_domain == userstate.TimeDomain.WATERMARK else "processing"
         for spec in timer_specs
     )
+    return bool(state_specs), domains
 
 
 def trigger_uses_processing_time(trigger_fn: trigger.TriggerFn) -> bool:

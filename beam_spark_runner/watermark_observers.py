@@ -1,29 +1,31 @@
-"""The transforms downstream of a TestStream that can tell when its watermark advanced.
+"""The transforms downstream of a TestStream that could tell a batch run from a streaming one.
 
 A batch run reads every element of a TestStream, then moves the watermark to +inf. A
-streaming run moves it as the script says, between elements. Where a transform's result
-cannot depend on *when* the watermark moved, only on the elements and their timestamps,
-the two runs agree. That holds for element-wise transforms, Flatten, WindowInto, side
-inputs (a batch run shows each main-input window its side input's final panes, which a
-streaming runner may wait for) and a GroupByKey with the default trigger over a standard
-window function: its on-time pane of a window fires once the watermark reaches the
-window's end, and an element that is not late lies in a window that has not ended yet.
+streaming run moves it as the script says, between elements, and runs each event to
+quiescence before the next. The two runs can differ only where something depends on
+*when* time passed or *which event* brought an element: the *observers*.
 
-The transforms whose results *can* depend on it are the *observers*:
+* **A GroupByKey.** A pane fires when its trigger says; an element arriving after the
+  watermark passed its window is late (dropped, or a late pane). With the default trigger
+  over global, fixed, sliding or session windows, and only WindowInto, Flatten and
+  Reshuffle between the TestStream and the GroupByKey (*transparent* paths, which keep
+  timestamps), an element that is not late at the TestStream lands only in windows whose
+  on-time pane has not fired (a window fires once the watermark reaches its end; sessions
+  merge only overlapping windows), so time passing cannot matter. A ParDo in between may
+  move timestamps back behind the watermark, so then time passing can matter. Any other
+  trigger can also fire per event: a data-driven trigger fires once per event that brings
+  elements of a key and window, where a batch run fires once for all of them.
+* **A stateful DoFn.** Its timers fire when time passes them, before later elements, and
+  its state expires with its windows. (The order in which one key's elements from
+  different events reach it is not kept, as on runners without cross-stage TestStream
+  ordering, which Beam's ``WeakTestStreamTranscriptTest`` allows for.)
 
-* a DoFn with timers: a timer fires when the watermark (or processing time) passes it,
-  before any element that arrives later, and its output can read state those elements
-  would have changed;
-* a GroupByKey with any other trigger or window function: early and late firings, and
-  panes of windows this runner does not know, can fire between elements.
-
-An observer sees time pass not only between elements of the TestStream that reach it
-directly, but also between the outputs of an *emitter* upstream of it (a GroupByKey, or
-a DoFn with timers), which emits when the watermark moves. :func:`find_observers` walks
-the pipeline graph from a TestStream's outputs and reports, for each observer, which
-outputs reach it directly and which reach it through an emitter;
-:mod:`beam_spark_runner.batch_test_stream` decides from the script whether time passes
-where an observer would see it.
+Elements can also reach an observer through an *emitter* (a GroupByKey, or a DoFn with
+timers), which emits when time passes. :func:`find_observers` walks the pipeline graph
+from a TestStream's outputs and records, per observer, which outputs reach it through
+transparent paths only, through a ParDo, or through an emitter;
+:mod:`beam_spark_runner.batch_test_stream` decides from the script whether any observer
+could see the difference.
 """
 
 from __future__ import annotations
@@ -42,8 +44,7 @@ from apache_beam.transforms.util import Reshuffle, ReshufflePerKey
 from beam_spark_runner import beam_internals as bi
 
 # Window functions whose windows all contain their element's timestamp, and (Sessions)
-# merge only windows that overlap: an element that is not late never lands in, or merges
-# with, a window whose on-time pane has fired.
+# merge only windows that overlap.
 _STANDARD_WINDOW_FNS = (
     window.GlobalWindows,
     window.FixedWindows,
@@ -53,29 +54,48 @@ _STANDARD_WINDOW_FNS = (
 
 Tag = str | None
 
+# How elements of a TestStream output reach a transform, from least to most altered.
+TRANSPARENT = 0  # only WindowInto, Flatten and Reshuffle: timestamps kept
+THROUGH_PARDO = 1  # through a ParDo, which may change timestamps
+EMITTED = 2  # through a GroupByKey or a DoFn with timers, which emit when time passes
 
-@dataclass(frozen=True)
+# What kind of observer.
+DEFAULT_GROUPING = "default-triggered GroupByKey"
+TRIGGERED_GROUPING = "triggered GroupByKey"
+STATEFUL = "stateful DoFn"
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity: the script checks key on it
 class WatermarkObserver:
-    """A transform whose output can depend on when a TestStream's watermark advanced."""
+    """A transform whose output could tell a batch run of a TestStream from a streaming one."""
 
     label: str
     why: str
+    kind: str  # DEFAULT_GROUPING, TRIGGERED_GROUPING or STATEFUL
     # The kinds of time it fires on: "event" (the watermark) and/or "processing".
     domains: frozenset[str]
-    # TestStream outputs whose elements reach it without passing an emitter.
-    direct_tags: frozenset[Tag]
-    # TestStream outputs whose elements reach it through a GroupByKey or a DoFn with
-    # timers, which emit when the watermark moves.
-    emitted_tags: frozenset[Tag]
+    # Each TestStream output reaching it, with the most altering path it takes.
+    paths: Mapping[Tag, int]
+    # A triggered GroupByKey's window function (to tell which events feed which pane).
+    window_fn: Any = None
 
     @property
     def tags(self) -> frozenset[Tag]:
         """Every TestStream output that reaches this transform."""
-        return self.direct_tags | self.emitted_tags
+        return frozenset(self.paths)
+
+    @property
+    def emitted(self) -> bool:
+        """Whether elements reach it through a GroupByKey or a DoFn with timers."""
+        return EMITTED in self.paths.values()
+
+    @property
+    def transparent(self) -> bool:
+        """Whether every output reaches it through WindowInto, Flatten and Reshuffle only."""
+        return all(path == TRANSPARENT for path in self.paths.values())
 
 
-def _default_triggered(pcoll: PCollection) -> bool:
-    windowing = pcoll.windowing
+def _default_triggered(windowing: Any) -> bool:
     trigger_fn = windowing.triggerfn
     on_time_only = isinstance(trigger_fn, trigger.DefaultTrigger) or (
         isinstance(trigger_fn, trigger.AfterWatermark)
@@ -86,9 +106,9 @@ def _default_triggered(pcoll: PCollection) -> bool:
 
 
 def _in_reshuffle(applied: AppliedPTransform) -> bool:
-    # Beam's Reshuffle groups with a per-element trigger and restores the windowing: it
-    # passes elements on as they come and neither emits on nor observes the watermark.
-    parent = applied.parent
+    # Beam's Reshuffle groups with a per-element trigger and restores the timestamps and
+    # windowing: it passes elements on as they come.
+    parent: AppliedPTransform | None = applied
     while parent is not None:
         if isinstance(parent.transform, Reshuffle | ReshufflePerKey):
             return True
@@ -98,41 +118,66 @@ def _in_reshuffle(applied: AppliedPTransform) -> bool:
 
 @dataclass(frozen=True)
 class _Kind:
-    emits: bool  # emits output when time passes (a GroupByKey, a DoFn with timers)
-    why: str | None = None  # why it observes when time passed; None if it does not
+    path: int  # what passing through it does to a path (TRANSPARENT, THROUGH_PARDO, EMITTED)
+    observer: str | None = None  # DEFAULT_GROUPING, TRIGGERED_GROUPING, STATEFUL or None
+    why: str = ""
     domains: frozenset[str] = frozenset()
+    window_fn: Any = None
+
+
+def _grouping(applied: AppliedPTransform) -> _Kind:
+    (pcoll,) = applied.main_inputs.values()
+    if not isinstance(pcoll, PCollection):
+        return _Kind(path=EMITTED)
+    windowing = pcoll.windowing
+    name = type(windowing.windowfn).__name__
+    if _default_triggered(windowing) and isinstance(windowing.windowfn, window.GlobalWindows):
+        # Fires once, at +inf, whatever the timestamps: nothing is ever late in the
+        # global window. Its output timestamps follow the timestamp combiner.
+        return _Kind(path=THROUGH_PARDO)
+    if _default_triggered(windowing):
+        return _Kind(
+            path=EMITTED,
+            observer=DEFAULT_GROUPING,
+            why=f"a GroupByKey over {name} windows, which can drop or re-fire late data",
+            domains=frozenset({"event"}),
+        )
+    domains = frozenset({"event"})
+    if bi.trigger_uses_processing_time(windowing.triggerfn):
+        domains |= {"processing"}
+    return _Kind(
+        path=EMITTED,
+        observer=TRIGGERED_GROUPING,
+        why=f"a GroupByKey triggered by {windowing.triggerfn} over {name} windows",
+        domains=domains,
+        window_fn=windowing.windowfn,
+    )
 
 
 def _classify(applied: AppliedPTransform) -> _Kind:
     transform = applied.transform
+    if isinstance(transform, beam.WindowInto | beam.Flatten) or _in_reshuffle(applied):
+        return _Kind(path=TRANSPARENT)
     if isinstance(transform, beam.GroupByKey):
-        if _in_reshuffle(applied):
-            return _Kind(emits=False)
-        (pcoll,) = applied.main_inputs.values()
-        if not isinstance(pcoll, PCollection) or _default_triggered(pcoll):
-            return _Kind(emits=True)
-        windowing = pcoll.windowing
-        domains = frozenset({"event"})
-        if bi.trigger_uses_processing_time(windowing.triggerfn):
-            domains |= {"processing"}
-        return _Kind(
-            emits=True,
-            why=(
-                f"a GroupByKey triggered by {windowing.triggerfn} over "
-                f"{type(windowing.windowfn).__name__}, whose panes can fire between elements"
-            ),
-            domains=domains,
-        )
+        return _grouping(applied)
     if isinstance(transform, beam.ParDo):
-        timer_domains = bi.dofn_timer_domains(transform.fn)
-        if timer_domains:
-            kinds = " and ".join(sorted(timer_domains))
+        has_state, domains = bi.dofn_state_and_timer_domains(transform.fn)
+        if domains:
+            kinds = " and ".join(sorted(domains))
             return _Kind(
-                emits=True,
+                path=EMITTED,
+                observer=STATEFUL,
                 why=f"a DoFn with {kinds}-time timers, which fire when time passes them",
-                domains=timer_domains,
+                domains=domains | {"event"},
             )
-    return _Kind(emits=False)
+        if has_state:
+            return _Kind(
+                path=THROUGH_PARDO,
+                observer=STATEFUL,
+                why="a stateful DoFn, whose state expires with its windows",
+                domains=frozenset({"event"}),
+            )
+    return _Kind(path=THROUGH_PARDO)
 
 
 class _Leaves(PipelineVisitor):  # type: ignore[misc]
@@ -153,36 +198,35 @@ def find_observers(pipeline: beam.Pipeline, outputs: Mapping[Any, Any]) -> list[
     """The observers downstream of a TestStream's ``outputs`` (tag -> PCollection)."""
     leaves = _Leaves()
     pipeline.visit(leaves)
-    reached: dict[str, dict[str, set[Tag]]] = {}
-    kind_of: dict[str, _Kind] = {}
+    paths: dict[str, dict[Tag, int]] = defaultdict(dict)
+    kinds: dict[str, _Kind] = {}
     for tag, start in outputs.items():
         if not isinstance(start, PCollection):
             continue
-        # (PCollection, reached through an emitter?) pairs, walked breadth first.
-        queue: deque[tuple[PCollection, bool]] = deque([(start, False)])
-        seen: set[tuple[int, bool]] = set()
+        queue: deque[tuple[PCollection, int]] = deque([(start, TRANSPARENT)])
+        seen: set[tuple[int, int]] = set()
         while queue:
-            pcoll, emitted = queue.popleft()
-            if (id(pcoll), emitted) in seen:
+            pcoll, path = queue.popleft()
+            if (id(pcoll), path) in seen:
                 continue
-            seen.add((id(pcoll), emitted))
+            seen.add((id(pcoll), path))
             for consumer in leaves.consumers.get(pcoll, []):
                 kind = _classify(consumer)
-                if kind.why is not None:
+                if kind.observer is not None:
                     label = consumer.full_label
-                    kind_of[label] = kind
-                    entry = reached.setdefault(label, {"direct": set(), "emitted": set()})
-                    entry["emitted" if emitted else "direct"].add(tag)
+                    kinds[label] = kind
+                    paths[label][tag] = max(paths[label].get(tag, TRANSPARENT), path)
                 for output in consumer.outputs.values():
                     if isinstance(output, PCollection):
-                        queue.append((output, emitted or kind.emits))
+                        queue.append((output, max(path, kind.path)))
     return [
         WatermarkObserver(
             label=label,
-            why=str(kind_of[label].why),
-            domains=kind_of[label].domains,
-            direct_tags=frozenset(entry["direct"]),
-            emitted_tags=frozenset(entry["emitted"]),
+            why=kinds[label].why,
+            kind=str(kinds[label].observer),
+            domains=kinds[label].domains,
+            paths=dict(paths[label]),
+            window_fn=kinds[label].window_fn,
         )
-        for label, entry in sorted(reached.items())
+        for label in sorted(paths)
     ]

@@ -24,7 +24,15 @@ from apache_beam.utils.timestamp import MAX_TIMESTAMP, Timestamp
 from beam_spark_runner import session
 from beam_spark_runner.batch_test_stream import BatchTestStream, streaming_only_reason
 from beam_spark_runner.errors import UnsupportedFeatureError
-from beam_spark_runner.watermark_observers import WatermarkObserver
+from beam_spark_runner.watermark_observers import (
+    DEFAULT_GROUPING,
+    EMITTED,
+    STATEFUL,
+    THROUGH_PARDO,
+    TRANSPARENT,
+    TRIGGERED_GROUPING,
+    WatermarkObserver,
+)
 
 SPARK_ARGS = ["--runner=SparkStructuredRunner", "--spark_master=local[2]"]
 
@@ -33,25 +41,37 @@ def _elements(*timestamps: int, tag: str | None = None) -> ElementEvent:
     return ElementEvent([TimestampedValue(t, t) for t in timestamps], tag)
 
 
-EVENT, PROCESSING, BOTH = (
-    frozenset({"event"}),
-    frozenset({"processing"}),
-    frozenset({"event", "processing"}),
+EVENT, BOTH = frozenset({"event"}), frozenset({"event", "processing"})
+
+
+def _observer(
+    label: str,
+    kind: str,
+    paths: dict[str | None, int],
+    domains: frozenset[str] = EVENT,
+    window_fn: window.WindowFn | None = None,
+) -> WatermarkObserver:
+    return WatermarkObserver(label, "why", kind, domains, paths, window_fn)
+
+
+# A DoFn with event-time timers after a ParDo on the main output; one with both kinds of
+# timers; one behind a GroupByKey; one on output "a"; default-triggered GroupByKeys reached
+# only through WindowInto (transparent) and through a ParDo; triggered ones.
+TIMERS = _observer("Timers", STATEFUL, {None: THROUGH_PARDO})
+BOTH_TIMERS = _observer("BothTimers", STATEFUL, {None: THROUGH_PARDO}, BOTH)
+AFTER_GBK = _observer("AfterGbk", STATEFUL, {None: EMITTED})
+ON_A = _observer("OnA", STATEFUL, {"a": THROUGH_PARDO})
+GROUPED = _observer("Grouped", DEFAULT_GROUPING, {None: TRANSPARENT})
+GROUPED_AFTER_PARDO = _observer("GroupedAfterPardo", DEFAULT_GROUPING, {None: THROUGH_PARDO})
+FIXED = window.FixedWindows(10)
+TRIGGERED = _observer("Triggered", TRIGGERED_GROUPING, {None: TRANSPARENT}, window_fn=FIXED)
+TRIGGERED_AFTER_PARDO = _observer(
+    "TriggeredAfterPardo", TRIGGERED_GROUPING, {None: THROUGH_PARDO}, window_fn=FIXED
 )
-MAIN = frozenset({None})
 
 
-def _observer(label: str, domains: frozenset[str], direct: frozenset, emitted=frozenset()):
-    return WatermarkObserver(label, "why", domains, frozenset(direct), frozenset(emitted))
-
-
-# Observers (DoFns with timers, say) that the TestStream's main output reaches directly,
-# one reached through a GroupByKey, and one reached by output "a" only.
-TIMERS = _observer("Timers", EVENT, MAIN)
-PT_TIMERS = _observer("PtTimers", PROCESSING, MAIN)
-BOTH_TIMERS = _observer("BothTimers", BOTH, MAIN)
-AFTER_GBK = _observer("AfterGbk", EVENT, frozenset(), MAIN)
-ON_A = _observer("OnA", EVENT, frozenset({"a"}))
+def _pairs(*timestamps: int, key: str = "k") -> ElementEvent:
+    return ElementEvent([TimestampedValue((key, t), t) for t in timestamps])
 
 
 @pytest.mark.parametrize(
@@ -61,28 +81,30 @@ ON_A = _observer("OnA", EVENT, frozenset({"a"}))
         ([_elements(1, 2), _elements(3), WatermarkEvent(MAX_TIMESTAMP)], [TIMERS, AFTER_GBK]),
         (
             [WatermarkEvent(5), ProcessingTimeEvent(10), _elements(5, 9), WatermarkEvent(20)],
-            [TIMERS],
+            [TIMERS, BOTH_TIMERS],
         ),
-        (
-            [_elements(1), WatermarkEvent(10), ProcessingTimeEvent(3), WatermarkEvent(20)],
-            [TIMERS, PT_TIMERS],
-        ),
+        ([_elements(1), WatermarkEvent(10), WatermarkEvent(20)], [TIMERS]),
         ([WatermarkEvent(50, "a"), _elements(1, tag="b"), _elements(50, tag="a")], [ON_A]),
         ([WatermarkEvent(5), ElementEvent([]), WatermarkEvent(6), _elements(7)], [TIMERS]),
-        # Time passes between elements, but nothing downstream can tell.
-        ([_elements(1), WatermarkEvent(10), _elements(12)], [PT_TIMERS]),
-        ([_elements(1), ProcessingTimeEvent(10), _elements(2)], [TIMERS]),
-        # ... or only where the observer does not look.
+        # Time passes between elements, but nothing downstream can tell: the elements are
+        # not late where they are grouped.
+        ([_elements(1), WatermarkEvent(10), _elements(12)], [GROUPED]),
+        # Processing time passes, but the observer fires on event time only.
+        ([_elements(1), ProcessingTimeEvent(10), _elements(2)], [TIMERS, GROUPED_AFTER_PARDO]),
+        # ... or time passes where the observer does not look.
         ([_elements(1, tag="b"), WatermarkEvent(9, "b"), _elements(12, tag="b")], [ON_A]),
         ([_elements(1, tag="a"), WatermarkEvent(9, "b"), _elements(12, tag="a")], [ON_A]),
         # Output "a" moves, but the observer's input watermark (the minimum with the
         # main output's) stays at -inf.
         (
             [_elements(1, tag="a"), WatermarkEvent(9, "a"), _elements(12, tag="a")],
-            [_observer("Both", EVENT, frozenset({"a", None}))],
+            [_observer("Both", STATEFUL, {"a": THROUGH_PARDO, None: EMITTED})],
         ),
         # Everything arrives before the GroupByKey upstream of the observer can emit.
         ([WatermarkEvent(3), _elements(4, 5), WatermarkEvent(MAX_TIMESTAMP)], [AFTER_GBK]),
+        # A triggered GroupByKey gets each key and window from one event only.
+        ([_pairs(1, 2), _pairs(12), _pairs(3, key="j")], [TRIGGERED]),
+        ([_pairs(1, 2), WatermarkEvent(MAX_TIMESTAMP)], [TRIGGERED_AFTER_PARDO, GROUPED]),
     ],
 )
 def test_scripts_no_observer_can_tell_from_a_batch_run_run_in_batch(
@@ -100,10 +122,11 @@ def test_scripts_no_observer_can_tell_from_a_batch_run_run_in_batch(
             "event 2 adds elements that reach 'Timers' (why) after a "
             "watermark advance (event 1) passed earlier ones",
         ),
+        # A ParDo before a GroupByKey may move timestamps back behind the watermark.
         (
-            [_elements(1), ProcessingTimeEvent(10), _elements(2)],
-            [PT_TIMERS],
-            "after a processing-time advance (event 1)",
+            [_elements(1), WatermarkEvent(10), _elements(12)],
+            [GROUPED_AFTER_PARDO],
+            "reach 'GroupedAfterPardo' (why) after a watermark advance (event 1)",
         ),
         ([WatermarkEvent(10), _elements(12, 3)], [], "at Timestamp(3), behind its output's"),
         (
@@ -125,9 +148,21 @@ def test_scripts_no_observer_can_tell_from_a_batch_run_run_in_batch(
             [BOTH_TIMERS],
             "a processing-time advance (event 2) comes after elements reached 'BothTimers'",
         ),
+        # A data-driven trigger fires per event in streaming, once in batch.
+        (
+            [_pairs(1), _pairs(12), _pairs(2)],
+            [TRIGGERED],
+            "events 0 and 2 both add elements of key 'k' in window [0.0, 10.0) that reach "
+            "'Triggered'",
+        ),
+        (
+            [_pairs(1), _pairs(12)],
+            [TRIGGERED_AFTER_PARDO],
+            "events 0 and 1 both add elements that reach 'TriggeredAfterPardo'",
+        ),
     ],
 )
-def test_scripts_where_an_observer_sees_time_pass_need_streaming(
+def test_scripts_where_an_observer_could_tell_need_streaming(
     events: list, observers: list[WatermarkObserver], expected: str
 ) -> None:
     reason = streaming_only_reason(events, observers)

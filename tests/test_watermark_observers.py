@@ -1,4 +1,4 @@
-"""Which transforms downstream of a TestStream can tell when its watermark advanced."""
+"""Which transforms downstream of a TestStream could tell a batch run from a streaming one."""
 
 from __future__ import annotations
 
@@ -7,7 +7,16 @@ from apache_beam.pipeline import AppliedPTransform, PipelineVisitor
 from apache_beam.testing.test_stream import TestStream as ScriptedStream
 from apache_beam.transforms import trigger, userstate, window
 
-from beam_spark_runner.watermark_observers import WatermarkObserver, find_observers
+from beam_spark_runner.watermark_observers import (
+    DEFAULT_GROUPING,
+    EMITTED,
+    STATEFUL,
+    THROUGH_PARDO,
+    TRANSPARENT,
+    TRIGGERED_GROUPING,
+    WatermarkObserver,
+    find_observers,
+)
 from tests.test_batch_test_stream import BufferUntilTimer
 
 
@@ -32,12 +41,11 @@ def _keyed_stream(p: beam.Pipeline) -> beam.PCollection:
     return p | "Stream" >> ScriptedStream().add_elements([("k", 1)])
 
 
-def test_default_triggered_grouping_over_standard_windows_observes_nothing() -> None:
+def test_groupings_by_trigger_window_and_path() -> None:
     p = beam.Pipeline()
     keyed = _keyed_stream(p)
     for name, windowing in [
         ("Fixed", beam.WindowInto(window.FixedWindows(10))),
-        ("Sliding", beam.WindowInto(window.SlidingWindows(10, 5))),
         ("Sessions", beam.WindowInto(window.Sessions(5))),
         (
             "OnTime",
@@ -49,28 +57,40 @@ def test_default_triggered_grouping_over_standard_windows_observes_nothing() -> 
         ),
     ]:
         _ = keyed | f"{name}Window" >> windowing | f"{name}Group" >> beam.GroupByKey()
-    _ = keyed | beam.Reshuffle() | beam.Map(lambda kv: kv)
-    assert _observers(p) == {}
-
-
-def test_early_firing_combine_observes_its_input_directly() -> None:
-    p = beam.Pipeline()
+    sliding = keyed | beam.WindowInto(window.SlidingWindows(10, 5))
+    _ = sliding | beam.Map(lambda kv: kv) | "AfterMap" >> beam.GroupByKey()
     _ = (
-        _keyed_stream(p)
-        | beam.WindowInto(
+        keyed
+        | "Early"
+        >> beam.WindowInto(
             window.FixedWindows(5),
             trigger=trigger.AfterWatermark(early=trigger.AfterCount(1)),
             accumulation_mode=trigger.AccumulationMode.DISCARDING,
         )
         | "Sum" >> beam.CombinePerKey(sum)
     )
-    (observer,) = _observers(p).values()
-    assert observer.label.startswith("Sum/")
-    assert observer.direct_tags == {None} and observer.emitted_tags == frozenset()
-    assert "AfterCount" in observer.why and observer.domains == {"event"}
+    # Nothing is ever late in the global window, and Beam's Reshuffle keeps timestamps.
+    _ = keyed | "Global" >> beam.WindowInto(window.GlobalWindows()) | beam.Reshuffle()
+    observers = _observers(p)
+    assert set(observers) == {
+        "FixedGroup",
+        "SessionsGroup",
+        "OnTimeGroup",
+        "AfterMap",
+        "Sum/GroupByKey",
+    }
+    for label in ("FixedGroup", "SessionsGroup", "OnTimeGroup"):
+        assert observers[label].kind == DEFAULT_GROUPING
+        assert observers[label].paths == {None: TRANSPARENT} and observers[label].transparent
+    assert observers["AfterMap"].kind == DEFAULT_GROUPING
+    assert observers["AfterMap"].paths == {None: THROUGH_PARDO}
+    summed = observers["Sum/GroupByKey"]
+    assert summed.kind == TRIGGERED_GROUPING and summed.transparent
+    assert isinstance(summed.window_fn, window.FixedWindows)
+    assert "AfterCount" in summed.why and summed.domains == {"event"}
 
 
-def test_timers_behind_a_grouping_observe_through_an_emitter() -> None:
+def test_timers_behind_a_grouping_are_reached_through_an_emitter() -> None:
     p = beam.Pipeline()
     grouped = _keyed_stream(p) | beam.WindowInto(window.FixedWindows(10)) | beam.GroupByKey()
     _ = (
@@ -79,14 +99,14 @@ def test_timers_behind_a_grouping_observe_through_an_emitter() -> None:
         | "Buffer" >> beam.ParDo(BufferUntilTimer())
     )
     observers = _observers(p)
-    assert set(observers) == {"Buffer"}
-    assert observers["Buffer"].direct_tags == frozenset()
-    assert observers["Buffer"].emitted_tags == {None}
+    assert set(observers) == {"Buffer", "GroupByKey"}
+    assert observers["Buffer"].kind == STATEFUL
+    assert observers["Buffer"].paths == {None: EMITTED} and observers["Buffer"].emitted
     assert observers["Buffer"].domains == {"event"}
     assert "event-time timers" in observers["Buffer"].why
 
 
-def test_timers_behind_a_reshuffle_observe_directly_and_custom_windows_observe() -> None:
+def test_reshuffle_is_transparent_and_custom_windows_are_triggered_groupings() -> None:
     p = beam.Pipeline()
     outputs = p | "Stream" >> ScriptedStream().add_elements([("k", 1)], tag="a").add_elements(
         [("k", 2)], tag="b"
@@ -103,7 +123,8 @@ def test_timers_behind_a_reshuffle_observe_directly_and_custom_windows_observe()
     _ = outputs["b"] | beam.WindowInto(Unit()) | "Group" >> beam.GroupByKey()
     observers = _observers(p)
     assert set(observers) == {"Buffer", "Group"}
-    assert observers["Buffer"].direct_tags == {"a"} and not observers["Buffer"].emitted_tags
+    assert observers["Buffer"].paths == {"a": TRANSPARENT}
+    assert observers["Group"].kind == TRIGGERED_GROUPING
     assert observers["Group"].tags == {"b"} and "Unit" in observers["Group"].why
 
 
@@ -115,7 +136,7 @@ def test_side_inputs_reach_an_observer() -> None:
     _ = outputs["main"] | "Buffer" >> beam.ParDo(
         BufferUntilTimer(), beam.pvalue.AsList(outputs["side"])
     )
-    assert _observers(p)["Buffer"].direct_tags == {"main", "side"}
+    assert _observers(p)["Buffer"].tags == {"main", "side"}
 
 
 class _ProcessingTimeFlush(beam.DoFn):  # type: ignore[misc]
@@ -131,10 +152,22 @@ class _ProcessingTimeFlush(beam.DoFn):  # type: ignore[misc]
         return ["flushed"]
 
 
-def test_time_domains_of_timers_and_triggers() -> None:
+class _CountPerKey(beam.DoFn):  # type: ignore[misc]
+    COUNT = userstate.CombiningValueStateSpec("count", sum)
+
+    def process(
+        self,
+        element: tuple[str, int],
+        count: userstate.AccumulatingRuntimeState = beam.DoFn.StateParam(COUNT),
+    ) -> None:
+        count.add(1)
+
+
+def test_stateful_dofns_and_time_domains() -> None:
     p = beam.Pipeline()
     keyed = _keyed_stream(p)
     _ = keyed | "Pt" >> beam.ParDo(_ProcessingTimeFlush())
+    _ = keyed | "Count" >> beam.ParDo(_CountPerKey())
     _ = (
         keyed
         | beam.WindowInto(
@@ -145,6 +178,9 @@ def test_time_domains_of_timers_and_triggers() -> None:
         | "Group" >> beam.GroupByKey()
     )
     observers = _observers(p)
-    assert observers["Pt"].domains == {"processing"}
+    # Every stateful DoFn watches event time: its state expires with its windows.
+    assert observers["Pt"].domains == {"event", "processing"}
     assert "processing-time timers" in observers["Pt"].why
+    assert observers["Count"].kind == STATEFUL and observers["Count"].domains == {"event"}
+    assert not observers["Count"].emitted
     assert observers["Group"].domains == {"event", "processing"}
