@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: install demo test unit-test cluster-test validates-runner matrix lint typecheck bench clean help
+.PHONY: install demo test unit-test cluster-test validates-runner teststream-check matrix lint typecheck bench clean help
 
 help:
 	@echo "make demo              run the demo pipeline on an embedded local[*] Spark"
@@ -16,6 +16,7 @@ help:
 	@echo "make cluster-test      smoke tests on a standalone Spark cluster (separate executors)"
 	@echo "make validates-runner  Beam's own runner suites against SparkStructuredRunner, as a table"
 	@echo "make capabilities      regenerate docs/capabilities.md from the last validates-runner run"
+	@echo "make teststream-check  Beam's TestStream tests on this runner: each passes or is refused"
 	@echo "make matrix            smoke tests on the other Spark/Beam lines (nox; see noxfile.py)"
 	@echo "make lint typecheck    ruff and mypy"
 	@echo "make bench             benchmarks (see benchmarks/)"
@@ -47,6 +48,11 @@ cluster-test: $(STAMP)
 validates-runner: $(STAMP)
 	$(PY) -m validates_runner.report
 
+# Beam's TestStream tests with every pipeline on this runner: each must pass or be refused
+# before Spark starts (a TestStream run in batch must give the streaming result).
+teststream-check: $(STAMP)
+	$(PY) -m validates_runner.teststream
+
 # validates-runner regenerates docs/capabilities.md after a complete run; this target redoes
 # only that, from the results it saved in build/validates-runner/results.json.
 .PHONY: capabilities
@@ -56,7 +62,7 @@ capabilities: $(STAMP)
 matrix: $(STAMP)
 	VENV=$(VENV) bash ci/matrix.sh
 
-test: lint typecheck unit-test cluster-test validates-runner
+test: lint typecheck unit-test cluster-test validates-runner teststream-check
 
 bench: $(STAMP)
 	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install --quiet -e ".[bench]"

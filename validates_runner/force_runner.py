@@ -1,0 +1,39 @@
+"""pytest plugin: every Beam pipeline the tests build runs on SparkStructuredRunner.
+
+Beam's TestStream tests build their pipelines with ``TestPipeline(options=...)`` or name
+a runner outright, so ``--test-pipeline-options`` cannot reach them. This plugin makes
+``Pipeline.__init__`` pick SparkStructuredRunner on ``local[2]`` whatever the test asked
+for, the rest of the options unchanged. Used by :mod:`validates_runner.teststream`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.pipeline import Pipeline
+
+from beam_spark_runner.options import SparkRunnerOptions
+
+RUNNER = "SparkStructuredRunner"
+MASTER = "local[2]"
+
+_beam_init = Pipeline.__init__
+
+
+def _on_spark(
+    self: Pipeline,
+    runner: Any = None,
+    options: PipelineOptions | None = None,
+    argv: list[str] | None = None,
+    display_data: dict[str, Any] | None = None,
+) -> None:
+    del runner  # whatever the test named, the pipeline runs on ours
+    if options is None:
+        options = PipelineOptions(argv or [])
+    options.view_as(StandardOptions).runner = RUNNER
+    options.view_as(SparkRunnerOptions).spark_master = MASTER
+    _beam_init(self, runner=RUNNER, options=options, display_data=display_data)
+
+
+Pipeline.__init__ = _on_spark  # type: ignore[method-assign]
