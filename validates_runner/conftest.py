@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from validates_runner import force_runner
 from validates_runner.reasons import OTHER_RUNNER, PUBSUB_STREAMING
 
 # The options Beam's ``it_validatesrunner`` tests run with by default (see README.md).
@@ -81,12 +82,17 @@ OTHER_RUNNER_TESTS: dict[str, str] = {
         "hard-wires FnApiRunner(use_state_iterables=True); runs on Spark as "
         "validates_runner/fn_runner_spark_test.py::SparkStateBackedCoderTest"
     ),
-    "apache_beam.transforms.combiners_test::TimestampCombinerTest": (
-        "builds TestPipeline(options=PipelineOptions(streaming=True)), dropping "
-        "--test-pipeline-options, so it runs on the DirectRunner; the same pipeline runs on "
-        "this runner in tests/test_batch_test_stream.py"
-    ),
 }
+
+# Beam tests (``module::Class``) that build their pipelines with options of their own,
+# dropping --test-pipeline-options: every pipeline they build is forced onto this runner
+# (validates_runner/force_runner.py), so they test it.
+FORCED_ONTO_SPARK: frozenset[str] = frozenset(
+    {
+        # TestPipeline(options=PipelineOptions(streaming=True)) with a TestStream.
+        "apache_beam.transforms.combiners_test::TimestampCombinerTest",
+    }
+)
 
 # junitxml properties (read by report.py): the test's ``module::Class::test`` key and each
 # runner the test ran a pipeline on.
@@ -159,6 +165,9 @@ def _record_pipeline_runners(
         return original_run(self, *args, **kwargs)
 
     monkeypatch.setattr(Pipeline, "run", run)
+    key = item_key(request.node)
+    if any(key == prefix or key.startswith(prefix + "::") for prefix in FORCED_ONTO_SPARK):
+        monkeypatch.setattr(Pipeline, "__init__", force_runner.on_spark)
     yield
     for runner in sorted(runners):
         request.node.user_properties.append((RUNNER_PROPERTY, runner))

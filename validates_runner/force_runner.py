@@ -3,7 +3,9 @@
 Beam's TestStream tests build their pipelines with ``TestPipeline(options=...)`` or name
 a runner outright, so ``--test-pipeline-options`` cannot reach them. This plugin makes
 ``Pipeline.__init__`` pick SparkStructuredRunner on ``local[2]`` whatever the test asked
-for, the rest of the options unchanged. Used by :mod:`validates_runner.teststream`.
+for, the rest of the options unchanged. Used by :mod:`validates_runner.teststream` (as a
+``-p`` plugin, for every test) and by ``validates_runner/conftest.py`` (for the tests in
+its ``FORCED_ONTO_SPARK``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ MASTER = "local[2]"
 _beam_init = Pipeline.__init__
 
 
-def _on_spark(
+def on_spark(
     self: Pipeline,
     runner: Any = None,
     options: PipelineOptions | None = None,
@@ -36,4 +38,7 @@ def _on_spark(
     _beam_init(self, runner=RUNNER, options=options, display_data=display_data)
 
 
-Pipeline.__init__ = _on_spark  # type: ignore[method-assign]
+def pytest_configure(config: Any) -> None:
+    """As a ``-p`` plugin: every pipeline of the session runs on SparkStructuredRunner."""
+    del config
+    Pipeline.__init__ = on_spark  # type: ignore[method-assign]
