@@ -76,23 +76,18 @@ SKIPS: dict[str, str] = {
 # Beam tests (``module::Class``) that ignore --test-pipeline-options and run their pipelines
 # on another runner, so passing would say nothing about this one. They are skipped, saying
 # where they run instead.
-OTHER_RUNNER_TESTS: dict[str, str] = {
-    "apache_beam.runners.portability.fn_api_runner.fn_runner_test"
-    "::FnApiBasedStateBackedCoderTest": (
-        "hard-wires FnApiRunner(use_state_iterables=True); runs on Spark as "
-        "validates_runner/fn_runner_spark_test.py::SparkStateBackedCoderTest"
-    ),
-}
+OTHER_RUNNER_TESTS: dict[str, str] = {}
 
-# Beam tests (``module::Class``) that build their pipelines with options of their own,
-# dropping --test-pipeline-options: every pipeline they build is forced onto this runner
-# (validates_runner/force_runner.py), so they test it.
-FORCED_ONTO_SPARK: frozenset[str] = frozenset(
-    {
-        # TestPipeline(options=PipelineOptions(streaming=True)) with a TestStream.
-        "apache_beam.transforms.combiners_test::TimestampCombinerTest",
-    }
-)
+# Beam tests (``module::Class``) that build their pipelines with a runner or options of
+# their own, dropping --test-pipeline-options: every pipeline they build is forced onto this
+# runner (validates_runner/force_runner.py), with these SparkRunnerOptions, so they test it.
+FORCED_ONTO_SPARK: dict[str, dict[str, Any]] = {
+    # TestPipeline(options=PipelineOptions(streaming=True)) with a TestStream.
+    "apache_beam.transforms.combiners_test::TimestampCombinerTest": {},
+    # FnApiRunner(use_state_iterables=True); the same switch here.
+    "apache_beam.runners.portability.fn_api_runner.fn_runner_test"
+    "::FnApiBasedStateBackedCoderTest": {"spark_state_backed_iterables": True},
+}
 
 # junitxml properties (read by report.py): the test's ``module::Class::test`` key and each
 # runner the test ran a pipeline on.
@@ -166,8 +161,9 @@ def _record_pipeline_runners(
 
     monkeypatch.setattr(Pipeline, "run", run)
     key = item_key(request.node)
-    if any(key == prefix or key.startswith(prefix + "::") for prefix in FORCED_ONTO_SPARK):
-        monkeypatch.setattr(Pipeline, "__init__", force_runner.on_spark)
+    for prefix, spark_options in FORCED_ONTO_SPARK.items():
+        if key == prefix or key.startswith(prefix + "::"):
+            monkeypatch.setattr(Pipeline, "__init__", force_runner.on_spark_with(**spark_options))
     yield
     for runner in sorted(runners):
         request.node.user_properties.append((RUNNER_PROPERTY, runner))

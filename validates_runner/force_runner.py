@@ -23,19 +23,34 @@ MASTER = "local[2]"
 _beam_init = Pipeline.__init__
 
 
-def on_spark(
-    self: Pipeline,
-    runner: Any = None,
-    options: PipelineOptions | None = None,
-    argv: list[str] | None = None,
-    display_data: dict[str, Any] | None = None,
-) -> None:
-    del runner  # whatever the test named, the pipeline runs on ours
-    if options is None:
-        options = PipelineOptions(argv or [])
-    options.view_as(StandardOptions).runner = RUNNER
-    options.view_as(SparkRunnerOptions).spark_master = MASTER
-    _beam_init(self, runner=RUNNER, options=options, display_data=display_data)
+def on_spark_with(**spark_options: Any) -> Any:
+    """A ``Pipeline.__init__`` running every pipeline on SparkStructuredRunner.
+
+    ``spark_options`` are SparkRunnerOptions set on top, e.g.
+    ``spark_state_backed_iterables=True``.
+    """
+
+    def init(
+        self: Pipeline,
+        runner: Any = None,
+        options: PipelineOptions | None = None,
+        argv: list[str] | None = None,
+        display_data: dict[str, Any] | None = None,
+    ) -> None:
+        del runner  # whatever the test named, the pipeline runs on ours
+        if options is None:
+            options = PipelineOptions(argv or [])
+        options.view_as(StandardOptions).runner = RUNNER
+        spark = options.view_as(SparkRunnerOptions)
+        spark.spark_master = MASTER
+        for name, value in spark_options.items():
+            setattr(spark, name, value)
+        _beam_init(self, runner=RUNNER, options=options, display_data=display_data)
+
+    return init
+
+
+on_spark = on_spark_with()
 
 
 def pytest_configure(config: Any) -> None:
