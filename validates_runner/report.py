@@ -108,25 +108,30 @@ def validates_runner_modules() -> list[str]:
     return modules
 
 
-def pytest_command(suite: str, junit: Path, args: argparse.Namespace) -> list[str]:
-    """The pytest command line running ``suite``."""
-    command = [
+def plugin_pytest_command(plugin: str, junit: Path) -> list[str]:
+    """A quiet pytest command line with ``plugin`` standing in for Beam's conftest."""
+    return [
         sys.executable,
         "-m",
         "pytest",
-        # Our plugin stands in for Beam's conftest; no other conftest applies (and loading
+        # The plugin stands in for Beam's conftest; no other conftest applies (and loading
         # validates_runner/conftest.py a second time as a conftest would clash with -p).
         "--noconftest",
         "-p",
-        "validates_runner.conftest",
+        plugin,
         "-p",
         "no:cacheprovider",
         "-q",
         "--rootdir",
         str(ROOT),
         f"--junitxml={junit}",
-        f"--test-pipeline-options={args.test_pipeline_options}",
     ]
+
+
+def pytest_command(suite: str, junit: Path, args: argparse.Namespace) -> list[str]:
+    """The pytest command line running ``suite``."""
+    command = plugin_pytest_command("validates_runner.conftest", junit)
+    command.append(f"--test-pipeline-options={args.test_pipeline_options}")
     if args.k:
         command += ["-k", args.k]
     if suite == "fnapi":

@@ -23,8 +23,9 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
 
+from validates_runner.report import ROOT, plugin_pytest_command
+
 _LOGGER = logging.getLogger("validates_runner.teststream")
-ROOT = Path(__file__).resolve().parent.parent
 
 MODULES = (
     "apache_beam.testing.test_stream_test",
@@ -76,23 +77,8 @@ def run(out_dir: Path, extra: list[str]) -> dict[str, str]:
     """Runs the modules in one pytest process; returns each test's category."""
     junit = out_dir / "teststream.xml"
     log = out_dir / "teststream.log"
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "--noconftest",
-        "-p",
-        "validates_runner.force_runner",
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        "--rootdir",
-        str(ROOT),
-        f"--junitxml={junit}",
-        "--pyargs",
-        *MODULES,
-        *extra,
-    ]
+    command = plugin_pytest_command("validates_runner.force_runner", junit)
+    command += ["--pyargs", *MODULES, *extra]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     _LOGGER.info("Running Beam's TestStream tests on SparkStructuredRunner (log: %s)", log)
