@@ -28,11 +28,12 @@ set before its first element.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 import apache_beam as beam
-from apache_beam.pipeline import AppliedPTransform, PTransformOverride
+from apache_beam.pipeline import AppliedPTransform, PipelineVisitor, PTransformOverride
 from apache_beam.pvalue import PBegin, PCollection, TaggedOutput
 from apache_beam.testing.test_stream import (
     ElementEvent,
@@ -44,6 +45,7 @@ from apache_beam.testing.test_stream import (
 from apache_beam.transforms.window import TimestampedValue, WindowFn
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
 
+from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.capabilities import TEST_STREAM_URN
 from beam_spark_runner.errors import UnsupportedFeatureError
 from beam_spark_runner.watermark_observers import (
@@ -53,6 +55,8 @@ from beam_spark_runner.watermark_observers import (
     WatermarkObserver,
     find_observers,
 )
+
+_LOGGER = logging.getLogger(__name__)
 
 # One element of a TestStream: its output tag, its encoding with the TestStream's
 # coder, and its timestamp.
@@ -280,3 +284,52 @@ class BatchTestStreamOverride(PTransformOverride):  # type: ignore[misc]
         transform = applied_ptransform.transform
         assert isinstance(transform, TestStream)  # matches() accepted only TestStreams
         return BatchTestStream(transform)
+
+
+class _MarkBounded(PipelineVisitor):  # type: ignore[misc]
+    """Marks bounded what was unbounded only because a TestStream fed it."""
+
+    def __init__(self) -> None:
+        self.bounded: set[int] = set()  # ids of PCollections made bounded
+        self.count = 0
+
+    def enter_composite_transform(self, applied: AppliedPTransform) -> None:
+        if isinstance(applied.transform, BatchTestStream):
+            self._mark(applied)
+
+    def visit_transform(self, applied: AppliedPTransform) -> None:
+        transform = applied.transform
+        inputs = list(applied.main_inputs.values()) + [s.pvalue for s in applied.side_inputs]
+        fed = [pcoll for pcoll in inputs if isinstance(pcoll, PCollection)]
+        if not any(id(pcoll) in self.bounded for pcoll in fed):
+            return
+        if not all(pcoll.is_bounded for pcoll in fed):
+            return
+        if isinstance(transform, beam.ParDo) and bi.is_splittable_dofn(transform.fn):
+            return  # may be unbounded of its own
+        self._mark(applied)
+
+    def _mark(self, applied: AppliedPTransform) -> None:
+        for output in applied.outputs.values():
+            if isinstance(output, PCollection):
+                if not output.is_bounded:
+                    self.count += 1
+                output.is_bounded = True
+                self.bounded.add(id(output))
+
+
+def replace_test_streams(pipeline: beam.Pipeline) -> None:
+    """Replaces the TestStreams a batch run reproduces; refuses the others (see above).
+
+    The PCollections downstream of a replaced TestStream were built unbounded from it;
+    those that nothing else makes unbounded are marked bounded again, so the run is not
+    reported as reading an unbounded source.
+    """
+    pipeline.replace_all([BatchTestStreamOverride(pipeline)])
+    marker = _MarkBounded()
+    pipeline.visit(marker)
+    if marker.count:
+        _LOGGER.info(
+            "Ran %d PCollection(s) fed by TestStreams as bounded: their TestStreams run in batch",
+            marker.count,
+        )

@@ -399,3 +399,8 @@ def trigger_uses_processing_time(trigger_fn: trigger.TriggerFn) -> bool:
         return False
 
     return walk(trigger_fn.to_runner_api(PipelineContext()))
+
+
+def is_splittable_dofn(dofn: Any) -> bool:
+    """Whether a DoFn is splittable (its output may be unbounded whatever its input)."""
+    return bool(runners_common.DoFnSignature(dofn).is_splittable_dofn())

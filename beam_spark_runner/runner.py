@@ -11,7 +11,7 @@ from apache_beam.runners.runner import PipelineRunner, PipelineState
 
 from beam_spark_runner import _startup_hook, beam_globals
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.batch_test_stream import BatchTestStreamOverride
+from beam_spark_runner.batch_test_stream import replace_test_streams
 from beam_spark_runner.capabilities import check_pipeline, check_plan
 from beam_spark_runner.job import run_plan
 from beam_spark_runner.options import spark_settings
@@ -50,7 +50,7 @@ class SparkStructuredRunner(PipelineRunner):
         settings = spark_settings(options)
         # TestStreams that a batch run reproduces exactly become batch sources; any other
         # is refused here, before Spark starts.
-        pipeline.replace_all([BatchTestStreamOverride(pipeline)])
+        replace_test_streams(pipeline)
         pipeline.visit(
             bi.group_by_key_input_visitor(
                 not options.view_as(pipeline_options.TypeOptions).allow_non_deterministic_key_coders

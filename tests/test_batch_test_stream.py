@@ -18,11 +18,16 @@ from apache_beam.testing.test_stream import (
 )
 from apache_beam.testing.util import assert_that, equal_to, equal_to_per_window
 from apache_beam.transforms import deduplicate, userstate, window
+from apache_beam.transforms.periodicsequence import PeriodicImpulse
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, Timestamp
 
 from beam_spark_runner import session
-from beam_spark_runner.batch_test_stream import BatchTestStream, streaming_only_reason
+from beam_spark_runner.batch_test_stream import (
+    BatchTestStream,
+    replace_test_streams,
+    streaming_only_reason,
+)
 from beam_spark_runner.errors import UnsupportedFeatureError
 from beam_spark_runner.watermark_observers import (
     DEFAULT_GROUPING,
@@ -370,3 +375,15 @@ def test_streaming_only_test_stream_is_refused_before_spark_starts(
     message = str(error.value)
     assert "'Script'" in message and "beam:transform:teststream:v1" in message
     assert "event 2 adds elements that reach 'Buffer' (a DoFn with event-time timers" in message
+
+
+def test_what_a_replaced_test_stream_fed_is_bounded_again() -> None:
+    p = beam.Pipeline()
+    tagged = p | "Script" >> ScriptedStream().add_elements([1], tag="a").add_elements([2], tag="b")
+    fed = (tagged["a"], tagged["b"]) | beam.Flatten() | "Fed" >> beam.Map(lambda x: x)
+    ticks = p | PeriodicImpulse(0, 10, 1) | "Ticks" >> beam.Map(lambda x: x)
+    assert not fed.is_bounded and not ticks.is_bounded
+    replace_test_streams(p)
+    assert fed.is_bounded
+    # Unbounded of its own (a splittable DoFn), not because of a TestStream.
+    assert not ticks.is_bounded
