@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from beam_spark_runner import beam_globals
@@ -123,6 +123,23 @@ class TranslationContext:
         for frame in frames[1:]:
             result = result.unionAll(frame)
         return result
+
+    def literal_rows(self, elements: Sequence[bytes]) -> DataFrame:
+        """(key, element) rows holding ``elements`` (null keys), spread without a shuffle.
+
+        The rows are cut, in order, into ``min(len(elements), parallelism)`` partitions of
+        near-equal size, so the stage that reads them uses every core. One
+        ``parallelize`` and one ``createDataFrame``: ~30 Py4J calls whatever the number of
+        elements, where a literal column costs ~9 per element.
+        """
+        from pyspark.sql.types import BinaryType, StructField, StructType
+
+        schema = StructType([StructField(KEY, BinaryType()), StructField(ELEMENT, BinaryType())])
+        partitions = max(1, min(len(elements), self.parallelism))
+        rows = self.spark.sparkContext.parallelize(
+            [(None, bytearray(element)) for element in elements], partitions
+        )
+        return self.spark.createDataFrame(rows, schema, verifySchema=False)
 
     def leaf_frames(self) -> list[DataFrame]:
         """Stage DataFrames nothing reads: running them runs the whole pipeline."""
