@@ -21,7 +21,6 @@ from beam_spark_runner.execution.side_inputs import side_input_state_entries
 from beam_spark_runner.execution.stage_worker import (
     ELEMENT,
     KEY,
-    STAGE_OUTPUT_DDL,
     OutputSpec,
     StageSpec,
     run_stage,
@@ -34,7 +33,7 @@ from beam_spark_runner.planning import (
     PlannedStage,
 )
 from beam_spark_runner.spark_compat import named_function
-from beam_spark_runner.translators.base import spark_function_name
+from beam_spark_runner.translators.base import spark_function_name, stage_output_type
 from beam_spark_runner.translators.group_by_key import group_spec, sorted_by_key
 
 if TYPE_CHECKING:
@@ -150,7 +149,7 @@ class FusedStageTranslator:
                 input_frame = input_frame.repartition(KEY).sortWithinPartitions(KEY)
             body = functools.partial(run_stage, spec, sinks=context.sinks)
         function = named_function(body, spark_function_name(node.display_name))
-        return input_frame.mapInArrow(function, STAGE_OUTPUT_DDL)
+        return input_frame.mapInArrow(function, stage_output_type())
 
     @staticmethod
     def _side_input_state(node: PlannedStage, context: TranslationContext) -> object | None:

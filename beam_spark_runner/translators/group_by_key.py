@@ -16,11 +16,11 @@ import functools
 from typing import TYPE_CHECKING
 
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.execution.grouping import GROUPED_DDL, GroupSpec, group_sorted
+from beam_spark_runner.execution.grouping import GroupSpec, group_sorted
 from beam_spark_runner.execution.stage_worker import KEY
 from beam_spark_runner.planning import GROUP_BY_KEY_URN, Plan, PlannedBuffer
 from beam_spark_runner.spark_compat import named_function
-from beam_spark_runner.translators.base import spark_function_name
+from beam_spark_runner.translators.base import keyed_rows_type, spark_function_name
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -69,7 +69,8 @@ def group_spec(node: PlannedBuffer, context: TranslationContext) -> GroupSpec:
 
 def sorted_by_key(node: PlannedBuffer, context: TranslationContext) -> DataFrame:
     """The writers' (key, element) rows, shuffled on the key and sorted by it."""
-    return context.union(context.writer_frames(node)).repartition(KEY).sortWithinPartitions(KEY)
+    union = context.union(context.writer_frames(node))
+    return union.repartition(union[KEY]).sortWithinPartitions(union[KEY])
 
 
 class GroupByKeyTranslator:
@@ -83,4 +84,4 @@ class GroupByKeyTranslator:
         function = named_function(
             functools.partial(group_sorted, spec), spark_function_name(spec.name)
         )
-        return sorted_by_key(node, context).mapInArrow(function, GROUPED_DDL)
+        return sorted_by_key(node, context).mapInArrow(function, keyed_rows_type())
