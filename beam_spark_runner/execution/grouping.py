@@ -33,7 +33,6 @@ from beam_spark_runner.execution.key_runs import key_run_cells
 from beam_spark_runner.execution.stage_worker import ELEMENT, KEY
 
 GROUPED_SCHEMA = pa.schema([pa.field(KEY, pa.binary()), pa.field(ELEMENT, pa.binary())])
-GROUPED_DDL = f"{KEY} binary, {ELEMENT} binary"
 
 _MAX_CACHED = 64
 # Grouped keys per output Arrow batch.

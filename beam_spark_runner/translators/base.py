@@ -33,7 +33,7 @@ class Translator(Protocol):
 
 @functools.cache
 def stage_output_type() -> StructType:
-    """A fused stage's output rows (``STAGE_OUTPUT_DDL``), as a Spark type.
+    """A fused stage's output rows (``STAGE_OUTPUT_SCHEMA``), as a Spark type.
 
     Given as a type, not a DDL string, so that ``mapInArrow`` does not ask the JVM to parse
     it (three Py4J calls per stage).
@@ -51,7 +51,7 @@ def stage_output_type() -> StructType:
 
 @functools.cache
 def keyed_rows_type() -> StructType:
-    """(key, element) rows (``GROUPED_DDL``): buffers, grouped output, literal rows."""
+    """(key, element) rows (``GROUPED_SCHEMA``): buffers, grouped output, literal rows."""
     from pyspark.sql.types import BinaryType, StructField, StructType
 
     return StructType([StructField(KEY, BinaryType()), StructField(ELEMENT, BinaryType())])
