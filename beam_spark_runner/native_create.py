@@ -67,7 +67,8 @@ class NativeCreate(beam.PTransform):  # type: ignore[misc]
         encoded = [coder.encode(value) for value in create.values]
         return (
             pbegin
-            | "Values" >> EncodedValues(encoded)
+            # Named as the root of Beam's own expansion: its per-step metrics keep their step.
+            | "Impulse" >> EncodedValues(encoded)
             | "Map(decode)" >> beam.Map(coder.decode).with_output_types(create.get_output_type())
         )
 

@@ -182,13 +182,18 @@ def _buffer_read_stage(
     buffer_id: bytes,
     downstream_side_inputs: frozenset | None,
     must_follow: frozenset,
+    name: str | None = None,
 ) -> bi.Stage:
-    """A stage whose one transform reads ``transform``'s outputs from a runner buffer."""
+    """A stage whose one transform reads ``transform``'s outputs from a runner buffer.
+
+    The read is named ``name``, by default the transform's name plus ``/Read``.
+    """
+    name = name or transform.unique_name + "/Read"
     return bi.Stage(
-        transform.unique_name + "/Read",
+        name,
         [
             bi.beam_runner_api_pb2.PTransform(
-                unique_name=transform.unique_name + "/Read",
+                unique_name=name,
                 outputs=transform.outputs,
                 spec=bi.beam_runner_api_pb2.FunctionSpec(urn=bi.DATA_INPUT_URN, payload=buffer_id),
             )
@@ -358,7 +363,9 @@ def expand_runner_sources(
 
     The stage that fuses with the read gets the buffer (``textread:`` or ``create:``) as
     its data input: for a text read its worker turns the buffer's byte ranges into the
-    lines PCollection's elements; a Create's buffer holds its elements themselves.
+    lines PCollection's elements; a Create's buffer holds its elements themselves. The read
+    keeps the source's name, as Beam's ``impulse_to_input`` does for an Impulse, so its
+    per-step metrics (execution times, element counts) are reported under that name.
     """
     for stage in stages:
         kind = (
@@ -376,6 +383,7 @@ def expand_runner_sources(
             bi.create_buffer_id(stage.name, kind=kind),
             stage.downstream_side_inputs,
             stage.must_follow,
+            name=transform.unique_name,
         )
 
 

@@ -154,3 +154,19 @@ def test_literal_rows_cost_the_same_py4j_calls_whatever_their_number() -> None:
 
 def _empty_plan() -> Plan:
     return Plan([], {}, bi.beam_runner_api_pb2.Components(), {}, {})
+
+
+def test_create_root_keeps_beams_step_name_in_metrics() -> None:
+    # Beam's FnApiRunner reports the execution times of a Create's root under
+    # 'Create/Impulse' (its Impulse, read from the impulse buffer); so does the runner's
+    # Create, whose read keeps that name (Beam's test_non_user_metrics checks it).
+    p = beam.Pipeline(options=PipelineOptions(SPARK_ARGS))
+    _ = p | beam.Create(["a", "zzz"]) | "MyStep" >> beam.FlatMap(lambda x: None)
+    result = p.run()
+    result.wait_until_finish()
+    steps = {
+        counter.key.step
+        for counter in result.monitoring_metrics().query()["counters"]
+        if counter.key.metric.name.endswith("start_bundle_msecs:v1")
+    }
+    assert {"Create/Impulse", "MyStep"} <= steps, steps
