@@ -9,7 +9,9 @@ data outputs. Stages talk to each other through *buffers* named by id:
 * ``reshuffle:<transform id>`` -- a Reshuffle (our phase): elements are repartitioned;
 * ``materialize:<name>``      -- a plain PCollection or a Flatten: the union of writers;
 * ``textread:<transform id>`` -- the lines of a plain ``ReadFromText``, read by the stage
-  that consumes them (our phase; see :func:`native_text_reads`).
+  that consumes them (our phase; see :func:`native_text_reads`);
+* ``create:<transform id>``   -- the encoded values of a ``beam.Create`` the runner
+  replaced (``native_create``), read by the stage that decodes them.
 
 The runner keeps that model. A :class:`Plan` lists the fused stages in execution order,
 each with its input buffer, its output buffers and its side inputs, and the buffers with
@@ -45,6 +47,33 @@ RESHUFFLE_BUFFER_KIND = "reshuffle"
 # JSON list of the matched files' [path, size].
 TEXT_READ_URN = "beam:runner:spark:text_read:v1"
 TEXT_READ_BUFFER_KIND = "textread"
+
+# A beam.Create's values, held by the runner (see native_create); its payload is the
+# encoded values, encoded as a Beam iterable of bytes (encode_create_payload).
+CREATE_URN = "beam:runner:spark:create:v1"
+CREATE_BUFFER_KIND = "create"
+
+# Runner transforms without inputs whose output a stage reads as its data input.
+_RUNNER_SOURCE_BUFFER_KINDS: dict[str, str] = {
+    TEXT_READ_URN: TEXT_READ_BUFFER_KIND,
+    CREATE_URN: CREATE_BUFFER_KIND,
+}
+
+
+def _create_payload_coder() -> object:
+    from apache_beam.coders import coders
+
+    return coders.IterableCoder(coders.BytesCoder())
+
+
+def encode_create_payload(encoded_values: list[bytes]) -> bytes:
+    """The payload of a ``CREATE_URN`` transform holding these encoded values."""
+    return _create_payload_coder().encode(encoded_values)  # type: ignore[attr-defined,no-any-return]
+
+
+def decode_create_payload(payload: bytes) -> list[bytes]:
+    """The encoded values of a ``CREATE_URN`` transform's payload."""
+    return list(_create_payload_coder().decode(payload))  # type: ignore[attr-defined]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,13 +182,18 @@ def _buffer_read_stage(
     buffer_id: bytes,
     downstream_side_inputs: frozenset | None,
     must_follow: frozenset,
+    name: str | None = None,
 ) -> bi.Stage:
-    """A stage whose one transform reads ``transform``'s outputs from a runner buffer."""
+    """A stage whose one transform reads ``transform``'s outputs from a runner buffer.
+
+    The read is named ``name``, by default the transform's name plus ``/Read``.
+    """
+    name = name or transform.unique_name + "/Read"
     return bi.Stage(
-        transform.unique_name + "/Read",
+        name,
         [
             bi.beam_runner_api_pb2.PTransform(
-                unique_name=transform.unique_name + "/Read",
+                unique_name=name,
                 outputs=transform.outputs,
                 spec=bi.beam_runner_api_pb2.FunctionSpec(urn=bi.DATA_INPUT_URN, payload=buffer_id),
             )
@@ -322,25 +356,34 @@ def native_text_reads(pipeline_proto: bi.beam_runner_api_pb2.Pipeline) -> list[s
     return rewritten
 
 
-def expand_text_read(
+def expand_runner_sources(
     stages: Iterable[bi.Stage], context: bi.TransformContext
 ) -> Iterator[bi.Stage]:
-    """Turns each native text read into a read from its ``textread:`` buffer.
+    """Turns each native text read and native Create into a read from its buffer.
 
-    The stage that fuses with the read gets the buffer as its data input: its worker turns
-    the buffer's byte ranges into the lines PCollection's elements.
+    The stage that fuses with the read gets the buffer (``textread:`` or ``create:``) as
+    its data input: for a text read its worker turns the buffer's byte ranges into the
+    lines PCollection's elements; a Create's buffer holds its elements themselves. The read
+    keeps the source's name, as Beam's ``impulse_to_input`` does for an Impulse, so its
+    per-step metrics (execution times, element counts) are reported under that name.
     """
     for stage in stages:
-        if len(stage.transforms) != 1 or stage.transforms[0].spec.urn != TEXT_READ_URN:
+        kind = (
+            _RUNNER_SOURCE_BUFFER_KINDS.get(stage.transforms[0].spec.urn)
+            if len(stage.transforms) == 1
+            else None
+        )
+        if kind is None:
             yield stage
             continue
         transform = stage.transforms[0]
         context.length_prefix_pcoll_coders(bi.only_element(list(transform.outputs.values())))
         yield _buffer_read_stage(
             transform,
-            bi.create_buffer_id(stage.name, kind=TEXT_READ_BUFFER_KIND),
+            bi.create_buffer_id(stage.name, kind=kind),
             stage.downstream_side_inputs,
             stage.must_follow,
+            name=transform.unique_name,
         )
 
 
@@ -348,7 +391,7 @@ def _phases() -> list:
     phases = bi.fn_api_runner_phases()
     # Our Reshuffle expansion runs next to Beam's GroupByKey expansion, before fusion.
     phases.insert(phases.index(bi.translations.expand_gbk) + 1, expand_reshuffle)
-    phases.insert(phases.index(expand_reshuffle) + 1, expand_text_read)
+    phases.insert(phases.index(expand_reshuffle) + 1, expand_runner_sources)
     return phases
 
 
@@ -461,11 +504,12 @@ def _buffer_urn(buffer_id: bytes, components: bi.beam_runner_api_pb2.Components)
         return RESHUFFLE_URN
     if kind == "materialize":
         return FLATTEN_URN
-    if kind == TEXT_READ_BUFFER_KIND:
-        return TEXT_READ_URN
+    for urn, source_kind in _RUNNER_SOURCE_BUFFER_KINDS.items():
+        if kind == source_kind:
+            return urn
     raise UnsupportedFeatureError(
-        f"Expected a buffer of kind impulse, group, reshuffle, materialize or textread; "
-        "found "
+        "Expected a buffer of kind impulse, group, reshuffle, materialize, textread or "
+        "create; found "
         f"{buffer_id!r}. This is a bug in SparkStructuredRunner's planning; please report it."
     )
 

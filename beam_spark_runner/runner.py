@@ -14,6 +14,7 @@ from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.batch_test_stream import replace_test_streams
 from beam_spark_runner.capabilities import check_pipeline, check_plan
 from beam_spark_runner.job import run_plan
+from beam_spark_runner.native_create import NativeCreateOverride
 from beam_spark_runner.options import spark_settings
 from beam_spark_runner.planning import build_plan
 from beam_spark_runner.result import SparkPipelineResult
@@ -49,8 +50,10 @@ class SparkStructuredRunner(PipelineRunner):
         debug.experiments = experiments
         settings = spark_settings(options)
         # TestStreams that a batch run reproduces exactly become batch sources; any other
-        # is refused here, before Spark starts.
+        # is refused here, before Spark starts. A Create that Beam would reshuffle becomes
+        # rows the runner spreads itself, without a Spark job of its own.
         replace_test_streams(pipeline)
+        pipeline.replace_all([NativeCreateOverride()])
         pipeline.visit(
             bi.group_by_key_input_visitor(
                 not options.view_as(pipeline_options.TypeOptions).allow_non_deterministic_key_coders

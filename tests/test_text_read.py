@@ -31,7 +31,6 @@ from beam_spark_runner.execution.text_read import (
     split_ranges,
 )
 from beam_spark_runner.planning import TEXT_READ_URN, build_plan
-from beam_spark_runner.translators import text_read as text_read_translator
 
 SPARK_ARGS = ["--runner=SparkStructuredRunner", "--spark_master=local[2]"]
 
@@ -139,14 +138,8 @@ def _described_lines(p: beam.Pipeline, pattern: str) -> beam.PCollection:
     return p | beam.io.ReadFromText(pattern) | beam.Map(describe)
 
 
-@pytest.mark.parametrize(
-    ("compressed", "literal_ranges"), [(False, True), (False, False), (True, True)]
-)
-def test_read_gives_what_direct_runner_gives(
-    tmp_path: typing.Any, monkeypatch: typing.Any, compressed: bool, literal_ranges: bool
-) -> None:
-    if not literal_ranges:
-        monkeypatch.setattr(text_read_translator, "LITERAL_RANGES_MAX", 1)
+@pytest.mark.parametrize("compressed", [False, True])
+def test_read_gives_what_direct_runner_gives(tmp_path: typing.Any, compressed: bool) -> None:
     rng = random.Random(3)
     # Long lines: a 2.8 MB file in few elements, split into two byte ranges on local[2].
     pieces = ["w" * 500, "é" * 100, " ", "\r", "\n", "\r\n", "\n\n"]

@@ -33,7 +33,6 @@ from beam_spark_runner.execution.key_runs import key_run_cells
 from beam_spark_runner.execution.stage_worker import ELEMENT, KEY
 
 GROUPED_SCHEMA = pa.schema([pa.field(KEY, pa.binary()), pa.field(ELEMENT, pa.binary())])
-GROUPED_DDL = f"{KEY} binary, {ELEMENT} binary"
 
 _MAX_CACHED = 64
 # Grouped keys per output Arrow batch.
@@ -193,12 +192,15 @@ def _output_batches(
         first += count
 
 
-def group_sorted(spec: GroupSpec, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def group_sorted(
+    spec: GroupSpec, batches: Iterable[pa.RecordBatch], batch_keys: int = _OUTPUT_BATCH_KEYS
+) -> Iterator[pa.RecordBatch]:
     """Groups a key-sorted partition; the body of the GroupByKey's ``mapInArrow``.
 
-    Emits one cell per key holding its grouped elements (one per window and pane). Only
-    the current key's elements are held in memory. The grouped elements of an output batch
-    are written to one stream, whose element boundaries become the cells.
+    Emits one cell per key holding its grouped elements (one per window and pane), in
+    batches of at most ``batch_keys`` keys. Only the current key's elements are held in
+    memory. The grouped elements of an output batch are written to one stream, whose
+    element boundaries become the cells.
     """
     grouper = _grouper(spec)
     current_key: bytes | None = None
@@ -223,7 +225,7 @@ def group_sorted(spec: GroupSpec, batches: Iterable[pa.RecordBatch]) -> Iterator
             if key != current_key:
                 flush()
                 current_key = key
-                if len(ends) >= _OUTPUT_BATCH_KEYS or (ends and ends[-1] >= _OUTPUT_BATCH_BYTES):
+                if len(ends) >= batch_keys or (ends and ends[-1] >= _OUTPUT_BATCH_BYTES):
                     yield from _output_batches(grouped_keys, out.get(), ends)
                     grouped_keys.clear()
                     ends.clear()

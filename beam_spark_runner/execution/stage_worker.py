@@ -47,7 +47,6 @@ ELEMENT = "element"
 STAGE_OUTPUT_SCHEMA = pa.schema(
     [pa.field(TAG, pa.int32()), pa.field(KEY, pa.binary()), pa.field(ELEMENT, pa.binary())]
 )
-STAGE_OUTPUT_DDL = f"{TAG} int, {KEY} binary, {ELEMENT} binary"
 
 # An SDF may ask to be resumed after a delay; in batch the runner waits, up to this long.
 _MAX_RESUME_DELAY_SECONDS = 5.0

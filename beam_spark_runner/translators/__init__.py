@@ -1,8 +1,8 @@
 """The URN -> translator registry.
 
 After fusion a pipeline is fused stages (``beam:runner:executable_stage:v1``) joined by
-buffers that runner primitives fill: Impulse, GroupByKey, Reshuffle, Flatten and the
-native text read. Each has
+buffers that runner primitives fill: Impulse, GroupByKey, Reshuffle, Flatten, the
+native text read and the native Create. Each has
 a translator here that builds its Spark DataFrame. A URN without a translator is an error
 raised while planning, before Spark starts (see :func:`translator_for`).
 """
@@ -10,6 +10,7 @@ raised while planning, before Spark starts (see :func:`translator_for`).
 from __future__ import annotations
 
 from beam_spark_runner.translators.base import Translator
+from beam_spark_runner.translators.create import CreateTranslator
 from beam_spark_runner.translators.flatten import FlattenTranslator
 from beam_spark_runner.translators.fused_stage import FusedStageTranslator
 from beam_spark_runner.translators.group_by_key import GroupByKeyTranslator
@@ -25,6 +26,7 @@ TRANSLATORS: dict[str, Translator] = {
         GroupByKeyTranslator(),
         ReshuffleTranslator(),
         TextReadTranslator(),
+        CreateTranslator(),
         FusedStageTranslator(),
     )
 }

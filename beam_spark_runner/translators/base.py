@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from beam_spark_runner import beam_globals
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.execution.grouping import GROUPED_DDL
 from beam_spark_runner.execution.stage_worker import ELEMENT, KEY, TAG, TaskSinks
 from beam_spark_runner.planning import EXECUTABLE_STAGE_URN, Plan, PlannedBuffer
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -28,6 +29,32 @@ class Translator(Protocol):
     def translate(self, node: Any, context: TranslationContext) -> DataFrame:
         """Returns the node's DataFrame; lazy, nothing runs on Spark here."""
         ...
+
+
+@functools.cache
+def stage_output_type() -> StructType:
+    """A fused stage's output rows (``STAGE_OUTPUT_SCHEMA``), as a Spark type.
+
+    Given as a type, not a DDL string, so that ``mapInArrow`` does not ask the JVM to parse
+    it (three Py4J calls per stage).
+    """
+    from pyspark.sql.types import BinaryType, IntegerType, StructField, StructType
+
+    return StructType(
+        [
+            StructField(TAG, IntegerType()),
+            StructField(KEY, BinaryType()),
+            StructField(ELEMENT, BinaryType()),
+        ]
+    )
+
+
+@functools.cache
+def keyed_rows_type() -> StructType:
+    """(key, element) rows (``GROUPED_SCHEMA``): buffers, grouped output, literal rows."""
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    return StructType([StructField(KEY, BinaryType()), StructField(ELEMENT, BinaryType())])
 
 
 def spark_function_name(beam_name: str) -> str:
@@ -102,18 +129,17 @@ class TranslationContext:
 
     def writer_frames(self, buffer: PlannedBuffer) -> list[DataFrame]:
         """Each writer's contribution to a buffer, as (key, element) DataFrames."""
-        from pyspark.sql import functions as F
-
         frames = []
         for stage_name, index in buffer.writers:
             frame = self.stage_frame(stage_name)
-            frames.append(frame.filter(F.col(TAG) == index).select(KEY, ELEMENT))
+            # The frame's own columns: F.col would look the session up through Py4J.
+            frames.append(frame.filter(frame[TAG] == index).select(frame[KEY], frame[ELEMENT]))
         return frames
 
     def union(self, frames: list[DataFrame]) -> DataFrame:
         """The union of (key, element) DataFrames; an empty one for no frames."""
         if not frames:
-            return self.spark.createDataFrame([], GROUPED_DDL)
+            return self.spark.createDataFrame([], keyed_rows_type())
         return self.union_frames(frames)
 
     @staticmethod
@@ -123,6 +149,20 @@ class TranslationContext:
         for frame in frames[1:]:
             result = result.unionAll(frame)
         return result
+
+    def literal_rows(self, elements: Sequence[bytes]) -> DataFrame:
+        """(key, element) rows holding ``elements`` (null keys), spread without a shuffle.
+
+        The rows are cut, in order, into ``min(len(elements), parallelism)`` partitions of
+        near-equal size, so the stage that reads them uses every core. One
+        ``parallelize`` and one ``createDataFrame``: ~30 Py4J calls whatever the number of
+        elements, where a literal column costs ~9 per element.
+        """
+        partitions = max(1, min(len(elements), self.parallelism))
+        rows = self.spark.sparkContext.parallelize(
+            [(None, bytearray(element)) for element in elements], partitions
+        )
+        return self.spark.createDataFrame(rows, keyed_rows_type(), verifySchema=False)
 
     def leaf_frames(self) -> list[DataFrame]:
         """Stage DataFrames nothing reads: running them runs the whole pipeline."""

@@ -16,23 +16,25 @@ from typing import TYPE_CHECKING
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.errors import UnsupportedFeatureError
+from beam_spark_runner.execution.grouped_stage import run_grouped_stage
 from beam_spark_runner.execution.side_inputs import side_input_state_entries
 from beam_spark_runner.execution.stage_worker import (
     ELEMENT,
     KEY,
-    STAGE_OUTPUT_DDL,
     OutputSpec,
     StageSpec,
     run_stage,
 )
 from beam_spark_runner.planning import (
     EXECUTABLE_STAGE_URN,
+    GROUP_BY_KEY_URN,
     TEXT_READ_BUFFER_KIND,
     Plan,
     PlannedStage,
 )
 from beam_spark_runner.spark_compat import named_function
-from beam_spark_runner.translators.base import spark_function_name
+from beam_spark_runner.translators.base import spark_function_name, stage_output_type
+from beam_spark_runner.translators.group_by_key import group_spec, sorted_by_key
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -81,6 +83,22 @@ def _text_line_header(node: PlannedStage, context: TranslationContext) -> bytes:
     return header
 
 
+def groups_in_stage(plan: Plan, node: PlannedStage) -> bool:
+    """Whether the stage groups its input itself: the GroupByKey's only reader, stateless.
+
+    A GroupByKey read by more than one stage, or as a side input, keeps its own
+    DataFrame (computed once, persisted if read twice); a stateful stage re-shuffles its
+    input on the key.
+    """
+    buffer = plan.buffers[node.input_buffer_id]
+    return (
+        buffer.urn == GROUP_BY_KEY_URN
+        and buffer.main_readers == [node.name]
+        and not buffer.side_readers
+        and not node.stateful
+    )
+
+
 class FusedStageTranslator:
     """``mapInArrow`` of the stage's input through Beam's bundle processor."""
 
@@ -117,15 +135,21 @@ class FusedStageTranslator:
                 else None
             ),
         )
-        input_frame = context.buffer_frame(node.input_buffer_id)
-        if node.stateful:
-            # Each key's elements in one task, in one run: its state lives while it runs.
-            input_frame = input_frame.repartition(KEY).sortWithinPartitions(KEY)
-        function = named_function(
-            functools.partial(run_stage, spec, sinks=context.sinks),
-            spark_function_name(node.display_name),
-        )
-        return input_frame.mapInArrow(function, STAGE_OUTPUT_DDL)
+        input_buffer = plan.buffers[node.input_buffer_id]
+        if groups_in_stage(plan, node):
+            # One Python worker per task for the grouping and the stage (execution.grouped_stage).
+            input_frame = sorted_by_key(input_buffer, context)
+            body = functools.partial(
+                run_grouped_stage, group_spec(input_buffer, context), spec, sinks=context.sinks
+            )
+        else:
+            input_frame = context.buffer_frame(node.input_buffer_id)
+            if node.stateful:
+                # Each key's elements in one task, in one run: its state lives while it runs.
+                input_frame = input_frame.repartition(KEY).sortWithinPartitions(KEY)
+            body = functools.partial(run_stage, spec, sinks=context.sinks)
+        function = named_function(body, spark_function_name(node.display_name))
+        return input_frame.mapInArrow(function, stage_output_type())
 
     @staticmethod
     def _side_input_state(node: PlannedStage, context: TranslationContext) -> object | None:

@@ -16,11 +16,11 @@ import functools
 from typing import TYPE_CHECKING
 
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.execution.grouping import GROUPED_DDL, GroupSpec, group_sorted
+from beam_spark_runner.execution.grouping import GroupSpec, group_sorted
 from beam_spark_runner.execution.stage_worker import KEY
 from beam_spark_runner.planning import GROUP_BY_KEY_URN, Plan, PlannedBuffer
 from beam_spark_runner.spark_compat import named_function
-from beam_spark_runner.translators.base import spark_function_name
+from beam_spark_runner.translators.base import keyed_rows_type, spark_function_name
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -45,6 +45,34 @@ def grouping_coder_id(plan: Plan, data_channel_coder_id: str) -> str:
     return safe_id
 
 
+def group_spec(node: PlannedBuffer, context: TranslationContext) -> GroupSpec:
+    """What grouping the buffer of one GroupByKey needs in each task."""
+    plan = context.plan
+    transform = plan.components.transforms[node.name]
+    input_pcoll = bi.only_element(list(transform.inputs.values()))
+    output_pcoll = bi.only_element(list(transform.outputs.values()))
+    components = bi.beam_runner_api_pb2.Components(
+        coders=dict(plan.components.coders.items()),
+        windowing_strategies=dict(plan.components.windowing_strategies.items()),
+        environments=dict(plan.components.environments.items()),
+    )
+    return GroupSpec(
+        run_id=context.run_id,
+        name=transform.unique_name,
+        components=components.SerializeToString(),
+        pre_grouping_coder_id=grouping_coder_id(plan, plan.data_channel_coders[input_pcoll]),
+        post_grouping_coder_id=grouping_coder_id(plan, plan.data_channel_coders[output_pcoll]),
+        windowing_strategy_id=plan.components.pcollections[input_pcoll].windowing_strategy_id,
+        pickle_library=context.pickle_library,
+    )
+
+
+def sorted_by_key(node: PlannedBuffer, context: TranslationContext) -> DataFrame:
+    """The writers' (key, element) rows, shuffled on the key and sorted by it."""
+    union = context.union(context.writer_frames(node))
+    return union.repartition(union[KEY]).sortWithinPartitions(union[KEY])
+
+
 class GroupByKeyTranslator:
     """Shuffle by key and group with Beam's trigger driver."""
 
@@ -52,26 +80,8 @@ class GroupByKeyTranslator:
 
     def translate(self, node: PlannedBuffer, context: TranslationContext) -> DataFrame:
         """The grouped (key, element) DataFrame of one GroupByKey."""
-        plan = context.plan
-        transform = plan.components.transforms[node.name]
-        input_pcoll = bi.only_element(list(transform.inputs.values()))
-        output_pcoll = bi.only_element(list(transform.outputs.values()))
-        components = bi.beam_runner_api_pb2.Components(
-            coders=dict(plan.components.coders.items()),
-            windowing_strategies=dict(plan.components.windowing_strategies.items()),
-            environments=dict(plan.components.environments.items()),
-        )
-        spec = GroupSpec(
-            run_id=context.run_id,
-            name=transform.unique_name,
-            components=components.SerializeToString(),
-            pre_grouping_coder_id=grouping_coder_id(plan, plan.data_channel_coders[input_pcoll]),
-            post_grouping_coder_id=grouping_coder_id(plan, plan.data_channel_coders[output_pcoll]),
-            windowing_strategy_id=plan.components.pcollections[input_pcoll].windowing_strategy_id,
-            pickle_library=context.pickle_library,
-        )
-        shuffled = context.union(context.writer_frames(node)).repartition(KEY)
+        spec = group_spec(node, context)
         function = named_function(
-            functools.partial(group_sorted, spec), spark_function_name(transform.unique_name)
+            functools.partial(group_sorted, spec), spark_function_name(spec.name)
         )
-        return shuffled.sortWithinPartitions(KEY).mapInArrow(function, GROUPED_DDL)
+        return sorted_by_key(node, context).mapInArrow(function, keyed_rows_type())
