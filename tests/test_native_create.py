@@ -11,6 +11,7 @@ import threading
 import typing
 
 import apache_beam as beam
+import pytest
 from apache_beam.metrics import Metrics
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -21,6 +22,7 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import PANE_INFO_UNKNOWN
 
 from beam_spark_runner import beam_internals as bi
+from beam_spark_runner import spark_compat
 from beam_spark_runner.execution.stage_worker import TaskSinks
 from beam_spark_runner.native_create import NativeCreateOverride
 from beam_spark_runner.options import spark_settings
@@ -150,6 +152,26 @@ def test_literal_rows_cost_the_same_py4j_calls_whatever_their_number() -> None:
         assert [bytes(row[1]) for row in rows] == [b"%d" % i for i in range(count)]
         assert frame.rdd.getNumPartitions() == 2
     assert calls[0] == calls[1], f"Py4J calls for 2 and 1000 rows: {calls}"
+
+
+@pytest.mark.skipif(
+    spark_compat.pyspark_version() < (4, 0), reason="PySpark 3.5 takes no Arrow table"
+)
+@pytest.mark.parametrize(("count", "parallelism"), [(16, 2), (16, 1), (1, 2)])
+def test_literal_rows_need_no_python_worker(count: int, parallelism: int) -> None:
+    # An RDD of Python rows is converted by a Python worker per task (two more processes
+    # of ~200 MiB each on local[2]); an Arrow table becomes a scan of local rows in the JVM.
+    spark, _ = obtain_session(spark_settings(PipelineOptions(SPARK_ARGS)))
+    context = TranslationContext(
+        spark, _empty_plan(), "test", parallelism, TaskSinks(), translator_for
+    )
+    frame = context.literal_rows([b"%d" % i for i in range(count)])
+    plan = frame._jdf.queryExecution().executedPlan().toString()  # noqa: SLF001
+    assert "LocalTableScan" in plan and "ExistingRDD" not in plan, plan
+    assert frame.rdd.getNumPartitions() == min(count, parallelism)
+    assert sorted(bytes(row[1]) for row in frame.collect()) == sorted(
+        b"%d" % i for i in range(count)
+    )
 
 
 def _empty_plan() -> Plan:

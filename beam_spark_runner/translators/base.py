@@ -9,7 +9,9 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from beam_spark_runner import beam_globals
+import pyarrow as pa
+
+from beam_spark_runner import beam_globals, spark_compat
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution.stage_worker import ELEMENT, KEY, TAG, TaskSinks
 from beam_spark_runner.planning import EXECUTABLE_STAGE_URN, Plan, PlannedBuffer
@@ -159,6 +161,22 @@ class TranslationContext:
         elements, where a literal column costs ~9 per element.
         """
         partitions = max(1, min(len(elements), self.parallelism))
+        if spark_compat.pyspark_version() >= (4, 0):
+            # An Arrow table goes to the JVM as it is (a local relation, which Spark scans in
+            # min(rows, default parallelism) partitions): no Python worker process, where an
+            # RDD of Python rows needs one per task just to convert them.
+            table = pa.table(
+                {
+                    KEY: pa.nulls(len(elements), pa.binary()),
+                    ELEMENT: pa.array(elements, pa.binary()),
+                }
+            )
+            frame = self.spark.createDataFrame(table, keyed_rows_type())
+            scanned = min(len(elements), self.spark.sparkContext.defaultParallelism)
+            if partitions < scanned:
+                return frame.coalesce(partitions)
+            # A reused session whose default parallelism is lower than the run's: spread.
+            return frame.repartition(partitions) if partitions > scanned else frame
         rows = self.spark.sparkContext.parallelize(
             [(None, bytearray(element)) for element in elements], partitions
         )
