@@ -14,7 +14,9 @@ quiescence before the next. The two runs can differ only where something depends
   merge only overlapping windows), so time passing cannot matter. A ParDo in between may
   move timestamps back behind the watermark, so then time passing can matter. Any other
   trigger can also fire per event: a data-driven trigger fires once per event that brings
-  elements of a key and window, where a batch run fires once for all of them.
+  elements of a key and window, where a batch run fires once for all of them. (A
+  default-triggered GroupByKey in the global window is no observer: it fires once, at
+  +inf, whatever the timestamps; nor is Beam's Reshuffle, which passes elements on.)
 * **A stateful DoFn.** Its timers fire when time passes them, before later elements, and
   its state expires with its windows. (The order in which one key's elements from
   different events reach it is not kept, as on runners without cross-stage TestStream
