@@ -97,7 +97,7 @@ class OurTest:
     test_id: str
     outcome: str
     message: str
-    kind: str  # for skips: "capability", "other-runner" or "upstream"
+    kind: str  # for skips: "capability" or "upstream"
 
     @property
     def class_and_test(self) -> str:
@@ -190,7 +190,7 @@ def _our_cell(test: OurTest | None) -> str:
     if test.outcome == "passed":
         return "passed"
     if test.outcome == "skipped":
-        who = {"upstream": "skipped by Beam", "other-runner": "skipped (other runner)"}
+        who = {"upstream": "skipped by Beam"}
         return f"{who.get(test.kind, 'skipped')}: {_cell(test.message)}"
     return f"**failed**: {_cell(test.message.splitlines()[0] if test.message else '')}"
 
@@ -261,9 +261,10 @@ def render(data: dict[str, Any], generated_at: datetime.datetime) -> str:
         "apache-beam, run by `make validates-runner` (`validates_runner/`): the `fnapi` suite "
         "(FnApiRunnerTest and friends, subclassed with our runner) and the `validatesrunner` "
         "suite (every `it_validatesrunner` test). A test is skipped here only for a "
-        "capability we lack (reasons in `validates_runner/reasons.py`) or because it runs "
-        'on another runner; "skipped by Beam" means Beam\'s test skips itself on every '
-        "runner or environment.",
+        "capability we lack (reasons in `validates_runner/reasons.py`); tests that name their "
+        "own runner or options have their pipelines forced onto ours (`FORCED_ONTO_SPARK` in "
+        '`validates_runner/conftest.py`); "skipped by Beam" means Beam\'s test skips itself '
+        "on every runner or environment.",
         "",
         "**Beam's portable Spark runner**: Beam's Python test of it, "
         f"`{portable_spark.PORTABLE_SPARK_MODULE.replace('.', '/')}.py` "

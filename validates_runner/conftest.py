@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from validates_runner import force_runner
-from validates_runner.reasons import OTHER_RUNNER, PUBSUB_STREAMING
+from validates_runner.reasons import PUBSUB_STREAMING
 
 # The options Beam's ``it_validatesrunner`` tests run with by default (see README.md).
 DEFAULT_TEST_PIPELINE_OPTIONS = "--runner=SparkStructuredRunner --spark_master=local[2]"
@@ -73,11 +73,6 @@ SKIPS: dict[str, str] = {
     "::test_streaming_pipeline_returns_expected_user_metrics_fnapi_it": PUBSUB_STREAMING,
 }
 
-# Beam tests (``module::Class``) that ignore --test-pipeline-options and run their pipelines
-# on another runner, so passing would say nothing about this one. They are skipped, saying
-# where they run instead.
-OTHER_RUNNER_TESTS: dict[str, str] = {}
-
 # Beam tests (``module::Class``) that build their pipelines with a runner or options of
 # their own, dropping --test-pipeline-options: every pipeline they build is forced onto this
 # runner (validates_runner/force_runner.py), with these SparkRunnerOptions, so they test it.
@@ -129,14 +124,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def skip_reason(key: str) -> str | None:
     """Why the test ``key`` is skipped on this runner, or None to run it."""
-    for prefix, where in OTHER_RUNNER_TESTS.items():
-        if key == prefix or key.startswith(prefix + "::"):
-            return f"{OTHER_RUNNER}: {where}"
     return SKIPS.get(key)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skips tests needing a missing capability or wired to another runner."""
+    """Skips tests needing a missing capability."""
     for item in items:
         key = item_key(item)
         item.user_properties.append((KEY_PROPERTY, key))

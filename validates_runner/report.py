@@ -46,7 +46,7 @@ from validates_runner.conftest import (
     KEY_PROPERTY,
     RUNNER_PROPERTY,
 )
-from validates_runner.reasons import HARNESS_REASONS, OTHER_RUNNER
+from validates_runner.reasons import HARNESS_REASONS
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -242,9 +242,7 @@ def parse_junit(path: Path) -> list[TestResult]:
 
 
 def skip_kind(reason: str) -> str:
-    """Who skipped: "capability" or "other-runner" (this harness), else "upstream" (Beam)."""
-    if reason.startswith(OTHER_RUNNER):
-        return "other-runner"
+    """Who skipped: "capability" (this harness), else "upstream" (Beam)."""
     if any(reason.startswith(known) for known in HARNESS_REASONS):
         return "capability"
     return "upstream"
@@ -271,7 +269,6 @@ def format_report(runs: list[SuiteRun]) -> str:
 
     for title, kind in (
         ("Skipped on this runner (missing capability)", "capability"),
-        ("Skipped: not a test of this runner", "other-runner"),
         ("Skipped by Beam's tests themselves or the environment", "upstream"),
     ):
         by_reason: dict[str, list[str]] = defaultdict(list)

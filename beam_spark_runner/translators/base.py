@@ -156,15 +156,15 @@ class TranslationContext:
         """(key, element) rows holding ``elements`` (null keys), spread without a shuffle.
 
         The rows are cut, in order, into ``min(len(elements), parallelism)`` partitions of
-        near-equal size, so the stage that reads them uses every core. One
-        ``parallelize`` and one ``createDataFrame``: ~30 Py4J calls whatever the number of
-        elements, where a literal column costs ~9 per element.
+        near-equal size, so the stage that reads them uses every core: on PySpark 4+ from an
+        Arrow table (local rows scanned in the JVM), on PySpark 3.5 from a ``parallelize``d
+        RDD. Either costs ~30 Py4J calls whatever the number of elements, where a literal
+        column costs ~9 per element.
         """
         partitions = max(1, min(len(elements), self.parallelism))
         if spark_compat.pyspark_version() >= (4, 0):
-            # An Arrow table goes to the JVM as it is (a local relation, which Spark scans in
-            # min(rows, default parallelism) partitions): no Python worker process, where an
-            # RDD of Python rows needs one per task just to convert them.
+            # An Arrow table goes to the JVM as it is, as local rows: no Python worker
+            # process, where an RDD of Python rows needs one per task just to convert them.
             table = pa.table(
                 {
                     KEY: pa.nulls(len(elements), pa.binary()),
@@ -172,7 +172,8 @@ class TranslationContext:
                 }
             )
             frame = self.spark.createDataFrame(table, keyed_rows_type())
-            scanned = min(len(elements), self.spark.sparkContext.defaultParallelism)
+            # Spark scans local rows in min(max(rows, 1), default parallelism) partitions.
+            scanned = min(max(len(elements), 1), self.spark.sparkContext.defaultParallelism)
             if partitions < scanned:
                 return frame.coalesce(partitions)
             # A reused session whose default parallelism is lower than the run's: spread.
