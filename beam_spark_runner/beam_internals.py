@@ -60,7 +60,7 @@ from apache_beam.runners.worker import (
     statecache,
     statesampler,
 )
-from apache_beam.transforms import environments, trigger, userstate
+from apache_beam.transforms import environments, trigger, userstate, window
 from apache_beam.utils import proto_utils
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming
 
@@ -81,6 +81,9 @@ DATA_OUTPUT_URN: str = bundle_processor.DATA_OUTPUT_URN
 IDENTITY_DOFN_URN: str = bundle_processor.IDENTITY_DOFN_URN
 ENCODED_IMPULSE_VALUE: bytes = runners_common.ENCODED_IMPULSE_VALUE
 STATE_BACKED_ITERABLE_CODER_URN: str = common_urns.coders.STATE_BACKED_ITERABLE.urn
+WINDOWED_VALUE_CODER_URN: str = common_urns.coders.WINDOWED_VALUE.urn
+PARAM_WINDOWED_VALUE_CODER_URN: str = common_urns.coders.PARAM_WINDOWED_VALUE.urn
+GLOBAL_WINDOW_CODER_URN: str = common_urns.coders.GLOBAL_WINDOW.urn
 
 # The URNs the Python SDK harness can execute inside a fused stage.
 SDK_TRANSFORM_URNS: frozenset[str] = frozenset(
@@ -404,3 +407,16 @@ def trigger_uses_processing_time(trigger_fn: trigger.TriggerFn) -> bool:
 def is_splittable_dofn(dofn: Any) -> bool:
     """Whether a DoFn is splittable (its output may be unbounded whatever its input)."""
     return bool(runners_common.DoFnSignature(dofn).is_splittable_dofn())
+
+
+def global_window_param_payload() -> bytes:
+    """The payload of a ``param_windowed_value`` coder: the global window, no timestamp.
+
+    Such a coder encodes only an element's value; decoding gives the value in the global
+    window at the minimum timestamp with no pane (as Beam reads it: the payload is a
+    windowed empty ``bytes`` in the outer context).
+    """
+    windowed_bytes = coders.coders.WindowedValueCoder(
+        coders.BytesCoder(), coders.coders.GlobalWindowCoder()
+    )
+    return windowed_bytes.encode(window.GlobalWindows.windowed_value(b""))  # type: ignore[no-any-return]

@@ -15,6 +15,7 @@ class PlannedGroupByKey(typing.NamedTuple):
     input_pcoll: str
     output_pcoll: str
     components: bytes  # what a GroupSpec carries: coders, windowing, environments
+    buffer_id: bytes
 
 
 def plan_group_by_key(
@@ -40,4 +41,6 @@ def plan_group_by_key(
         windowing_strategies=dict(plan.components.windowing_strategies.items()),
         environments=dict(plan.components.environments.items()),
     )
-    return PlannedGroupByKey(plan, input_pcoll, output_pcoll, components.SerializeToString())
+    return PlannedGroupByKey(
+        plan, input_pcoll, output_pcoll, components.SerializeToString(), buffer.buffer_id
+    )

@@ -14,18 +14,20 @@ from beam_spark_runner.planning import build_plan
 
 
 def _grouping_setup(windowing: beam.WindowInto | None):
-    plan, input_pcoll, output_pcoll, components = plan_group_by_key(windowing=windowing)
+    plan, input_pcoll, output_pcoll, components, buffer_id = plan_group_by_key(windowing=windowing)
+    # What the writers write: value-only under default windowing (planning).
+    writer_coder_id = plan.group_input_coders.get(buffer_id, plan.data_channel_coders[input_pcoll])
     spec = GroupSpec(
         "run",
         "gbk",
         components,
-        plan.data_channel_coders[input_pcoll],
+        writer_coder_id,
         plan.data_channel_coders[output_pcoll],
         plan.components.pcollections[input_pcoll].windowing_strategy_id,
     )
     context = bi.PipelineContext(plan.components)
-    pre = context.coders[plan.data_channel_coders[input_pcoll]]
-    safe = context.coders[plan.safe_coders[plan.data_channel_coders[input_pcoll]]]
+    pre = context.coders[writer_coder_id]
+    safe = context.coders[plan.safe_coders[writer_coder_id]]
     post = context.coders[plan.data_channel_coders[output_pcoll]]
     return spec, pre, safe, post
 

@@ -7,6 +7,7 @@ import typing
 import apache_beam as beam
 import pyarrow as pa
 import pytest
+from apache_beam.coders import coders
 from apache_beam.transforms import trigger, window
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
@@ -58,9 +59,17 @@ class Setup(typing.NamedTuple):
     key_extractor: KeyExtractor
 
 
-def setup(kv_type=tuple[int, int], windowing=None):
-    plan, input_pcoll, output_pcoll, components = plan_group_by_key(kv_type, windowing)
+def setup(kv_type=tuple[int, int], windowing=None, layout="as planned"):
+    """The GroupSpec and coders of a planned GroupByKey.
+
+    ``layout``: the writers' coder as planned (value-only under default windowing), or
+    ``"windowed"``: Beam's windowed-value coder, which writers keep when they do not all use
+    the GroupByKey input's coder.
+    """
+    plan, input_pcoll, output_pcoll, components, buffer_id = plan_group_by_key(kv_type, windowing)
     sdk_id = plan.data_channel_coders[input_pcoll]
+    if layout == "as planned":
+        sdk_id = plan.group_input_coders.get(buffer_id, sdk_id)
     spec = GroupSpec(
         "run",
         f"gbk-{kv_type}-{windowing}",
@@ -136,10 +145,39 @@ def _ends(coder, elements):
     return ends
 
 
+def test_default_windowing_writers_send_values_only():
+    s = setup(tuple[str, int])
+    assert type(s.sdk) is coders.ParamWindowedValueCoder
+    assert type(s.pre) is coders.ParamWindowedValueCoder
+    element = WindowedValue(("key", 7), Timestamp(12), GLOBAL, ONE_BYTE_PANES[1])
+    assert s.sdk.encode_nested(element) == b"\x03key\x07"
+    windowed = setup(tuple[str, int], layout="windowed")
+    assert len(windowed.sdk.encode_nested(element)) == 13 + 5
+
+
+@pytest.mark.parametrize("windowing", ["fixed", "sessions", "global, AfterCount"])
+def test_other_windowings_keep_timestamps_windows_and_panes(windowing):
+    s = setup(tuple[str, int], WINDOWINGS[windowing])
+    assert type(s.sdk) is coders.WindowedValueCoder
+
+
+def test_a_global_window_with_another_timestamp_combiner_keeps_timestamps():
+    """Output at the earliest input timestamp: the inputs' timestamps reach the output."""
+    s = setup(
+        tuple[str, int],
+        beam.WindowInto(
+            window.GlobalWindows(), timestamp_combiner=window.TimestampCombiner.OUTPUT_AT_EARLIEST
+        ),
+    )
+    assert not s.windowing.is_default()
+    assert type(s.sdk) is coders.WindowedValueCoder
+
+
+@pytest.mark.parametrize("layout", ["as planned", "windowed"])
 @pytest.mark.parametrize("case", sorted(KV_CASES))
-def test_default_windowing_groups_as_beam_without_a_buffer(case, monkeypatch):
+def test_default_windowing_groups_as_beam_without_a_buffer(case, layout, monkeypatch):
     kv_type, kvs = KV_CASES[case]
-    s = setup(kv_type)
+    s = setup(kv_type, layout=layout)
     assert s.windowing.is_default()
     runs = runs_by_key(s, kvs)
     expected = {key: beam_grouped(s, data) for key, data in runs.items()}
@@ -149,7 +187,7 @@ def test_default_windowing_groups_as_beam_without_a_buffer(case, monkeypatch):
 
 
 def test_keys_whose_panes_take_more_than_a_byte_go_to_the_grouping_buffer():
-    s = setup(tuple[str, int])
+    s = setup(tuple[str, int], layout="windowed")
     kvs = [(k, v) for k in ("a", "b") for v in range(5)]
     runs = runs_by_key(s, kvs, panes=ONE_BYTE_PANES + LONGER_PANES)
     grouper = grouping._Grouper(s.spec)
@@ -158,12 +196,18 @@ def test_keys_whose_panes_take_more_than_a_byte_go_to_the_grouping_buffer():
         assert grouper.group(data) == beam_grouped(s, data)
 
 
-def test_a_run_must_hold_one_key_for_the_default_path():
+@pytest.mark.parametrize("layout", ["as planned", "windowed"])
+def test_a_run_must_hold_one_key_for_the_default_path(layout):
     """Elements of two keys in one run (never from the shuffle): not grouped as one key."""
-    s = setup(tuple[str, int])
+    s = setup(tuple[str, int], layout=layout)
     data = encode_all(s.sdk, [WindowedValue((k, 1), 0, GLOBAL) for k in ("a", "b", "a")])
     grouper = grouping._Grouper(s.spec)
-    assert not grouper._group_default(data, bi.create_OutputStream())
+    fast_path = grouper._group_values if layout == "as planned" else grouper._group_default
+    assert not fast_path(data, bi.create_OutputStream())
+    assert grouper.group(data) == beam_grouped(s, data)
+    # A key whose encoding is a prefix of the next one's.
+    data = encode_all(s.sdk, [WindowedValue((k, 1), 0, GLOBAL) for k in ("a", "ab")])
+    assert not fast_path(data, bi.create_OutputStream())
     assert grouper.group(data) == beam_grouped(s, data)
 
 

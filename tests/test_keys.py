@@ -94,6 +94,34 @@ def test_sliced_keys_equal_decoded_keys(key_case, value_case):
     assert decoded == [key_coder.encode(key) for key in keys]
 
 
+PARAM_PAYLOAD = bi.global_window_param_payload()
+
+
+def value_only_coder(key_coder, value_coder=INT):
+    return coders.ParamWindowedValueCoder(
+        PARAM_PAYLOAD, [coders.TupleCoder([key_coder, value_coder]), coders.GlobalWindowCoder()]
+    )
+
+
+@pytest.mark.parametrize("value_case", sorted(VALUE_CODERS))
+@pytest.mark.parametrize("key_case", sorted(KEY_CASES))
+def test_value_only_elements_have_their_keys_sliced(key_case, value_case, monkeypatch):
+    """Value-only elements (no header, see planning.value_only_group_coders) slice too."""
+    key_coder, keys = KEY_CASES[key_case]
+    value_coder, value = VALUE_CODERS[value_case]
+    coder = value_only_coder(key_coder, value_coder)
+    elements = [WindowedValue((key, value), Timestamp(i), GLOBAL) for i, key in enumerate(keys)]
+    data, ends = encode(coder, elements)
+    assert len(data) == sum(
+        len(coders.TupleCoder([key_coder, value_coder]).get_impl().encode_nested((key, value)))
+        for key in keys
+    )
+    extractor = KeyExtractor(coder)
+    decoded = extractor.decoded_keys(data, ends)
+    monkeypatch.setattr(extractor, "decoded_keys", lambda *_: pytest.fail("decoded"))
+    assert extractor.keys(data, ends) == decoded == [key_coder.encode(key) for key in keys]
+
+
 def test_sliced_keys_do_not_decode_regular_elements(monkeypatch):
     coder = windowed_coder(STR)
     data, ends = encode(coder, [WindowedValue((s, 1), Timestamp(0), GLOBAL) for s in STRS])
@@ -149,8 +177,9 @@ def test_elements_with_longer_panes_or_other_window_counts_are_decoded(monkeypat
         windowed_coder(coders.IterableCoder(STR)),
         # Not a windowed KV.
         coders.WindowedValueCoder(coders.TupleCoder([STR]), coders.GlobalWindowCoder()),
+        # Value-only, but in a window whose encoding has a size of its own.
         coders.ParamWindowedValueCoder(
-            b"", [coders.TupleCoder([STR, INT]), coders.GlobalWindowCoder()]
+            PARAM_PAYLOAD, [coders.TupleCoder([STR, INT]), coders.IntervalWindowCoder()]
         ),
     ],
     # Some of these coders' str() raises on older Beam (a 1-tuple's, on 2.68).
@@ -164,7 +193,7 @@ def test_elements_with_longer_panes_or_other_window_counts_are_decoded(monkeypat
         "nullable",
         "iterable",
         "not-kv",
-        "param-windowed",
+        "param-interval-window",
     ],
 )
 def test_other_coders_take_the_decoding_path(coder):

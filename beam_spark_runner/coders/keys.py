@@ -10,7 +10,9 @@ fixed-size header (timestamp, window count, a one-byte pane), then the key in th
 context, then the value; for the key coders the shuffle meets most (varints, strings,
 bytes, length-prefixed user keys and KVs of these) the key's encoding is that nested
 slice, or a part of it. :class:`KeyExtractor` finds the slices of a whole bundle with numpy
-and copies them out with Arrow, and decodes only the elements it cannot slice.
+and copies them out with Arrow, and decodes only the elements it cannot slice. A
+value-only element (a ``param_windowed_value`` coder, see ``planning``) has no header: the
+key starts it.
 """
 
 from __future__ import annotations
@@ -68,9 +70,18 @@ def _key_parts(coder: Coder) -> list[_Part] | None:
     return None
 
 
+def _header_bytes(safe_windowed_kv_coder: Coder) -> int:
+    """How many bytes come before the key: none for a value-only (param) coder."""
+    if type(safe_windowed_kv_coder) is coders.ParamWindowedValueCoder:
+        return 0
+    return _GLOBAL_HEADER_BYTES
+
+
 def sliceable_key_parts(safe_windowed_kv_coder: Coder) -> list[_Part] | None:
     """The key's parts when elements of this coder can have their keys sliced, else None."""
-    if type(safe_windowed_kv_coder) is not coders.WindowedValueCoder:
+    if not isinstance(safe_windowed_kv_coder, coders.WindowedValueCoder) or type(
+        safe_windowed_kv_coder
+    ) not in (coders.WindowedValueCoder, coders.ParamWindowedValueCoder):
         return None
     if type(safe_windowed_kv_coder.window_coder) is not coders.GlobalWindowCoder:
         return None
@@ -137,6 +148,7 @@ class KeyExtractor:
         kv_coder = safe_windowed_kv_coder.wrapped_value_coder  # type: ignore[attr-defined]
         self._key_impl = kv_coder.key_coder().get_impl()
         self._parts = sliceable_key_parts(safe_windowed_kv_coder)
+        self._header = _header_bytes(safe_windowed_kv_coder)
 
     def keys(self, data: bytes, ends: Sequence[int]) -> list[bytes]:
         """One key per element of ``data``; ``ends`` are the elements' end offsets."""
@@ -159,7 +171,8 @@ class KeyExtractor:
         """The keys as slices of the elements' encodings, decoding only odd elements.
 
         An element is sliced when its pane takes one byte, its window count is a plain
-        (non-negative) count and its key lies within it; any other element is decoded.
+        (non-negative) count and its key lies within it; any other element is decoded. A
+        value-only element has neither: it is sliced when its key lies within it.
         """
         buf = np.frombuffer(data, dtype=np.uint8)
         element_ends = np.asarray(ends, dtype=np.int64)
@@ -167,10 +180,11 @@ class KeyExtractor:
         starts[0] = 0
         starts[1:] = element_ends[:-1]
         last = len(buf) - 1
-        sliceable = element_ends >= starts + _GLOBAL_HEADER_BYTES
-        sliceable &= buf[np.minimum(starts + _PANE_OFFSET, last)] < 0x10
-        sliceable &= buf[np.minimum(starts + _WINDOW_COUNT_OFFSET, last)] < 0x80
-        key_starts = starts + _GLOBAL_HEADER_BYTES
+        sliceable = element_ends >= starts + self._header
+        if self._header:
+            sliceable &= buf[np.minimum(starts + _PANE_OFFSET, last)] < 0x10
+            sliceable &= buf[np.minimum(starts + _WINDOW_COUNT_OFFSET, last)] < 0x80
+        key_starts = starts + self._header
         position = key_starts
         last_part_start = key_starts
         for part in parts:

@@ -9,7 +9,9 @@ For the default windowing (global window, default trigger) GroupingBuffer only c
 key's values and emits them in one on-time pane at the end of the window; there the runner
 does the same without a buffer per key, reading only each element's value (the header and
 key of every element are checked, and a key that does not fit goes to GroupingBuffer), and
-its output is byte for byte GroupingBuffer's. The grouped output is one cell per key, next
+its output is byte for byte GroupingBuffer's. Writers of such a GroupByKey usually send
+values only (a ``param_windowed_value`` coder, see ``planning``): then an element is the
+key followed by the value, with no header. The grouped output is one cell per key, next
 to its key, holding its encoded ``KV<K, Iterable<V>>`` elements, one per window and pane.
 """
 
@@ -78,11 +80,13 @@ class _Grouper:
         # run of one key needs only its values, so the default path reads them directly.
         self._default_layout = (
             self.windowing.is_default()
-            and type(self.pre_coder) is coders.WindowedValueCoder
+            and type(self.pre_coder) in (coders.WindowedValueCoder, coders.ParamWindowedValueCoder)
             and type(self.pre_coder.window_coder) is coders.GlobalWindowCoder
             and type(self.pre_coder.wrapped_value_coder) is coders.TupleCoder
             and len(self.pre_coder.wrapped_value_coder.coders()) == 2
         )
+        # Value-only elements: the nested key, then the value; no header.
+        self._value_only = type(self.pre_coder) is coders.ParamWindowedValueCoder
         if self._default_layout:
             key_coder, value_coder = self.pre_coder.wrapped_value_coder.coders()
             self._key_impl = key_coder.get_impl()
@@ -108,8 +112,12 @@ class _Grouper:
 
     def group_into(self, elements: bytes, out: Any) -> None:
         """Writes the grouped output of one key's elements to ``out``."""
-        if self._default_layout and self._group_default(elements, out):
-            return
+        if self._default_layout:
+            if self._value_only:
+                if self._group_values(elements, out):
+                    return
+            elif self._group_default(elements, out):
+                return
         buffer = bi.GroupingBuffer(self.pre_coder, self.post_coder, self.windowing)
         buffer.append(elements)
         for chunk in buffer.partition(1)[0]:
@@ -148,6 +156,29 @@ class _Grouper:
                 return False
             append(decode_value(stream, True))
         # GroupingBuffer's output key: the key decoded from its encoding.
+        output_key = self._key_impl.decode(self._key_impl.encode(key))
+        self._post_impl.encode_to_stream(self._globally_window((output_key, values)), out, True)
+        return True
+
+    def _group_values(self, elements: bytes, out: Any) -> bool:
+        """:meth:`_group_default` for value-only elements (the nested key, then the value).
+
+        Returns False, having written nothing, unless every element starts with exactly
+        the first element's key bytes.
+        """
+        stream = bi.create_InputStream(elements)
+        key = self._key_impl.decode_from_stream(stream, True)
+        key_bytes = len(elements) - stream.size()
+        nested_key = elements[:key_bytes]
+        stream = bi.create_InputStream(elements)
+        size, read = stream.size, stream.read
+        decode_value = self._value_impl.decode_from_stream
+        values: list[Any] = []
+        append = values.append
+        while size() > 0:
+            if read(key_bytes) != nested_key:
+                return False
+            append(decode_value(stream, True))
         output_key = self._key_impl.decode(self._key_impl.encode(key))
         self._post_impl.encode_to_stream(self._globally_window((output_key, values)), out, True)
         return True

@@ -60,7 +60,10 @@ def group_spec(node: PlannedBuffer, context: TranslationContext) -> GroupSpec:
         run_id=context.run_id,
         name=transform.unique_name,
         components=components.SerializeToString(),
-        pre_grouping_coder_id=grouping_coder_id(plan, plan.data_channel_coders[input_pcoll]),
+        pre_grouping_coder_id=grouping_coder_id(
+            plan,
+            plan.group_input_coders.get(node.buffer_id, plan.data_channel_coders[input_pcoll]),
+        ),
         post_grouping_coder_id=grouping_coder_id(plan, plan.data_channel_coders[output_pcoll]),
         windowing_strategy_id=plan.components.pcollections[input_pcoll].windowing_strategy_id,
         pickle_library=context.pickle_library,
