@@ -28,11 +28,12 @@ from typing import Any
 
 from benchmarks.data import text_file
 from benchmarks.memory import tree_cpu_seconds
+from benchmarks.report import SPARK_CORES
 from benchmarks.workloads import FULL, NAMESPACE, QUICK, WARMUP, WORKLOADS, Inputs, Sizes, Summary
 
 _LOGGER = logging.getLogger("benchmarks.worker")
 
-SPARK_MASTER = "local[2]"
+SPARK_MASTER = f"local[{SPARK_CORES}]"
 SIZES = {"full": FULL, "quick": QUICK}
 
 
