@@ -319,3 +319,18 @@ def test_group_sorted_many_keys_one_batch_of_output_per_1024():
     output = list(group_sorted(s.spec, batches))
     assert [b.num_rows for b in output] == [1024, 1024, 952]
     assert actual_grouped(s, batches) == reference_grouped(s, batches)
+
+
+def test_writers_descriptors_encode_values_only():
+    """The producing stage's data output (what its bundle processor encodes with) is value-only."""
+    plan, _, _, _, buffer_id = plan_group_by_key(tuple[str, int])
+    (writer_name, index), *others = plan.buffers[buffer_id].writers
+    assert not others
+    stage = plan.stage(writer_name)
+    output = stage.outputs[index]
+    port = bi.beam_fn_api_pb2.RemoteGrpcPort.FromString(
+        stage.descriptor.transforms[output.transform_id].spec.payload
+    )
+    assert port.coder_id == output.coder_id == plan.group_input_coders[buffer_id]
+    coder = stage.descriptor.coders[port.coder_id]
+    assert coder.spec.urn == bi.PARAM_WINDOWED_VALUE_CODER_URN
