@@ -20,10 +20,11 @@ checksum so that runners can be compared on more than a count.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import operator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from apache_beam.testing.benchmarks.nexmark.models import nexmark_model
+from apache_beam.testing.benchmarks.nexmark.models import auction_bid, nexmark_model
 from apache_beam.testing.benchmarks.nexmark.queries.nexmark_query_util import ResultNames
 from apache_beam.transforms import window
 from apache_beam.utils.timestamp import Timestamp
@@ -51,6 +52,11 @@ QUERY_ARGS: dict[str, int] = {
 }
 Q3_STATES = ("OR", "ID", "CA")
 Q3_CATEGORY = 10
+WINDOW_SIZE_MS = QUERY_ARGS["window_size_sec"] * 1000
+WINDOW_PERIOD_MS = QUERY_ARGS["window_period_sec"] * 1000
+# winning_bids.WinningBids: a bid's own window lasts twice this (it only matters whether
+# the bid's window starts before its auction's window ends, i.e. bid time < expires).
+Q9_EXPECTED_DURATION_MICROS = 16_667_000
 
 _M32 = 1 << 32
 _K1, _C1, _K2 = 2654435761, 97531, 69069
@@ -162,11 +168,39 @@ def q3_fingerprint(row: dict[str, Any]) -> int:
     return int(row[ResultNames.AUCTION_ID])
 
 
+def _bid_fingerprint(bid: Any) -> int:
+    return int(bid.auction) * 1_000_003 + int(bid.bidder) * 1_009 + int(bid.price)
+
+
+def q5_fingerprint(row: dict[str, Any]) -> int:
+    """Query 5 outputs {auction_id, num}: per window, each auction with the most bids."""
+    return int(row[ResultNames.AUCTION_ID]) * 100_000 + int(row[ResultNames.NUM])
+
+
+def q7_fingerprint(bid: Any) -> int:
+    """Query 7 outputs the bids with the highest price of their window: auction, bidder, price."""
+    return _bid_fingerprint(bid)
+
+
+def q8_fingerprint(row: dict[str, Any]) -> int:
+    """Query 8 outputs {id, name, reserve}: a new person's id and their new auction's reserve."""
+    return int(row[ResultNames.ID]) * 10_000 + int(row[ResultNames.RESERVE])
+
+
+def q9_fingerprint(winner: Any) -> int:
+    """Query 9 outputs AuctionBid(auction, winning bid): the auction's id and the bid."""
+    return int(winner.auction.id) * 1_000_003 + _bid_fingerprint(winner.bid)
+
+
 FINGERPRINTS: dict[int, Callable[[Any], int]] = {
     0: event_fingerprint,
     1: q1_fingerprint,
     2: q2_fingerprint,
     3: q3_fingerprint,
+    5: q5_fingerprint,
+    7: q7_fingerprint,
+    8: q8_fingerprint,
+    9: q9_fingerprint,
 }
 
 
@@ -214,6 +248,145 @@ def _q3_project(joined: tuple[int, tuple[Any, Any]]) -> dict[str, Any]:
     }
 
 
+def millis(item: Event) -> int:
+    """An event's time (its element timestamp) in milliseconds."""
+    return int(item.date_time.micros) // 1000
+
+
+def fixed_window(ms: int) -> int:
+    """The start of the FixedWindows(window_size_sec) window holding time ``ms``."""
+    return ms - ms % WINDOW_SIZE_MS
+
+
+def sliding_windows(ms: int) -> range:
+    """The starts of the SlidingWindows(window_size_sec, window_period_sec) windows of ``ms``.
+
+    As Beam's ``SlidingWindows.assign``: every ``[start, start + size)`` with ``start`` a
+    multiple of the period that holds ``ms``.
+    """
+    last = ms - ms % WINDOW_PERIOD_MS
+    return range(last, ms - WINDOW_SIZE_MS, -WINDOW_PERIOD_MS)
+
+
+def _q5_window_auction_ones(bid: Any) -> Iterator[tuple[tuple[int, int], int]]:
+    for start in sliding_windows(millis(bid)):
+        yield (start, bid.auction), 1
+
+
+def _q5_by_window(counted: tuple[tuple[int, int], int]) -> tuple[int, tuple[int, list[int]]]:
+    (start, auction), count = counted
+    return start, (count, [auction])
+
+
+def _most(a: tuple[int, list[Any]], b: tuple[int, list[Any]]) -> tuple[int, list[Any]]:
+    """The larger of two (value, items) pairs; on a tie, both pairs' items."""
+    if a[0] == b[0]:
+        return a[0], a[1] + b[1]
+    return a if a[0] > b[0] else b
+
+
+def _q5_rows(windowed: tuple[int, tuple[int, list[int]]]) -> list[dict[str, Any]]:
+    _, (count, auctions) = windowed
+    return [{ResultNames.AUCTION_ID: a, ResultNames.NUM: count} for a in auctions]
+
+
+def _q7_by_window(bid: Any) -> tuple[int, tuple[int, list[Any]]]:
+    return fixed_window(millis(bid)), (bid.price, [bid])
+
+
+def _q7_bids(windowed: tuple[int, tuple[int, list[Any]]]) -> list[Any]:
+    return windowed[1][1]
+
+
+def _is_person(item: Event) -> bool:
+    return isinstance(item, nexmark_model.Person)
+
+
+def _is_auction(item: Event) -> bool:
+    return isinstance(item, nexmark_model.Auction)
+
+
+def _q8_person_key(person: Any) -> tuple[int, int]:
+    return fixed_window(millis(person)), person.id
+
+
+def _q8_auction_key(auction: Any) -> tuple[int, int]:
+    return fixed_window(millis(auction)), auction.seller
+
+
+def _q8_project(joined: tuple[tuple[int, int], tuple[Any, Any]]) -> dict[str, Any]:
+    _, (person, auction) = joined
+    return {
+        ResultNames.ID: person.id,
+        ResultNames.NAME: person.name,
+        ResultNames.RESERVE: auction.reserve,
+    }
+
+
+def _higher_bid(bid: Any, other: Any) -> bool:
+    """winning_bids.JoinAuctionBidFn.higher_bid: higher price, then the earlier bid."""
+    if bid.price != other.price:
+        return bool(bid.price > other.price)
+    return bool(bid.date_time < other.date_time)
+
+
+def _q9_candidate(joined: tuple[int, tuple[Any, Any]]) -> bool:
+    """A bid takes part in its auction if it falls in the auction's window, reserve met.
+
+    WinningBids merges a bid's window into its auction's ``[date_time, expires)`` when the
+    bid's window starts (at the bid's time) before ``expires``; every bid of an auction
+    comes after the auction here, so that is exactly ``bid time < expires``. Bid windows
+    not merged hold no auction and give no output. JoinAuctionBidFn skips bids below
+    the reserve.
+    """
+    _, (auction, bid) = joined
+    return bool(bid.date_time < auction.expires and bid.price >= auction.reserve)
+
+
+def _q9_better(a: tuple[Any, Any], b: tuple[Any, Any]) -> tuple[Any, Any]:
+    return b if _higher_bid(b[1], a[1]) else a
+
+
+def _q9_winner(best: tuple[int, tuple[Any, Any]]) -> Any:
+    auction, bid = best[1]
+    return auction_bid.AuctionBid(auction, bid)
+
+
+def python_query(query: int, items: Iterable[Event]) -> list[Any]:
+    """Query ``query`` in plain Python over events (for tests): the same functions as PySpark."""
+    events_list = list(items)
+    if query == 5:
+        counts: dict[tuple[int, int], int] = {}
+        for bid in filter(_is_bid, events_list):
+            for key, one in _q5_window_auction_ones(bid):
+                counts[key] = counts.get(key, 0) + one
+        return [row for best in _reduce_by_key(map(_q5_by_window, counts.items()), _most)
+                for row in _q5_rows(best)]
+    if query == 7:
+        by_window = map(_q7_by_window, filter(_is_bid, events_list))
+        return [bid for best in _reduce_by_key(by_window, _most) for bid in _q7_bids(best)]
+    if query == 8:
+        persons = {_q8_person_key(p): p for p in filter(_is_person, events_list)}
+        return [
+            _q8_project((key, (persons[key], a)))
+            for a in filter(_is_auction, events_list)
+            if (key := _q8_auction_key(a)) in persons
+        ]
+    if query == 9:
+        auctions = {a.id: a for a in filter(_is_auction, events_list)}
+        joined = [(b.auction, (auctions[b.auction], b)) for b in filter(_is_bid, events_list)]
+        candidates = [(k, pair) for k, pair in joined if _q9_candidate((k, pair))]
+        return [_q9_winner(best) for best in _reduce_by_key(candidates, _q9_better)]
+    raise ValueError(f"no plain Python version of Nexmark query {query}")
+
+
+def _reduce_by_key(pairs: Iterable[tuple[Any, Any]], merge: Callable[[Any, Any], Any]) -> list[Any]:
+    merged: dict[Any, Any] = {}
+    for key, value in pairs:
+        merged[key] = merge(merged[key], value) if key in merged else value
+    return list(merged.items())
+
+
 def pyspark_query(query: int, event_rdd: RDD[Any]) -> RDD[Any]:
     """Query ``query`` over an RDD of events, in plain PySpark; its output elements."""
     if query == 0:
@@ -226,6 +399,20 @@ def pyspark_query(query: int, event_rdd: RDD[Any]) -> RDD[Any]:
         auctions = event_rdd.filter(_q3_auction).keyBy(lambda a: a.seller)
         persons = event_rdd.filter(_q3_person).keyBy(lambda p: p.id)
         return auctions.join(persons).map(_q3_project)
+    if query == 5:
+        counts = event_rdd.filter(_is_bid).flatMap(_q5_window_auction_ones).reduceByKey(operator.add)
+        return counts.map(_q5_by_window).reduceByKey(_most).flatMap(_q5_rows)
+    if query == 7:
+        return event_rdd.filter(_is_bid).map(_q7_by_window).reduceByKey(_most).flatMap(_q7_bids)
+    if query == 8:
+        persons = event_rdd.filter(_is_person).keyBy(_q8_person_key)
+        auctions = event_rdd.filter(_is_auction).keyBy(_q8_auction_key)
+        return persons.join(auctions).map(_q8_project)
+    if query == 9:
+        auctions = event_rdd.filter(_is_auction).keyBy(lambda a: a.id)
+        bids = event_rdd.filter(_is_bid).keyBy(lambda b: b.auction)
+        candidates = auctions.join(bids).filter(_q9_candidate)
+        return candidates.reduceByKey(_q9_better).map(_q9_winner)
     raise ValueError(f"no PySpark version of Nexmark query {query}")
 
 
