@@ -360,8 +360,11 @@ def python_query(query: int, items: Iterable[Event]) -> list[Any]:
         for bid in filter(_is_bid, events_list):
             for key, one in _q5_window_auction_ones(bid):
                 counts[key] = counts.get(key, 0) + one
-        return [row for best in _reduce_by_key(map(_q5_by_window, counts.items()), _most)
-                for row in _q5_rows(best)]
+        return [
+            row
+            for best in _reduce_by_key(map(_q5_by_window, counts.items()), _most)
+            for row in _q5_rows(best)
+        ]
     if query == 7:
         by_window = map(_q7_by_window, filter(_is_bid, events_list))
         return [bid for best in _reduce_by_key(by_window, _most) for bid in _q7_bids(best)]
@@ -400,7 +403,9 @@ def pyspark_query(query: int, event_rdd: RDD[Any]) -> RDD[Any]:
         persons = event_rdd.filter(_q3_person).keyBy(lambda p: p.id)
         return auctions.join(persons).map(_q3_project)
     if query == 5:
-        counts = event_rdd.filter(_is_bid).flatMap(_q5_window_auction_ones).reduceByKey(operator.add)
+        counts = (
+            event_rdd.filter(_is_bid).flatMap(_q5_window_auction_ones).reduceByKey(operator.add)
+        )
         return counts.map(_q5_by_window).reduceByKey(_most).flatMap(_q5_rows)
     if query == 7:
         return event_rdd.filter(_is_bid).map(_q7_by_window).reduceByKey(_most).flatMap(_q7_bids)
@@ -452,6 +457,10 @@ def sql_events(spark: SparkSession, total: int, partitions: int) -> DataFrame:
         pick(CITIES, h2 % 10).alias("city"),
         F.concat(pick(FIRST_NAMES, h1 % 8), F.lit(" "), pick(LAST_NAMES, h2 % 8)).alias("name"),
         (F.lit(FIRST_ID) + h2 % (epoch + 1)).alias("seller"),
+        (F.lit(FIRST_ID) + h2 % (epoch + 1)).alias("bidder"),
+        (F.lit(100) + h1 % 1000 + h2 % 1000).alias("reserve"),
+        (F.lit(BASE_TIME_MS) + F.col("n")).alias("ms"),
+        (F.lit(BASE_TIME_MS + 10_000) + F.col("n") + h3 % 100_000).alias("expires"),
         (F.lit(Q3_CATEGORY) + h3 % 5).alias("category"),
         (F.lit(FIRST_ID) + h1 % (epoch * 3 + 3)).alias("auction"),
         (F.lit(100) + h3 % 100_000).alias("price"),
@@ -461,6 +470,7 @@ def sql_events(spark: SparkSession, total: int, partitions: int) -> DataFrame:
 def sql_query(query: int, frame: DataFrame) -> DataFrame:
     """Query ``query`` in Spark SQL: one row, columns ``results`` and ``checksum``."""
     from pyspark.sql import functions as F
+    from pyspark.sql.window import Window
 
     kind = F.col("kind")
     bids = frame.where(kind == 2)
@@ -485,4 +495,80 @@ def sql_query(query: int, frame: DataFrame) -> DataFrame:
         )
         joined = auctions.join(persons, auctions.seller == persons.person_id)
         return joined.agg(F.count(F.lit(1)).alias("results"), F.sum("auction_id").alias("checksum"))
+    if query == 5:
+        return _sql_q5(bids)
+    if query == 7:
+        best = F.max("price").over(Window.partitionBy("w"))
+        windowed = bids.select("auction", "bidder", "price", _sql_fixed_window().alias("w"))
+        top = windowed.withColumn("best", best).where(F.col("price") == F.col("best"))
+        return top.agg(
+            F.count(F.lit(1)).alias("results"), F.sum(_sql_bid_fingerprint()).alias("checksum")
+        )
+    if query == 8:
+        persons = frame.where(kind == 0).select(
+            _sql_fixed_window().alias("w"), F.col("id").alias("person_id")
+        )
+        auctions = frame.where(kind == 1).select(
+            _sql_fixed_window().alias("w"), "seller", "reserve"
+        )
+        joined = persons.join(
+            auctions, (persons.w == auctions.w) & (persons.person_id == auctions.seller)
+        )
+        fingerprint = F.col("person_id") * 10_000 + F.col("reserve")
+        return joined.agg(F.count(F.lit(1)).alias("results"), F.sum(fingerprint).alias("checksum"))
+    if query == 9:
+        return _sql_q9(frame)
     raise ValueError(f"no Spark SQL version of Nexmark query {query}")
+
+
+def _sql_fixed_window() -> Column:
+    from pyspark.sql import functions as F
+
+    return F.col("ms") - F.col("ms") % WINDOW_SIZE_MS
+
+
+def _sql_bid_fingerprint() -> Column:
+    from pyspark.sql import functions as F
+
+    return F.col("auction") * 1_000_003 + F.col("bidder") * 1_009 + F.col("price")
+
+
+def _sql_q5(bids: DataFrame) -> DataFrame:
+    """Per sliding window, the auctions with the most bids (ties all kept)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.window import Window
+
+    last = F.col("ms") - F.col("ms") % WINDOW_PERIOD_MS
+    # SlidingWindows.assign: starts last, last - period, ... while start > ms - size.
+    starts = F.filter(
+        F.array(
+            *[last - k * WINDOW_PERIOD_MS for k in range(-(-WINDOW_SIZE_MS // WINDOW_PERIOD_MS))]
+        ),
+        lambda start: start > F.col("ms") - WINDOW_SIZE_MS,
+    )
+    counts = bids.select(F.explode(starts).alias("w"), "auction").groupBy("w", "auction").count()
+    most = F.max("count").over(Window.partitionBy("w"))
+    top = counts.withColumn("most", most).where(F.col("count") == F.col("most"))
+    fingerprint = F.col("auction") * 100_000 + F.col("count")
+    return top.agg(F.count(F.lit(1)).alias("results"), F.sum(fingerprint).alias("checksum"))
+
+
+def _sql_q9(frame: DataFrame) -> DataFrame:
+    """Per auction, its best bid (price, then earliest) among bids before it expires, >= reserve."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.window import Window
+
+    kind = F.col("kind")
+    auctions = frame.where(kind == 1).select(
+        F.col("id").alias("auction_id"), "expires", F.col("reserve").alias("auction_reserve")
+    )
+    bids = frame.where(kind == 2).select("auction", "bidder", "price", "ms")
+    joined = bids.join(auctions, bids.auction == auctions.auction_id).where(
+        (F.col("ms") < F.col("expires")) & (F.col("price") >= F.col("auction_reserve"))
+    )
+    rank = F.row_number().over(
+        Window.partitionBy("auction_id").orderBy(F.col("price").desc(), F.col("ms").asc())
+    )
+    winners = joined.withColumn("rank", rank).where(F.col("rank") == 1)
+    fingerprint = F.col("auction_id") * 1_000_003 + _sql_bid_fingerprint()
+    return winners.agg(F.count(F.lit(1)).alias("results"), F.sum(fingerprint).alias("checksum"))
