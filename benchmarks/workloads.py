@@ -388,6 +388,7 @@ WORKLOADS: dict[str, Workload] = {
         NexmarkWorkload(1, "Nexmark q1: currency conversion (map)"),
         NexmarkWorkload(2, "Nexmark q2: selection (filter)"),
         NexmarkWorkload(3, "Nexmark q3: local item suggestion (join, stateful DoFn)"),
+        NexmarkWorkload(4, "Nexmark q4: average price per category (winning bids, sliding mean)"),
         NexmarkWorkload(5, "Nexmark q5: hot items (sliding windows, count, global max)"),
         NexmarkWorkload(7, "Nexmark q7: highest bid (fixed windows, max as a side input)"),
         NexmarkWorkload(8, "Nexmark q8: monitor new users (fixed windows, CoGroupByKey join)"),
