@@ -1,11 +1,12 @@
-"""The benchmarks' own versions of Nexmark q5, q7, q8 and q9 against Beam's.
+"""The benchmarks' own versions of Nexmark q4, q5, q7, q8 and q9 against Beam's.
 
 Each hand-written version (``benchmarks.nexmark.python_query``, built from the same
 functions as the PySpark version) must give the same output summary (count, checksum) as
 Beam's ``queryN.load`` on FnApiRunner over the same events. Query 9 cannot run on
 FnApiRunner (its custom merging window coder fails there, see docs/performance.md), so its
 winning-bid rule is checked against Beam's own ``AuctionOrBidWindowFn.merge`` and
-``JoinAuctionBidFn``, driven per auction here.
+``JoinAuctionBidFn``, driven per auction here; query 4 is those winning bids, timestamped
+at the end of their merged window, through the rest of Beam's ``query4`` on FnApiRunner.
 """
 
 from __future__ import annotations
@@ -66,8 +67,11 @@ class _MergeContext(WindowFn.MergeContext):
             self.merged[window] = merge_result
 
 
-def _winning_bids_by_beam_functions(events: list[Any]) -> list[Any]:
-    """WinningBids with Beam's own window fn and join DoFn, grouped here per auction."""
+def _winning_bids_by_beam_functions(events: list[Any]) -> list[tuple[Any, Any]]:
+    """WinningBids with Beam's own window fn and join DoFn, grouped here per auction.
+
+    Each winning bid comes with the (merged) window it was output in.
+    """
     window_fn = winning_bids.WinningBids().auction_or_bid_windowFn
     by_auction: dict[int, list[tuple[Any, Any]]] = defaultdict(list)
     for item in events:
@@ -91,18 +95,55 @@ def _winning_bids_by_beam_functions(events: list[Any]) -> list[Any]:
                 if nexmark_query_util.is_auction(item)
                 else nexmark_query_util.BID_TAG
             )
-            groups[(merged.start, merged.end, merged.is_auction_window)][tag].append(item)
-        for group in groups.values():
-            output.extend(winning_bids.JoinAuctionBidFn().process((key, group)))
+            groups[merged][tag].append(item)
+        for merged, group in groups.items():
+            for winner in winning_bids.JoinAuctionBidFn().process((key, group)):
+                output.append((winner, merged))
     return output
 
 
 def test_q9_matches_beams_window_merge_and_join() -> None:
     events = list(nexmark.events(0, EVENTS))
-    expected = _winning_bids_by_beam_functions(events)
+    expected = [winner for winner, _ in _winning_bids_by_beam_functions(events)]
     assert expected
     fingerprint = nexmark.FINGERPRINTS[9]
     assert _python_summary(9, EVENTS) == (len(expected), sum(map(fingerprint, expected)))
+
+
+def test_q4_matches_beams_query4_after_winning_bids() -> None:
+    from apache_beam.testing.benchmarks.nexmark.queries import query4
+    from apache_beam.transforms import window
+
+    winners = _winning_bids_by_beam_functions(list(nexmark.events(0, EVENTS)))
+    # The default timestamp combiner outputs a group at the end of its window.
+    timestamped = [window.TimestampedValue(w, merged.max_timestamp()) for w, merged in winners]
+    counter = beam.metrics.Metrics.counter("test", "results")
+    checksum = beam.metrics.Metrics.counter("test", "checksum")
+
+    def tally(row: dict[str, Any]) -> None:
+        counter.inc()
+        checksum.inc(nexmark.FINGERPRINTS[4](row))
+
+    pipeline = beam.Pipeline(runner=FnApiRunner())
+    _ = (
+        pipeline
+        | beam.Create(timestamped)
+        | beam.Map(lambda winner: (winner.auction.category, winner.bid.price))
+        | beam.WindowInto(
+            window.SlidingWindows(
+                nexmark.QUERY_ARGS["window_size_sec"], nexmark.QUERY_ARGS["window_period_sec"]
+            )
+        )
+        | beam.CombinePerKey(beam.combiners.MeanCombineFn())
+        | beam.ParDo(query4.ProjectToCategoryPriceFn())
+        | beam.Map(tally)
+    )
+    result = pipeline.run()
+    result.wait_until_finish()
+    counters = {
+        c.key.metric.name: c.committed for c in result.metrics().query(MetricsFilter())["counters"]
+    }
+    assert _python_summary(4, EVENTS) == (counters["results"], counters["checksum"])
 
 
 def test_sliding_windows_as_beam_assigns_them() -> None:
