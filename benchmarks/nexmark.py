@@ -203,6 +203,16 @@ def q9_fingerprint(winner: Any) -> int:
     return int(winner.auction.id) * 1_000_003 + _bid_fingerprint(winner.bid)
 
 
+def q11_fingerprint(row: dict[str, Any]) -> int:
+    """Query 11 outputs {bidder_id, bid_count}: a bidder's bids in one session.
+
+    The count enters squared: the counts alone sum to the number of bids however the
+    sessions are cut.
+    """
+    count = int(row[ResultNames.BID_COUNT])
+    return int(row[ResultNames.BIDDER_ID]) * 1_000_000 + count * count
+
+
 FINGERPRINTS: dict[int, Callable[[Any], int]] = {
     0: event_fingerprint,
     1: q1_fingerprint,
@@ -213,6 +223,7 @@ FINGERPRINTS: dict[int, Callable[[Any], int]] = {
     7: q7_fingerprint,
     8: q8_fingerprint,
     9: q9_fingerprint,
+    11: q11_fingerprint,
 }
 
 
@@ -398,6 +409,30 @@ def _q4_row(summed: tuple[tuple[int, int], tuple[int, int]]) -> dict[str, Any]:
     }
 
 
+def _q11_bidder_time(bid: Any) -> tuple[int, int]:
+    return bid.bidder, millis(bid)
+
+
+def _q11_sessions(grouped: tuple[int, Iterable[int]]) -> Iterator[dict[str, Any]]:
+    """A bidder's bids counted per session, as Beam's ``Sessions(gap)`` merges them.
+
+    Each bid's window is ``[t, t + gap)``; windows sorted by start merge while the next one
+    starts before the merged end, so a session ends where a bid comes ``gap`` or more after
+    the previous one. query11's early trigger (AfterCount(max_log_events)) never fires: no
+    session reaches max_log_events bids here, so each session is one on-time pane.
+    """
+    bidder, times = grouped
+    count, previous = 0, None
+    for ms in sorted(times):
+        if previous is not None and ms >= previous + WINDOW_SIZE_MS:
+            yield {ResultNames.BIDDER_ID: bidder, ResultNames.BID_COUNT: count}
+            count = 0
+        count += 1
+        previous = ms
+    if count:
+        yield {ResultNames.BIDDER_ID: bidder, ResultNames.BID_COUNT: count}
+
+
 def python_query(query: int, items: Iterable[Event]) -> list[Any]:
     """Query ``query`` in plain Python over events (for tests): the same functions as PySpark."""
     events_list = list(items)
@@ -432,6 +467,11 @@ def python_query(query: int, items: Iterable[Event]) -> list[Any]:
         joined = [(b.auction, (auctions[b.auction], b)) for b in filter(_is_bid, events_list)]
         candidates = [(k, pair) for k, pair in joined if _q9_candidate((k, pair))]
         return [_q9_winner(best) for best in _reduce_by_key(candidates, _q9_better)]
+    if query == 11:
+        by_bidder: dict[int, list[int]] = {}
+        for bidder, ms in map(_q11_bidder_time, filter(_is_bid, events_list)):
+            by_bidder.setdefault(bidder, []).append(ms)
+        return [row for grouped in by_bidder.items() for row in _q11_sessions(grouped)]
     raise ValueError(f"no plain Python version of Nexmark query {query}")
 
 
@@ -473,6 +513,8 @@ def pyspark_query(query: int, event_rdd: RDD[Any]) -> RDD[Any]:
     if query == 4:
         winners = pyspark_query(9, event_rdd)
         return winners.flatMap(_q4_window_category_prices).reduceByKey(_add_pairs).map(_q4_row)
+    if query == 11:
+        return event_rdd.filter(_is_bid).map(_q11_bidder_time).groupByKey().flatMap(_q11_sessions)
     raise ValueError(f"no PySpark version of Nexmark query {query}")
 
 
@@ -577,6 +619,16 @@ def sql_query(query: int, frame: DataFrame) -> DataFrame:
         return winners.agg(F.count(F.lit(1)).alias("results"), F.sum(fingerprint).alias("checksum"))
     if query == 4:
         return _sql_q4(frame)
+    if query == 11:
+        by_time = Window.partitionBy("bidder").orderBy("ms")
+        gap = F.col("ms") - F.lag("ms").over(by_time)
+        starts = bids.select(
+            "bidder", "ms", F.when(gap < WINDOW_SIZE_MS, 0).otherwise(1).alias("starts")
+        )
+        numbered = starts.select("bidder", F.sum("starts").over(by_time).alias("session"))
+        counts = numbered.groupBy("bidder", "session").count()
+        fingerprint = F.col("bidder") * 1_000_000 + F.col("count") * F.col("count")
+        return counts.agg(F.count(F.lit(1)).alias("results"), F.sum(fingerprint).alias("checksum"))
     raise ValueError(f"no Spark SQL version of Nexmark query {query}")
 
 

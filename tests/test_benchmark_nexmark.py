@@ -1,4 +1,4 @@
-"""The benchmarks' own versions of Nexmark q4, q5, q7, q8 and q9 against Beam's.
+"""The benchmarks' own versions of Nexmark q4, q5, q7, q8, q9 and q11 against Beam's.
 
 Each hand-written version (``benchmarks.nexmark.python_query``, built from the same
 functions as the PySpark version) must give the same output summary (count, checksum) as
@@ -50,7 +50,7 @@ def _beam_summary(query: int, total: int) -> tuple[int, int]:
     return counters.get("results", 0), counters.get("checksum", 0)
 
 
-@pytest.mark.parametrize("query", [5, 7, 8])
+@pytest.mark.parametrize("query", [5, 7, 8, 11])
 def test_python_version_matches_beam_on_fnapirunner(query: int) -> None:
     python = _python_summary(query, EVENTS)
     assert python[0] > 0
