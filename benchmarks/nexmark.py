@@ -54,9 +54,6 @@ Q3_STATES = ("OR", "ID", "CA")
 Q3_CATEGORY = 10
 WINDOW_SIZE_MS = QUERY_ARGS["window_size_sec"] * 1000
 WINDOW_PERIOD_MS = QUERY_ARGS["window_period_sec"] * 1000
-# winning_bids.WinningBids: a bid's own window lasts twice this (it only matters whether
-# the bid's window starts before its auction's window ends, i.e. bid time < expires).
-Q9_EXPECTED_DURATION_MICROS = 16_667_000
 
 _M32 = 1 << 32
 _K1, _C1, _K2 = 2654435761, 97531, 69069
