@@ -78,18 +78,17 @@ def _winning_bids_by_beam_functions(events: list[Any]) -> list[tuple[Any, Any]]:
         if not nexmark_query_util.auction_or_bid(item):
             continue
         key = item.id if nexmark_query_util.is_auction(item) else item.auction
-        context = WindowFn.AssignContext(item.date_time, element=item)
-        (assigned,) = window_fn.assign(context)
+        (assigned,) = window_fn.assign(WindowFn.AssignContext(item.date_time, element=item))
         by_auction[key].append((assigned, item))
     output = []
     for key, windowed in by_auction.items():
-        context = _MergeContext([w for w, _ in windowed])
-        window_fn.merge(context)
+        merges = _MergeContext([w for w, _ in windowed])
+        window_fn.merge(merges)
         groups: dict[Any, dict[str, list[Any]]] = defaultdict(
             lambda: {nexmark_query_util.AUCTION_TAG: [], nexmark_query_util.BID_TAG: []}
         )
         for assigned, item in windowed:
-            merged = context.merged.get(assigned, assigned)
+            merged = merges.merged.get(assigned, assigned)
             tag = (
                 nexmark_query_util.AUCTION_TAG
                 if nexmark_query_util.is_auction(item)
