@@ -62,7 +62,7 @@ from apache_beam.runners.worker import (
 )
 from apache_beam.transforms import environments, trigger, userstate, window
 from apache_beam.utils import proto_utils
-from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming
+from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
 
 # Graph phases and helpers from FnApiRunner's translations module.
 Stage = translations.Stage
@@ -354,6 +354,7 @@ __all__ = [
     "GroupingBuffer",
     "PaneInfo",
     "PaneInfoTiming",
+    "WindowedValue",
     "PipelineContext",
     "SingletonStateHandlerFactory",
     "StateServicer",

@@ -334,3 +334,68 @@ def test_writers_descriptors_encode_values_only():
     assert port.coder_id == output.coder_id == plan.group_input_coders[buffer_id]
     coder = stage.descriptor.coders[port.coder_id]
     assert coder.spec.urn == bi.PARAM_WINDOWED_VALUE_CODER_URN
+
+
+PER_WINDOW_WINDOWINGS = {
+    "fixed": beam.WindowInto(window.FixedWindows(10)),
+    "sliding": beam.WindowInto(window.SlidingWindows(10, 5)),
+    "sliding, offset": beam.WindowInto(window.SlidingWindows(10, 3, offset=1)),
+    "fixed, earliest": beam.WindowInto(
+        window.FixedWindows(10), timestamp_combiner=window.TimestampCombiner.OUTPUT_AT_EARLIEST
+    ),
+    "sliding, latest": beam.WindowInto(
+        window.SlidingWindows(10, 5), timestamp_combiner=window.TimestampCombiner.OUTPUT_AT_LATEST
+    ),
+    "fixed, accumulating, lateness": beam.WindowInto(
+        window.FixedWindows(10),
+        accumulation_mode=trigger.AccumulationMode.ACCUMULATING,
+        allowed_lateness=30,
+    ),
+    "global, earliest": beam.WindowInto(
+        window.GlobalWindows(), timestamp_combiner=window.TimestampCombiner.OUTPUT_AT_EARLIEST
+    ),
+}
+
+
+@pytest.mark.parametrize("windowing", sorted(PER_WINDOW_WINDOWINGS))
+def test_default_trigger_over_windows_that_do_not_merge_gives_beams_bytes(windowing, monkeypatch):
+    """Beam's GeneralTriggerDriver's panes, without it: windows in order of appearance."""
+    s = setup(tuple[str, int], PER_WINDOW_WINDOWINGS[windowing])
+    assert not s.windowing.is_default()
+    window_fn = s.windowing.windowfn
+    elements = []
+    for i in range(80):
+        # Timestamps out of order, so windows first appear out of order too.
+        timestamp = Timestamp((i * 37) % 61, micros=i % 3)
+        windows = window_fn.assign(window_fn.AssignContext(timestamp, element=None))
+        elements.append(WindowedValue((f"k{i % 3}", i), timestamp, windows, ONE_BYTE_PANES[i % 3]))
+    grouper = grouping._Grouper(s.spec)
+    runs = {}
+    for element in elements:
+        runs.setdefault(element.value[0], []).append(element)
+    # One run holding two keys too (GroupingBuffer keeps them apart; so must grouping).
+    runs["both"] = runs["k0"] + runs["k1"]
+    expected = {key: beam_grouped(s, encode_all(s.sdk, run)) for key, run in runs.items()}
+    monkeypatch.setattr(bi, "GroupingBuffer", lambda *_: pytest.fail("used a GroupingBuffer"))
+    actual = {key: grouper.group(encode_all(s.sdk, run)) for key, run in runs.items()}
+    assert actual == expected
+    outputs = list(s.post.get_impl().decode_all(actual["k0"]))
+    assert {o.pane_info.timing for o in outputs} == {PaneInfoTiming.ON_TIME}
+    assert len(outputs) == len({w for e in runs["k0"] for w in e.windows})
+
+
+@pytest.mark.parametrize(
+    "windowing",
+    [
+        beam.WindowInto(window.Sessions(5)),
+        beam.WindowInto(
+            window.FixedWindows(10),
+            trigger=trigger.AfterWatermark(early=trigger.AfterCount(2)),
+            accumulation_mode=trigger.AccumulationMode.DISCARDING,
+        ),
+    ],
+    ids=["sessions", "early firings"],
+)
+def test_merging_windows_and_other_triggers_keep_beams_trigger_driver(windowing):
+    s = setup(tuple[str, int], windowing)
+    assert not grouping._Grouper(s.spec)._per_window
