@@ -79,6 +79,26 @@ def _configured_master() -> str | None:
 # there restores C2), and a spark.driver.defaultJavaOptions in --spark_conf replaces them.
 LOCAL_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 
+# Spark's default driver heap is 1 GiB. In a local session the driver JVM is the whole
+# cluster: it also caches the stage outputs read more than once, columnar batches of
+# 10 000 rows, and Nexmark q9 at 2M events (a merging-window CoGroupByKey) ran out of it
+# (java.lang.OutOfMemoryError: Java heap space while caching a stage's output). A local
+# session the runner starts gets a quarter of the machine's memory, within these bounds;
+# --spark_conf spark.driver.memory=... overrides it.
+LOCAL_DRIVER_MEMORY_MIN_MIB = 1024
+LOCAL_DRIVER_MEMORY_MAX_MIB = 8192
+
+
+def local_driver_memory() -> str:
+    """The driver heap of a local session the runner starts (``spark.driver.memory``)."""
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # no sysconf (e.g. Windows)
+        return f"{LOCAL_DRIVER_MEMORY_MIN_MIB}m"
+    quarter_mib = physical // 4 // (1 << 20)
+    mib = max(LOCAL_DRIVER_MEMORY_MIN_MIB, min(LOCAL_DRIVER_MEMORY_MAX_MIB, quarter_mib))
+    return f"{mib}m"
+
 
 def session_conf(master: str, settings: SparkSettings) -> dict[str, str]:
     """The Spark settings of a session the runner creates for ``master``."""
@@ -92,6 +112,7 @@ def session_conf(master: str, settings: SparkSettings) -> dict[str, str]:
         # package installed before tasks ship it, so only local sessions use it.
         conf["spark.python.daemon.module"] = "beam_spark_runner.worker_daemon"
         conf["spark.driver.defaultJavaOptions"] = LOCAL_DRIVER_JAVA_OPTIONS
+        conf["spark.driver.memory"] = local_driver_memory()
     # Adaptive execution merges shuffle partitions smaller than 1 MiB into one task, a
     # good trade for rows Spark itself processes. A Beam stage spends its time in Python
     # per element (a lifted combine's merge, a GroupByKey's grouping), so a small

@@ -27,3 +27,18 @@ def test_users_java_options_win_and_remote_masters_keep_the_jvm_default() -> Non
     remote = session_conf("spark://host:7077", _settings())
     assert "spark.driver.defaultJavaOptions" not in remote
     assert "spark.python.daemon.module" not in remote
+
+
+def test_local_sessions_get_a_quarter_of_the_memory_within_bounds(monkeypatch) -> None:
+    from beam_spark_runner import session
+
+    sizes = {"SC_PAGE_SIZE": 4096}
+    monkeypatch.setattr(session.os, "sysconf", lambda name: sizes[name])
+    for physical_gib, expected in [(24, "6144m"), (2, "1024m"), (256, "8192m")]:
+        sizes["SC_PHYS_PAGES"] = physical_gib * (1 << 30) // 4096
+        assert session_conf("local[2]", _settings())["spark.driver.memory"] == expected
+    assert (
+        session_conf("local[2]", _settings(**{"spark.driver.memory": "2g"}))["spark.driver.memory"]
+        == "2g"
+    )
+    assert "spark.driver.memory" not in session_conf("spark://host:7077", _settings())
