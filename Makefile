@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: install demo test unit-test cluster-test validates-runner teststream-check matrix lint typecheck bench clean help
+.PHONY: install demo test unit-test cluster-test validates-runner teststream-check matrix lint typecheck bench bench-nexmark clean help
 
 help:
 	@echo "make demo              run the demo pipeline on an embedded local[*] Spark"
@@ -20,6 +20,7 @@ help:
 	@echo "make matrix            smoke tests on the other Spark/Beam lines (nox; see noxfile.py)"
 	@echo "make lint typecheck    ruff and mypy"
 	@echo "make bench             benchmarks (see benchmarks/)"
+	@echo "make bench-nexmark     the windowed Nexmark queries, one round (~40 min)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +68,11 @@ test: lint typecheck unit-test cluster-test validates-runner teststream-check
 bench: $(STAMP)
 	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install --quiet -e ".[bench]"
 	$(PY) -m benchmarks.run
+
+bench-nexmark: $(STAMP)
+	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install --quiet -e ".[bench]"
+	$(PY) -m benchmarks.run --runs 1 --output-dir benchmarks/results/nexmark --workloads \
+		$$($(PY) -c "from benchmarks.workloads import WINDOWED_NEXMARK_WORKLOADS as w; print(','.join(w))")
 
 clean:
 	rm -rf build dist *.egg-info demo-output .mypy_cache .ruff_cache spark-warehouse .nox

@@ -36,7 +36,7 @@ from benchmarks.data import text_file
 from benchmarks.memory import TreeMemorySampler, peaks
 from benchmarks.report import merge_rounds, write_report
 from benchmarks.worker import RUNNERS, SIZES, WorkerResult, runner_code_hash
-from benchmarks.workloads import WARMUP, WORKLOADS
+from benchmarks.workloads import DEFAULT_WORKLOADS, WARMUP, WORKLOADS
 
 _LOGGER = logging.getLogger("benchmarks.run")
 
@@ -180,8 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--workloads",
-        default=",".join(WORKLOADS),
-        help=f"comma-separated, from {', '.join(WORKLOADS)} (default all)",
+        default=",".join(DEFAULT_WORKLOADS),
+        help=f"comma-separated, from {', '.join(WORKLOADS)} "
+        f"(default {','.join(DEFAULT_WORKLOADS)})",
     )
     parser.add_argument(
         "--runners",

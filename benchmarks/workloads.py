@@ -400,3 +400,20 @@ WORKLOADS: dict[str, Workload] = {
         NexmarkWorkload(11, "Nexmark q11: bids per user session (session windows, count)"),
     )
 }
+
+# What ``make bench`` (``benchmarks.run`` without ``--workloads``) runs, 3 rounds in ~16 min.
+# The windowed Nexmark queries take minutes per run on the Beam runners (q5 over 7 min on
+# DirectRunner at 2M events): ``make bench-nexmark`` runs them, one round.
+DEFAULT_WORKLOADS: tuple[str, ...] = (
+    "wordcount",
+    "groupbykey",
+    "combineperkey",
+    "sideinput",
+    "nexmark-q0",
+    "nexmark-q1",
+    "nexmark-q2",
+    "nexmark-q3",
+)
+WINDOWED_NEXMARK_WORKLOADS: tuple[str, ...] = tuple(
+    name for name in WORKLOADS if name.startswith("nexmark-") and name not in DEFAULT_WORKLOADS
+)
