@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -70,6 +71,10 @@ def _key_parts(coder: Coder) -> list[_Part] | None:
     return None
 
 
+# Windowed elements (a header, then the KV) and value-only ones (the KV alone).
+_SLICEABLE_ELEMENT_CODERS = (coders.WindowedValueCoder, coders.ParamWindowedValueCoder)
+
+
 def _header_bytes(safe_windowed_kv_coder: Coder) -> int:
     """How many bytes come before the key: none for a value-only (param) coder."""
     if type(safe_windowed_kv_coder) is coders.ParamWindowedValueCoder:
@@ -79,13 +84,12 @@ def _header_bytes(safe_windowed_kv_coder: Coder) -> int:
 
 def sliceable_key_parts(safe_windowed_kv_coder: Coder) -> list[_Part] | None:
     """The key's parts when elements of this coder can have their keys sliced, else None."""
-    if not isinstance(safe_windowed_kv_coder, coders.WindowedValueCoder) or type(
-        safe_windowed_kv_coder
-    ) not in (coders.WindowedValueCoder, coders.ParamWindowedValueCoder):
+    if type(safe_windowed_kv_coder) not in _SLICEABLE_ELEMENT_CODERS:
         return None
-    if type(safe_windowed_kv_coder.window_coder) is not coders.GlobalWindowCoder:
+    windowed = cast(coders.WindowedValueCoder, safe_windowed_kv_coder)
+    if type(windowed.window_coder) is not coders.GlobalWindowCoder:
         return None
-    kv_coder = safe_windowed_kv_coder.wrapped_value_coder
+    kv_coder = windowed.wrapped_value_coder
     if type(kv_coder) is not coders.TupleCoder or len(kv_coder.coders()) != 2:
         return None
     return _key_parts(kv_coder.coders()[0])

@@ -178,10 +178,14 @@ class _Grouper:
             if not head.endswith(usual) and not _fits(head, nested_key):
                 return False
             append(decode_value(stream, True))
+        self._write_globally(key, values, out)
+        return True
+
+    def _write_globally(self, key: Any, values: list[Any], out: Any) -> None:
+        """Writes one key's grouped values as GroupingBuffer does under default windowing."""
         # GroupingBuffer's output key: the key decoded from its encoding.
         output_key = self._key_impl.decode(self._key_impl.encode(key))
         self._post_impl.encode_to_stream(self._globally_window((output_key, values)), out, True)
-        return True
 
     def _group_per_window(self, elements: bytes, out: Any) -> None:
         """Groups under the default trigger and windows that do not merge, as Beam does.
@@ -241,8 +245,7 @@ class _Grouper:
             if read(key_bytes) != nested_key:
                 return False
             append(decode_value(stream, True))
-        output_key = self._key_impl.decode(self._key_impl.encode(key))
-        self._post_impl.encode_to_stream(self._globally_window((output_key, values)), out, True)
+        self._write_globally(key, values, out)
         return True
 
 
