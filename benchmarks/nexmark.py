@@ -278,20 +278,15 @@ def fixed_window(ms: int) -> int:
     return ms - ms % WINDOW_SIZE_MS
 
 
-def sliding_windows(ms: int) -> range:
-    """The starts of the SlidingWindows(window_size_sec, window_period_sec) windows of ``ms``.
+def sliding_windows(time: int, per_ms: int = 1) -> range:
+    """The starts of the SlidingWindows(window_size_sec, window_period_sec) windows of ``time``.
 
     As Beam's ``SlidingWindows.assign``: every ``[start, start + size)`` with ``start`` a
-    multiple of the period that holds ``ms``.
+    multiple of the period that holds ``time``. ``time`` and the starts are in units of
+    ``1 / per_ms`` ms (1: milliseconds, 1000: microseconds).
     """
-    last = ms - ms % WINDOW_PERIOD_MS
-    return range(last, ms - WINDOW_SIZE_MS, -WINDOW_PERIOD_MS)
-
-
-def sliding_windows_micros(us: int) -> range:
-    """:func:`sliding_windows` for a time in microseconds (window starts in microseconds)."""
-    period, size = WINDOW_PERIOD_MS * 1000, WINDOW_SIZE_MS * 1000
-    return range(us - us % period, us - size, -period)
+    period, size = WINDOW_PERIOD_MS * per_ms, WINDOW_SIZE_MS * per_ms
+    return range(time - time % period, time - size, -period)
 
 
 def _q5_window_auction_ones(bid: Any) -> Iterator[tuple[tuple[int, int], int]]:
@@ -388,7 +383,7 @@ def _q4_window_category_prices(
     where query 4's SlidingWindows places the winning bid.
     """
     output_time = int(winner.auction.expires.micros) - 1
-    for start in sliding_windows_micros(output_time):
+    for start in sliding_windows(output_time, per_ms=1000):
         yield (start, winner.auction.category), (winner.bid.price, 1)
 
 
@@ -641,19 +636,25 @@ def _sql_bid_fingerprint() -> Column:
     return F.col("auction") * 1_000_003 + F.col("bidder") * 1_009 + F.col("price")
 
 
+def _sql_sliding_windows(time: Column, per_ms: int = 1) -> Column:
+    """:func:`sliding_windows` as an array column (``time`` in units of ``1 / per_ms`` ms)."""
+    from pyspark.sql import functions as F
+
+    period, size = WINDOW_PERIOD_MS * per_ms, WINDOW_SIZE_MS * per_ms
+    last = time - time % period
+    # SlidingWindows.assign: starts last, last - period, ... while start > time - size.
+    return F.filter(
+        F.array(*[last - k * period for k in range(-(-size // period))]),
+        lambda start: start > time - size,
+    )
+
+
 def _sql_q5(bids: DataFrame) -> DataFrame:
     """Per sliding window, the auctions with the most bids (ties all kept)."""
     from pyspark.sql import functions as F
     from pyspark.sql.window import Window
 
-    last = F.col("ms") - F.col("ms") % WINDOW_PERIOD_MS
-    # SlidingWindows.assign: starts last, last - period, ... while start > ms - size.
-    starts = F.filter(
-        F.array(
-            *[last - k * WINDOW_PERIOD_MS for k in range(-(-WINDOW_SIZE_MS // WINDOW_PERIOD_MS))]
-        ),
-        lambda start: start > F.col("ms") - WINDOW_SIZE_MS,
-    )
+    starts = _sql_sliding_windows(F.col("ms"))
     counts = bids.select(F.explode(starts).alias("w"), "auction").groupBy("w", "auction").count()
     most = F.max("count").over(Window.partitionBy("w"))
     top = counts.withColumn("most", most).where(F.col("count") == F.col("most"))
@@ -665,13 +666,7 @@ def _sql_q4(frame: DataFrame) -> DataFrame:
     """Per sliding window (of expires - 1 us, in microseconds) and category, the mean price."""
     from pyspark.sql import functions as F
 
-    period, size = WINDOW_PERIOD_MS * 1000, WINDOW_SIZE_MS * 1000
-    output_time = F.col("expires") * 1000 - 1
-    last = output_time - output_time % period
-    starts = F.filter(
-        F.array(*[last - k * period for k in range(-(-size // period))]),
-        lambda start: start > output_time - size,
-    )
+    starts = _sql_sliding_windows(F.col("expires") * 1000 - 1, per_ms=1000)
     winners = _sql_winning_bids(frame).select(F.explode(starts).alias("w"), "category", "price")
     means = winners.groupBy("w", "category").agg(F.avg("price").alias("mean"))
     # q4_fingerprint: int(mean * 1000) truncates as the cast does.
