@@ -31,10 +31,12 @@ _LOGGER = logging.getLogger(__name__)
 
 _STAGE_FAILURE = re.compile(r"Beam stage '(?P<stage>.+?)' failed:\n(?P<detail>.*)", re.DOTALL)
 # Spark appends JVM frames after the Python traceback; keep the message readable.
-_JVM_TAIL = re.compile(r"\n\s*(?:at |JVM stacktrace:|\tat ).*", re.DOTALL)
+# and a failed streaming query's description (its offsets and logical plan).
+_JVM_TAIL = re.compile(r"\n\s*(?:at |JVM stacktrace:|\tat |=== Streaming Query ===).*", re.DOTALL)
 
 
-def _describe_failure(error: BaseException) -> PipelineExecutionError:
+def describe_failure(error: BaseException) -> PipelineExecutionError:
+    """A Spark failure as a PipelineExecutionError naming the Beam stage, where known."""
     message = str(error)
     match = _STAGE_FAILURE.search(message)
     if match is None:
@@ -107,7 +109,7 @@ def _run(
         raise
     except Exception as error:
         if type(error).__module__.startswith(("pyspark", "py4j")):
-            raise _describe_failure(error) from error
+            raise describe_failure(error) from error
         raise
     finally:
         context.release()

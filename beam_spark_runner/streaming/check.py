@@ -1,0 +1,65 @@
+"""What a streaming run supports, checked before Spark starts.
+
+Each check raises :class:`UnsupportedFeatureError` naming the transform, its URN, what is
+missing and what to do. The runner then runs the pipeline in batch where a batch run gives
+the streaming result (see ``runner``), and refuses it otherwise.
+"""
+
+from __future__ import annotations
+
+from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.errors import UnsupportedFeatureError
+from beam_spark_runner.planning import TEST_STREAM_URN, Plan
+from beam_spark_runner.spark_compat import require_spark
+
+# transformWithState on rows (4.1) and Python streaming data sources with read limits (4.2).
+STREAMING_SPARK = (4, 1)
+_UNBOUNDED = bi.beam_runner_api_pb2.IsBounded.UNBOUNDED
+
+
+def check_streaming_pipeline(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
+    """Refuses sources a streaming run cannot read yet (on the unfused pipeline)."""
+    require_spark("Streaming (Structured Streaming with transformWithState)", STREAMING_SPARK)
+    components = proto.components
+    for transform in components.transforms.values():
+        if transform.subtransforms:
+            continue
+        if transform.spec.urn == TEST_STREAM_URN:
+            payload = bi.beam_runner_api_pb2.TestStreamPayload.FromString(transform.spec.payload)
+            if payload.endpoint.url:
+                raise UnsupportedFeatureError(
+                    f"Transform '{transform.unique_name}' is a TestStream ({TEST_STREAM_URN}) "
+                    f"that reads its events from a service ({payload.endpoint.url}); "
+                    "SparkStructuredRunner runs only TestStreams whose events are in the "
+                    "pipeline."
+                )
+            continue
+        outputs = [components.pcollections[p] for p in transform.outputs.values()]
+        inputs = [components.pcollections[p] for p in transform.inputs.values()]
+        if any(p.is_bounded == _UNBOUNDED for p in outputs) and not any(
+            p.is_bounded == _UNBOUNDED for p in inputs
+        ):
+            raise UnsupportedFeatureError(
+                f"Transform '{transform.unique_name}' ({transform.spec.urn}) produces an "
+                "unbounded PCollection of its own (an unbounded splittable DoFn or source); "
+                "SparkStructuredRunner's streaming runs read TestStreams and bounded sources "
+                "only yet."
+            )
+
+
+def check_streaming_plan(plan: Plan) -> None:
+    """Refuses stages a streaming run cannot execute yet (on the fused plan)."""
+    for stage in plan.stages:
+        if stage.stateful:
+            raise UnsupportedFeatureError(
+                f"Stage '{stage.display_name}' runs a stateful DoFn (user state or timers); "
+                "SparkStructuredRunner's streaming runs support stateless DoFns, "
+                "GroupByKey and Combine only yet."
+            )
+        if stage.side_inputs:
+            side = stage.side_inputs[0]
+            raise UnsupportedFeatureError(
+                f"Transform '{side.transform_id}' reads side input '{side.tag}' "
+                f"({side.pcollection_id}); SparkStructuredRunner's streaming runs do not "
+                "support side inputs yet."
+            )

@@ -1,0 +1,65 @@
+"""A stateful level: one ``transformWithState`` processor for all stateful nodes of a level.
+
+Spark groups the level's input by (target, shard) and calls ``handleInputRows`` once per
+group with that micro-batch's rows. Rows addressed to a later step pass through unchanged;
+a GroupByKey's shard runs ``grouping.run_group_shard`` with its state, one value in the
+state store (one read and one write per shard and batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+
+from beam_spark_runner.execution.grouping import GroupSpec
+from beam_spark_runner.streaming.grouping import (
+    decode_shard_state,
+    encode_shard_state,
+    run_group_shard,
+)
+from beam_spark_runner.streaming.rows import routed_row
+from beam_spark_runner.streaming.topology import Topology
+
+
+class LevelProcessor(StatefulProcessor):  # type: ignore[misc]
+    """The ``transformWithState`` processor of one stateful level."""
+
+    def __init__(self, topology: Topology, groups: dict[int, GroupSpec]) -> None:
+        self.topology = topology
+        self.groups = groups
+        self._state: Any = None
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        """Declares the one state variable: a shard's encoded state."""
+        from pyspark.sql.types import BinaryType, StructField, StructType
+
+        self._state = handle.getValueState(
+            "shard", StructType([StructField("state", BinaryType())])
+        )
+
+    def handleInputRows(  # noqa: N802 - PySpark's name
+        self,
+        key: Any,
+        rows: Iterator[Any],
+        timerValues: Any,  # noqa: N803
+    ) -> Iterator[Any]:
+        """Runs one (node, shard) for one micro-batch, or passes its rows on."""
+        target, shard = int(key[0]), int(key[1])
+        spec = self.groups.get(target)
+        if spec is None:
+            yield from rows
+            return
+        previous = self._state.get() if self._state.exists() else None
+        state = decode_shard_state(bytes(previous[0])) if previous else None
+        state, out = run_group_shard(
+            self.topology, self.topology.nodes[target], shard, spec, state, rows
+        )
+        self._state.update((encode_shard_state(state),))
+        make_row = routed_row()
+        for row in out:
+            yield make_row(*row)
+
+    def close(self) -> None:
+        """Nothing to release."""
