@@ -97,7 +97,7 @@ def _plain(state: Any) -> tuple[dict, dict, dict]:
 
 def _restored(plain: tuple[dict, dict, dict]) -> Any:
     timers, tags, global_state = plain
-    state = trigger.InMemoryUnmergedState()
+    state = bi.trigger_state()
     state.timers.update(timers)
     for window, values in tags.items():
         state.state[window].update(values)
@@ -145,6 +145,10 @@ class StreamingGrouper:
     ) -> Iterator[Any]:
         """Runs one micro-batch of a shard; yields (key, pane) for each pane that fires."""
         watermarks = shard.watermarks
+        # Elements arrive at the micro-batch's processing time; the watermark moves after.
+        watermarks.processing_time = max(
+            [watermarks.processing_time, *(m.processing_time for m in markers)]
+        )
         self.clock.micros = watermarks.processing_time
         input_watermark = Timestamp(micros=watermarks.input_watermark)
         output_watermark = Timestamp(micros=watermarks.output_watermark)
@@ -152,7 +156,7 @@ class StreamingGrouper:
             values = list(self.pre_impl.decode_all(b"".join(cells)))
             key_state = shard.keys.get(key_bytes)
             if key_state is None:
-                key_state = KeyState(values[0].value[0], trigger.InMemoryUnmergedState())
+                key_state = KeyState(values[0].value[0], bi.trigger_state())
                 shard.keys[key_bytes] = key_state
             panes = self.driver.process_elements(
                 key_state.state,
@@ -196,16 +200,15 @@ class StreamingGrouper:
     def _collect_garbage(self, shard: ShardState) -> None:
         """Drops windows whose input can only be dropped as late, and keys left empty."""
         watermark = Timestamp(micros=shard.watermarks.input_watermark)
+        lateness = self.allowed_lateness
+
+        def expired(window: Any) -> bool:
+            return bool(window.end + lateness < watermark)
+
         for key_bytes in list(shard.keys):
             state = shard.keys[key_bytes].state
-            for window in list(state.state):
-                if (
-                    hasattr(window, "end")
-                    and window.end + self.allowed_lateness < watermark
-                    and not state.timers.get(window)
-                ):
-                    del state.state[window]
-            if not state.state and not state.timers and not state.global_state:
+            bi.forget_expired_windows(state, expired)
+            if bi.trigger_state_is_empty(state):
                 del shard.keys[key_bytes]
 
     def hold(self, shard: ShardState) -> int:
