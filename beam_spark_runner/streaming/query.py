@@ -326,7 +326,7 @@ def start_query(
             watch.batches,
             time.monotonic() - started,
         )
-        result.finish(state, error)
+        result.finish(state, watch.batches, error)
 
     threading.Thread(target=watch_query, name=f"beam-query-{run_id}", daemon=True).start()
     return result

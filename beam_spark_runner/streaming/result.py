@@ -31,9 +31,11 @@ class StreamingPipelineResult(SparkPipelineResult):
         self._cancel = cancel
         self._finished = threading.Event()
         self._error: BaseException | None = None
+        self.micro_batches = 0
 
-    def finish(self, state: str, error: BaseException | None = None) -> None:
+    def finish(self, state: str, micro_batches: int, error: BaseException | None = None) -> None:
         """Called by the query's watcher once the query has ended."""
+        self.micro_batches = micro_batches
         self._run_metrics = self._read_metrics()
         self._metrics = self._monitoring_metrics = None
         self._error = error
