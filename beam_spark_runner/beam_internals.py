@@ -453,3 +453,23 @@ def trigger_state_is_empty(state: Any) -> bool:
     """Whether a trigger driver's state holds no window and no timer."""
     window_ids = state.get_global_state(trigger.MergeableStateAdapter.WINDOW_IDS, {})
     return not window_ids and not state.state and not any(state.timers.values())
+
+
+def servicer_contents(servicer: Any) -> tuple[dict[bytes, list[bytes]], dict[bytes, Any]]:
+    """A ``StateServicer``'s cells (state key -> values) and ordered-list indexes, as dicts."""
+    return (
+        {key: list(values) for key, values in servicer._state.items() if values},  # noqa: SLF001
+        dict(servicer._ordered_list_keys),  # noqa: SLF001
+    )
+
+
+def servicer_with(contents: tuple[dict[bytes, list[bytes]], dict[bytes, Any]] | None) -> Any:
+    """A ``StateServicer`` holding what :func:`servicer_contents` returned."""
+    servicer = StateServicer()
+    if contents:
+        cells, ordered = contents
+        for key, values in cells.items():
+            servicer._state[key] = list(values)  # type: ignore[index]  # noqa: SLF001
+        for key, indexes in ordered.items():
+            servicer._ordered_list_keys[key] = indexes  # noqa: SLF001
+    return servicer

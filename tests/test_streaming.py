@@ -14,11 +14,12 @@ from typing import Any
 
 import apache_beam as beam
 import pytest
+from apache_beam.coders import VarIntCoder
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.runners.runner import PipelineState
 from apache_beam.testing.test_stream import TestStream as ScriptedStream
 from apache_beam.testing.util import assert_that, equal_to
-from apache_beam.transforms import trigger, window
+from apache_beam.transforms import trigger, userstate, window
 from apache_beam.transforms.window import TimestampedValue
 
 from tests.conftest import SPARK_TEST_MASTER
@@ -160,3 +161,58 @@ def test_a_second_grouping_fires_in_the_micro_batch_of_the_first() -> None:
     # the assertion's own) in the batch that brings it. A level firing one batch late
     # would need more.
     assert result.micro_batches == 3
+
+
+class _BufferUntilTimer(beam.DoFn):  # type: ignore[misc]
+    """Buffers a key's values until an event-time timer 5 s after its latest element."""
+
+    BUFFER = userstate.BagStateSpec("buffer", VarIntCoder())
+    FLUSH = userstate.TimerSpec("flush", userstate.TimeDomain.WATERMARK)
+
+    def process(
+        self,
+        kv: Any,
+        buffer: Any = beam.DoFn.StateParam(BUFFER),
+        flush: Any = beam.DoFn.TimerParam(FLUSH),
+        timestamp: Any = beam.DoFn.TimestampParam,
+    ) -> None:
+        buffer.add(kv[1])
+        flush.set(timestamp + 5)
+
+    @userstate.on_timer(FLUSH)
+    def on_flush(
+        self,
+        buffer: Any = beam.DoFn.StateParam(BUFFER),
+        key: Any = beam.DoFn.KeyParam,
+    ) -> Any:
+        yield key, sorted(buffer.read())
+        buffer.clear()
+
+
+def test_a_timers_output_timestamp_holds_the_downstream_watermark() -> None:
+    stream = (
+        ScriptedStream()
+        .add_elements([TimestampedValue(("a", 1), 1), TimestampedValue(("b", 2), 2)])
+        .advance_watermark_to(4)
+        .add_elements([TimestampedValue(("a", 3), 3)])
+        .advance_watermark_to(10)
+        .add_elements([TimestampedValue(("a", 4), 12)])
+        # The timer of 'a' at 17 s fires only at +inf: until then it holds the stateful
+        # DoFn's output watermark at 17 s, so the window [0, 100) downstream waits for it.
+        # (DirectRunner fires the window first and drops the late [4].)
+        .advance_watermark_to_infinity()
+    )
+    options = PipelineOptions(
+        ["--runner=SparkStructuredRunner", f"--spark_master={SPARK_TEST_MASTER}", "--streaming"]
+    )
+    with beam.Pipeline(options=options) as pipeline:
+        flushed = pipeline | stream | beam.ParDo(_BufferUntilTimer())
+        assert_that(flushed, equal_to([("a", [1, 3]), ("b", [2]), ("a", [4])]), label="Flushed")
+        windowed = (
+            flushed
+            | beam.WindowInto(window.FixedWindows(100))
+            | beam.Map(lambda kv: ("all", kv[1]))
+            | beam.GroupByKey()
+            | beam.MapTuple(lambda _, groups: sorted(groups))
+        )
+        assert_that(windowed, equal_to([[[1, 3], [2], [4]]]), label="OneWindow")

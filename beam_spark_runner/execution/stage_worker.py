@@ -312,6 +312,20 @@ class StageWorker:
             residuals = self._run_once(resumed, outputs, metrics, pending=pending)
             yield outputs
 
+    def process_with_timers(
+        self,
+        data: bytes,
+        metrics: TaskMetrics,
+        pending: PendingTimers,
+        timers: dict[TimerFamilyId, bytes] | None = None,
+    ) -> Iterator[BundleOutputs]:
+        """One bundle of ``data`` and ``timers`` of a stateful stage (and its residuals).
+
+        The timers its DoFns set go to ``pending``; a streaming shard decides when to fire
+        them.
+        """
+        yield from self._bundles(data, metrics, timers, pending)
+
     def process(self, data: bytes | TextInput, metrics: TaskMetrics) -> Iterator[BundleOutputs]:
         """Runs one bundle over ``data``, then its SDF residuals; yields each's output."""
         yield from self._bundles(data, metrics)

@@ -69,6 +69,14 @@ class StateBackend(bi.StateHandler):  # type: ignore[misc]
     def user_state_size(self) -> int:
         """How many user-state cells are held (for logging and tests)."""
 
+    @abc.abstractmethod
+    def export_user_state(self) -> Any:
+        """The user state held, as plain data (a streaming shard keeps it between batches)."""
+
+    @abc.abstractmethod
+    def import_user_state(self, contents: Any) -> None:
+        """Replaces the user state by what :meth:`export_user_state` returned."""
+
     @contextlib.contextmanager
     def process_instruction_id(self, unused_instruction_id: Any) -> Iterator[None]:
         """Beam's state handler enters this around each bundle; nothing to do."""
@@ -143,3 +151,12 @@ class InMemoryStateBackend(StateBackend):
     def user_state_size(self) -> int:
         """The number of user-state cells written since the last release."""
         return len(self._user_cells)
+
+    def export_user_state(self) -> Any:
+        """The user state held, as plain data (a streaming shard keeps it between batches)."""
+        return bi.servicer_contents(self._user)
+
+    def import_user_state(self, contents: Any) -> None:
+        """Replaces the user state by what :meth:`export_user_state` returned."""
+        self._user = bi.servicer_with(contents)
+        self._user_cells = set(contents[0]) if contents else set()

@@ -33,6 +33,7 @@ def check_streaming_pipeline(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
                     "SparkStructuredRunner runs only TestStreams whose events are in the "
                     "pipeline."
                 )
+            _check_test_stream_elements(transform, payload, components)
             continue
         outputs = [components.pcollections[p] for p in transform.outputs.values()]
         inputs = [components.pcollections[p] for p in transform.inputs.values()]
@@ -47,15 +48,29 @@ def check_streaming_pipeline(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
             )
 
 
+def _check_test_stream_elements(
+    transform: bi.beam_runner_api_pb2.PTransform,
+    payload: bi.beam_runner_api_pb2.TestStreamPayload,
+    components: bi.beam_runner_api_pb2.Components,
+) -> None:
+    """Refuses elements that carry their own windows (``WindowedValueHolder``)."""
+    from apache_beam.testing.test_stream import WindowedValueHolder
+
+    coder = bi.PipelineContext(components).coders[payload.coder_id]
+    for event in payload.events:
+        for element in event.element_event.elements:
+            if isinstance(coder.decode(element.encoded_element), WindowedValueHolder):
+                raise UnsupportedFeatureError(
+                    f"Transform '{transform.unique_name}' is a TestStream ({TEST_STREAM_URN}) "
+                    "whose elements carry their own windows and panes (WindowedValueHolder); "
+                    "SparkStructuredRunner's streaming runs emit TestStream elements in the "
+                    "global window only yet."
+                )
+
+
 def check_streaming_plan(plan: Plan) -> None:
     """Refuses stages a streaming run cannot execute yet (on the fused plan)."""
     for stage in plan.stages:
-        if stage.stateful:
-            raise UnsupportedFeatureError(
-                f"Stage '{stage.display_name}' runs a stateful DoFn (user state or timers); "
-                "SparkStructuredRunner's streaming runs support stateless DoFns, "
-                "GroupByKey and Combine only yet."
-            )
         if stage.side_inputs:
             side = stage.side_inputs[0]
             raise UnsupportedFeatureError(

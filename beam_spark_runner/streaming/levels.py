@@ -2,8 +2,9 @@
 
 Spark groups the level's input by (target, shard) and calls ``handleInputRows`` once per
 group with that micro-batch's rows. Rows addressed to a later step pass through unchanged;
-a GroupByKey's shard runs ``grouping.run_group_shard`` with its state, one value in the
-state store (one read and one write per shard and batch).
+a GroupByKey's shard runs ``grouping.run_group_shard``, a stateful DoFn's shard
+``stateful.run_stateful_shard``, each with its state as one value in the state store (one
+read and one write per shard and batch).
 """
 
 from __future__ import annotations
@@ -14,21 +15,31 @@ from typing import Any
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from beam_spark_runner.execution.grouping import GroupSpec
+from beam_spark_runner.execution.stage_worker import StageSpec, TaskSinks
 from beam_spark_runner.streaming.grouping import (
     decode_shard_state,
     encode_shard_state,
     run_group_shard,
 )
 from beam_spark_runner.streaming.rows import routed_row
+from beam_spark_runner.streaming.stateful import StatefulShardState, run_stateful_shard
 from beam_spark_runner.streaming.topology import Topology
 
 
 class LevelProcessor(StatefulProcessor):  # type: ignore[misc]
     """The ``transformWithState`` processor of one stateful level."""
 
-    def __init__(self, topology: Topology, groups: dict[int, GroupSpec]) -> None:
+    def __init__(
+        self,
+        topology: Topology,
+        groups: dict[int, GroupSpec],
+        stages: dict[int, StageSpec],
+        sinks: TaskSinks,
+    ) -> None:
         self.topology = topology
         self.groups = groups
+        self.stages = stages
+        self.sinks = sinks
         self._state: Any = None
 
     def init(self, handle: StatefulProcessorHandle) -> None:
@@ -47,16 +58,24 @@ class LevelProcessor(StatefulProcessor):  # type: ignore[misc]
     ) -> Iterator[Any]:
         """Runs one (node, shard) for one micro-batch, or passes its rows on."""
         target, shard = int(key[0]), int(key[1])
-        spec = self.groups.get(target)
-        if spec is None:
+        node = self.topology.nodes[target]
+        previous = self._state.get() if node.stateful and self._state.exists() else None
+        encoded = bytes(previous[0]) if previous else None
+        if target in self.groups:
+            group_state = decode_shard_state(encoded) if encoded else None
+            group_state, out = run_group_shard(
+                self.topology, node, shard, self.groups[target], group_state, rows
+            )
+            self._state.update((encode_shard_state(group_state),))
+        elif target in self.stages:
+            stage_state = StatefulShardState.decode(encoded) if encoded else None
+            stage_state, out = run_stateful_shard(
+                self.topology, node, shard, self.stages[target], stage_state, rows, self.sinks
+            )
+            self._state.update((stage_state.encode(),))
+        else:
             yield from rows
             return
-        previous = self._state.get() if self._state.exists() else None
-        state = decode_shard_state(bytes(previous[0])) if previous else None
-        state, out = run_group_shard(
-            self.topology, self.topology.nodes[target], shard, spec, state, rows
-        )
-        self._state.update((encode_shard_state(state),))
         make_row = routed_row()
         for row in out:
             yield make_row(*row)

@@ -174,7 +174,6 @@ def _source_plan(plan: Plan, topology: Topology) -> SourcePlan:
         topology=topology,
         impulse=impulse if impulse in topology.roots else None,
         test_streams=tuple(test_stream_steps(plan)),
-        start_time=time.time_ns() // 1000,
     )
 
 
@@ -190,12 +189,20 @@ def build_frame(context: TranslationContext, topology: Topology) -> DataFrame:
     )
     for step in range(topology.levels + 1):
         if step > 0:
+            level = topology.stateful_in(step)
             groups = {
                 node.index: group_spec(plan.buffers[node.name.encode()], context)
-                for node in topology.stateful_in(step)
+                for node in level
+                if node.kind == GROUP
             }
+            stateful = {
+                node.index: stage_spec(plan.stage(node.name), context)
+                for node in level
+                if node.kind == STAGE
+            }
+            processor = LevelProcessor(topology, groups, stateful, context.sinks)
             frame = frame.groupBy(routed.TARGET, routed.SHARD).transformWithState(
-                LevelProcessor(topology, groups), routed.routed_type(), "Append", "None"
+                processor, routed.routed_type(), "Append", "None"
             )
         stages = {
             node.index: stage_spec(plan.stage(node.name), context)

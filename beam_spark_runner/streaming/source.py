@@ -8,8 +8,10 @@ batch recomputed after a failure or a restart sees the same time.
 
 Roots: the Impulse (its element in batch 0, then +inf: bounded sources downstream of it
 are read once) and TestStreams (one event per batch, see ``test_stream``; processing time
-is the query's start time plus the TestStream's processing-time advances). Without a
-TestStream, processing time is the driver's wall clock when the batch was planned.
+starts at 0 and moves only by the TestStream's processing-time advances, as DirectRunner's
+test clock: Beam's trigger driver compares processing-time timers with window ends, so a
+wall-clock start would make every early pane late). Without a TestStream, processing time
+is the driver's wall clock when the batch was planned.
 """
 
 from __future__ import annotations
@@ -41,8 +43,6 @@ class SourcePlan:
     # The Impulse root's producer id, if the pipeline has one.
     impulse: str | None
     test_streams: tuple[tuple[SourceStep, ...], ...]
-    # The runner's clock when the query started (microseconds), for TestStreams.
-    start_time: int
 
     def encode(self) -> str:
         """The plan as a data source option (a string)."""
@@ -64,9 +64,7 @@ class SourcePlan:
         """The runner's processing time in ``batch`` (microseconds)."""
         if not self.test_streams:
             return wall_clock
-        return self.start_time + max(
-            sum(step.advance for step in steps[: batch + 1]) for steps in self.test_streams
-        )
+        return max(sum(step.advance for step in steps[: batch + 1]) for steps in self.test_streams)
 
     def rows(self, batch: int, wall_clock: int) -> Iterator[Row]:
         """The rows of micro-batch ``batch``: elements, then one marker per root reader."""
