@@ -312,6 +312,16 @@ class StageWorker:
             residuals = self._run_once(resumed, outputs, metrics, pending=pending)
             yield outputs
 
+    def run_bundle(self, data: bytes, metrics: TaskMetrics) -> tuple[BundleOutputs, list[Any]]:
+        """One bundle over ``data``; its output and its SDF residuals, not resumed.
+
+        A streaming run keeps the residuals (a splittable DoFn's deferred remainders) in
+        state and resumes them in a later micro-batch, once their requested delay passed.
+        """
+        outputs = BundleOutputs(len(self.spec.outputs))
+        residuals = self._run_once(data, outputs, metrics)
+        return outputs, residuals
+
     def process_with_timers(
         self,
         data: bytes,

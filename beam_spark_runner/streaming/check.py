@@ -37,14 +37,16 @@ def check_streaming_pipeline(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
             continue
         outputs = [components.pcollections[p] for p in transform.outputs.values()]
         inputs = [components.pcollections[p] for p in transform.inputs.values()]
-        if any(p.is_bounded == _UNBOUNDED for p in outputs) and not any(
-            p.is_bounded == _UNBOUNDED for p in inputs
+        if (
+            transform.spec.urn not in bi.PAR_DO_URNS
+            and any(p.is_bounded == _UNBOUNDED for p in outputs)
+            and not any(p.is_bounded == _UNBOUNDED for p in inputs)
         ):
             raise UnsupportedFeatureError(
                 f"Transform '{transform.unique_name}' ({transform.spec.urn}) produces an "
-                "unbounded PCollection of its own (an unbounded splittable DoFn or source); "
-                "SparkStructuredRunner's streaming runs read TestStreams and bounded sources "
-                "only yet."
+                "unbounded PCollection of its own and is not a splittable DoFn; "
+                "SparkStructuredRunner's streaming runs read TestStreams, splittable DoFns "
+                "and bounded sources only yet."
             )
 
 

@@ -40,18 +40,16 @@ from beam_spark_runner.execution.grouping import GroupSpec
 from beam_spark_runner.streaming.rows import (
     ELEMENT,
     KEY,
-    TARGET,
     Row,
     element_row,
     marker_of,
-    marker_rows,
+    routed_marker,
 )
-from beam_spark_runner.streaming.topology import SINK, Node, Topology
+from beam_spark_runner.streaming.topology import Node, Topology
 from beam_spark_runner.streaming.watermarks import (
     MAX_MICROS,
     Marker,
     WatermarkState,
-    producer_id,
 )
 
 _LOGGER = logging.getLogger(__name__)
@@ -262,10 +260,5 @@ def run_group_shard(
         encoded = grouper.encode(key, pane)
         out.extend(element_row(topology, target, None, encoded) for target in targets)
     output = state.watermarks.output(grouper.hold(state))
-    marker = Marker(producer_id(node.index, shard), output, state.watermarks.processing_time)
-    for target in targets or (SINK,):
-        out.extend(marker_rows(topology, target, marker))
+    out.extend(routed_marker(topology, node, shard, output, state.watermarks.processing_time))
     return state, out
-
-
-__all__ = ["TARGET", "run_group_shard", "streaming_grouper"]

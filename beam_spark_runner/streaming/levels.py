@@ -3,7 +3,8 @@
 Spark groups the level's input by (target, shard) and calls ``handleInputRows`` once per
 group with that micro-batch's rows. Rows addressed to a later step pass through unchanged;
 a GroupByKey's shard runs ``grouping.run_group_shard``, a stateful DoFn's shard
-``stateful.run_stateful_shard``, each with its state as one value in the state store (one
+``stateful.run_stateful_shard``, an unbounded splittable DoFn's shard
+``splittable.run_splittable_shard``, each with its state as one value in the state store (one
 read and one write per shard and batch).
 """
 
@@ -22,6 +23,7 @@ from beam_spark_runner.streaming.grouping import (
     run_group_shard,
 )
 from beam_spark_runner.streaming.rows import routed_row
+from beam_spark_runner.streaming.splittable import SplittableShardState, run_splittable_shard
 from beam_spark_runner.streaming.stateful import StatefulShardState, run_stateful_shard
 from beam_spark_runner.streaming.topology import Topology
 
@@ -34,11 +36,13 @@ class LevelProcessor(StatefulProcessor):  # type: ignore[misc]
         topology: Topology,
         groups: dict[int, GroupSpec],
         stages: dict[int, StageSpec],
+        splittable: dict[int, StageSpec],
         sinks: TaskSinks,
     ) -> None:
         self.topology = topology
         self.groups = groups
         self.stages = stages
+        self.splittable = splittable
         self.sinks = sinks
         self._state: Any = None
 
@@ -73,6 +77,12 @@ class LevelProcessor(StatefulProcessor):  # type: ignore[misc]
                 self.topology, node, shard, self.stages[target], stage_state, rows, self.sinks
             )
             self._state.update((stage_state.encode(),))
+        elif target in self.splittable:
+            sdf_state = SplittableShardState.decode(encoded) if encoded else None
+            sdf_state, out = run_splittable_shard(
+                self.topology, node, shard, self.splittable[target], sdf_state, rows, self.sinks
+            )
+            self._state.update((sdf_state.encode(),))
         else:
             yield from rows
             return

@@ -22,12 +22,18 @@ from typing import TYPE_CHECKING, Any
 
 from apache_beam.runners.runner import PipelineState
 
+from beam_spark_runner import beam_internals as bi
 from beam_spark_runner import worker_warnings
 from beam_spark_runner.attempts import AttemptCollector
 from beam_spark_runner.execution.stage_worker import TaskSinks
 from beam_spark_runner.job import describe_failure
 from beam_spark_runner.metrics import MetricsSink, RunMetrics, new_accumulator, pipeline_level_infos
-from beam_spark_runner.planning import GROUP_BY_KEY_URN, TEST_STREAM_BUFFER_KIND, Plan
+from beam_spark_runner.planning import (
+    GROUP_BY_KEY_URN,
+    TEST_STREAM_BUFFER_KIND,
+    Plan,
+    PlannedStage,
+)
 from beam_spark_runner.spark_compat import named_function
 from beam_spark_runner.streaming import rows as routed
 from beam_spark_runner.streaming.levels import LevelProcessor
@@ -61,6 +67,7 @@ _LOGGER = logging.getLogger(__name__)
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 _PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
+SDF_PROCESS_URN: str = bi.common_urns.sdf_components.PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS.urn
 _ROOT_KINDS = ("impulse", TEST_STREAM_BUFFER_KIND)
 # How often the driver logs a running query's progress.
 _PROGRESS_SECONDS = 10.0
@@ -82,6 +89,19 @@ def _readers(plan: Plan, buffer_id: bytes) -> tuple[tuple[str, str], ...]:
     if buffer.urn == GROUP_BY_KEY_URN:
         return ((GROUP, buffer_id.decode()),)
     return tuple((STAGE, reader) for reader in buffer.main_readers)
+
+
+def is_unbounded_splittable(stage: PlannedStage) -> bool:
+    """Whether the stage processes an unbounded splittable DoFn's restrictions."""
+    descriptor = stage.descriptor
+    return any(
+        transform.spec.urn == SDF_PROCESS_URN
+        and any(
+            descriptor.pcollections[p].is_bounded == bi.beam_runner_api_pb2.IsBounded.UNBOUNDED
+            for p in transform.outputs.values()
+        )
+        for transform in descriptor.transforms.values()
+    )
 
 
 def plan_topology(plan: Plan, shards: int) -> Topology:
@@ -110,7 +130,7 @@ def plan_topology(plan: Plan, shards: int) -> Topology:
             NodeSpec(
                 name=stage.name,
                 kind=STAGE,
-                stateful=stage.stateful,
+                stateful=stage.stateful or is_unbounded_splittable(stage),
                 inputs=_feeders(plan, stage.input_buffer_id),
                 outputs=tuple(_readers(plan, output.buffer_id) for output in stage.outputs),
             )
@@ -195,12 +215,18 @@ def build_frame(context: TranslationContext, topology: Topology) -> DataFrame:
                 for node in level
                 if node.kind == GROUP
             }
+            level_stages = [plan.stage(node.name) for node in level if node.kind == STAGE]
             stateful = {
-                node.index: stage_spec(plan.stage(node.name), context)
-                for node in level
-                if node.kind == STAGE
+                topology.node_of(stage.name).index: stage_spec(stage, context)
+                for stage in level_stages
+                if not is_unbounded_splittable(stage)
             }
-            processor = LevelProcessor(topology, groups, stateful, context.sinks)
+            splittable = {
+                topology.node_of(stage.name).index: stage_spec(stage, context)
+                for stage in level_stages
+                if is_unbounded_splittable(stage)
+            }
+            processor = LevelProcessor(topology, groups, stateful, splittable, context.sinks)
             frame = frame.groupBy(routed.TARGET, routed.SHARD).transformWithState(
                 processor, routed.routed_type(), "Append", "None"
             )

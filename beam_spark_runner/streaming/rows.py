@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from beam_spark_runner.streaming.topology import Topology
-from beam_spark_runner.streaming.watermarks import Marker
+from beam_spark_runner.streaming.topology import SINK, Node, Topology
+from beam_spark_runner.streaming.watermarks import Marker, producer_id
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -100,6 +100,15 @@ def marker_rows(topology: Topology, target: int, marker: Marker) -> Iterator[Row
     shards = topology.shards if target >= 0 and topology.nodes[target].stateful else 1
     for shard in range(shards):
         yield (target, shard, None, None, marker.producer, marker.watermark, marker.processing_time)
+
+
+def routed_marker(topology: Topology, node: Node, shard: int, output: int, now: int) -> list[Row]:
+    """A stateful shard's output watermark as markers to its readers (or the sink)."""
+    marker = Marker(producer_id(node.index, shard), output, now)
+    rows: list[Row] = []
+    for target in node.all_targets or (SINK,):
+        rows.extend(marker_rows(topology, target, marker))
+    return rows
 
 
 def to_batch(rows: Iterable[Row]) -> pa.RecordBatch:

@@ -45,14 +45,13 @@ from beam_spark_runner.streaming.rows import (
     Row,
     element_row,
     marker_of,
-    marker_rows,
+    routed_marker,
 )
-from beam_spark_runner.streaming.topology import SINK, Node, Topology
+from beam_spark_runner.streaming.topology import Node, Topology
 from beam_spark_runner.streaming.watermarks import (
     MAX_MICROS,
     Marker,
     WatermarkState,
-    producer_id,
 )
 
 # Timer rounds in one micro-batch before the runner says the timers keep re-arming.
@@ -140,6 +139,15 @@ def run_stateful_shard(
     state.timers = pending.encoded()
     hold = pending.earliest_hold()
     output = watermarks.output(MAX_MICROS if hold is None else hold.micros - 1)
+    out = routed_outputs(topology, node, spec, worker, outputs)
+    out.extend(routed_marker(topology, node, shard, output, watermarks.processing_time))
+    return state, out
+
+
+def routed_outputs(
+    topology: Topology, node: Node, spec: StageSpec, worker: Any, outputs: list[BundleOutputs]
+) -> list[Row]:
+    """A stage's bundle outputs as rows addressed to the readers of each output."""
     out: list[Row] = []
     for bundle in outputs:
         for batch in bundle.record_batches(spec.outputs, worker.key_extractors):
@@ -150,7 +158,4 @@ def run_stateful_shard(
                 strict=True,
             ):
                 out.extend(element_row(topology, t, key, element) for t in node.targets[tag])
-    marker = Marker(producer_id(node.index, shard), output, watermarks.processing_time)
-    for target in node.all_targets or (SINK,):
-        out.extend(marker_rows(topology, target, marker))
-    return state, out
+    return out
