@@ -473,3 +473,13 @@ def servicer_with(contents: tuple[dict[bytes, list[bytes]], dict[bytes, Any]] | 
         for key, indexes in ordered.items():
             servicer._ordered_list_keys[key] = indexes  # noqa: SLF001
     return servicer
+
+
+def window_mapping_fn(spec: beam_runner_api_pb2.FunctionSpec) -> Callable[[Any], Any]:
+    """A side input's window mapping function (main window -> side input window)."""
+    if spec.urn != python_urns.PICKLED_WINDOW_MAPPING_FN:
+        raise ValueError(
+            f"Expected a side input window mapping of {python_urns.PICKLED_WINDOW_MAPPING_FN}, "
+            f"found {spec.urn}."
+        )
+    return pickler.loads(spec.payload)  # type: ignore[no-any-return]

@@ -194,6 +194,15 @@ class StageWorker:
             )
             self._state_backed_input = writing.coders[spec.state_backed_input_coder_id].get_impl()
 
+    def load_side_inputs(self, entries: list[tuple[bytes, bytes]], token: str) -> None:
+        """Replaces the side inputs served to bundles (a streaming shard's, per batch).
+
+        ``token`` names the contents: the SDK caches decoded side inputs by it, so new
+        contents need a new token.
+        """
+        self.state.load_side_inputs(entries)
+        self.cache_tokens = _side_input_cache_tokens(self.descriptor, token)
+
     def _with_state_backed_iterables(self, data: bytes | TextInput) -> bytes | TextInput:
         """Re-encodes input elements so their iterables' values are read from state."""
         impl = self._state_backed_input

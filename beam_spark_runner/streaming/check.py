@@ -9,12 +9,25 @@ from __future__ import annotations
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.errors import UnsupportedFeatureError
-from beam_spark_runner.planning import TEST_STREAM_URN, Plan
+from beam_spark_runner.planning import TEST_STREAM_URN, Plan, PlannedStage
 from beam_spark_runner.spark_compat import require_spark
 
 # transformWithState on rows (4.1) and Python streaming data sources with read limits (4.2).
 STREAMING_SPARK = (4, 1)
 _UNBOUNDED = bi.beam_runner_api_pb2.IsBounded.UNBOUNDED
+SDF_PROCESS_URN: str = bi.common_urns.sdf_components.PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS.urn
+
+
+def is_unbounded_splittable(stage: PlannedStage) -> bool:
+    """Whether the stage processes an unbounded splittable DoFn's restrictions."""
+    descriptor = stage.descriptor
+    return any(
+        transform.spec.urn == SDF_PROCESS_URN
+        and any(
+            descriptor.pcollections[p].is_bounded == _UNBOUNDED for p in transform.outputs.values()
+        )
+        for transform in descriptor.transforms.values()
+    )
 
 
 def check_streaming_pipeline(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
@@ -73,10 +86,11 @@ def _check_test_stream_elements(
 def check_streaming_plan(plan: Plan) -> None:
     """Refuses stages a streaming run cannot execute yet (on the fused plan)."""
     for stage in plan.stages:
-        if stage.side_inputs:
+        if stage.side_inputs and (stage.stateful or is_unbounded_splittable(stage)):
             side = stage.side_inputs[0]
             raise UnsupportedFeatureError(
-                f"Transform '{side.transform_id}' reads side input '{side.tag}' "
-                f"({side.pcollection_id}); SparkStructuredRunner's streaming runs do not "
-                "support side inputs yet."
+                f"Stage '{stage.display_name}' runs a stateful or unbounded splittable DoFn "
+                f"and reads side input "
+                f"'{side.tag}' of '{side.transform_id}'; SparkStructuredRunner's streaming "
+                "runs support side inputs of stateless DoFns only yet."
             )

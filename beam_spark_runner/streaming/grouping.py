@@ -41,8 +41,8 @@ from beam_spark_runner.streaming.rows import (
     ELEMENT,
     KEY,
     Row,
-    element_row,
     marker_of,
+    output_rows,
     routed_marker,
 )
 from beam_spark_runner.streaming.topology import Node, Topology
@@ -141,7 +141,7 @@ class StreamingGrouper:
         elements: dict[bytes, list[bytes]],
         markers: list[Marker],
     ) -> Iterator[Any]:
-        """Runs one micro-batch of a shard; yields (key, pane) for each pane that fires."""
+        """Runs one micro-batch of a shard; yields (key bytes, key, pane) per pane fired."""
         watermarks = shard.watermarks
         # Elements arrive at the micro-batch's processing time; the watermark moves after.
         watermarks.processing_time = max(
@@ -163,7 +163,7 @@ class StreamingGrouper:
                 input_watermark,
             )
             for pane in panes:
-                yield key_state.key, pane
+                yield key_bytes, key_state.key, pane
         watermarks.advance(markers)
         self.clock.micros = watermarks.processing_time
         yield from self._fire_timers(shard)
@@ -175,7 +175,7 @@ class StreamingGrouper:
         processing_time = MAX_TIMESTAMP if done else Timestamp(micros=self.clock.micros)
         for _ in range(_MAX_TIMER_ROUNDS):
             fired = False
-            for key_state in shard.keys.values():
+            for key_bytes, key_state in shard.keys.items():
                 expired, _ = key_state.state.get_timers(
                     clear=True, watermark=watermark, processing_time=processing_time
                 )
@@ -186,7 +186,7 @@ class StreamingGrouper:
                     for pane in self.driver.process_timer(
                         window, name, domain, timestamp, key_state.state, watermark
                     ):
-                        yield key_state.key, pane
+                        yield key_bytes, key_state.key, pane
             if not fired:
                 return
         raise RuntimeError(
@@ -255,10 +255,9 @@ def run_group_shard(
             markers.append(marker_of(row))
     grouper = streaming_grouper(spec)
     out: list[Row] = []
-    targets = node.all_targets
-    for key, pane in grouper.process(state, elements, markers):
-        encoded = grouper.encode(key, pane)
-        out.extend(element_row(topology, target, None, encoded) for target in targets)
+    # The grouping key goes along: a stateful reader shards by it.
+    for key_bytes, key, pane in grouper.process(state, elements, markers):
+        out.extend(output_rows(topology, node, 0, key_bytes, grouper.encode(key, pane)))
     output = state.watermarks.output(grouper.hold(state))
     out.extend(routed_marker(topology, node, shard, output, state.watermarks.processing_time))
     return state, out

@@ -4,7 +4,8 @@ Spark groups the level's input by (target, shard) and calls ``handleInputRows`` 
 group with that micro-batch's rows. Rows addressed to a later step pass through unchanged;
 a GroupByKey's shard runs ``grouping.run_group_shard``, a stateful DoFn's shard
 ``stateful.run_stateful_shard``, an unbounded splittable DoFn's shard
-``splittable.run_splittable_shard``, each with its state as one value in the state store (one
+``splittable.run_splittable_shard``, a stage with side inputs
+``side_inputs.run_side_input_shard``, each with its state as one value in the state store (one
 read and one write per shard and batch).
 """
 
@@ -23,6 +24,11 @@ from beam_spark_runner.streaming.grouping import (
     run_group_shard,
 )
 from beam_spark_runner.streaming.rows import routed_row
+from beam_spark_runner.streaming.side_inputs import (
+    SideInputShardState,
+    SideInputStageSpec,
+    run_side_input_shard,
+)
 from beam_spark_runner.streaming.splittable import SplittableShardState, run_splittable_shard
 from beam_spark_runner.streaming.stateful import StatefulShardState, run_stateful_shard
 from beam_spark_runner.streaming.topology import Topology
@@ -37,12 +43,14 @@ class LevelProcessor(StatefulProcessor):  # type: ignore[misc]
         groups: dict[int, GroupSpec],
         stages: dict[int, StageSpec],
         splittable: dict[int, StageSpec],
+        with_side_inputs: dict[int, SideInputStageSpec],
         sinks: TaskSinks,
     ) -> None:
         self.topology = topology
         self.groups = groups
         self.stages = stages
         self.splittable = splittable
+        self.with_side_inputs = with_side_inputs
         self.sinks = sinks
         self._state: Any = None
 
@@ -71,6 +79,18 @@ class LevelProcessor(StatefulProcessor):  # type: ignore[misc]
                 self.topology, node, shard, self.groups[target], group_state, rows
             )
             self._state.update((encode_shard_state(group_state),))
+        elif target in self.with_side_inputs:
+            side_state = SideInputShardState.decode(encoded) if encoded else None
+            side_state, out = run_side_input_shard(
+                self.topology,
+                node,
+                shard,
+                self.with_side_inputs[target],
+                side_state,
+                rows,
+                self.sinks,
+            )
+            self._state.update((side_state.encode(),))
         elif target in self.stages:
             stage_state = StatefulShardState.decode(encoded) if encoded else None
             stage_state, out = run_stateful_shard(

@@ -36,9 +36,11 @@ from beam_spark_runner.planning import (
 )
 from beam_spark_runner.spark_compat import named_function
 from beam_spark_runner.streaming import rows as routed
+from beam_spark_runner.streaming.check import is_unbounded_splittable
 from beam_spark_runner.streaming.levels import LevelProcessor
 from beam_spark_runner.streaming.result import StreamingPipelineResult, wait_for
 from beam_spark_runner.streaming.router import RouterSpec, run_router
+from beam_spark_runner.streaming.side_inputs import SideInputSpec, SideInputStageSpec
 from beam_spark_runner.streaming.source import (
     SOURCE_NAME,
     RunnerSource,
@@ -67,7 +69,6 @@ _LOGGER = logging.getLogger(__name__)
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 _PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
-SDF_PROCESS_URN: str = bi.common_urns.sdf_components.PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS.urn
 _ROOT_KINDS = ("impulse", TEST_STREAM_BUFFER_KIND)
 # How often the driver logs a running query's progress.
 _PROGRESS_SECONDS = 10.0
@@ -83,24 +84,44 @@ def _feeders(plan: Plan, buffer_id: bytes) -> tuple[tuple[str, str], ...]:
     return tuple((STAGE, writer) for writer, _ in buffer.writers)
 
 
-def _readers(plan: Plan, buffer_id: bytes) -> tuple[tuple[str, str], ...]:
-    """Who reads what is written to ``buffer_id``: its GroupByKey, or its reading stages."""
+def _readers(plan: Plan, buffer_id: bytes) -> tuple[tuple[str, ...], ...]:
+    """Who reads what is written to ``buffer_id``: its GroupByKey, or its reading stages.
+
+    A stage reading it as its n-th side input (from 1) is ``("stage", name, n)``.
+    """
     buffer = plan.buffers[buffer_id]
     if buffer.urn == GROUP_BY_KEY_URN:
         return ((GROUP, buffer_id.decode()),)
-    return tuple((STAGE, reader) for reader in buffer.main_readers)
+    sides = tuple(
+        (STAGE, reader, str(number))
+        for reader in buffer.side_readers
+        for number, side in enumerate(plan.stage(reader).side_inputs, start=1)
+        if side.buffer_id == buffer_id
+    )
+    return (*((STAGE, reader) for reader in buffer.main_readers), *sides)
 
 
-def is_unbounded_splittable(stage: PlannedStage) -> bool:
-    """Whether the stage processes an unbounded splittable DoFn's restrictions."""
-    descriptor = stage.descriptor
-    return any(
-        transform.spec.urn == SDF_PROCESS_URN
-        and any(
-            descriptor.pcollections[p].is_bounded == bi.beam_runner_api_pb2.IsBounded.UNBOUNDED
-            for p in transform.outputs.values()
+def side_input_stage_spec(stage: PlannedStage, context: TranslationContext) -> SideInputStageSpec:
+    """What a shard of a stage with side inputs needs: coders and window mappings."""
+    plan = context.plan
+    payloads = {t: p for t, _, p in bi.par_do_payloads(stage.descriptor.transforms)}
+    sides = tuple(
+        SideInputSpec(
+            transform_id=side.transform_id,
+            tag=side.tag,
+            access_pattern_urn=side.access_pattern_urn,
+            value_coder_id=plan.safe_coders[plan.data_channel_coders[side.pcollection_id]],
+            window_mapping=payloads[side.transform_id]
+            .side_inputs[side.tag]
+            .window_mapping_fn.SerializeToString(),
         )
-        for transform in descriptor.transforms.values()
+        for side in stage.side_inputs
+    )
+    return SideInputStageSpec(
+        stage=stage_spec(stage, context),
+        components=plan.components.SerializeToString(),
+        input_coder_id=stage.input_coder_id,
+        side_inputs=sides,
     )
 
 
@@ -130,9 +151,12 @@ def plan_topology(plan: Plan, shards: int) -> Topology:
             NodeSpec(
                 name=stage.name,
                 kind=STAGE,
-                stateful=stage.stateful or is_unbounded_splittable(stage),
+                stateful=bool(
+                    stage.stateful or stage.side_inputs or is_unbounded_splittable(stage)
+                ),
                 inputs=_feeders(plan, stage.input_buffer_id),
                 outputs=tuple(_readers(plan, output.buffer_id) for output in stage.outputs),
+                side_inputs=tuple(_feeders(plan, side.buffer_id) for side in stage.side_inputs),
             )
         )
     for buffer_id, buffer in plan.buffers.items():
@@ -219,14 +243,21 @@ def build_frame(context: TranslationContext, topology: Topology) -> DataFrame:
             stateful = {
                 topology.node_of(stage.name).index: stage_spec(stage, context)
                 for stage in level_stages
-                if not is_unbounded_splittable(stage)
+                if stage.stateful
+            }
+            with_side_inputs = {
+                topology.node_of(stage.name).index: side_input_stage_spec(stage, context)
+                for stage in level_stages
+                if stage.side_inputs
             }
             splittable = {
                 topology.node_of(stage.name).index: stage_spec(stage, context)
                 for stage in level_stages
                 if is_unbounded_splittable(stage)
             }
-            processor = LevelProcessor(topology, groups, stateful, splittable, context.sinks)
+            processor = LevelProcessor(
+                topology, groups, stateful, splittable, with_side_inputs, context.sinks
+            )
             frame = frame.groupBy(routed.TARGET, routed.SHARD).transformWithState(
                 processor, routed.routed_type(), "Append", "None"
             )

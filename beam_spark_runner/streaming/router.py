@@ -81,11 +81,15 @@ def run_router(
                     output.column(STAGE_ELEMENT).to_pylist(),
                     strict=True,
                 ):
-                    for target in node.targets[tag]:
-                        if target in spec.stages:
-                            data[target].append(element)
-                        else:
-                            out.append(routed.element_row(topology, target, key, element))
+                    local = [t for t in node.targets[tag] if t in spec.stages]
+                    for target in local:
+                        data[target].append(element)
+                    if len(local) < len(node.targets[tag]) or node.side_targets:
+                        out.extend(
+                            row
+                            for row in routed.output_rows(topology, node, tag, key, element)
+                            if row[0] not in spec.stages
+                        )
         for marker in markers.pop(index, []):
             for target in node.all_targets or (SINK,):
                 if target in spec.stages:

@@ -8,7 +8,9 @@ addressed to it without looking inside:
 * ``key``      the element's grouping key (runner-safe encoding), for stateful targets;
 * ``element``  Beam-encoded elements (one or several concatenated), null for a marker;
 * ``producer`` ``watermark`` ``ptime``  a marker: who says it, its output watermark and the
-  runner's processing time of the micro-batch, in microseconds; null for elements.
+  runner's processing time of the micro-batch, in microseconds; null for elements;
+* ``port``     0 for a main-input element, n for one of the target's n-th side input (sent
+  to every shard of the target).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ ELEMENT = "element"
 PRODUCER = "producer"
 WATERMARK = "watermark"
 PTIME = "ptime"
+PORT = "port"
 
 ROUTED_SCHEMA = pa.schema(
     [
@@ -43,11 +46,12 @@ ROUTED_SCHEMA = pa.schema(
         pa.field(PRODUCER, pa.string()),
         pa.field(WATERMARK, pa.int64()),
         pa.field(PTIME, pa.int64()),
+        pa.field(PORT, pa.int32()),
     ]
 )
 
 # A row as a tuple in ROUTED_SCHEMA's column order.
-Row = tuple[int, int, "bytes | None", "bytes | None", "str | None", "int | None", "int | None"]
+Row = tuple[int, int, "bytes | None", "bytes | None", "str | None", "int | None", "int | None", int]
 
 
 @functools.cache
@@ -71,6 +75,7 @@ def routed_type() -> StructType:
             StructField(PRODUCER, StringType()),
             StructField(WATERMARK, LongType()),
             StructField(PTIME, LongType()),
+            StructField(PORT, IntegerType()),
         ]
     )
 
@@ -89,17 +94,46 @@ def shard_of(key: bytes | None, shards: int) -> int:
 
 
 def element_row(topology: Topology, target: int, key: bytes | None, element: bytes) -> Row:
-    """An element (or a packed run of elements) addressed to ``target``."""
+    """An element (or a packed run of elements) addressed to ``target``.
+
+    A stateful target's shard is its key's; an unkeyed element (bound for a splittable
+    DoFn or a stage with side inputs) goes to the shard its bytes hash to.
+    """
     node = topology.nodes[target]
-    shard = shard_of(key, topology.shards) if node.stateful else 0
-    return (target, shard, key, element, None, None, None)
+    shard = shard_of(key if key is not None else element, topology.shards) if node.stateful else 0
+    return (target, shard, key, element, None, None, None, 0)
+
+
+def output_rows(
+    topology: Topology, node: Node, output: int, key: bytes | None, element: bytes
+) -> list[Row]:
+    """An output element of ``node``, addressed to each reader of its output ``output``."""
+    rows = [element_row(topology, target, key, element) for target in node.targets[output]]
+    if node.side_targets:
+        for target, port in node.side_targets[output]:
+            rows.extend(side_element_rows(topology, target, port, element))
+    return rows
+
+
+def side_element_rows(topology: Topology, target: int, port: int, element: bytes) -> list[Row]:
+    """An element of ``target``'s side input ``port``, for each of its shards."""
+    return [(target, s, None, element, None, None, None, port) for s in range(topology.shards)]
 
 
 def marker_rows(topology: Topology, target: int, marker: Marker) -> Iterator[Row]:
     """A marker addressed to ``target``: one row per shard of a stateful target."""
     shards = topology.shards if target >= 0 and topology.nodes[target].stateful else 1
     for shard in range(shards):
-        yield (target, shard, None, None, marker.producer, marker.watermark, marker.processing_time)
+        yield (
+            target,
+            shard,
+            None,
+            None,
+            marker.producer,
+            marker.watermark,
+            marker.processing_time,
+            0,
+        )
 
 
 def routed_marker(topology: Topology, node: Node, shard: int, output: int, now: int) -> list[Row]:

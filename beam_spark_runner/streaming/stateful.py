@@ -43,8 +43,8 @@ from beam_spark_runner.metrics import task_metrics
 from beam_spark_runner.streaming.rows import (
     ELEMENT,
     Row,
-    element_row,
     marker_of,
+    output_rows,
     routed_marker,
 )
 from beam_spark_runner.streaming.topology import Node, Topology
@@ -157,5 +157,5 @@ def routed_outputs(
                 batch.column(STAGE_ELEMENT).to_pylist(),
                 strict=True,
             ):
-                out.extend(element_row(topology, t, key, element) for t in node.targets[tag])
+                out.extend(output_rows(topology, node, tag, key, element))
     return out

@@ -46,15 +46,22 @@ class Node:
     stateful: bool
     # The router (stateless) or level (stateful) that runs the node.
     step: int
-    # Per output of the node (a GroupByKey has one), the nodes reading it.
+    # Per output of the node (a GroupByKey has one), the nodes reading it as main input.
     targets: tuple[tuple[int, ...], ...]
-    # Stateful nodes: the producers whose minimum is the node's input watermark.
+    # Stateful nodes: every producer they hear from (main and side inputs).
     expected: frozenset[str] = frozenset()
+    # The producers whose minimum is the node's (main) input watermark.
+    main_expected: frozenset[str] = frozenset()
+    # Per output, the (node, side input number from 1) reading it as a side input.
+    side_targets: tuple[tuple[tuple[int, int], ...], ...] = ()
+    # Per side input of the node, the producers whose minimum is its watermark.
+    side_expected: tuple[frozenset[str], ...] = ()
 
     @property
     def all_targets(self) -> tuple[int, ...]:
-        """Every node reading any output, once each, in order."""
-        return tuple(dict.fromkeys(t for targets in self.targets for t in targets))
+        """Every node reading any output (as main or side input), once each, in order."""
+        sides = (t for targets in self.side_targets for t, _ in targets)
+        return tuple(dict.fromkeys([*(t for ts in self.targets for t in ts), *sides]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,14 +96,17 @@ class NodeSpec:
     """A node as ``build_topology`` sees it: its inputs and per-output readers, by name.
 
     An input or reader is ``("stage", name)``, ``("group", buffer name)`` or
-    ``("root", producer id)``.
+    ``("root", producer id)``; a reader of an output as side input number ``n`` (from 1) is
+    ``("stage", name, n)``. ``side_inputs`` lists, per side input, what feeds it. A stage
+    with side inputs is stateful: its main elements wait in state for their side inputs.
     """
 
     name: str
     kind: str
     stateful: bool
     inputs: tuple[tuple[str, str], ...]
-    outputs: tuple[tuple[tuple[str, str], ...], ...]
+    outputs: tuple[tuple[tuple[str, ...], ...], ...]
+    side_inputs: tuple[tuple[tuple[str, str], ...], ...] = ()
 
 
 def build_topology(specs: Sequence[NodeSpec], shards: int) -> Topology:
@@ -117,7 +127,8 @@ def build_topology(specs: Sequence[NodeSpec], shards: int) -> Topology:
     @functools.cache
     def step(i: int) -> int:
         spec = specs[i]
-        ready = max((available_at(r) for r in spec.inputs), default=0)
+        feeders = [*spec.inputs, *(r for side in spec.side_inputs for r in side)]
+        ready = max((available_at(r) for r in feeders), default=0)
         return ready + 1 if spec.stateful else ready
 
     @functools.cache
@@ -137,7 +148,15 @@ def build_topology(specs: Sequence[NodeSpec], shards: int) -> Topology:
     nodes = []
     sink: set[str] = set()
     for i, spec in enumerate(specs):
-        targets = tuple(tuple(index[r] for r in output) for output in spec.outputs)
+        targets = tuple(
+            tuple(index[(r[0], r[1])] for r in output if len(r) == 2) for output in spec.outputs
+        )
+        side_targets = tuple(
+            tuple((index[(r[0], r[1])], int(r[2])) for r in output if len(r) == 3)
+            for output in spec.outputs
+        )
+        sides = tuple(frozenset().union(*(produced(r) for r in side)) for side in spec.side_inputs)
+        main = upstream(i) if spec.stateful else frozenset()
         node = Node(
             index=i,
             name=spec.name,
@@ -145,7 +164,10 @@ def build_topology(specs: Sequence[NodeSpec], shards: int) -> Topology:
             stateful=spec.stateful,
             step=step(i),
             targets=targets,
-            expected=upstream(i) if spec.stateful else frozenset(),
+            expected=main.union(*sides),
+            main_expected=main,
+            side_targets=side_targets if any(side_targets) else (),
+            side_expected=sides,
         )
         nodes.append(node)
         if not node.all_targets:

@@ -71,9 +71,14 @@ class WatermarkState:
         )
         return self.input_watermark
 
-    def output(self, hold: int = MAX_MICROS) -> int:
-        """The output watermark: min(input watermark, ``hold``), never going back."""
-        self.output_watermark = max(self.output_watermark, min(self.input_watermark, hold))
+    def output(self, hold: int = MAX_MICROS, input_watermark: int | None = None) -> int:
+        """The output watermark: min(input watermark, ``hold``), never going back.
+
+        ``input_watermark`` replaces the minimum over every expected producer where only
+        some of them count (a stage's main input, not its side inputs).
+        """
+        current = self.input_watermark if input_watermark is None else input_watermark
+        self.output_watermark = max(self.output_watermark, min(current, hold))
         return self.output_watermark
 
 
