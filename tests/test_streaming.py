@@ -9,17 +9,22 @@ second, so these are few and small.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
 import pytest
 from apache_beam.coders import VarIntCoder
+from apache_beam.metrics import Metrics
+from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.runners.runner import PipelineState
 from apache_beam.testing.test_stream import TestStream as ScriptedStream
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import trigger, userstate, window
+from apache_beam.transforms.periodicsequence import PeriodicImpulse
 from apache_beam.transforms.window import TimestampedValue
 
 from tests.conftest import SPARK_TEST_MASTER
@@ -216,3 +221,103 @@ def test_a_timers_output_timestamp_holds_the_downstream_watermark() -> None:
             | beam.MapTuple(lambda _, groups: sorted(groups))
         )
         assert_that(windowed, equal_to([[[1, 3], [2], [4]]]), label="OneWindow")
+
+
+def _periodic_counts(pipeline: beam.Pipeline, output: str, start: float) -> None:
+    _ = (
+        pipeline
+        | PeriodicImpulse(start_timestamp=start, stop_timestamp=start + 10, fire_interval=1)
+        | beam.Map(lambda at: (f"k{int(at) % 3}", 1))
+        | beam.WindowInto(window.FixedWindows(5))
+        | beam.CombinePerKey(sum)
+        | beam.MapTuple(lambda key, count: f"{key},{count}")
+        | beam.io.WriteToText(output, triggering_frequency=5, num_shards=1)
+    )
+
+
+def _written(directory: Path) -> dict[str, list[str]]:
+    return {
+        path.name: sorted(path.read_text().splitlines()) for path in sorted(directory.iterdir())
+    }
+
+
+def test_an_unbounded_pipeline_writes_direct_runners_files(tmp_path: Path) -> None:
+    # Started 6 s ago, so part of the sequence is due at once and the rest is deferred:
+    # the splittable DoFn's residuals wait in state for their time. Windows are aligned
+    # to 5 s, so the files do not depend on when the run starts.
+    start = float(int(time.time()) // 5 * 5 - 5)
+    outputs = {}
+    for runner in ("DirectRunner", "SparkStructuredRunner"):
+        directory = tmp_path / runner
+        directory.mkdir()
+        options = PipelineOptions(
+            [f"--runner={runner}", f"--spark_master={SPARK_TEST_MASTER}", "--streaming"]
+        )
+        with beam.Pipeline(options=options) as pipeline:
+            _periodic_counts(pipeline, str(directory / "counts"), start)
+        outputs[runner] = _written(directory)
+    assert len(outputs["DirectRunner"]) == 2
+    assert outputs["SparkStructuredRunner"] == outputs["DirectRunner"]
+
+
+def test_main_elements_wait_for_their_side_input_window() -> None:
+    main = (
+        ScriptedStream()
+        .add_elements([TimestampedValue("a", 1), TimestampedValue("b", 12)])
+        .advance_watermark_to(30)
+        .advance_watermark_to_infinity()
+    )
+    options = PipelineOptions(
+        ["--runner=SparkStructuredRunner", f"--spark_master={SPARK_TEST_MASTER}", "--streaming"]
+    )
+    with beam.Pipeline(options=options) as pipeline:
+        windowed = (
+            pipeline | "Main" >> main | "MainWindows" >> beam.WindowInto(window.FixedWindows(10))
+        )
+        # A side input per window, counted from the main input itself: each window's count
+        # is final only once the watermark passes its end.
+        counts = windowed | beam.combiners.Count.Globally().without_defaults()
+        joined = windowed | beam.Map(
+            lambda element, count: (element, count), count=beam.pvalue.AsSingleton(counts)
+        )
+        assert_that(joined, equal_to([("a", 1), ("b", 1)]))
+        # A bounded side input: ready in the first micro-batch.
+        bounded = pipeline | "Bounded" >> beam.Create(["x", "y"])
+        tagged = windowed | "Tag" >> beam.Map(
+            lambda element, side: f"{element}{len(side)}", side=beam.pvalue.AsList(bounded)
+        )
+        assert_that(tagged, equal_to(["a2", "b2"]), label="CheckBounded")
+
+
+def test_a_running_query_reports_metrics_and_can_be_cancelled() -> None:
+    counted = Metrics.counter("test_streaming", "ticks")
+
+    def tick(at: Any) -> Any:
+        counted.inc()
+        return at
+
+    options = PipelineOptions(
+        ["--runner=SparkStructuredRunner", f"--spark_master={SPARK_TEST_MASTER}", "--streaming"]
+    )
+    pipeline = beam.Pipeline(options=options)
+    now = time.time()
+    _ = (
+        pipeline
+        | PeriodicImpulse(start_timestamp=now - 3, stop_timestamp=now + 3600, fire_interval=1)
+        | beam.Map(tick)
+    )
+    result = pipeline.run()
+    assert result.state == PipelineState.RUNNING
+    # A bounded wait returns while the query runs.
+    assert result.wait_until_finish(duration=1000) == PipelineState.RUNNING
+
+    def committed_ticks() -> int:
+        counters = result.metrics().query(MetricsFilter().with_name("ticks"))["counters"]
+        return sum(c.committed for c in counters)
+
+    deadline = time.monotonic() + 180
+    while committed_ticks() < 3 and time.monotonic() < deadline:
+        time.sleep(1)
+    assert committed_ticks() >= 3, "no micro-batch committed its metrics"
+    assert result.cancel() == PipelineState.CANCELLED
+    assert result.state == PipelineState.CANCELLED
