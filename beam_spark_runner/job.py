@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 _LOGGER = logging.getLogger(__name__)
 
 _STAGE_FAILURE = re.compile(r"Beam stage '(?P<stage>.+?)' failed:\n(?P<detail>.*)", re.DOTALL)
-# Spark appends JVM frames after the Python traceback; keep the message readable.
-# and a failed streaming query's description (its offsets and logical plan).
+# Spark appends JVM frames after the Python traceback, and a failed streaming query its
+# description (offsets, logical plan): cut them, to keep the message readable.
 _JVM_TAIL = re.compile(r"\n\s*(?:at |JVM stacktrace:|\tat |=== Streaming Query ===).*", re.DOTALL)
 
 
