@@ -61,7 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--master", default="local[2]")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    # Beam configures the root logger on import; report through this module's own handler.
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    _LOGGER.addHandler(handler)
+    _LOGGER.setLevel(logging.INFO)
+    _LOGGER.propagate = False
     runners = {"ours": _ours(args.master), "fnapi": _fn_api}
     for make in runners.values():
         for _ in range(args.warmup):
