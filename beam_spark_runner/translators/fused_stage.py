@@ -147,14 +147,12 @@ def reads_side_inputs_inline(plan: Plan, node: PlannedStage) -> bool:
     side input keeps the collect-and-broadcast job, so the stages computing it keep their
     parallelism.
     """
-    rows = _literal_row_count(plan, node)
-    return (
-        bool(node.side_inputs)
-        and not node.stateful
-        and rows is not None
-        and rows <= INLINE_SIDE_INPUTS_MAX_MAIN_ROWS
-        and all(_inline_side_buffer(plan, node, s.buffer_id) for s in node.side_inputs)
-    )
+    if not node.side_inputs or node.stateful:
+        return False
+    if not all(_inline_side_buffer(plan, node, s.buffer_id) for s in node.side_inputs):
+        return False
+    rows = _literal_row_count(plan, node)  # decodes a Create's payload: checked last
+    return rows is not None and rows <= INLINE_SIDE_INPUTS_MAX_MAIN_ROWS
 
 
 def _inline_side_buffer(plan: Plan, node: PlannedStage, buffer_id: bytes) -> bool:
