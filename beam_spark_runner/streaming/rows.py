@@ -157,6 +157,18 @@ def to_batch(rows: Iterable[Row]) -> pa.RecordBatch:
     )
 
 
+def elements_and_markers(rows: Iterable[Any]) -> tuple[list[bytes], list[Marker]]:
+    """A shard's rows split into element cells and markers."""
+    cells: list[bytes] = []
+    markers: list[Marker] = []
+    for row in rows:
+        if row[ELEMENT] is not None:
+            cells.append(bytes(row[ELEMENT]))
+        else:
+            markers.append(marker_of(row))
+    return cells, markers
+
+
 def marker_of(row: dict[str, Any] | Any) -> Marker:
     """The marker a row (a mapping or a Spark ``Row``) holds."""
     return Marker(row[PRODUCER], row[WATERMARK], row[PTIME])

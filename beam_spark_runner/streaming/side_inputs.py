@@ -25,23 +25,20 @@ import dataclasses
 import functools
 import hashlib
 import pickle
-import traceback
 from collections.abc import Iterable
 from typing import Any
 
 from beam_spark_runner import beam_globals
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.errors import StageExecutionError
 from beam_spark_runner.execution.side_inputs import side_input_state_entries
 from beam_spark_runner.execution.stage_worker import (
-    BundleOutputs,
     StageSpec,
     TaskSinks,
     stage_worker,
 )
 from beam_spark_runner.metrics import task_metrics
 from beam_spark_runner.streaming.rows import ELEMENT, PORT, Row, marker_of, routed_marker
-from beam_spark_runner.streaming.stateful import routed_outputs
+from beam_spark_runner.streaming.stateful import routed_outputs, run_user_code
 from beam_spark_runner.streaming.topology import Node, Topology
 from beam_spark_runner.streaming.watermarks import (
     MAX_MICROS,
@@ -176,14 +173,9 @@ def run_side_input_shard(
             b"".join(key + data for key, data in entries), usedforsecurity=False
         ).hexdigest()
         worker.load_side_inputs(entries, f"{spec.stage.cache_key}/{digest}")
-        outputs: list[BundleOutputs] = []
-        try:
-            with task_metrics(sinks.metrics, spec.stage.name) as metrics:
-                outputs.extend(worker.process(b"".join(ready), metrics))
-        except StageExecutionError:
-            raise
-        except Exception as error:  # noqa: BLE001 - re-raised with the stage's name
-            raise StageExecutionError(spec.stage.display_name, traceback.format_exc()) from error
+        data = b"".join(ready)
+        with task_metrics(sinks.metrics, spec.stage.name) as metrics:
+            outputs = run_user_code(spec.stage, lambda: list(worker.process(data, metrics)))
         worker.finalize_bundles()
         out = routed_outputs(topology, node, spec.stage, worker, outputs)
     hold = min((at for _, at in waiting), default=MAX_MICROS)

@@ -15,22 +15,19 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
-import traceback
 from collections.abc import Iterable
 from typing import Any
 
 from apache_beam.utils.timestamp import Timestamp
 
-from beam_spark_runner.errors import StageExecutionError
 from beam_spark_runner.execution.stage_worker import StageSpec, TaskSinks, stage_worker
 from beam_spark_runner.metrics import task_metrics
-from beam_spark_runner.streaming.rows import ELEMENT, Row, marker_of, routed_marker
-from beam_spark_runner.streaming.stateful import routed_outputs
+from beam_spark_runner.streaming.rows import Row, elements_and_markers, routed_marker
+from beam_spark_runner.streaming.stateful import routed_outputs, run_user_code
 from beam_spark_runner.streaming.topology import Node, Topology
 from beam_spark_runner.streaming.watermarks import (
     MAX_MICROS,
     MIN_MICROS,
-    Marker,
     WatermarkState,
 )
 
@@ -87,35 +84,21 @@ def run_splittable_shard(
     """One micro-batch of one shard of an unbounded splittable DoFn's processing stage."""
     if state is None:
         state = SplittableShardState(WatermarkState(expected=node.expected))
-    cells: list[bytes] = []
-    markers: list[Marker] = []
-    for row in rows:
-        if row[ELEMENT] is not None:
-            cells.append(bytes(row[ELEMENT]))
-        else:
-            markers.append(marker_of(row))
+    cells, markers = elements_and_markers(rows)
     watermarks = state.watermarks
     watermarks.advance(markers)
     now = watermarks.processing_time
     due = [r for r in state.residuals if r.resume_at <= now]
     waiting = [r for r in state.residuals if r.resume_at > now]
     data = b"".join([*cells, *(r.element for r in due)])
-    outputs = []
+    out: list[Row] = []
     if data:
         worker = stage_worker(spec)
-        try:
-            with task_metrics(sinks.metrics, spec.name) as metrics:
-                bundle, residuals = worker.run_bundle(data, metrics)
-        except StageExecutionError:
-            raise
-        except Exception as error:  # noqa: BLE001 - re-raised with the stage's name
-            raise StageExecutionError(spec.display_name, traceback.format_exc()) from error
+        with task_metrics(sinks.metrics, spec.name) as metrics:
+            bundle, residuals = run_user_code(spec, lambda: worker.run_bundle(data, metrics))
         worker.finalize_bundles()
-        outputs.append(bundle)
         waiting.extend(_residual(root, now) for root in residuals)
-        out = routed_outputs(topology, node, spec, worker, outputs)
-    else:
-        out = []
+        out = routed_outputs(topology, node, spec, worker, [bundle])
     state.residuals = waiting
     output = watermarks.output(state.hold())
     out.extend(routed_marker(topology, node, shard, output, now))

@@ -19,8 +19,8 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import traceback
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, Timestamp
 
@@ -41,18 +41,18 @@ from beam_spark_runner.execution.stage_worker import (
 from beam_spark_runner.execution.timers import PendingTimers, TimerFamilyId
 from beam_spark_runner.metrics import task_metrics
 from beam_spark_runner.streaming.rows import (
-    ELEMENT,
     Row,
-    marker_of,
+    elements_and_markers,
     output_rows,
     routed_marker,
 )
 from beam_spark_runner.streaming.topology import Node, Topology
 from beam_spark_runner.streaming.watermarks import (
     MAX_MICROS,
-    Marker,
     WatermarkState,
 )
+
+T = TypeVar("T")
 
 # Timer rounds in one micro-batch before the runner says the timers keep re-arming.
 _MAX_TIMER_ROUNDS = 10_000
@@ -78,9 +78,10 @@ class StatefulShardState:
         return state
 
 
-def _run(spec: StageSpec, bundles: Iterator[BundleOutputs], out: list[BundleOutputs]) -> None:
+def run_user_code(spec: StageSpec, call: Callable[[], T]) -> T:
+    """``call()``; a user error is raised as a ``StageExecutionError`` naming the stage."""
     try:
-        out.extend(bundles)
+        return call()
     except StageExecutionError:
         raise
     except Exception as error:  # noqa: BLE001 - re-raised with the stage's name
@@ -99,13 +100,7 @@ def run_stateful_shard(
     """One micro-batch of one shard of a stateful stage: its new state and its rows."""
     if state is None:
         state = StatefulShardState(WatermarkState(expected=node.expected))
-    cells: list[bytes] = []
-    markers: list[Marker] = []
-    for row in rows:
-        if row[ELEMENT] is not None:
-            cells.append(bytes(row[ELEMENT]))
-        else:
-            markers.append(marker_of(row))
+    cells, markers = elements_and_markers(rows)
     worker = stage_worker(spec)
     pending = PendingTimers(worker.timer_families)
     for family_key, encoded in state.timers.items():
@@ -115,8 +110,14 @@ def run_stateful_shard(
     outputs: list[BundleOutputs] = []
     try:
         with task_metrics(sinks.metrics, spec.name) as metrics:
+
+            def bundles(data: bytes, timers: Any = None) -> list[BundleOutputs]:
+                return run_user_code(
+                    spec, lambda: list(worker.process_with_timers(data, metrics, pending, timers))
+                )
+
             if cells:
-                _run(spec, worker.process_with_timers(b"".join(cells), metrics, pending), outputs)
+                outputs += bundles(b"".join(cells))
             watermarks.advance(markers)
             done = watermarks.input_watermark >= MAX_MICROS
             watermark = Timestamp(micros=watermarks.input_watermark)
@@ -125,7 +126,7 @@ def run_stateful_shard(
                 due = pending.next_round(watermark, now)
                 if not due:
                     break
-                _run(spec, worker.process_with_timers(b"", metrics, pending, due), outputs)
+                outputs += bundles(b"", due)
             else:
                 raise StageExecutionError(
                     spec.display_name,
