@@ -13,6 +13,7 @@ from beam_spark_runner.attempts import AttemptCollector
 from beam_spark_runner.beam_globals import DEFAULT_PICKLE_LIBRARY
 from beam_spark_runner.errors import PipelineExecutionError
 from beam_spark_runner.execution.stage_worker import TaskSinks
+from beam_spark_runner.main_session import MainSession
 from beam_spark_runner.metrics import (
     MetricsSink,
     RunMetrics,
@@ -54,17 +55,21 @@ def run_plan(
     job_name: str,
     parallelism: int | None,
     pickle_library: str = DEFAULT_PICKLE_LIBRARY,
+    saved_main_session: MainSession | None = None,
 ) -> RunMetrics:
     """Builds every stage's DataFrame, runs the pipeline, returns its metrics.
 
     Committed metrics come from the run's accumulator; failed task attempts report theirs
     to an ``AttemptCollector`` listening on the driver for the duration of the run. Tasks
-    run with the pipeline's ``pickle_library`` (``beam_globals``).
+    run with the pipeline's ``pickle_library`` (``beam_globals``) and restore
+    ``saved_main_session`` (``--save_main_session``) in each worker process first.
     """
     spark_context = spark.sparkContext
     collector = AttemptCollector.start(spark_context.getConf())
     try:
-        return _run(plan, spark, job_name, parallelism, collector, pickle_library)
+        return _run(
+            plan, spark, job_name, parallelism, collector, pickle_library, saved_main_session
+        )
     finally:
         if collector is not None:
             collector.close()
@@ -77,6 +82,7 @@ def _run(
     parallelism: int | None,
     collector: AttemptCollector | None,
     pickle_library: str,
+    saved_main_session: MainSession | None,
 ) -> RunMetrics:
     spark_context = spark.sparkContext
     run_id = uuid.uuid4().hex[:12]
@@ -92,7 +98,10 @@ def _run(
         sinks,
         translator_for,
         pickle_library,
+        spark_context.broadcast(saved_main_session) if saved_main_session is not None else None,
     )
+    if context.main_session is not None:
+        context.broadcasts.append(context.main_session)
     group = f"beam-{job_name}-{run_id}"
     started = time.monotonic()
     try:

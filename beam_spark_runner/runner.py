@@ -9,10 +9,11 @@ from apache_beam.options import pipeline_options
 from apache_beam.options.value_provider import RuntimeValueProvider
 from apache_beam.runners.runner import PipelineRunner, PipelineState
 
-from beam_spark_runner import _startup_hook, beam_globals
+from beam_spark_runner import _startup_hook, beam_globals, main_session
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.batch_test_stream import replace_test_streams
 from beam_spark_runner.capabilities import check_pipeline, check_plan
+from beam_spark_runner.errors import PipelineExecutionError
 from beam_spark_runner.job import run_plan
 from beam_spark_runner.native_create import NativeCreateOverride
 from beam_spark_runner.options import spark_settings
@@ -67,6 +68,11 @@ class SparkStructuredRunner(PipelineRunner):
         settings = settings or spark_settings(options)
         pickle_library = beam_globals.pickle_library(options)
         beam_globals.apply(pickle_library)
+        saved_main_session = (
+            main_session.capture(pickle_library)
+            if options.view_as(pipeline_options.SetupOptions).save_main_session
+            else None
+        )
         proto = bi.prepare_pipeline_proto(proto)
         check_pipeline(proto)
         plan = build_plan(
@@ -78,5 +84,19 @@ class SparkStructuredRunner(PipelineRunner):
         spark, _ = obtain_session(settings)
         share_driver_path(spark)
         job_name = settings.app_name
-        infos = run_plan(plan, spark, job_name, settings.default_parallelism, pickle_library)
+        try:
+            infos = run_plan(
+                plan,
+                spark,
+                job_name,
+                settings.default_parallelism,
+                pickle_library,
+                saved_main_session,
+            )
+        except PipelineExecutionError as error:
+            if saved_main_session is None and main_session.missing_main_names(str(error)):
+                raise PipelineExecutionError(
+                    f"{error}\n\n{main_session.SAVE_MAIN_SESSION_HINT}", error.stage_name
+                ) from error
+            raise
         return SparkPipelineResult(PipelineState.DONE, infos, spark.sparkContext.applicationId)

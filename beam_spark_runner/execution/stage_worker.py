@@ -84,6 +84,8 @@ class StageSpec:
     state_backed_input_coder_id: str | None = None
     # The pipeline's --pickle_library: workers unpickle its DoFns and coders with it.
     pickle_library: str = beam_globals.DEFAULT_PICKLE_LIBRARY
+    # A Spark broadcast of the run's main session (--save_main_session), or None.
+    main_session: Any = None
     # The stage reads a ReadFromText's lines natively (execution.text_read): its input rows
     # are byte ranges of the files, and this is the encoding of a line's windowed value up
     # to its length.
@@ -464,7 +466,7 @@ def stage_worker(spec: StageSpec) -> StageWorker:
         retired = [_WORKERS.pop(key) for key in other_runs]
     _shut_down(retired, f"a stage of run {spec.run_id} started")
     # Beam's per-pipeline globals (pickler, pickled-type caches), before unpickling anything.
-    beam_globals.enter_run(spec.run_id, spec.pickle_library)
+    beam_globals.enter_run(spec.run_id, spec.pickle_library, spec.main_session)
     with lock:
         worker = _WORKERS.get(spec.cache_key)
         evicted: list[StageWorker] = []
