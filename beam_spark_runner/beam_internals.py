@@ -216,6 +216,16 @@ def set_pickle_library(library: str) -> None:
     pickler.set_library(library)
 
 
+def current_step_name() -> str | None:
+    """The Beam step (transform name) running on this thread, as Beam's log handler finds it."""
+    tracker = statesampler.get_current_tracker()
+    if tracker is None:
+        return None
+    state = tracker.current_state()
+    name_context = getattr(state, "name_context", None) if state is not None else None
+    return getattr(name_context, "step_name", None) if name_context is not None else None
+
+
 def dump_main_session(path: str) -> None:
     """Writes the main session as Beam's stager does for ``--save_main_session``.
 

@@ -8,7 +8,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from beam_spark_runner import worker_warnings
+from beam_spark_runner import worker_logs, worker_warnings
 from beam_spark_runner.attempts import AttemptCollector
 from beam_spark_runner.beam_globals import DEFAULT_PICKLE_LIBRARY
 from beam_spark_runner.errors import PipelineExecutionError
@@ -56,19 +56,28 @@ def run_plan(
     parallelism: int | None,
     pickle_library: str = DEFAULT_PICKLE_LIBRARY,
     saved_main_session: MainSession | None = None,
+    log_levels: worker_logs.LogLevels | None = None,
 ) -> RunMetrics:
     """Builds every stage's DataFrame, runs the pipeline, returns its metrics.
 
     Committed metrics come from the run's accumulator; failed task attempts report theirs
     to an ``AttemptCollector`` listening on the driver for the duration of the run. Tasks
     run with the pipeline's ``pickle_library`` (``beam_globals``) and restore
-    ``saved_main_session`` (``--save_main_session``) in each worker process first.
+    ``saved_main_session`` (``--save_main_session``) in each worker process first; user
+    code's log records at ``log_levels`` are logged on the driver when the run ends.
     """
     spark_context = spark.sparkContext
     collector = AttemptCollector.start(spark_context.getConf())
     try:
         return _run(
-            plan, spark, job_name, parallelism, collector, pickle_library, saved_main_session
+            plan,
+            spark,
+            job_name,
+            parallelism,
+            collector,
+            pickle_library,
+            saved_main_session,
+            log_levels or worker_logs.LogLevels(),
         )
     finally:
         if collector is not None:
@@ -83,13 +92,19 @@ def _run(
     collector: AttemptCollector | None,
     pickle_library: str,
     saved_main_session: MainSession | None,
+    log_levels: worker_logs.LogLevels,
 ) -> RunMetrics:
     spark_context = spark.sparkContext
     run_id = uuid.uuid4().hex[:12]
     metrics = MetricsSink(
         new_accumulator(spark_context), collector.address if collector is not None else None
     )
-    sinks = TaskSinks(metrics=metrics, warnings=worker_warnings.new_accumulator(spark_context))
+    sinks = TaskSinks(
+        metrics=metrics,
+        warnings=worker_warnings.new_accumulator(spark_context),
+        logs=worker_logs.new_accumulator(spark_context),
+        log_levels=log_levels,
+    )
     context = TranslationContext(
         spark,
         plan,
@@ -121,6 +136,8 @@ def _run(
     finally:
         context.release()
         spark_context.setJobDescription(None)  # type: ignore[arg-type]
+        # Also when the run failed: what the successful tasks logged helps find why.
+        worker_logs.reemit(sinks.logs.value)
     _LOGGER.info(
         "Beam pipeline %s finished on Spark in %.1f s (%d stages)",
         job_name,

@@ -9,7 +9,7 @@ from apache_beam.options import pipeline_options
 from apache_beam.options.value_provider import RuntimeValueProvider
 from apache_beam.runners.runner import PipelineRunner, PipelineState
 
-from beam_spark_runner import _startup_hook, beam_globals, main_session
+from beam_spark_runner import _startup_hook, beam_globals, main_session, worker_logs
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.batch_test_stream import replace_test_streams
 from beam_spark_runner.capabilities import check_pipeline, check_plan
@@ -66,6 +66,7 @@ class SparkStructuredRunner(PipelineRunner):
     def run_proto(self, proto: Any, options: Any, settings: Any = None) -> SparkPipelineResult:
         """Runs a Beam pipeline proto; every check happens before Spark starts."""
         settings = settings or spark_settings(options)
+        log_levels = worker_logs.log_levels(options)
         pickle_library = beam_globals.pickle_library(options)
         beam_globals.apply(pickle_library)
         saved_main_session = (
@@ -92,6 +93,7 @@ class SparkStructuredRunner(PipelineRunner):
                 settings.default_parallelism,
                 pickle_library,
                 saved_main_session,
+                log_levels,
             )
         except PipelineExecutionError as error:
             if saved_main_session is None and main_session.missing_main_names(str(error)):

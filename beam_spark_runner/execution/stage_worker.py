@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -28,7 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from beam_spark_runner import beam_globals, worker_warnings
+from beam_spark_runner import beam_globals, worker_logs, worker_warnings
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import KeyExtractor, packed_bytes, split_packed
 from beam_spark_runner.errors import StageExecutionError
@@ -490,9 +491,22 @@ class TaskSinks(NamedTuple):
 
     metrics: Any = None
     warnings: Any = None
+    # The log records accumulator (worker_logs) and the levels user code logs at.
+    logs: Any = None
+    log_levels: worker_logs.LogLevels = worker_logs.LogLevels()
 
 
 NO_SINKS = TaskSinks()
+
+
+@contextlib.contextmanager
+def _recording(sinks: TaskSinks) -> Iterator[None]:
+    """Records the warnings and log records of the code run inside, for the driver."""
+    with (
+        worker_warnings.recording(sinks.warnings),
+        worker_logs.recording(sinks.logs, sinks.log_levels),
+    ):
+        yield
 
 
 def _bundle_inputs(
@@ -523,7 +537,7 @@ def run_stage(
     A stateless stage runs one bundle per input batch. A stateful stage reads a partition
     sorted by key and runs whole keys at a time: their elements, then their timers.
     """
-    with worker_warnings.recording(sinks.warnings):
+    with _recording(sinks):
         worker = stage_worker(spec)
     process = worker.process_keys if spec.stateful else worker.process
     worker.drop_unfinalized()  # left over from a task of this worker that failed
@@ -534,7 +548,7 @@ def run_stage(
             bundles = process(data, metrics)
             while True:
                 try:
-                    with worker_warnings.recording(sinks.warnings):
+                    with _recording(sinks):
                         outputs = next(bundles, None)
                 except StageExecutionError:
                     raise
@@ -544,5 +558,5 @@ def run_stage(
                     break
                 yield from outputs.record_batches(spec.outputs, worker.key_extractors)
                 # Spark has taken the bundle's output: its finalization may run now.
-                with worker_warnings.recording(sinks.warnings):
+                with _recording(sinks):
                     worker.finalize_bundles()
