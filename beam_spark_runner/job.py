@@ -131,7 +131,10 @@ def _run(
         raise
     except Exception as error:
         if type(error).__module__.startswith(("pyspark", "py4j")):
-            raise _describe_failure(error) from error
+            # The user's traceback once, in the message; Spark's error (the same traceback
+            # wrapped in JVM frames) only at DEBUG.
+            _LOGGER.debug("Spark's error for Beam pipeline %s", job_name, exc_info=error)
+            raise _describe_failure(error) from None
         raise
     finally:
         context.release()

@@ -8,9 +8,10 @@ channel, and their root logger has no handler, so a DoFn's ``logging.info`` was 
 Each task records the records its code logs at the run's levels (capped per task) and
 sends them back through a Spark accumulator; when the run ends, the runner logs each one on
 the driver through the logger of the same name, with the Beam step it came from, so the
-driver's logging configuration decides where it goes. Records of failed task attempts are
-lost with their accumulator updates (Spark merges only successful attempts'); the error of
-a failing task reaches the driver as its ``PipelineExecutionError``.
+driver's logging configuration (its levels and handlers) decides whether and where it goes.
+Records of failed task attempts are lost with their accumulator updates (Spark merges only
+successful attempts'); the error of a failing task reaches the driver as its
+``PipelineExecutionError``.
 """
 
 from __future__ import annotations
@@ -176,9 +177,15 @@ def recording(sink: Any, levels: LogLevels) -> Iterator[None]:
 
 
 def reemit(records: list[LogRecord]) -> None:
-    """Logs each worker record on the driver, through the logger of the same name."""
+    """Logs each worker record on the driver, through the logger of the same name.
+
+    The driver's logging configuration applies as to its own records: a record below the
+    level the driver's logger is enabled for is dropped there too.
+    """
     for record in records:
         logger = logging.getLogger(record.logger)
+        if not logger.isEnabledFor(record.level):
+            continue
         where = f" [Beam step '{record.step}', Spark worker]" if record.step else " [Spark worker]"
         message = record.message + where
         if record.exception:

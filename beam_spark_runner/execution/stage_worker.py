@@ -553,7 +553,10 @@ def run_stage(
                 except StageExecutionError:
                     raise
                 except Exception as error:  # noqa: BLE001 - re-raised with the stage's name
-                    raise StageExecutionError(spec.display_name, traceback.format_exc()) from error
+                    # The last exception only: Beam re-raises the user's error with the step
+                    # name ("[while running ...]"), and its traceback ends in the user's code.
+                    detail = "".join(traceback.format_exception(error, chain=False))
+                    raise StageExecutionError(spec.display_name, detail) from error
                 if outputs is None:
                     break
                 yield from outputs.record_batches(spec.outputs, worker.key_extractors)
