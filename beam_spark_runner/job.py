@@ -142,7 +142,7 @@ def _run(
         # Also when the run failed: what the successful tasks logged helps find why.
         worker_logs.reemit(sinks.logs.value)
     _LOGGER.info(
-        "Beam pipeline %s finished on Spark in %.1f s (%d stages)",
+        "Beam pipeline %s: its Spark job ran in %.1f s (%d stages)",
         job_name,
         time.monotonic() - started,
         len(plan.stages),

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from apache_beam.options import pipeline_options
 from apache_beam.options.value_provider import RuntimeValueProvider
 from apache_beam.runners.runner import PipelineRunner, PipelineState
 
-from beam_spark_runner import _startup_hook, beam_globals, main_session, worker_logs
+from beam_spark_runner import _startup_hook, beam_globals, main_session, run_summary, worker_logs
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.batch_test_stream import replace_test_streams
 from beam_spark_runner.capabilities import check_pipeline, check_plan
@@ -40,6 +41,7 @@ class SparkStructuredRunner(PipelineRunner):
         self, pipeline: Any, options: pipeline_options.PipelineOptions
     ) -> SparkPipelineResult:
         """Translates ``pipeline`` and runs it to completion on Spark."""
+        started_wall, started = run_summary.now()
         RuntimeValueProvider.set_runtime_options({})
         # The pipeline's pickler before to_runner_api pickles its DoFns: another pipeline
         # constructed since this one may have set Beam's process-wide pickler.
@@ -50,6 +52,7 @@ class SparkStructuredRunner(PipelineRunner):
             experiments.append("beam_fn_api")
         debug.experiments = experiments
         settings = spark_settings(options)
+        outputs = run_summary.output_patterns(pipeline)
         # TestStreams that a batch run reproduces exactly become batch sources; any other
         # is refused here, before Spark starts. A Create that Beam would reshuffle becomes
         # rows the runner spreads itself, without a Spark job of its own.
@@ -61,7 +64,11 @@ class SparkStructuredRunner(PipelineRunner):
             )
         )
         proto = pipeline.to_runner_api(default_environment=bi.default_environment())
-        return self.run_proto(proto, options, settings)
+        result = self.run_proto(proto, options, settings)
+        run_summary.log_summary(
+            settings.app_name, started_wall, time.monotonic() - started, outputs
+        )
+        return result
 
     def run_proto(self, proto: Any, options: Any, settings: Any = None) -> SparkPipelineResult:
         """Runs a Beam pipeline proto; every check happens before Spark starts."""
