@@ -15,7 +15,7 @@ import gc
 import inspect
 import logging
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 from apache_beam import coders
@@ -455,3 +455,65 @@ def global_window_param_payload() -> bytes:
         coders.BytesCoder(), coders.coders.GlobalWindowCoder()
     )
     return windowed_bytes.encode(window.GlobalWindows.windowed_value(b""))  # type: ignore[no-any-return]
+
+
+def trigger_state() -> Any:
+    """A fresh state for Beam's streaming trigger driver (``InMemoryUnmergedState``)."""
+    return trigger.InMemoryUnmergedState()
+
+
+def forget_expired_windows(state: Any, expired: Callable[[Any], bool]) -> None:
+    """Drops from a trigger driver's state the windows ``expired`` says are done.
+
+    Beam's ``GeneralTriggerDriver`` keeps each window's state under an id that
+    ``MergeableStateAdapter`` maps from the (merged) window, and never forgets a window,
+    not even after its final pane. A window without pending timers whose ``expired`` is true
+    loses its state and its id here.
+    """
+    adapter = trigger.MergeableStateAdapter(state)
+    window_ids = adapter.window_ids
+    for window_ in list(window_ids):
+        ids = window_ids[window_]
+        if not expired(window_) or any(state.timers.get(i) for i in ids):
+            continue
+        for window_id in ids:
+            state.state.pop(window_id, None)
+            state.timers.pop(window_id, None)
+        del window_ids[window_]
+    state.set_global_state(trigger.MergeableStateAdapter.WINDOW_IDS, window_ids)
+
+
+def trigger_state_is_empty(state: Any) -> bool:
+    """Whether a trigger driver's state holds no window and no timer."""
+    window_ids = state.get_global_state(trigger.MergeableStateAdapter.WINDOW_IDS, {})
+    return not window_ids and not state.state and not any(state.timers.values())
+
+
+def servicer_contents(servicer: Any) -> tuple[dict[bytes, list[bytes]], dict[bytes, Any]]:
+    """A ``StateServicer``'s cells (state key -> values) and ordered-list indexes, as dicts."""
+    return (
+        {key: list(values) for key, values in servicer._state.items() if values},  # noqa: SLF001
+        dict(servicer._ordered_list_keys),  # noqa: SLF001
+    )
+
+
+def servicer_with(contents: tuple[dict[bytes, list[bytes]], dict[bytes, Any]] | None) -> Any:
+    """A ``StateServicer`` holding what :func:`servicer_contents` returned."""
+    servicer = StateServicer()
+    if contents:
+        cells, ordered = contents
+        for key, values in cells.items():
+            servicer._state[key] = list(values)  # type: ignore[index]  # noqa: SLF001
+        for key, indexes in ordered.items():
+            servicer._ordered_list_keys[key] = indexes  # noqa: SLF001
+    return servicer
+
+
+def window_mapping_fn(spec: beam_runner_api_pb2.FunctionSpec) -> Callable[[Any], Any]:
+    """A side input's window mapping function (main window -> side input window)."""
+    if spec.urn != python_urns.PICKLED_WINDOW_MAPPING_FN:
+        raise ValueError(
+            f"Expected a side input window mapping of {python_urns.PICKLED_WINDOW_MAPPING_FN}, "
+            f"found {spec.urn}."
+        )
+    return pickler.loads(spec.payload)  # type: ignore[no-any-return]

@@ -97,8 +97,8 @@ def _check_timers(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
                 )
 
 
-def check_pipeline(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
-    """Checks requirements, streaming and TestStream on the unfused pipeline."""
+def check_requirements(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
+    """Checks the pipeline's requirements and timer domains."""
     for requirement in proto.requirements:
         if requirement in SUPPORTED_REQUIREMENTS:
             continue
@@ -112,6 +112,11 @@ def check_pipeline(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
             f"yet (supported: {', '.join(sorted(SUPPORTED_REQUIREMENTS))}).{detail} {hint}"
         )
     _check_timers(proto)
+
+
+def check_pipeline(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
+    """Checks requirements, unbounded inputs and TestStream for a batch run."""
+    check_requirements(proto)
     for _, transform in _leaf_transforms(proto):
         if transform.spec.urn == TEST_STREAM_URN:
             raise UnsupportedFeatureError(
@@ -154,6 +159,11 @@ def check_plan(plan: Plan, translator_for: Callable[[str], object | None]) -> No
                 f"Transform '{buffer.name}' has URN {buffer.urn}, which SparkStructuredRunner "
                 "cannot translate yet. Replace it with supported transforms or use another runner."
             )
+    check_stages(plan)
+
+
+def check_stages(plan: Plan) -> None:
+    """Checks that every transform of every fused stage runs in Beam's Python SDK here."""
     environments = plan.components.environments
     for stage in plan.stages:
         for transform in stage.descriptor.transforms.values():

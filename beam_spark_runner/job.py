@@ -31,11 +31,13 @@ if TYPE_CHECKING:
 _LOGGER = logging.getLogger(__name__)
 
 _STAGE_FAILURE = re.compile(r"Beam stage '(?P<stage>.+?)' failed:\n(?P<detail>.*)", re.DOTALL)
-# Spark appends JVM frames after the Python traceback; keep the message readable.
-_JVM_TAIL = re.compile(r"\n\s*(?:at |JVM stacktrace:|\tat ).*", re.DOTALL)
+# Spark appends JVM frames after the Python traceback, and a failed streaming query its
+# description (offsets, logical plan): cut them, to keep the message readable.
+_JVM_TAIL = re.compile(r"\n\s*(?:at |JVM stacktrace:|\tat |=== Streaming Query ===).*", re.DOTALL)
 
 
-def _describe_failure(error: BaseException) -> PipelineExecutionError:
+def describe_failure(error: BaseException) -> PipelineExecutionError:
+    """A Spark failure as a PipelineExecutionError naming the Beam stage, where known."""
     message = str(error)
     match = _STAGE_FAILURE.search(message)
     if match is None:
@@ -134,7 +136,7 @@ def _run(
             # The user's traceback once, in the message; Spark's error (the same traceback
             # wrapped in JVM frames) only at DEBUG.
             _LOGGER.debug("Spark's error for Beam pipeline %s", job_name, exc_info=error)
-            raise _describe_failure(error) from None
+            raise describe_failure(error) from None
         raise
     finally:
         context.release()

@@ -83,6 +83,25 @@ class SparkRunnerOptions(PipelineOptions):
                 "FnApiRunner(use_state_iterables=True). Default: off."
             ),
         )
+        parser.add_argument(
+            "--spark_trigger_interval",
+            type=float,
+            default=None,
+            help=(
+                "Streaming runs: seconds between the starts of micro-batches. Default: 0, "
+                "each micro-batch starts when the last has ended: the sources streamed today "
+                "(TestStreams, bounded reads) always have their next batch ready, and a "
+                "micro-batch costs a second or more even without data."
+            ),
+        )
+        parser.add_argument(
+            "--spark_checkpoint_location",
+            default=None,
+            help=(
+                "Streaming runs: the query's checkpoint directory (offsets, commits, state). "
+                "Default: a temporary directory, removed when the query ends."
+            ),
+        )
 
 
 @dataclass(frozen=True)
@@ -96,6 +115,8 @@ class SparkSettings:
     log_level: str
     drain: bool = False
     state_backed_iterables: bool = False
+    trigger_interval: float = 0.0
+    checkpoint_location: str | None = None
 
 
 def _validate_master(master: str) -> str:
@@ -147,6 +168,12 @@ def spark_settings(options: PipelineOptions) -> SparkSettings:
         raise ValueError(
             f"--spark_default_parallelism={parallelism} must be a positive number of partitions."
         )
+    trigger_interval = spark_options.spark_trigger_interval
+    if trigger_interval is not None and trigger_interval < 0:
+        raise ValueError(
+            f"--spark_trigger_interval={trigger_interval} must be zero or a positive number "
+            "of seconds."
+        )
     job_name = options.view_as(GoogleCloudOptions).job_name
     return SparkSettings(
         master=master,
@@ -156,4 +183,6 @@ def spark_settings(options: PipelineOptions) -> SparkSettings:
         log_level=log_level,
         drain=bool(spark_options.spark_drain),
         state_backed_iterables=bool(spark_options.spark_state_backed_iterables),
+        trigger_interval=trigger_interval or 0.0,
+        checkpoint_location=spark_options.spark_checkpoint_location,
     )

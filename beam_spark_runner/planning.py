@@ -11,7 +11,9 @@ data outputs. Stages talk to each other through *buffers* named by id:
 * ``textread:<transform id>`` -- the lines of a plain ``ReadFromText``, read by the stage
   that consumes them (our phase; see :func:`native_text_reads`);
 * ``create:<transform id>``   -- the encoded values of a ``beam.Create`` the runner
-  replaced (``native_create``), read by the stage that decodes them.
+  replaced (``native_create``), read by the stage that decodes them;
+* ``teststream:<pcollection>`` -- one output of a TestStream, in a streaming run: the
+  query's source steps through its events (``streaming.test_stream``).
 
 A GroupByKey under default windowing (the global window, the default trigger, output at
 the end of the window) ignores its input's timestamps and panes, and every element is in
@@ -60,10 +62,15 @@ TEXT_READ_BUFFER_KIND = "textread"
 CREATE_URN = "beam:runner:spark:create:v1"
 CREATE_BUFFER_KIND = "create"
 
+# A TestStream in a streaming run: each of its outputs is a buffer the query's source fills.
+TEST_STREAM_URN: str = bi.common_urns.primitives.TEST_STREAM.urn
+TEST_STREAM_BUFFER_KIND = "teststream"
+
 # Runner transforms without inputs whose output a stage reads as its data input.
 _RUNNER_SOURCE_BUFFER_KINDS: dict[str, str] = {
     TEXT_READ_URN: TEXT_READ_BUFFER_KIND,
     CREATE_URN: CREATE_BUFFER_KIND,
+    TEST_STREAM_URN: TEST_STREAM_BUFFER_KIND,
 }
 
 
@@ -408,6 +415,23 @@ def expand_runner_sources(
             yield stage
             continue
         transform = stage.transforms[0]
+        if kind == TEST_STREAM_BUFFER_KIND:
+            # One read per output: a stage has one data input, and the source fills each.
+            for tag, pcoll in sorted(transform.outputs.items()):
+                context.length_prefix_pcoll_coders(pcoll)
+                output = copy.deepcopy(transform)
+                output.outputs.clear()
+                output.outputs[tag] = pcoll
+                yield _buffer_read_stage(
+                    output,
+                    bi.create_buffer_id(pcoll, kind=kind),
+                    stage.downstream_side_inputs,
+                    stage.must_follow,
+                    name=transform.unique_name
+                    if len(transform.outputs) == 1
+                    else f"{transform.unique_name}/{tag}",
+                )
+            continue
         context.length_prefix_pcoll_coders(bi.only_element(list(transform.outputs.values())))
         yield _buffer_read_stage(
             transform,
@@ -430,19 +454,23 @@ def create_stages(
     pipeline_proto: bi.beam_runner_api_pb2.Pipeline,
     is_drain: bool = False,
     use_state_iterables: bool = False,
+    streaming: bool = False,
 ) -> tuple[bi.TransformContext, list[bi.Stage]]:
     """Runs Beam's graph phases (and ours) over a copy of the pipeline proto.
 
     With ``is_drain``, Beam's ``expand_sdf`` adds the truncate step to splittable DoFns.
     With ``use_state_iterables``, stages read iterables (GroupByKey values) through
     state-backed iterable coders, as in ``FnApiRunner(use_state_iterables=True)``.
+    With ``streaming``, TestStreams stay runner sources (the streaming query's source
+    steps through their events) and text reads keep Beam's expansion.
     """
     pipeline_proto = copy.deepcopy(pipeline_proto)
-    native_text_reads(pipeline_proto)
+    if not streaming:
+        native_text_reads(pipeline_proto)
     return bi.create_and_optimize_stages(
         pipeline_proto,
         phases=_phases(),
-        known_runner_urns=RUNNER_PRIMITIVE_URNS,
+        known_runner_urns=RUNNER_PRIMITIVE_URNS | ({TEST_STREAM_URN} if streaming else set()),
         use_state_iterables=use_state_iterables,
         is_drain=is_drain,
     )
@@ -631,10 +659,15 @@ def build_plan(
     pipeline_proto: bi.beam_runner_api_pb2.Pipeline,
     is_drain: bool = False,
     use_state_iterables: bool = False,
+    streaming: bool = False,
 ) -> Plan:
-    """Fuses the pipeline and wires stages to buffers (the flags: see create_stages)."""
-    context, stages = create_stages(pipeline_proto, is_drain, use_state_iterables)
-    group_coders = value_only_group_coders(context, stages)
+    """Fuses the pipeline and wires stages to buffers (the flags: see create_stages).
+
+    A streaming run keeps Beam's windowed-value coders into every GroupByKey: its trigger
+    driver holds the watermark by the elements' timestamps.
+    """
+    context, stages = create_stages(pipeline_proto, is_drain, use_state_iterables, streaming)
+    group_coders = {} if streaming else value_only_group_coders(context, stages)
     planned = [_plan_stage(stage, context, uid, group_coders) for uid, stage in enumerate(stages)]
     buffers: dict[bytes, PlannedBuffer] = {}
 

@@ -13,8 +13,14 @@ from apache_beam.runners.runner import PipelineRunner, PipelineState
 from beam_spark_runner import _startup_hook, beam_globals, main_session, run_summary, worker_logs
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.batch_test_stream import replace_test_streams
-from beam_spark_runner.capabilities import check_pipeline, check_plan
-from beam_spark_runner.errors import PipelineExecutionError
+from beam_spark_runner.capabilities import (
+    check_pipeline,
+    check_plan,
+    check_requirements,
+    check_stages,
+    unbounded_pcollections,
+)
+from beam_spark_runner.errors import PipelineExecutionError, UnsupportedFeatureError
 from beam_spark_runner.job import run_plan
 from beam_spark_runner.native_create import NativeCreateOverride
 from beam_spark_runner.options import spark_settings
@@ -27,6 +33,19 @@ _LOGGER = logging.getLogger(__name__)
 
 # Importing the runner directly also makes the short name resolvable.
 _startup_hook.install()
+
+
+def wants_streaming(options: pipeline_options.PipelineOptions, proto: Any) -> bool:
+    """``--streaming``, or an unbounded PCollection (as Dataflow decides); logs which."""
+    if options.view_as(pipeline_options.StandardOptions).streaming:
+        _LOGGER.info("Streaming mode: --streaming is set")
+        return True
+    unbounded = unbounded_pcollections(proto)
+    if unbounded:
+        _LOGGER.info("Streaming mode: the pipeline has unbounded PCollections (%s)", unbounded[0])
+        return True
+    _LOGGER.info("Batch mode: every PCollection is bounded and --streaming is not set")
+    return False
 
 
 class SparkStructuredRunner(PipelineRunner):
@@ -53,26 +72,101 @@ class SparkStructuredRunner(PipelineRunner):
         debug.experiments = experiments
         settings = spark_settings(options)
         outputs = run_summary.output_patterns(pipeline)
-        # TestStreams that a batch run reproduces exactly become batch sources; any other
-        # is refused here, before Spark starts. A Create that Beam would reshuffle becomes
-        # rows the runner spreads itself, without a Spark job of its own.
-        replace_test_streams(pipeline)
-        pipeline.replace_all([NativeCreateOverride()])
-        pipeline.visit(
-            bi.group_by_key_input_visitor(
-                not options.view_as(pipeline_options.TypeOptions).allow_non_deterministic_key_coders
-            )
+        default_environment = bi.default_environment()
+        key_coders = bi.group_by_key_input_visitor(
+            not options.view_as(pipeline_options.TypeOptions).allow_non_deterministic_key_coders
         )
-        proto = pipeline.to_runner_api(default_environment=bi.default_environment())
-        result = self.run_proto(proto, options, settings)
+        pipeline.visit(key_coders)
+        proto = pipeline.to_runner_api(default_environment=default_environment)
+        refused: UnsupportedFeatureError | None = None
+        if wants_streaming(options, proto):
+            try:
+                return self.run_streaming(proto, options, settings)
+            except UnsupportedFeatureError as error:
+                refused = error
+        # TestStreams that a batch run reproduces exactly become batch sources; any other
+        # is refused here, before Spark starts. A streaming pipeline the streaming path
+        # cannot run yet runs in batch where that gives the streaming result.
+        try:
+            replace_test_streams(pipeline)
+        except UnsupportedFeatureError as batch_refused:
+            if refused is None:
+                raise
+            raise UnsupportedFeatureError(
+                f"{refused} Nor can it run in batch: {batch_refused}"
+            ) from refused
+        if refused is not None:
+            _LOGGER.warning(
+                "Running the streaming pipeline in batch: %s A batch run gives the same "
+                "result here (its TestStreams' batch runs are streaming runs).",
+                refused,
+            )
+        # A Create that Beam would reshuffle becomes rows the runner spreads itself,
+        # without a Spark job of its own.
+        pipeline.replace_all([NativeCreateOverride()])
+        pipeline.visit(key_coders)
+        proto = pipeline.to_runner_api(default_environment=default_environment)
+        result = self.run_batch(proto, options, settings)
         run_summary.log_summary(
             settings.app_name, started_wall, time.monotonic() - started, outputs
         )
         return result
 
-    def run_proto(self, proto: Any, options: Any, settings: Any = None) -> SparkPipelineResult:
-        """Runs a Beam pipeline proto; every check happens before Spark starts."""
+    def run_streaming(self, proto: Any, options: Any, settings: Any = None) -> SparkPipelineResult:
+        """Starts a pipeline proto as one Spark streaming query; returns it RUNNING.
+
+        Every check happens before Spark starts (``streaming.check``); an unsupported
+        pipeline raises ``UnsupportedFeatureError``.
+        """
+        from beam_spark_runner.streaming.check import (
+            check_streaming_pipeline,
+            check_streaming_plan,
+        )
+
         settings = settings or spark_settings(options)
+        pickle_library = beam_globals.pickle_library(options)
+        beam_globals.apply(pickle_library)
+        proto = bi.prepare_pipeline_proto(proto)
+        check_requirements(proto)
+        check_streaming_pipeline(proto)
+        plan = build_plan(
+            proto,
+            is_drain=settings.drain,
+            use_state_iterables=settings.state_backed_iterables,
+            streaming=True,
+        )
+        check_streaming_plan(plan)
+        check_stages(plan)
+        spark, _ = obtain_session(settings)
+        share_driver_path(spark)
+        from beam_spark_runner.streaming.query import start_query
+
+        return start_query(
+            plan,
+            spark,
+            settings.app_name,
+            settings.default_parallelism,
+            pickle_library,
+            settings.trigger_interval,
+            settings.checkpoint_location,
+        )
+
+    def run_proto(self, proto: Any, options: Any, settings: Any = None) -> SparkPipelineResult:
+        """Runs a Beam pipeline proto; every check happens before Spark starts.
+
+        A streaming one (``--streaming``, or an unbounded PCollection) runs as a streaming
+        query (see :meth:`run_streaming`).
+        """
+        settings = settings or spark_settings(options)
+        if wants_streaming(options, proto):
+            try:
+                return self.run_streaming(proto, options, settings)
+            except UnsupportedFeatureError as refused:
+                _LOGGER.warning("Running the streaming pipeline in batch: %s", refused)
+        return self.run_batch(proto, options, settings)
+
+    def run_batch(self, proto: Any, options: Any, settings: Any) -> SparkPipelineResult:
+        """Runs a pipeline proto in batch, to completion."""
         log_levels = worker_logs.log_levels(options)
         pickle_library = beam_globals.pickle_library(options)
         beam_globals.apply(pickle_library)

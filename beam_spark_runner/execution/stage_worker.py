@@ -197,6 +197,15 @@ class StageWorker:
             )
             self._state_backed_input = writing.coders[spec.state_backed_input_coder_id].get_impl()
 
+    def load_side_inputs(self, entries: list[tuple[bytes, bytes]], token: str) -> None:
+        """Replaces the side inputs served to bundles (a streaming shard's, per batch).
+
+        ``token`` names the contents: the SDK caches decoded side inputs by it, so new
+        contents need a new token.
+        """
+        self.state.load_side_inputs(entries)
+        self.cache_tokens = _side_input_cache_tokens(self.descriptor, token)
+
     def _with_state_backed_iterables(self, data: bytes | TextInput) -> bytes | TextInput:
         """Re-encodes input elements so their iterables' values are read from state."""
         impl = self._state_backed_input
@@ -314,6 +323,30 @@ class StageWorker:
             outputs = BundleOutputs(len(self.spec.outputs))
             residuals = self._run_once(resumed, outputs, metrics, pending=pending)
             yield outputs
+
+    def run_bundle(self, data: bytes, metrics: TaskMetrics) -> tuple[BundleOutputs, list[Any]]:
+        """One bundle over ``data``; its output and its SDF residuals, not resumed.
+
+        A streaming run keeps the residuals (a splittable DoFn's deferred remainders) in
+        state and resumes them in a later micro-batch, once their requested delay passed.
+        """
+        outputs = BundleOutputs(len(self.spec.outputs))
+        residuals = self._run_once(data, outputs, metrics)
+        return outputs, residuals
+
+    def process_with_timers(
+        self,
+        data: bytes,
+        metrics: TaskMetrics,
+        pending: PendingTimers,
+        timers: dict[TimerFamilyId, bytes] | None = None,
+    ) -> Iterator[BundleOutputs]:
+        """One bundle of ``data`` and ``timers`` of a stateful stage (and its residuals).
+
+        The timers its DoFns set go to ``pending``; a streaming shard decides when to fire
+        them.
+        """
+        yield from self._bundles(data, metrics, timers, pending)
 
     def process(self, data: bytes | TextInput, metrics: TaskMetrics) -> Iterator[BundleOutputs]:
         """Runs one bundle over ``data``, then its SDF residuals; yields each's output."""

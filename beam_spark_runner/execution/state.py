@@ -69,6 +69,18 @@ class StateBackend(bi.StateHandler):  # type: ignore[misc]
     def user_state_size(self) -> int:
         """How many user-state cells are held (for logging and tests)."""
 
+    @abc.abstractmethod
+    def load_side_inputs(self, entries: Iterable[tuple[bytes, bytes]]) -> None:
+        """Replaces the side-input contents by ``entries`` (state key, data)."""
+
+    @abc.abstractmethod
+    def export_user_state(self) -> Any:
+        """The user state held, as plain data (a streaming shard keeps it between batches)."""
+
+    @abc.abstractmethod
+    def import_user_state(self, contents: Any) -> None:
+        """Replaces the user state by what :meth:`export_user_state` returned."""
+
     @contextlib.contextmanager
     def process_instruction_id(self, unused_instruction_id: Any) -> Iterator[None]:
         """Beam's state handler enters this around each bundle; nothing to do."""
@@ -82,9 +94,7 @@ class InMemoryStateBackend(StateBackend):
     """Side inputs and user state in Beam's in-memory ``StateServicer``, one for each."""
 
     def __init__(self, side_input_entries: Iterable[tuple[bytes, bytes]] = ()) -> None:
-        self._side_inputs = bi.StateServicer()
-        for key, data in side_input_entries:
-            self._side_inputs.append_raw(bi.beam_fn_api_pb2.StateKey.FromString(key), data)
+        self.load_side_inputs(side_input_entries)
         self._user = bi.StateServicer()
         self._user_cells: set[bytes] = set()
         self._iterables = bi.StateServicer()
@@ -97,6 +107,12 @@ class InMemoryStateBackend(StateBackend):
         if state_type == ITERABLE_STATE_TYPE:
             return self._iterables
         return self._side_inputs
+
+    def load_side_inputs(self, entries: Iterable[tuple[bytes, bytes]]) -> None:
+        """Replaces the side-input store by one holding ``entries``."""
+        self._side_inputs = bi.StateServicer()
+        for key, data in entries:
+            self._side_inputs.append_raw(bi.beam_fn_api_pb2.StateKey.FromString(key), data)
 
     def write_iterable(self, values: Iterable[Any], element_coder_impl: Any) -> bytes:
         """Encodes the values under a fresh runner state key (Beam's iterable_state_write)."""
@@ -143,3 +159,12 @@ class InMemoryStateBackend(StateBackend):
     def user_state_size(self) -> int:
         """The number of user-state cells written since the last release."""
         return len(self._user_cells)
+
+    def export_user_state(self) -> Any:
+        """The user state held, as plain data (a streaming shard keeps it between batches)."""
+        return bi.servicer_contents(self._user)
+
+    def import_user_state(self, contents: Any) -> None:
+        """Replaces the user state by what :meth:`export_user_state` returned."""
+        self._user = bi.servicer_with(contents)
+        self._user_cells = set(contents[0]) if contents else set()

@@ -101,11 +101,24 @@ class PendingTimers:
         family = self._families[(timer_id[0], timer_id[1])]
         return (_DOMAIN_RANK.get(family.time_domain, 2), self._pending[timer_id].fire_timestamp)
 
-    def next_round(self) -> dict[TimerFamilyId, bytes]:
-        """Removes and encodes each key's earliest pending timers, grouped by family."""
+    def _due(self, timer_id: _TimerId, watermark: Any, processing_time: Any) -> bool:
+        domain = self._families[(timer_id[0], timer_id[1])].time_domain
+        bound = watermark if domain == _EVENT_TIME else processing_time
+        return bound is None or self._pending[timer_id].fire_timestamp <= bound
+
+    def next_round(
+        self, watermark: Any = None, processing_time: Any = None
+    ) -> dict[TimerFamilyId, bytes]:
+        """Removes and encodes each key's earliest pending timers, grouped by family.
+
+        With ``watermark`` (and ``processing_time``), only the timers due by then count:
+        event-time timers at or before the watermark, processing-time ones at or before the
+        processing time (a streaming run); without, every timer is due (batch).
+        """
         by_key: dict[bytes, list[_TimerId]] = collections.defaultdict(list)
         for timer_id in self._pending:
-            by_key[timer_id[2]].append(timer_id)
+            if self._due(timer_id, watermark, processing_time):
+                by_key[timer_id[2]].append(timer_id)
         due: list[_TimerId] = []
         for timer_ids in by_key.values():
             earliest = min(self._order(t) for t in timer_ids)
@@ -123,3 +136,19 @@ class PendingTimers:
             self._families[family_key].timer_coder_impl.encode_to_stream(timer, stream, True)
             self.fired += 1
         return {family_key: stream.get() for family_key, stream in streams.items()}
+
+    def encoded(self) -> dict[TimerFamilyId, bytes]:
+        """Every pending timer, encoded per family (``add_written`` restores them)."""
+        streams: dict[TimerFamilyId, Any] = {}
+        for timer_id, timer in self._pending.items():
+            family_key = (timer_id[0], timer_id[1])
+            stream = streams.get(family_key)
+            if stream is None:
+                stream = streams[family_key] = bi.create_OutputStream()
+            self._families[family_key].timer_coder_impl.encode_to_stream(timer, stream, True)
+        return {family_key: stream.get() for family_key, stream in streams.items()}
+
+    def earliest_hold(self) -> Any:
+        """The earliest output timestamp of the pending timers (their watermark hold)."""
+        holds = [t.hold_timestamp for t in self._pending.values() if t.hold_timestamp is not None]
+        return min(holds, default=None)

@@ -99,6 +99,42 @@ def groups_in_stage(plan: Plan, node: PlannedStage) -> bool:
     )
 
 
+def stage_spec(
+    node: PlannedStage, context: TranslationContext, side_input_state: object | None = None
+) -> StageSpec:
+    """What a Spark task needs to run the stage (``side_input_state``: a broadcast)."""
+    plan = context.plan
+    outputs = tuple(
+        OutputSpec(
+            transform_id=output.transform_id,
+            key_coder_id=(
+                plan.safe_coders.get(output.coder_id, output.coder_id)
+                if plan.is_keyed(output.buffer_id)
+                else None
+            ),
+        )
+        for output in node.outputs
+    )
+    return StageSpec(
+        run_id=context.run_id,
+        name=node.name,
+        display_name=node.display_name,
+        descriptor=node.descriptor.SerializeToString(),
+        input_transform_id=node.input_transform_id,
+        outputs=outputs,
+        side_input_state=side_input_state,
+        stateful=node.stateful,
+        state_backed_input_coder_id=_state_backed_coder(plan, node.input_coder_id),
+        pickle_library=context.pickle_library,
+        main_session=context.main_session,
+        text_read_header=(
+            _text_line_header(node, context)
+            if plan.buffers[node.input_buffer_id].kind == TEXT_READ_BUFFER_KIND
+            else None
+        ),
+    )
+
+
 class FusedStageTranslator:
     """``mapInArrow`` of the stage's input through Beam's bundle processor."""
 
@@ -107,35 +143,7 @@ class FusedStageTranslator:
     def translate(self, node: PlannedStage, context: TranslationContext) -> DataFrame:
         """The stage's (tag, key, element) output DataFrame."""
         plan = context.plan
-        outputs = tuple(
-            OutputSpec(
-                transform_id=output.transform_id,
-                key_coder_id=(
-                    plan.safe_coders.get(output.coder_id, output.coder_id)
-                    if plan.is_keyed(output.buffer_id)
-                    else None
-                ),
-            )
-            for output in node.outputs
-        )
-        spec = StageSpec(
-            run_id=context.run_id,
-            name=node.name,
-            display_name=node.display_name,
-            descriptor=node.descriptor.SerializeToString(),
-            input_transform_id=node.input_transform_id,
-            outputs=outputs,
-            side_input_state=self._side_input_state(node, context),
-            stateful=node.stateful,
-            state_backed_input_coder_id=_state_backed_coder(plan, node.input_coder_id),
-            pickle_library=context.pickle_library,
-            main_session=context.main_session,
-            text_read_header=(
-                _text_line_header(node, context)
-                if plan.buffers[node.input_buffer_id].kind == TEXT_READ_BUFFER_KIND
-                else None
-            ),
-        )
+        spec = stage_spec(node, context, self._side_input_state(node, context))
         input_buffer = plan.buffers[node.input_buffer_id]
         if groups_in_stage(plan, node):
             # One Python worker per task for the grouping and the stage (execution.grouped_stage).

@@ -1,0 +1,96 @@
+"""What a streaming run supports, checked before Spark starts.
+
+Each check raises :class:`UnsupportedFeatureError` naming the transform, its URN, what is
+missing and what to do. The runner then runs the pipeline in batch where a batch run gives
+the streaming result (see ``runner``), and refuses it otherwise.
+"""
+
+from __future__ import annotations
+
+from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.errors import UnsupportedFeatureError
+from beam_spark_runner.planning import TEST_STREAM_URN, Plan, PlannedStage
+from beam_spark_runner.spark_compat import require_spark
+
+# transformWithState on rows (4.1) and Python streaming data sources with read limits (4.2).
+STREAMING_SPARK = (4, 1)
+_UNBOUNDED = bi.beam_runner_api_pb2.IsBounded.UNBOUNDED
+SDF_PROCESS_URN: str = bi.common_urns.sdf_components.PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS.urn
+
+
+def is_unbounded_splittable(stage: PlannedStage) -> bool:
+    """Whether the stage processes an unbounded splittable DoFn's restrictions."""
+    descriptor = stage.descriptor
+    return any(
+        transform.spec.urn == SDF_PROCESS_URN
+        and any(
+            descriptor.pcollections[p].is_bounded == _UNBOUNDED for p in transform.outputs.values()
+        )
+        for transform in descriptor.transforms.values()
+    )
+
+
+def check_streaming_pipeline(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
+    """Refuses sources a streaming run cannot read yet (on the unfused pipeline)."""
+    require_spark("Streaming (Structured Streaming with transformWithState)", STREAMING_SPARK)
+    components = proto.components
+    for transform in components.transforms.values():
+        if transform.subtransforms:
+            continue
+        if transform.spec.urn == TEST_STREAM_URN:
+            payload = bi.beam_runner_api_pb2.TestStreamPayload.FromString(transform.spec.payload)
+            if payload.endpoint.url:
+                raise UnsupportedFeatureError(
+                    f"Transform '{transform.unique_name}' is a TestStream ({TEST_STREAM_URN}) "
+                    f"that reads its events from a service ({payload.endpoint.url}); "
+                    "SparkStructuredRunner runs only TestStreams whose events are in the "
+                    "pipeline."
+                )
+            _check_test_stream_elements(transform, payload, components)
+            continue
+        outputs = [components.pcollections[p] for p in transform.outputs.values()]
+        inputs = [components.pcollections[p] for p in transform.inputs.values()]
+        if (
+            transform.spec.urn not in bi.PAR_DO_URNS
+            and any(p.is_bounded == _UNBOUNDED for p in outputs)
+            and not any(p.is_bounded == _UNBOUNDED for p in inputs)
+        ):
+            raise UnsupportedFeatureError(
+                f"Transform '{transform.unique_name}' ({transform.spec.urn}) produces an "
+                "unbounded PCollection of its own and is not a splittable DoFn; "
+                "SparkStructuredRunner's streaming runs read TestStreams, splittable DoFns "
+                "and bounded sources only yet."
+            )
+
+
+def _check_test_stream_elements(
+    transform: bi.beam_runner_api_pb2.PTransform,
+    payload: bi.beam_runner_api_pb2.TestStreamPayload,
+    components: bi.beam_runner_api_pb2.Components,
+) -> None:
+    """Refuses elements that carry their own windows (``WindowedValueHolder``)."""
+    from apache_beam.testing.test_stream import WindowedValueHolder
+
+    coder = bi.PipelineContext(components).coders[payload.coder_id]
+    for event in payload.events:
+        for element in event.element_event.elements:
+            if isinstance(coder.decode(element.encoded_element), WindowedValueHolder):
+                raise UnsupportedFeatureError(
+                    f"Transform '{transform.unique_name}' is a TestStream ({TEST_STREAM_URN}) "
+                    "whose elements carry their own windows and panes (WindowedValueHolder); "
+                    "SparkStructuredRunner's streaming runs emit TestStream elements in the "
+                    "global window only yet."
+                )
+
+
+def check_streaming_plan(plan: Plan) -> None:
+    """Refuses stages a streaming run cannot execute yet (on the fused plan)."""
+    for stage in plan.stages:
+        if stage.side_inputs and (stage.stateful or is_unbounded_splittable(stage)):
+            side = stage.side_inputs[0]
+            raise UnsupportedFeatureError(
+                f"Stage '{stage.display_name}' runs a stateful or unbounded splittable DoFn "
+                f"and reads side input "
+                f"'{side.tag}' of '{side.transform_id}'; SparkStructuredRunner's streaming "
+                "runs support side inputs of stateless DoFns only yet."
+            )

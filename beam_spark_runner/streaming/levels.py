@@ -1,0 +1,114 @@
+"""A stateful level: one ``transformWithState`` processor for all stateful nodes of a level.
+
+Spark groups the level's input by (target, shard) and calls ``handleInputRows`` once per
+group with that micro-batch's rows. Rows addressed to a later step pass through unchanged;
+a GroupByKey's shard runs ``grouping.run_group_shard``, a stateful DoFn's shard
+``stateful.run_stateful_shard``, an unbounded splittable DoFn's shard
+``splittable.run_splittable_shard``, a stage with side inputs
+``side_inputs.run_side_input_shard``, each with its state as one value in the state store (one
+read and one write per shard and batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+
+from beam_spark_runner.execution.grouping import GroupSpec
+from beam_spark_runner.execution.stage_worker import StageSpec, TaskSinks
+from beam_spark_runner.streaming.grouping import (
+    decode_shard_state,
+    encode_shard_state,
+    run_group_shard,
+)
+from beam_spark_runner.streaming.rows import routed_row
+from beam_spark_runner.streaming.side_inputs import (
+    SideInputShardState,
+    SideInputStageSpec,
+    run_side_input_shard,
+)
+from beam_spark_runner.streaming.splittable import SplittableShardState, run_splittable_shard
+from beam_spark_runner.streaming.stateful import StatefulShardState, run_stateful_shard
+from beam_spark_runner.streaming.topology import Topology
+
+
+class LevelProcessor(StatefulProcessor):  # type: ignore[misc]
+    """The ``transformWithState`` processor of one stateful level."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        groups: dict[int, GroupSpec],
+        stages: dict[int, StageSpec],
+        splittable: dict[int, StageSpec],
+        with_side_inputs: dict[int, SideInputStageSpec],
+        sinks: TaskSinks,
+    ) -> None:
+        self.topology = topology
+        self.groups = groups
+        self.stages = stages
+        self.splittable = splittable
+        self.with_side_inputs = with_side_inputs
+        self.sinks = sinks
+        self._state: Any = None
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        """Declares the one state variable: a shard's encoded state."""
+        from pyspark.sql.types import BinaryType, StructField, StructType
+
+        self._state = handle.getValueState(
+            "shard", StructType([StructField("state", BinaryType())])
+        )
+
+    def handleInputRows(  # noqa: N802 - PySpark's name
+        self,
+        key: Any,
+        rows: Iterator[Any],
+        timerValues: Any,  # noqa: N803
+    ) -> Iterator[Any]:
+        """Runs one (node, shard) for one micro-batch, or passes its rows on."""
+        target, shard = int(key[0]), int(key[1])
+        node = self.topology.nodes[target]
+        previous = self._state.get() if node.stateful and self._state.exists() else None
+        encoded = bytes(previous[0]) if previous else None
+        if target in self.groups:
+            group_state = decode_shard_state(encoded) if encoded else None
+            group_state, out = run_group_shard(
+                self.topology, node, shard, self.groups[target], group_state, rows
+            )
+            self._state.update((encode_shard_state(group_state),))
+        elif target in self.with_side_inputs:
+            side_state = SideInputShardState.decode(encoded) if encoded else None
+            side_state, out = run_side_input_shard(
+                self.topology,
+                node,
+                shard,
+                self.with_side_inputs[target],
+                side_state,
+                rows,
+                self.sinks,
+            )
+            self._state.update((side_state.encode(),))
+        elif target in self.stages:
+            stage_state = StatefulShardState.decode(encoded) if encoded else None
+            stage_state, out = run_stateful_shard(
+                self.topology, node, shard, self.stages[target], stage_state, rows, self.sinks
+            )
+            self._state.update((stage_state.encode(),))
+        elif target in self.splittable:
+            sdf_state = SplittableShardState.decode(encoded) if encoded else None
+            sdf_state, out = run_splittable_shard(
+                self.topology, node, shard, self.splittable[target], sdf_state, rows, self.sinks
+            )
+            self._state.update((sdf_state.encode(),))
+        else:
+            yield from rows
+            return
+        make_row = routed_row()
+        for row in out:
+            yield make_row(*row)
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -1,0 +1,396 @@
+"""The streaming query: the plan as one chain of Spark steps, its start and its end.
+
+``plan_topology`` turns the fused plan into routed nodes (``topology``); ``start_query``
+builds ``source -> router 0 -> level 1 -> router 1 -> ... -> router L``, sends what reaches
+the sink (markers only) to a ``foreachBatch`` on the driver, and starts the query. The
+driver watches the sink's markers: once every producer that reaches it says +inf (all
+sources ended and every stage has fired everything), the query is stopped and the result
+is DONE. A failure ends it FAILED, with the Beam stage named; ``cancel()`` ends it
+CANCELLED.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from apache_beam.runners.runner import PipelineState
+
+from beam_spark_runner import beam_internals as bi
+from beam_spark_runner import worker_warnings
+from beam_spark_runner.attempts import AttemptCollector
+from beam_spark_runner.execution.stage_worker import TaskSinks
+from beam_spark_runner.job import describe_failure
+from beam_spark_runner.metrics import MetricsSink, RunMetrics, new_accumulator, pipeline_level_infos
+from beam_spark_runner.planning import (
+    GROUP_BY_KEY_URN,
+    TEST_STREAM_BUFFER_KIND,
+    Plan,
+    PlannedStage,
+)
+from beam_spark_runner.spark_compat import named_function
+from beam_spark_runner.streaming import rows as routed
+from beam_spark_runner.streaming.check import is_unbounded_splittable
+from beam_spark_runner.streaming.levels import LevelProcessor
+from beam_spark_runner.streaming.result import StreamingPipelineResult, wait_for
+from beam_spark_runner.streaming.router import RouterSpec, run_router
+from beam_spark_runner.streaming.side_inputs import SideInputSpec, SideInputStageSpec
+from beam_spark_runner.streaming.source import (
+    SOURCE_NAME,
+    RunnerSource,
+    SourcePlan,
+    source_options,
+)
+from beam_spark_runner.streaming.test_stream import test_stream_steps
+from beam_spark_runner.streaming.topology import (
+    GROUP,
+    SINK,
+    STAGE,
+    NodeSpec,
+    Topology,
+    build_topology,
+)
+from beam_spark_runner.streaming.watermarks import MAX_MICROS
+from beam_spark_runner.translators import translator_for
+from beam_spark_runner.translators.base import TranslationContext, spark_function_name
+from beam_spark_runner.translators.fused_stage import stage_spec
+from beam_spark_runner.translators.group_by_key import group_spec
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+_LOGGER = logging.getLogger(__name__)
+
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+_PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
+_ROOT_KINDS = ("impulse", TEST_STREAM_BUFFER_KIND)
+# How often the driver logs a running query's progress.
+_PROGRESS_SECONDS = 10.0
+
+
+def _feeders(plan: Plan, buffer_id: bytes) -> tuple[tuple[str, str], ...]:
+    """What a reader of ``buffer_id`` reads from: a root, a GroupByKey or writing stages."""
+    buffer = plan.buffers[buffer_id]
+    if buffer.kind in _ROOT_KINDS:
+        return (("root", buffer_id.decode()),)
+    if buffer.urn == GROUP_BY_KEY_URN:
+        return ((GROUP, buffer_id.decode()),)
+    return tuple((STAGE, writer) for writer, _ in buffer.writers)
+
+
+def _readers(plan: Plan, buffer_id: bytes) -> tuple[tuple[str, ...], ...]:
+    """Who reads what is written to ``buffer_id``: its GroupByKey, or its reading stages.
+
+    A stage reading it as its n-th side input (from 1) is ``("stage", name, n)``.
+    """
+    buffer = plan.buffers[buffer_id]
+    if buffer.urn == GROUP_BY_KEY_URN:
+        return ((GROUP, buffer_id.decode()),)
+    sides = tuple(
+        (STAGE, reader, str(number))
+        for reader in buffer.side_readers
+        for number, side in enumerate(plan.stage(reader).side_inputs, start=1)
+        if side.buffer_id == buffer_id
+    )
+    return (*((STAGE, reader) for reader in buffer.main_readers), *sides)
+
+
+def side_input_stage_spec(stage: PlannedStage, context: TranslationContext) -> SideInputStageSpec:
+    """What a shard of a stage with side inputs needs: coders and window mappings."""
+    plan = context.plan
+    payloads = {t: p for t, _, p in bi.par_do_payloads(stage.descriptor.transforms)}
+    sides = tuple(
+        SideInputSpec(
+            transform_id=side.transform_id,
+            tag=side.tag,
+            access_pattern_urn=side.access_pattern_urn,
+            value_coder_id=plan.safe_coders[plan.data_channel_coders[side.pcollection_id]],
+            window_mapping=payloads[side.transform_id]
+            .side_inputs[side.tag]
+            .window_mapping_fn.SerializeToString(),
+        )
+        for side in stage.side_inputs
+    )
+    return SideInputStageSpec(
+        stage=stage_spec(stage, context),
+        components=plan.components.SerializeToString(),
+        input_coder_id=stage.input_coder_id,
+        side_inputs=sides,
+    )
+
+
+def plan_topology(plan: Plan, shards: int) -> Topology:
+    """The plan's stages and GroupByKeys as routed nodes, in topological order."""
+    specs: list[NodeSpec] = []
+    groups_added: set[bytes] = set()
+
+    def add_group(buffer_id: bytes) -> None:
+        buffer = plan.buffers[buffer_id]
+        groups_added.add(buffer_id)
+        specs.append(
+            NodeSpec(
+                name=buffer_id.decode(),
+                kind=GROUP,
+                stateful=True,
+                inputs=tuple((STAGE, writer) for writer, _ in buffer.writers),
+                outputs=(tuple((STAGE, reader) for reader in buffer.main_readers),),
+            )
+        )
+
+    for stage in plan.stages:
+        input_buffer = plan.buffers[stage.input_buffer_id]
+        if input_buffer.urn == GROUP_BY_KEY_URN and stage.input_buffer_id not in groups_added:
+            add_group(stage.input_buffer_id)
+        specs.append(
+            NodeSpec(
+                name=stage.name,
+                kind=STAGE,
+                stateful=bool(
+                    stage.stateful or stage.side_inputs or is_unbounded_splittable(stage)
+                ),
+                inputs=_feeders(plan, stage.input_buffer_id),
+                outputs=tuple(_readers(plan, output.buffer_id) for output in stage.outputs),
+                side_inputs=tuple(_feeders(plan, side.buffer_id) for side in stage.side_inputs),
+            )
+        )
+    for buffer_id, buffer in plan.buffers.items():
+        if buffer.urn == GROUP_BY_KEY_URN and buffer_id not in groups_added:
+            add_group(buffer_id)
+    return build_topology(specs, shards)
+
+
+class _SinkWatch:
+    """The driver's view of the sink: the latest watermark of each producer reaching it."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.expected = topology.sink_producers
+        self.watermarks: dict[str, int] = {}
+        self.finished = threading.Event()
+        self.final_batch: int | None = None
+        self.batches = 0
+
+    def on_batch(self, frame: DataFrame, batch_id: int) -> None:
+        """``foreachBatch``: runs the micro-batch (one action) and reads its sink markers."""
+        for row in frame.collect():
+            marker = routed.marker_of(row)
+            previous = self.watermarks.get(marker.producer, marker.watermark)
+            self.watermarks[marker.producer] = max(previous, marker.watermark)
+        self.batches += 1
+        _LOGGER.debug("Micro-batch %d: sink watermarks %s", batch_id, self.watermarks)
+        if self.final_batch is None and all(
+            self.watermarks.get(p, -1) >= MAX_MICROS for p in self.expected
+        ):
+            self.final_batch = batch_id
+            self.finished.set()
+
+    def slowest(self) -> str:
+        """The producer furthest behind, for progress logs."""
+        if not self.expected:
+            return "none"
+        producer = min(self.expected, key=lambda p: self.watermarks.get(p, -(2**63)))
+        return f"{producer} at {self.watermarks.get(producer, 'no marker yet')}"
+
+
+def _last_batch(query: Any) -> int:
+    """The id of the last micro-batch the query completed, -1 before the first."""
+    progress: dict[str, Any] = query.lastProgress or {}
+    return int(progress.get("batchId", -1))
+
+
+def _ensure_state_store(spark: SparkSession) -> None:
+    current = spark.conf.get(_PROVIDER_CONF, None)
+    if current != ROCKSDB_PROVIDER:
+        _LOGGER.info("Streaming state store: %s (was %s)", ROCKSDB_PROVIDER, current)
+        spark.conf.set(_PROVIDER_CONF, ROCKSDB_PROVIDER)
+
+
+def _source_plan(plan: Plan, topology: Topology) -> SourcePlan:
+    impulse = next(
+        (b.decode() for b, buffer in plan.buffers.items() if buffer.kind == "impulse"), None
+    )
+    return SourcePlan(
+        topology=topology,
+        impulse=impulse if impulse in topology.roots else None,
+        test_streams=tuple(test_stream_steps(plan)),
+    )
+
+
+def build_frame(context: TranslationContext, topology: Topology) -> DataFrame:
+    """The query's DataFrame: source, routers and levels, ending in the sink's markers."""
+    plan = context.plan
+    spark = context.spark
+    spark.dataSource.register(RunnerSource)
+    frame = (
+        spark.readStream.format(SOURCE_NAME)
+        .options(**source_options(_source_plan(plan, topology)))
+        .load()
+    )
+    for step in range(topology.levels + 1):
+        if step > 0:
+            level = topology.stateful_in(step)
+            groups = {
+                node.index: group_spec(plan.buffers[node.name.encode()], context)
+                for node in level
+                if node.kind == GROUP
+            }
+            level_stages = [plan.stage(node.name) for node in level if node.kind == STAGE]
+            stateful = {
+                topology.node_of(stage.name).index: stage_spec(stage, context)
+                for stage in level_stages
+                if stage.stateful
+            }
+            with_side_inputs = {
+                topology.node_of(stage.name).index: side_input_stage_spec(stage, context)
+                for stage in level_stages
+                if stage.side_inputs
+            }
+            splittable = {
+                topology.node_of(stage.name).index: stage_spec(stage, context)
+                for stage in level_stages
+                if is_unbounded_splittable(stage)
+            }
+            processor = LevelProcessor(
+                topology, groups, stateful, splittable, with_side_inputs, context.sinks
+            )
+            frame = frame.groupBy(routed.TARGET, routed.SHARD).transformWithState(
+                processor, routed.routed_type(), "Append", "None"
+            )
+        stages = {
+            node.index: stage_spec(plan.stage(node.name), context)
+            for node in topology.stateless_in(step)
+        }
+        if stages:
+            names = " + ".join(plan.stage(topology.nodes[i].name).display_name for i in stages)
+            body = functools.partial(
+                run_router, RouterSpec(step, topology, stages), sinks=context.sinks
+            )
+            frame = frame.mapInArrow(
+                named_function(body, spark_function_name(names)), routed.routed_type()
+            )
+    return frame.filter(frame[routed.TARGET] == SINK)
+
+
+def start_query(
+    plan: Plan,
+    spark: SparkSession,
+    job_name: str,
+    parallelism: int | None,
+    pickle_library: str,
+    trigger_seconds: float,
+    checkpoint_location: str | None,
+) -> StreamingPipelineResult:
+    """Starts the pipeline's streaming query; returns its RUNNING result."""
+    spark_context = spark.sparkContext
+    collector = AttemptCollector.start(spark_context.getConf())
+    metrics = MetricsSink(
+        new_accumulator(spark_context), collector.address if collector is not None else None
+    )
+    sinks = TaskSinks(metrics=metrics, warnings=worker_warnings.new_accumulator(spark_context))
+    run_id = uuid.uuid4().hex[:12]
+    context = TranslationContext(
+        spark,
+        plan,
+        run_id,
+        parallelism or spark_context.defaultParallelism,
+        sinks,
+        translator_for,
+        pickle_library,
+    )
+    topology = plan_topology(plan, context.parallelism)
+    _ensure_state_store(spark)
+    owned_checkpoint = checkpoint_location is None
+    checkpoint = checkpoint_location or tempfile.mkdtemp(prefix="beam-spark-checkpoint-")
+    watch = _SinkWatch(topology)
+    frame = build_frame(context, topology)
+    query_name = f"beam-{spark_function_name(job_name)[5:]}-{run_id}"
+    _LOGGER.info(
+        "Beam pipeline %s runs in streaming: one Spark query (%s) of %d stateful level(s) "
+        "over %d shards, a micro-batch every %s s, checkpoint %s",
+        job_name,
+        query_name,
+        topology.levels,
+        topology.shards,
+        trigger_seconds,
+        checkpoint,
+    )
+    spark_context.setJobDescription(f"Beam pipeline {job_name} (streaming)")
+    try:
+        query = (
+            frame.writeStream.queryName(query_name)
+            .foreachBatch(watch.on_batch)
+            .option("checkpointLocation", checkpoint)
+            .trigger(processingTime=f"{trigger_seconds} seconds")
+            .start()
+        )
+    finally:
+        spark_context.setJobDescription(None)  # type: ignore[arg-type]
+    cancelled = threading.Event()
+
+    def read_metrics() -> RunMetrics:
+        return RunMetrics.collect(
+            metrics.accumulator.value,
+            collector.attempts if collector is not None else [],
+            pipeline_level_infos(len(plan.stages)),
+        )
+
+    def cancel() -> None:
+        cancelled.set()
+        query.stop()
+
+    result = StreamingPipelineResult(spark_context.applicationId, read_metrics, cancel)
+
+    def watch_query() -> None:
+        started = last_log = time.monotonic()
+        error: BaseException | None = None
+        try:
+            while not watch.finished.wait(0.2):
+                if not query.isActive:
+                    break
+                if time.monotonic() - last_log > _PROGRESS_SECONDS:
+                    last_log = time.monotonic()
+                    _LOGGER.info(
+                        "Beam pipeline %s: %d micro-batches, slowest sink producer %s",
+                        job_name,
+                        watch.batches,
+                        watch.slowest(),
+                    )
+            if watch.finished.is_set():
+                # Let Spark commit the last batch before stopping, so a named checkpoint
+                # does not replay it.
+                wait_for(lambda: _last_batch(query) >= (watch.final_batch or 0), timeout=10)
+                query.stop()
+            failure = query.exception()
+            if failure is not None:
+                error = describe_failure(failure)
+        except Exception as caught:  # noqa: BLE001 - reported through the result
+            error = caught
+        finally:
+            context.release()
+            if collector is not None:
+                collector.close()
+            if owned_checkpoint:
+                shutil.rmtree(checkpoint, ignore_errors=True)
+        worker_warnings.reissue(sinks.warnings.value)
+        if error is not None:
+            state = PipelineState.FAILED
+        elif watch.finished.is_set():
+            state = PipelineState.DONE
+        else:
+            state = PipelineState.CANCELLED if cancelled.is_set() else PipelineState.STOPPED
+        _LOGGER.info(
+            "Beam pipeline %s (streaming) ended %s after %d micro-batches in %.1f s",
+            job_name,
+            state,
+            watch.batches,
+            time.monotonic() - started,
+        )
+        result.finish(state, watch.batches, error)
+
+    threading.Thread(target=watch_query, name=f"beam-query-{run_id}", daemon=True).start()
+    return result

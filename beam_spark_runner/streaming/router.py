@@ -1,0 +1,105 @@
+"""Routers: the stateless fused stages between two stateful levels, in one ``mapInArrow``.
+
+A router takes the rows addressed to its stages, runs each stage once over all of its
+elements in the task (Beam's bundle processor, as in batch: ``execution.stage_worker``),
+in plan order, and addresses each output to the nodes that read it: a stage of the same
+router gets it at once, a later one as a row. A marker addressed to one of its stages is
+passed to every reader of that stage (a stateless stage holds nothing: its output
+watermark is its input watermark), or to the sink if nobody reads it. Rows addressed to
+later steps pass through untouched.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Iterable, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from beam_spark_runner.execution.stage_worker import (
+    ELEMENT as STAGE_ELEMENT,
+)
+from beam_spark_runner.execution.stage_worker import (
+    KEY as STAGE_KEY,
+)
+from beam_spark_runner.execution.stage_worker import (
+    TAG,
+    StageSpec,
+    TaskSinks,
+    run_stage,
+)
+from beam_spark_runner.streaming import rows as routed
+from beam_spark_runner.streaming.topology import SINK, Topology
+from beam_spark_runner.streaming.watermarks import Marker
+
+
+@dataclasses.dataclass(frozen=True)
+class RouterSpec:
+    """What one router's tasks need: the topology and the specs of its stages."""
+
+    router: int
+    topology: Topology
+    stages: dict[int, StageSpec]
+
+
+def _input_batch(cells: list[bytes]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [pa.nulls(len(cells), pa.binary()), pa.array(cells, pa.binary())],
+        names=[STAGE_KEY, STAGE_ELEMENT],
+    )
+
+
+def run_router(
+    spec: RouterSpec, batches: Iterable[pa.RecordBatch], sinks: TaskSinks
+) -> Iterator[pa.RecordBatch]:
+    """The body of a router's ``mapInArrow`` (see the module doc)."""
+    topology = spec.topology
+    mine = pa.array(sorted(spec.stages), pa.int32())
+    data: dict[int, list[bytes]] = collections.defaultdict(list)
+    markers: dict[int, list[Marker]] = collections.defaultdict(list)
+    for batch in batches:
+        is_mine = pc.is_in(batch.column(routed.TARGET), value_set=mine)
+        passing = batch.filter(pc.invert(is_mine))
+        if passing.num_rows:
+            yield passing
+        for row in batch.filter(is_mine).to_pylist():
+            if row[routed.ELEMENT] is not None:
+                data[row[routed.TARGET]].append(row[routed.ELEMENT])
+            else:
+                markers[row[routed.TARGET]].append(routed.marker_of(row))
+    out: list[routed.Row] = []
+    for index, stage in spec.stages.items():  # plan (topological) order
+        node = topology.nodes[index]
+        cells = data.pop(index, [])
+        if cells:
+            for output in run_stage(stage, [_input_batch(cells)], sinks):
+                for tag, key, element in zip(
+                    output.column(TAG).to_pylist(),
+                    output.column(STAGE_KEY).to_pylist(),
+                    output.column(STAGE_ELEMENT).to_pylist(),
+                    strict=True,
+                ):
+                    local = [t for t in node.targets[tag] if t in spec.stages]
+                    for target in local:
+                        data[target].append(element)
+                    if len(local) < len(node.targets[tag]) or node.side_targets:
+                        out.extend(
+                            row
+                            for row in routed.output_rows(topology, node, tag, key, element)
+                            if row[0] not in spec.stages
+                        )
+        for marker in markers.pop(index, []):
+            for target in node.all_targets or (SINK,):
+                if target in spec.stages:
+                    markers[target].append(marker)
+                else:
+                    out.extend(routed.marker_rows(topology, target, marker))
+    if out:
+        yield routed.to_batch(out)
+
+
+def router_stage_order(topology: Topology, router: int) -> list[int]:
+    """The indices of the stages router ``router`` runs, in plan order."""
+    return [node.index for node in topology.stateless_in(router)]

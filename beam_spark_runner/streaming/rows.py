@@ -1,0 +1,162 @@
+"""The rows every step of the streaming query reads and writes.
+
+One layout for elements and watermark markers alike, so that a step passes on what is not
+addressed to it without looking inside:
+
+* ``target``   the node the row is for (``topology.SINK`` for markers leaving the graph);
+* ``shard``    the shard of a stateful target (a stable hash of the key), else 0;
+* ``key``      the element's grouping key (runner-safe encoding), for stateful targets;
+* ``element``  Beam-encoded elements (one or several concatenated), null for a marker;
+* ``producer`` ``watermark`` ``ptime``  a marker: who says it, its output watermark and the
+  runner's processing time of the micro-batch, in microseconds; null for elements;
+* ``port``     0 for a main-input element, n for one of the target's n-th side input (sent
+  to every shard of the target).
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from beam_spark_runner.streaming.topology import SINK, Node, Topology
+from beam_spark_runner.streaming.watermarks import Marker, producer_id
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+TARGET = "target"
+SHARD = "shard"
+KEY = "key"
+ELEMENT = "element"
+PRODUCER = "producer"
+WATERMARK = "watermark"
+PTIME = "ptime"
+PORT = "port"
+
+ROUTED_SCHEMA = pa.schema(
+    [
+        pa.field(TARGET, pa.int32()),
+        pa.field(SHARD, pa.int32()),
+        pa.field(KEY, pa.binary()),
+        pa.field(ELEMENT, pa.binary()),
+        pa.field(PRODUCER, pa.string()),
+        pa.field(WATERMARK, pa.int64()),
+        pa.field(PTIME, pa.int64()),
+        pa.field(PORT, pa.int32()),
+    ]
+)
+
+# A row as a tuple in ROUTED_SCHEMA's column order.
+Row = tuple[int, int, "bytes | None", "bytes | None", "str | None", "int | None", "int | None", int]
+
+
+@functools.cache
+def routed_type() -> StructType:
+    """``ROUTED_SCHEMA`` as a Spark type."""
+    from pyspark.sql.types import (
+        BinaryType,
+        IntegerType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+    )
+
+    return StructType(
+        [
+            StructField(TARGET, IntegerType()),
+            StructField(SHARD, IntegerType()),
+            StructField(KEY, BinaryType()),
+            StructField(ELEMENT, BinaryType()),
+            StructField(PRODUCER, StringType()),
+            StructField(WATERMARK, LongType()),
+            StructField(PTIME, LongType()),
+            StructField(PORT, IntegerType()),
+        ]
+    )
+
+
+@functools.cache
+def routed_row() -> Any:
+    """A Spark ``Row`` class with the routed columns (``transformWithState`` yields rows)."""
+    from pyspark.sql import Row as SparkRow
+
+    return SparkRow(*ROUTED_SCHEMA.names)
+
+
+def shard_of(key: bytes | None, shards: int) -> int:
+    """The shard of a key: a stable hash (Python's ``hash`` is salted per process)."""
+    return zlib.crc32(key or b"") % shards
+
+
+def element_row(topology: Topology, target: int, key: bytes | None, element: bytes) -> Row:
+    """An element (or a packed run of elements) addressed to ``target``.
+
+    A stateful target's shard is its key's; an unkeyed element (bound for a splittable
+    DoFn or a stage with side inputs) goes to the shard its bytes hash to.
+    """
+    node = topology.nodes[target]
+    shard = shard_of(key if key is not None else element, topology.shards) if node.stateful else 0
+    return (target, shard, key, element, None, None, None, 0)
+
+
+def output_rows(
+    topology: Topology, node: Node, output: int, key: bytes | None, element: bytes
+) -> list[Row]:
+    """An output element of ``node``, addressed to each reader of its output ``output``."""
+    rows = [element_row(topology, target, key, element) for target in node.targets[output]]
+    if node.side_targets:
+        for target, port in node.side_targets[output]:
+            rows.extend(side_element_rows(topology, target, port, element))
+    return rows
+
+
+def side_element_rows(topology: Topology, target: int, port: int, element: bytes) -> list[Row]:
+    """An element of ``target``'s side input ``port``, for each of its shards."""
+    return [(target, s, None, element, None, None, None, port) for s in range(topology.shards)]
+
+
+def marker_rows(topology: Topology, target: int, marker: Marker) -> Iterator[Row]:
+    """A marker addressed to ``target``: one row per shard of a stateful target."""
+    shards = topology.shards if target >= 0 and topology.nodes[target].stateful else 1
+    for shard in range(shards):
+        yield (
+            target,
+            shard,
+            None,
+            None,
+            marker.producer,
+            marker.watermark,
+            marker.processing_time,
+            0,
+        )
+
+
+def routed_marker(topology: Topology, node: Node, shard: int, output: int, now: int) -> list[Row]:
+    """A stateful shard's output watermark as markers to its readers (or the sink)."""
+    marker = Marker(producer_id(node.index, shard), output, now)
+    rows: list[Row] = []
+    for target in node.all_targets or (SINK,):
+        rows.extend(marker_rows(topology, target, marker))
+    return rows
+
+
+def to_batch(rows: Iterable[Row]) -> pa.RecordBatch:
+    """Rows as one Arrow batch in ``ROUTED_SCHEMA``."""
+    columns: list[list[Any]] = [[] for _ in ROUTED_SCHEMA]
+    for row in rows:
+        for column, value in zip(columns, row, strict=True):
+            column.append(value)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(c, type=f.type) for c, f in zip(columns, ROUTED_SCHEMA, strict=True)],
+        schema=ROUTED_SCHEMA,
+    )
+
+
+def marker_of(row: dict[str, Any] | Any) -> Marker:
+    """The marker a row (a mapping or a Spark ``Row``) holds."""
+    return Marker(row[PRODUCER], row[WATERMARK], row[PTIME])

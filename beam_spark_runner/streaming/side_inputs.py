@@ -1,0 +1,193 @@
+"""Stages with side inputs in a streaming run: main elements wait for their side inputs.
+
+A stage that reads side inputs is a node of a stateful level. Its side inputs' elements
+reach every one of its shards (``rows.side_element_rows``) and stay in the shard's state;
+its main elements are spread over the shards. Each micro-batch a shard:
+
+1. adds the new side-input elements and main elements to its state;
+2. advances its watermarks: the main input's, and each side input's (the minimum over the
+   producers that feed it);
+3. runs, in one bundle, the main elements whose side inputs are ready: for each side
+   input and each of the element's windows, the side input's watermark has passed the end
+   of the side-input window the element maps to (Beam's window mapping), so that window's
+   contents are final. The side inputs are served from the shard's state, as in batch
+   (``execution.side_inputs``); the others keep waiting;
+4. emits the outputs and its output watermark: the minimum of its main input watermark and
+   the timestamps of the elements still waiting (their hold).
+
+A bounded side input (from a bounded source) reaches +inf in the first micro-batch, so its
+main elements wait for nothing after it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import pickle
+import traceback
+from collections.abc import Iterable
+from typing import Any
+
+from beam_spark_runner import beam_globals
+from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.errors import StageExecutionError
+from beam_spark_runner.execution.side_inputs import side_input_state_entries
+from beam_spark_runner.execution.stage_worker import (
+    BundleOutputs,
+    StageSpec,
+    TaskSinks,
+    stage_worker,
+)
+from beam_spark_runner.metrics import task_metrics
+from beam_spark_runner.streaming.rows import ELEMENT, PORT, Row, marker_of, routed_marker
+from beam_spark_runner.streaming.stateful import routed_outputs
+from beam_spark_runner.streaming.topology import Node, Topology
+from beam_spark_runner.streaming.watermarks import (
+    MAX_MICROS,
+    Marker,
+    WatermarkState,
+    input_watermark,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class SideInputSpec:
+    """One side input of the stage: who reads it, how, and its coders and window mapping."""
+
+    transform_id: str
+    tag: str
+    access_pattern_urn: str
+    value_coder_id: str
+    window_mapping: bytes  # a serialized FunctionSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class SideInputStageSpec:
+    """What a shard of a stage with side inputs needs besides the stage itself."""
+
+    stage: StageSpec
+    components: bytes
+    input_coder_id: str
+    side_inputs: tuple[SideInputSpec, ...]
+
+
+@dataclasses.dataclass
+class SideInputShardState:
+    """One shard's side-input elements and waiting main elements, between micro-batches."""
+
+    watermarks: WatermarkState
+    sides: list[list[bytes]]
+    # (encoded main element, its timestamp in microseconds)
+    waiting: list[tuple[bytes, int]] = dataclasses.field(default_factory=list)
+
+    def encode(self) -> bytes:
+        """One state-store value."""
+        return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
+
+    @staticmethod
+    def decode(data: bytes) -> SideInputShardState:
+        """The state ``encode`` wrote."""
+        state = pickle.loads(data)
+        assert isinstance(state, SideInputShardState)
+        return state
+
+
+class _Coders:
+    """The stage's input coder, side-input value coders and window mappings, per process."""
+
+    def __init__(self, spec: SideInputStageSpec) -> None:
+        context = bi.PipelineContext(bi.beam_runner_api_pb2.Components.FromString(spec.components))
+        self.input_impl = context.coders[spec.input_coder_id].get_impl()
+        self.value_coders = [context.coders[s.value_coder_id] for s in spec.side_inputs]
+        self.mappings = [
+            bi.window_mapping_fn(bi.beam_runner_api_pb2.FunctionSpec.FromString(s.window_mapping))
+            for s in spec.side_inputs
+        ]
+
+
+@functools.lru_cache(maxsize=64)
+def _coders(spec: SideInputStageSpec) -> _Coders:
+    return _Coders(spec)
+
+
+def _ready(coders: _Coders, windows: Iterable[Any], side_watermarks: list[int]) -> bool:
+    for mapping, watermark in zip(coders.mappings, side_watermarks, strict=True):
+        if watermark >= MAX_MICROS:
+            continue
+        for window in windows:
+            if mapping(window).max_timestamp().micros > watermark:
+                return False
+    return True
+
+
+def run_side_input_shard(
+    topology: Topology,
+    node: Node,
+    shard: int,
+    spec: SideInputStageSpec,
+    state: SideInputShardState | None,
+    rows: Iterable[Any],
+    sinks: TaskSinks,
+) -> tuple[SideInputShardState, list[Row]]:
+    """One micro-batch of one shard of a stage with side inputs."""
+    if state is None:
+        state = SideInputShardState(
+            WatermarkState(expected=node.expected), [[] for _ in spec.side_inputs]
+        )
+    beam_globals.enter_run(spec.stage.run_id, spec.stage.pickle_library)
+    coders = _coders(spec)
+    markers: list[Marker] = []
+    for row in rows:
+        if row[ELEMENT] is None:
+            markers.append(marker_of(row))
+        elif row[PORT]:
+            state.sides[row[PORT] - 1].append(bytes(row[ELEMENT]))
+        else:
+            for value in coders.input_impl.decode_all(bytes(row[ELEMENT])):
+                encoded = coders.input_impl.encode_nested(value)
+                state.waiting.append((encoded, value.timestamp.micros))
+    watermarks = state.watermarks
+    watermarks.advance(markers)
+    producers = watermarks.producers
+    side_watermarks = [input_watermark(e, producers) for e in node.side_expected]
+    ready: list[bytes] = []
+    waiting: list[tuple[bytes, int]] = []
+    for encoded, at in state.waiting:
+        windows = coders.input_impl.decode_nested(encoded).windows
+        if _ready(coders, windows, side_watermarks):
+            ready.append(encoded)
+        else:
+            waiting.append((encoded, at))
+    state.waiting = waiting
+    out: list[Row] = []
+    if ready:
+        worker = stage_worker(spec.stage)
+        entries = [
+            entry
+            for side, elements, coder in zip(
+                spec.side_inputs, state.sides, coders.value_coders, strict=True
+            )
+            for entry in side_input_state_entries(
+                side.transform_id, side.tag, side.access_pattern_urn, elements, coder
+            )
+        ]
+        digest = hashlib.sha1(
+            b"".join(key + data for key, data in entries), usedforsecurity=False
+        ).hexdigest()
+        worker.load_side_inputs(entries, f"{spec.stage.cache_key}/{digest}")
+        outputs: list[BundleOutputs] = []
+        try:
+            with task_metrics(sinks.metrics, spec.stage.name) as metrics:
+                outputs.extend(worker.process(b"".join(ready), metrics))
+        except StageExecutionError:
+            raise
+        except Exception as error:  # noqa: BLE001 - re-raised with the stage's name
+            raise StageExecutionError(spec.stage.display_name, traceback.format_exc()) from error
+        worker.finalize_bundles()
+        out = routed_outputs(topology, node, spec.stage, worker, outputs)
+    hold = min((at for _, at in waiting), default=MAX_MICROS)
+    main = input_watermark(node.main_expected, producers)
+    output = watermarks.output(hold, main)
+    out.extend(routed_marker(topology, node, shard, output, watermarks.processing_time))
+    return state, out

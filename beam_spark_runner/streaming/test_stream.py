@@ -1,0 +1,77 @@
+"""A TestStream's events as the steps of the streaming query's source (driver side).
+
+Each event is one micro-batch, as DirectRunner takes each event to quiescence before the
+next: an element event's elements, a watermark event's new watermark for its output, a
+processing-time event's advance of the runner's clock. After the last event every output's
+watermark is +inf, as Beam's TestStream ends. Elements are encoded here, on the driver,
+with their output's data-channel coder, in the global window at their timestamps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from apache_beam.transforms.window import GlobalWindows
+from apache_beam.utils.timestamp import Timestamp
+
+from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.planning import TEST_STREAM_BUFFER_KIND, TEST_STREAM_URN, Plan
+from beam_spark_runner.streaming.watermarks import MIN_MICROS
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceStep:
+    """One micro-batch of a TestStream: elements per output, then watermarks and time."""
+
+    # Root producer id (its buffer id) -> encoded elements.
+    elements: tuple[tuple[str, tuple[bytes, ...]], ...]
+    # Root producer id -> its watermark once the step is done (microseconds).
+    watermarks: tuple[tuple[str, int], ...]
+    # How far the runner's processing time moves with this step (microseconds).
+    advance: int
+
+
+def test_stream_steps(plan: Plan) -> list[tuple[SourceStep, ...]]:
+    """Per TestStream of the plan, its steps (one per event)."""
+    context = bi.PipelineContext(plan.components)
+    streams = []
+    for transform in plan.components.transforms.values():
+        if transform.spec.urn != TEST_STREAM_URN:
+            continue
+        payload = bi.beam_runner_api_pb2.TestStreamPayload.FromString(transform.spec.payload)
+        element_coder = context.coders[payload.coder_id]
+        producers = {
+            tag: bi.create_buffer_id(pcoll, kind=TEST_STREAM_BUFFER_KIND).decode()
+            for tag, pcoll in transform.outputs.items()
+        }
+        impls = {
+            tag: context.coders[plan.data_channel_coders[pcoll]].get_impl()
+            for tag, pcoll in transform.outputs.items()
+        }
+        watermarks = dict.fromkeys(producers.values(), MIN_MICROS)
+        steps = []
+        for event in payload.events:
+            elements: tuple[tuple[str, tuple[bytes, ...]], ...] = ()
+            advance = 0
+            if event.HasField("element_event"):
+                tag = event.element_event.tag
+                encoded = tuple(
+                    impls[tag].encode_nested(
+                        GlobalWindows.windowed_value(
+                            element_coder.decode(e.encoded_element),
+                            Timestamp(micros=e.timestamp * 1000),
+                        )
+                    )
+                    for e in event.element_event.elements
+                )
+                elements = ((producers[tag], encoded),)
+            elif event.HasField("watermark_event"):
+                producer = producers[event.watermark_event.tag]
+                watermarks[producer] = max(
+                    watermarks[producer], event.watermark_event.new_watermark * 1000
+                )
+            elif event.HasField("processing_time_event"):
+                advance = event.processing_time_event.advance_duration * 1000
+            steps.append(SourceStep(elements, tuple(sorted(watermarks.items())), advance))
+        streams.append(tuple(steps))
+    return streams

@@ -1,0 +1,187 @@
+"""The plan of a streaming run as routed nodes, levels and watermark producers (pure Python).
+
+Beam's fused stages and the runner's GroupByKeys become *nodes*. Stateless nodes (fused
+stages without state) run in *routers*: ``mapInArrow`` steps that take rows addressed to
+their stages, run them and address each output to its readers. Stateful nodes (a
+GroupByKey) run in *levels*: one ``groupBy(target, shard).transformWithState`` per level,
+whose rows are addressed to (node, shard). The query is a single chain::
+
+    source -> router 0 -> level 1 -> router 1 -> level 2 -> ... -> router L -> sink
+
+A stateful node sits one level after the routers that feed it; a stateless stage in the
+router after the last level feeding it. Every row carries its target node, so a step passes
+on rows addressed to later steps unchanged, a stage's output read by several stages is
+copied per reader (user code runs once), and the Spark plan never forks: a forked
+streaming plan would run the shared part once per branch (measured: see
+docs/architecture.md).
+
+Watermarks travel as marker rows. A source and each shard of a stateful node are
+*producers*; a stateful node expects markers from the producers upstream of it through
+stateless stages. Markers addressed to a stateful node go to each of its shards, so every
+shard runs every micro-batch and fires its timers without new data. Markers that leave the
+graph (a stage nobody reads) go to the sink, where the driver sees when +inf has reached
+every branch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping, Sequence
+
+from beam_spark_runner.streaming.watermarks import producer_id
+
+SINK = -1
+STAGE = "stage"
+GROUP = "group"
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """One node of the streaming graph: a fused stage or a GroupByKey."""
+
+    index: int
+    name: str
+    kind: str
+    stateful: bool
+    # The router (stateless) or level (stateful) that runs the node.
+    step: int
+    # Per output of the node (a GroupByKey has one), the nodes reading it as main input.
+    targets: tuple[tuple[int, ...], ...]
+    # Stateful nodes: every producer they hear from (main and side inputs).
+    expected: frozenset[str] = frozenset()
+    # The producers whose minimum is the node's (main) input watermark.
+    main_expected: frozenset[str] = frozenset()
+    # Per output, the (node, side input number from 1) reading it as a side input.
+    side_targets: tuple[tuple[tuple[int, int], ...], ...] = ()
+    # Per side input of the node, the producers whose minimum is its watermark.
+    side_expected: tuple[frozenset[str], ...] = ()
+
+    @property
+    def all_targets(self) -> tuple[int, ...]:
+        """Every node reading any output (as main or side input), once each, in order."""
+        sides = (t for targets in self.side_targets for t, _ in targets)
+        return tuple(dict.fromkeys([*(t for ts in self.targets for t in ts), *sides]))
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """The nodes, the roots' readers, the number of levels and what reaches the sink."""
+
+    nodes: tuple[Node, ...]
+    # Root buffer (producer) id -> the nodes reading it.
+    roots: Mapping[str, tuple[int, ...]]
+    levels: int
+    shards: int
+    sink_producers: frozenset[str]
+
+    def node_of(self, name: str, kind: str = STAGE) -> Node:
+        """The node of a stage (or, with ``kind=GROUP``, of a group buffer) by name."""
+        for node in self.nodes:
+            if node.name == name and node.kind == kind:
+                return node
+        raise KeyError(name)
+
+    def stateless_in(self, router: int) -> list[Node]:
+        """The stateless nodes router ``router`` runs, in plan (topological) order."""
+        return [n for n in self.nodes if not n.stateful and n.step == router]
+
+    def stateful_in(self, level: int) -> list[Node]:
+        """The stateful nodes of level ``level``."""
+        return [n for n in self.nodes if n.stateful and n.step == level]
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeSpec:
+    """A node as ``build_topology`` sees it: its inputs and per-output readers, by name.
+
+    An input or reader is ``("stage", name)``, ``("group", buffer name)`` or
+    ``("root", producer id)``; a reader of an output as side input number ``n`` (from 1) is
+    ``("stage", name, n)``. ``side_inputs`` lists, per side input, what feeds it. A stage
+    with side inputs is stateful: its main elements wait in state for their side inputs.
+    """
+
+    name: str
+    kind: str
+    stateful: bool
+    inputs: tuple[tuple[str, str], ...]
+    outputs: tuple[tuple[tuple[str, ...], ...], ...]
+    side_inputs: tuple[tuple[tuple[str, str], ...], ...] = ()
+
+
+def build_topology(specs: Sequence[NodeSpec], shards: int) -> Topology:
+    """Assigns routers and levels, targets and expected producers (see the module doc).
+
+    ``specs`` must be in topological order (Beam's ``sort_stages`` gives stages in that
+    order; a GroupByKey comes after its writers).
+    """
+    index = {(s.kind, s.name): i for i, s in enumerate(specs)}
+
+    @functools.cache
+    def available_at(ref: tuple[str, str]) -> int:
+        """The router index at which ``ref``'s output can first be read."""
+        if ref[0] == "root":
+            return 0
+        return step(index[ref])
+
+    @functools.cache
+    def step(i: int) -> int:
+        spec = specs[i]
+        feeders = [*spec.inputs, *(r for side in spec.side_inputs for r in side)]
+        ready = max((available_at(r) for r in feeders), default=0)
+        return ready + 1 if spec.stateful else ready
+
+    @functools.cache
+    def produced(ref: tuple[str, str]) -> frozenset[str]:
+        """The producers whose markers leave ``ref`` (itself if stateful)."""
+        if ref[0] == "root":
+            return frozenset([ref[1]])
+        i = index[ref]
+        if specs[i].stateful:
+            return frozenset(producer_id(i, s) for s in range(shards))
+        return upstream(i)
+
+    @functools.cache
+    def upstream(i: int) -> frozenset[str]:
+        return frozenset().union(*(produced(r) for r in specs[i].inputs))
+
+    nodes = []
+    sink: set[str] = set()
+    for i, spec in enumerate(specs):
+        targets = tuple(
+            tuple(index[(r[0], r[1])] for r in output if len(r) == 2) for output in spec.outputs
+        )
+        side_targets = tuple(
+            tuple((index[(r[0], r[1])], int(r[2])) for r in output if len(r) == 3)
+            for output in spec.outputs
+        )
+        sides = tuple(frozenset().union(*(produced(r) for r in side)) for side in spec.side_inputs)
+        main = upstream(i) if spec.stateful else frozenset()
+        node = Node(
+            index=i,
+            name=spec.name,
+            kind=spec.kind,
+            stateful=spec.stateful,
+            step=step(i),
+            targets=targets,
+            expected=main.union(*sides),
+            main_expected=main,
+            side_targets=side_targets if any(side_targets) else (),
+            side_expected=sides,
+        )
+        nodes.append(node)
+        if not node.all_targets:
+            sink |= produced((spec.kind, spec.name))
+    roots: dict[str, list[int]] = {}
+    for i, spec in enumerate(specs):
+        for ref in spec.inputs:
+            if ref[0] == "root":
+                roots.setdefault(ref[1], []).append(i)
+    levels = max((n.step for n in nodes if n.stateful), default=0)
+    return Topology(
+        nodes=tuple(nodes),
+        roots={root: tuple(readers) for root, readers in roots.items()},
+        levels=levels,
+        shards=shards,
+        sink_producers=frozenset(sink),
+    )

@@ -1,0 +1,188 @@
+"""GroupByKey shards in a streaming run: one micro-batch at a time, without Spark.
+
+Each test plans a real pipeline, takes its GroupByKey's spec, and feeds one shard the rows
+a micro-batch brings (elements, then the producers' markers), as the level processor does.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import apache_beam as beam
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.test_stream import TestStream as ScriptedStream
+from apache_beam.transforms import trigger, window
+from apache_beam.transforms.window import IntervalWindow, TimestampCombiner
+from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.windowed_value import PaneInfoTiming, WindowedValue
+
+from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.planning import GROUP_BY_KEY_URN, build_plan
+from beam_spark_runner.streaming import grouping
+from beam_spark_runner.streaming.query import plan_topology
+from beam_spark_runner.streaming.rows import ELEMENT, KEY, PRODUCER, PTIME, WATERMARK
+from beam_spark_runner.streaming.topology import Node, Topology
+from beam_spark_runner.translators.group_by_key import group_spec
+
+SECOND = 1_000_000
+
+
+class _Shard:
+    """One shard of the pipeline's only GroupByKey, fed micro-batch by micro-batch."""
+
+    def __init__(self, windowing: beam.WindowInto) -> None:
+        pipeline = beam.Pipeline(options=PipelineOptions(["--streaming"]))
+        _ = (
+            pipeline
+            | ScriptedStream().add_elements([("k", 1)])
+            | beam.Map(lambda kv: kv).with_output_types(tuple[str, int])
+            | windowing
+            | beam.GroupByKey()
+            | beam.Map(print)
+        )
+        pipeline.visit(bi.group_by_key_input_visitor(True))
+        plan = build_plan(
+            pipeline.to_runner_api(default_environment=bi.default_environment()), streaming=True
+        )
+        self.topology: Topology = plan_topology(plan, shards=1)
+        self.node: Node = next(n for n in self.topology.nodes if n.stateful)
+        buffer = next(b for b in plan.buffers.values() if b.urn == GROUP_BY_KEY_URN)
+        context = types.SimpleNamespace(plan=plan, run_id="test", pickle_library="default")
+        self.spec = group_spec(buffer, context)  # type: ignore[arg-type]
+        self.grouper = grouping.streaming_grouper(self.spec)
+        self.state: grouping.ShardState | None = None
+        (self.source,) = self.node.expected
+
+    def batch(
+        self, elements: list[tuple[Any, int, IntervalWindow]], watermark: float, now: float = 0
+    ) -> tuple[list[WindowedValue], int]:
+        """One micro-batch: the panes that fired and the shard's output watermark (µs)."""
+        rows: list[dict[str, Any]] = [
+            {
+                KEY: b"k",
+                ELEMENT: self.grouper.pre_impl.encode_nested(
+                    WindowedValue(("k", value), Timestamp(at), [w])
+                ),
+            }
+            for value, at, w in elements
+        ]
+        rows.append(
+            {
+                KEY: None,
+                ELEMENT: None,
+                PRODUCER: self.source,
+                WATERMARK: int(watermark * SECOND),
+                PTIME: int(now * SECOND),
+            }
+        )
+        self.state, out = grouping.run_group_shard(
+            self.topology, self.node, 0, self.spec, self.state, rows
+        )
+        panes = [
+            pane
+            for row in out
+            if row[3] is not None
+            for pane in self.grouper.post_impl.decode_all(row[3])
+        ]
+        (marker,) = [row for row in out if row[3] is None]
+        assert marker[0] == self.node.all_targets[0]
+        return panes, marker[5]
+
+
+def _values(panes: list[WindowedValue]) -> list[tuple[Any, list[Any], Any]]:
+    return [(p.value[0], sorted(p.value[1]), p.windows[0]) for p in panes]
+
+
+@pytest.fixture
+def fixed() -> Iterator[_Shard]:
+    yield _Shard(beam.WindowInto(window.FixedWindows(10)))
+
+
+def test_a_window_fires_when_the_watermark_passes_its_end(fixed: _Shard) -> None:
+    w = IntervalWindow(0, 10)
+    panes, out = fixed.batch([(1, 1, w), (2, 2, w)], watermark=5)
+    assert panes == []
+    # The unfired pane holds the output at its end-of-window output time.
+    assert out == 5 * SECOND
+    panes, out = fixed.batch([], watermark=12)
+    assert _values(panes) == [("k", [1, 2], w)]
+    # At the end of the window, in the millisecond precision of Beam's windowed-value coder.
+    assert panes[0].timestamp == Timestamp(9.999)
+    assert panes[0].pane_info.timing == PaneInfoTiming.ON_TIME
+    assert out == 12 * SECOND
+
+
+def test_late_data_is_dropped_behind_the_window_end(fixed: _Shard) -> None:
+    w = IntervalWindow(0, 10)
+    fixed.batch([(1, 1, w)], watermark=12)
+    # Elements of a micro-batch meet the watermark the shard had before it: 12 > 10.
+    panes, _ = fixed.batch([(2, 3, w), (3, 15, IntervalWindow(10, 20))], watermark=25)
+    assert _values(panes) == [("k", [3], IntervalWindow(10, 20))]
+
+
+def test_elements_are_judged_against_the_previous_watermark(fixed: _Shard) -> None:
+    w = IntervalWindow(0, 10)
+    # Same batch as the marker that passes the window: not late, fires at once.
+    panes, _ = fixed.batch([(1, 1, w)], watermark=12)
+    assert _values(panes) == [("k", [1], w)]
+
+
+def test_allowed_lateness_gives_a_late_pane() -> None:
+    shard = _Shard(beam.WindowInto(window.FixedWindows(10), allowed_lateness=30))
+    w = IntervalWindow(0, 10)
+    assert _values(shard.batch([(1, 1, w)], watermark=12)[0]) == [("k", [1], w)]
+    panes, _ = shard.batch([(2, 3, w)], watermark=13)
+    assert _values(panes) == [("k", [2], w)]
+    assert panes[0].pane_info.timing == PaneInfoTiming.LATE
+
+
+def test_a_session_merges_across_micro_batches() -> None:
+    shard = _Shard(beam.WindowInto(window.Sessions(10)))
+    assert shard.batch([(1, 1, IntervalWindow(1, 11))], watermark=2)[0] == []
+    assert shard.batch([(2, 5, IntervalWindow(5, 15))], watermark=4)[0] == []
+    panes, _ = shard.batch([], watermark=30)
+    assert _values(panes) == [("k", [1, 2], IntervalWindow(1, 15))]
+
+
+def test_a_processing_time_trigger_fires_in_a_batch_without_input() -> None:
+    shard = _Shard(
+        beam.WindowInto(
+            window.GlobalWindows(),
+            trigger=trigger.Repeatedly(trigger.AfterProcessingTime(5)),
+            accumulation_mode=trigger.AccumulationMode.DISCARDING,
+        )
+    )
+    g = window.GlobalWindow()
+    assert shard.batch([(1, 1, g)], watermark=0, now=100)[0] == []
+    assert shard.batch([], watermark=0, now=103)[0] == []
+    panes, _ = shard.batch([], watermark=0, now=106)
+    assert _values(panes) == [("k", [1], g)]
+
+
+def test_an_unfired_pane_holds_the_output_watermark() -> None:
+    shard = _Shard(
+        beam.WindowInto(
+            window.FixedWindows(10), timestamp_combiner=TimestampCombiner.OUTPUT_AT_EARLIEST
+        )
+    )
+    w = IntervalWindow(0, 10)
+    _, out = shard.batch([(1, 3, w)], watermark=5)
+    # Held just before the pane's output time, 3 s, while the input is at 5 s.
+    assert out == 3 * SECOND - 1
+    panes, out = shard.batch([], watermark=11)
+    assert panes[0].timestamp == Timestamp(3)
+    assert out == 11 * SECOND
+
+
+def test_state_survives_the_state_store_round_trip(fixed: _Shard) -> None:
+    w = IntervalWindow(0, 10)
+    fixed.batch([(1, 1, w)], watermark=5)
+    assert fixed.state is not None
+    fixed.state = grouping.decode_shard_state(grouping.encode_shard_state(fixed.state))
+    panes, _ = fixed.batch([(2, 2, w)], watermark=12)
+    assert _values(panes) == [("k", [1, 2], w)]
+    # Fired and past its garbage-collection time: the key is forgotten.
+    assert fixed.state.keys == {}
