@@ -24,6 +24,7 @@ PIPELINE = textwrap.dedent(
             group_by: city
             combine:
               amount: sum
+        - type: LogForTesting
         - type: MapToFields
           config:
             language: python
@@ -55,3 +56,6 @@ def test_a_yaml_pipeline_runs_on_spark(
     )
     assert lines == ["ams:4", "ber:14"]
     assert "finished on Spark in" in result.stderr
+    # LogForTesting logs each element at INFO in a worker; the record reaches the driver.
+    logged = [line for line in result.stderr.splitlines() if "LogForTesting" in line]
+    assert len([line for line in logged if '"city": "ber"' in line]) == 1, logged
