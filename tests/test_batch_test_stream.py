@@ -354,7 +354,22 @@ def test_tagged_outputs_timestamps_and_timestamp_combiner() -> None:
         assert_that(side, equal_to([("untimed", window.MIN_TIMESTAMP)]), label="side")
 
 
-def test_streaming_only_test_stream_is_refused_before_spark_starts(
+class _BufferWithSide(BufferUntilTimer):
+    """BufferUntilTimer reading a side input: a streaming run refuses it (not yet)."""
+
+    def process(  # type: ignore[override]
+        self,
+        element: tuple[str, int],
+        side: list[int],
+        timestamp: Timestamp = beam.DoFn.TimestampParam,
+        buffer: userstate.BagRuntimeState = beam.DoFn.StateParam(BufferUntilTimer.BUFFER),
+        flush: userstate.RuntimeTimer = beam.DoFn.TimerParam(BufferUntilTimer.FLUSH),
+    ) -> None:
+        buffer.add(element[1] + len(side))
+        flush.set(timestamp + 5)
+
+
+def test_a_streaming_only_pipeline_the_streaming_path_refuses_is_refused_before_spark(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     def no_session(*args: object, **kwargs: object) -> None:
@@ -369,10 +384,14 @@ def test_streaming_only_test_stream_is_refused_before_spark_starts(
         .add_elements([TimestampedValue(("k", 2), 12)])
     )
     p = beam.Pipeline(options=PipelineOptions(SPARK_ARGS))
-    _ = p | "Script" >> stream | "Buffer" >> beam.ParDo(BufferUntilTimer())
+    side = beam.pvalue.AsList(p | "Side" >> beam.Create([1]))
+    buffer = beam.ParDo(_BufferWithSide(), side).with_input_types(tuple[str, int], list[int])
+    _ = p | "Script" >> stream | "Buffer" >> buffer
     with pytest.raises(UnsupportedFeatureError) as error:
         p.run()
     message = str(error.value)
+    # Why streaming refuses it, and why a batch run would differ.
+    assert "reads side input" in message and "Nor can it run in batch" in message
     assert "'Script'" in message and "beam:transform:teststream:v1" in message
     assert "event 2 adds elements that reach 'Buffer' (a DoFn with event-time timers" in message
 

@@ -40,6 +40,15 @@ def test_each_test_is_passed_refused_skipped_or_unexpected(tmp_path: Path) -> No
     }
 
 
-def test_a_refusal_of_something_other_than_a_test_stream_is_unexpected() -> None:
-    text = "UnsupportedFeatureError: Transform 'X' (beam:transform:sdf:v1) is not supported"
-    assert teststream.classify(text) == teststream.UNEXPECTED
+def test_any_refusal_before_spark_is_a_refusal() -> None:
+    text = "UnsupportedFeatureError: Transform 'X' reads side input 'y'; not supported yet"
+    assert teststream.classify(text) == teststream.REFUSED
+
+
+def test_only_listed_tests_may_fail_by_reading_the_test_process(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    listed = "apache_beam.transforms.userstate_test.T::records"
+    monkeypatch.setattr(teststream, "READS_TEST_PROCESS_MEMORY", frozenset([listed]))
+    assert (
+        teststream.classify("AssertionError: [] != [1]", listed) == teststream.TEST_PROCESS_MEMORY
+    )
+    assert teststream.classify("AssertionError: [] != [1]", listed + "2") == teststream.UNEXPECTED
