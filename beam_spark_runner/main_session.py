@@ -36,17 +36,17 @@ _LOGGER = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 
-# Where a worker without the main session fails on a name of the main script.
-_MISSING_MAIN_NAME_MARKERS = (
-    "on __main__ failed",  # pickle: Can't pickle <class '__main__.X'>: attribute lookup
-    "Can't get attribute",  # pickle: Can't get attribute 'X' on <module ...>
-    "__main__.",
-)
+# Where a worker without the main session fails on a name of the main script: pickle's
+# "Can't pickle <class '__main__.X'>: attribute lookup X on __main__ failed" and
+# "Can't get attribute 'X' on <module ...>" (the worker's __main__, e.g. PySpark's daemon).
+_MISSING_MAIN_NAME_MARKERS = ("on __main__ failed", "Can't get attribute '")
+# With dill, a DoFn's globals are the worker's __main__: a main-script name is undefined.
+_DILL_MISSING_NAME_MARKER = "NameError: name '"
 
 SAVE_MAIN_SESSION_HINT = (
-    "A class or name defined in the main script (__main__) is not available in Spark's "
-    "Python workers. Run with --save_main_session (as on Beam's portable runners), or "
-    "move that code into a module the workers can import."
+    "A class or name defined in the main script (__main__) seems not to be available in "
+    "Spark's Python workers. Run with --save_main_session (as on Beam's portable runners), "
+    "or move that code into a module the workers can import."
 )
 
 
@@ -117,8 +117,8 @@ def restore(session: MainSession) -> None:
         vars(main).update(classes)
 
 
-def missing_main_names(failure_text: str) -> bool:
+def missing_main_names(failure_text: str, pickle_library: str) -> bool:
     """Whether a worker's failure looks like a main-script name it could not find."""
-    return "__main__" in failure_text and any(
-        marker in failure_text for marker in _MISSING_MAIN_NAME_MARKERS
-    )
+    if pickle_library == "dill" and _DILL_MISSING_NAME_MARKER in failure_text:
+        return True
+    return any(marker in failure_text for marker in _MISSING_MAIN_NAME_MARKERS)

@@ -197,7 +197,9 @@ class SparkStructuredRunner(PipelineRunner):
                 log_levels,
             )
         except PipelineExecutionError as error:
-            if saved_main_session is None and main_session.missing_main_names(str(error)):
+            if saved_main_session is None and main_session.missing_main_names(
+                str(error), pickle_library
+            ):
                 raise PipelineExecutionError(
                     f"{error}\n\n{main_session.SAVE_MAIN_SESSION_HINT}", error.stage_name
                 ) from error

@@ -85,12 +85,16 @@ def test_main_script_classes_with_save_main_session(
     assert lines == ["a:4", "b:2"]
 
 
+@pytest.mark.parametrize("pickle_library", ["cloudpickle", "dill"])
 def test_without_save_main_session_the_error_says_to_use_it(
     run_python: Callable[..., subprocess.CompletedProcess[str]],
     tmp_path: Path,
     beam_options: list[str],
+    pickle_library: str,
 ) -> None:
-    result, _ = _run_script(run_python, tmp_path, beam_options, [])
+    result, _ = _run_script(
+        run_python, tmp_path, beam_options, [f"--pickle_library={pickle_library}"]
+    )
     assert result.returncode != 0
     assert "PipelineExecutionError" in result.stderr
     assert main_session.SAVE_MAIN_SESSION_HINT in result.stderr
@@ -99,9 +103,15 @@ def test_without_save_main_session_the_error_says_to_use_it(
 def test_worker_failures_on_main_script_names_are_recognised() -> None:
     assert main_session.missing_main_names(
         "_pickle.PicklingError: Can't pickle <class '__main__.Event'>: attribute lookup "
-        "Event on __main__ failed"
+        "Event on __main__ failed",
+        "cloudpickle",
     )
     assert main_session.missing_main_names(
-        "AttributeError: Can't get attribute 'Event' on <module '__main__'>"
+        "AttributeError: Can't get attribute 'Event' on <module '__main__'>", "default"
     )
-    assert not main_session.missing_main_names("ZeroDivisionError: division by zero")
+    assert main_session.missing_main_names("NameError: name 'Event' is not defined", "dill")
+    assert not main_session.missing_main_names(
+        "NameError: name 'Event' is not defined", "cloudpickle"
+    )
+    assert not main_session.missing_main_names("ZeroDivisionError: division by zero", "dill")
+    assert not main_session.missing_main_names("ValueError: <__main__.Event object>", "default")
