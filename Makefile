@@ -17,7 +17,7 @@ help:
 	@echo "make validates-runner  Beam's own runner suites against SparkStructuredRunner, as a table"
 	@echo "make capabilities      regenerate docs/capabilities.md from the last validates-runner run"
 	@echo "make teststream-check  Beam's TestStream tests on this runner: each passes or is refused"
-	@echo "make dataframe-check   Beam's DataFrame API tests on this runner next to DirectRunner (~5 min)"
+	@echo "make dataframe-check   Beam's DataFrame API tests on this runner next to DirectRunner (~5-7 min)"
 	@echo "make matrix            smoke tests on the other Spark/Beam lines (nox; see noxfile.py)"
 	@echo "make lint typecheck    ruff and mypy"
 	@echo "make bench             benchmarks (see benchmarks/)"
