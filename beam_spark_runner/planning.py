@@ -442,11 +442,51 @@ def expand_runner_sources(
         )
 
 
-def _phases() -> list:
+def unlift_early_timestamp_combines(
+    stages: Iterable[bi.Stage], context: bi.TransformContext
+) -> Iterator[bi.Stage]:
+    """Keeps a CombinePerKey whose timestamp combiner is not end-of-window unlifted.
+
+    A streaming run only. Beam's precombine gives a bundle's accumulator the combined
+    timestamp of all its elements, late ones included, so the GroupByKey after it cannot
+    leave late elements out of its watermark hold as Beam's trigger driver does for
+    unlifted input: with OUTPUT_AT_EARLIEST a pane came out at the window's end, not at its
+    earliest on-time element (Beam's ``known_late_data_watermark`` transcript). Such a
+    combine is expanded into its GroupByKey and combining ParDo instead, as Beam's
+    ``lift_combiners`` does where the trigger forbids lifting.
+    """
+    components = context.components
+    end_of_window = bi.beam_runner_api_pb2.OutputTime.END_OF_WINDOW
+    for stage in stages:
+        transform = stage.transforms[0] if len(stage.transforms) == 1 else None
+        if transform is None or transform.spec.urn != bi.common_urns.composites.COMBINE_PER_KEY.urn:
+            yield stage
+            continue
+        pcoll = components.pcollections[bi.only_element(list(transform.inputs.values()))]
+        strategy = components.windowing_strategies[pcoll.windowing_strategy_id]
+        if strategy.output_time == end_of_window:
+            yield stage
+            continue
+        for sub in transform.subtransforms:
+            subtransform = components.transforms[sub]
+            yield bi.Stage(
+                subtransform.unique_name,
+                [subtransform],
+                downstream_side_inputs=stage.downstream_side_inputs,
+                must_follow=stage.must_follow,
+                parent=stage.name,
+                environment=stage.environment,
+            )
+
+
+def _phases(streaming: bool = False) -> list:
     phases = bi.fn_api_runner_phases()
     # Our Reshuffle expansion runs next to Beam's GroupByKey expansion, before fusion.
     phases.insert(phases.index(bi.translations.expand_gbk) + 1, expand_reshuffle)
     phases.insert(phases.index(expand_reshuffle) + 1, expand_runner_sources)
+    if streaming:
+        lift = phases.index(bi.translations.lift_combiners)
+        phases.insert(lift, unlift_early_timestamp_combines)
     return phases
 
 
@@ -469,7 +509,7 @@ def create_stages(
         native_text_reads(pipeline_proto)
     return bi.create_and_optimize_stages(
         pipeline_proto,
-        phases=_phases(),
+        phases=_phases(streaming),
         known_runner_urns=RUNNER_PRIMITIVE_URNS | ({TEST_STREAM_URN} if streaming else set()),
         use_state_iterables=use_state_iterables,
         is_drain=is_drain,

@@ -17,6 +17,11 @@ from typing import TYPE_CHECKING
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.errors import UnsupportedFeatureError
 from beam_spark_runner.execution.grouped_stage import run_grouped_stage
+from beam_spark_runner.execution.inline_side_inputs import (
+    InlineSideInput,
+    run_stage_with_inline_side_inputs,
+    side_input_marker,
+)
 from beam_spark_runner.execution.side_inputs import side_input_state_entries
 from beam_spark_runner.execution.stage_worker import (
     ELEMENT,
@@ -26,11 +31,13 @@ from beam_spark_runner.execution.stage_worker import (
     run_stage,
 )
 from beam_spark_runner.planning import (
+    CREATE_BUFFER_KIND,
     EXECUTABLE_STAGE_URN,
     GROUP_BY_KEY_URN,
     TEXT_READ_BUFFER_KIND,
     Plan,
     PlannedStage,
+    decode_create_payload,
 )
 from beam_spark_runner.spark_compat import named_function
 from beam_spark_runner.translators.base import spark_function_name, stage_output_type
@@ -42,6 +49,14 @@ if TYPE_CHECKING:
     from beam_spark_runner.translators.base import TranslationContext
 
 _LOGGER = logging.getLogger(__name__)
+
+# A stage reading side inputs whose main input is at most this many literal rows (an
+# Impulse, a small Create) may read them in its own task, in the pipeline's one Spark job
+# (execution.inline_side_inputs), instead of in a collect-and-broadcast job of their own.
+INLINE_SIDE_INPUTS_MAX_MAIN_ROWS = 64
+_MERGE_ACCUMULATORS_URN: str = (
+    bi.common_urns.combine_components.COMBINE_PER_KEY_MERGE_ACCUMULATORS.urn
+)
 
 
 def _state_backed_coder(plan: Plan, coder_id: str) -> str | None:
@@ -135,6 +150,75 @@ def stage_spec(
     )
 
 
+def _literal_row_count(plan: Plan, node: PlannedStage) -> int | None:
+    """How many rows the stage's main input has, if it is literal (Impulse, Create)."""
+    buffer = plan.buffers[node.input_buffer_id]
+    if buffer.kind == "impulse":
+        return 1
+    if buffer.kind == CREATE_BUFFER_KIND:
+        return len(decode_create_payload(plan.components.transforms[buffer.name].spec.payload))
+    return None
+
+
+def _merges_combined_groups(plan: Plan, stage_name: str) -> bool:
+    """Whether a stage reads a GroupByKey and merges combiner accumulators per key.
+
+    Such a stage (the second half of a lifted ``CombinePerKey``) does little per key, so
+    running all its partitions in one task costs little.
+    """
+    stage = plan.stage(stage_name)
+    return plan.buffers[stage.input_buffer_id].kind == "group" and any(
+        transform.spec.urn == _MERGE_ACCUMULATORS_URN
+        for transform in stage.descriptor.transforms.values()
+    )
+
+
+def reads_side_inputs_inline(plan: Plan, node: PlannedStage) -> bool:
+    """Whether the stage reads its side inputs from its own input (one task, no extra job).
+
+    It does when its main input is a few literal rows and every side input is written by a
+    stage that merges combined groups: ``CombineGlobally``'s default value, read by a
+    ``Map`` over ``Create([None])``, is the common case. The stage's input and the side
+    inputs' writers then run in one Spark task (``coalesce(1)``, no shuffle); any other
+    side input keeps the collect-and-broadcast job, so the stages computing it keep their
+    parallelism.
+    """
+    if not node.side_inputs or node.stateful:
+        return False
+    if not all(_inline_side_buffer(plan, node, s.buffer_id) for s in node.side_inputs):
+        return False
+    rows = _literal_row_count(plan, node)  # decodes a Create's payload: checked last
+    return rows is not None and rows <= INLINE_SIDE_INPUTS_MAX_MAIN_ROWS
+
+
+def _inline_side_buffer(plan: Plan, node: PlannedStage, buffer_id: bytes) -> bool:
+    """Whether ``node`` alone reads the buffer, and only stages merging groups write it.
+
+    Read by another stage too, the buffer would be computed once per reader.
+    """
+    buffer = plan.buffers[buffer_id]
+    return (
+        bool(buffer.writers)
+        and not buffer.main_readers
+        and set(buffer.side_readers) == {node.name}
+        and all(_merges_combined_groups(plan, writer) for writer, _ in buffer.writers)
+    )
+
+
+def _coder_closure(plan: Plan, coder_id: str) -> bytes:
+    """A serialized ``Components`` holding ``coder_id`` and the coders it is built from."""
+    components = bi.beam_runner_api_pb2.Components()
+    pending = [coder_id]
+    while pending:
+        current = pending.pop()
+        if current in components.coders:
+            continue
+        coder = plan.components.coders[current]
+        components.coders[current].CopyFrom(coder)
+        pending.extend(coder.component_coder_ids)
+    return components.SerializeToString()
+
+
 class FusedStageTranslator:
     """``mapInArrow`` of the stage's input through Beam's bundle processor."""
 
@@ -143,13 +227,22 @@ class FusedStageTranslator:
     def translate(self, node: PlannedStage, context: TranslationContext) -> DataFrame:
         """The stage's (tag, key, element) output DataFrame."""
         plan = context.plan
-        spec = stage_spec(node, context, self._side_input_state(node, context))
+        inline = reads_side_inputs_inline(plan, node)
+        spec = stage_spec(node, context, None if inline else self._side_input_state(node, context))
         input_buffer = plan.buffers[node.input_buffer_id]
         if groups_in_stage(plan, node):
             # One Python worker per task for the grouping and the stage (execution.grouped_stage).
             input_frame = sorted_by_key(input_buffer, context)
             body = functools.partial(
                 run_grouped_stage, group_spec(input_buffer, context), spec, sinks=context.sinks
+            )
+        elif inline:
+            input_frame = self._with_side_input_rows(node, context)
+            body = functools.partial(
+                run_stage_with_inline_side_inputs,
+                spec,
+                self._inline_side_inputs(node, context),
+                sinks=context.sinks,
             )
         else:
             input_frame = context.buffer_frame(node.input_buffer_id)
@@ -159,6 +252,49 @@ class FusedStageTranslator:
             body = functools.partial(run_stage, spec, sinks=context.sinks)
         function = named_function(body, spark_function_name(node.display_name))
         return input_frame.mapInArrow(function, stage_output_type())
+
+    @staticmethod
+    def _inline_side_inputs(
+        node: PlannedStage, context: TranslationContext
+    ) -> tuple[InlineSideInput, ...]:
+        plan = context.plan
+        side_inputs = []
+        for side_input in node.side_inputs:
+            data_channel_coder = plan.data_channel_coders[side_input.pcollection_id]
+            coder_id = plan.safe_coders[data_channel_coder]
+            side_inputs.append(
+                InlineSideInput(
+                    transform_id=side_input.transform_id,
+                    tag=side_input.tag,
+                    access_pattern_urn=side_input.access_pattern_urn,
+                    coder_id=coder_id,
+                    coder_components=_coder_closure(plan, coder_id),
+                )
+            )
+        return tuple(side_inputs)
+
+    @staticmethod
+    def _with_side_input_rows(node: PlannedStage, context: TranslationContext) -> DataFrame:
+        """The main rows (null key) and each side input's rows (its marker), one partition.
+
+        A coalesce, not a shuffle: the side inputs' writers (see
+        :func:`reads_side_inputs_inline`) run in the same task, and the pipeline has one
+        stage boundary less.
+        """
+        from pyspark.sql import functions as F
+
+        frames = [context.buffer_frame(node.input_buffer_id)]
+        for index, side_input in enumerate(node.side_inputs):
+            frame = context.buffer_frame(side_input.buffer_id)
+            frames.append(
+                frame.select(F.lit(bytearray(side_input_marker(index))).alias(KEY), frame[ELEMENT])
+            )
+        _LOGGER.info(
+            "Stage %s: %d side input(s) read in the stage's own task",
+            node.display_name,
+            len(node.side_inputs),
+        )
+        return context.union_frames(frames).coalesce(1)
 
     @staticmethod
     def _side_input_state(node: PlannedStage, context: TranslationContext) -> object | None:

@@ -1,0 +1,117 @@
+"""Side inputs read in the same Spark job as the stage that reads them.
+
+A stage whose main input is a handful of literal rows (an Impulse, a small ``Create``)
+and that reads side inputs would otherwise need a Spark job of its own per side input:
+collect the side input to the driver, broadcast it, then run the pipeline. Beam's
+``CombineGlobally`` (``Count.Globally``, ``Sum``, ``Mean.Globally`` …) has exactly this
+shape: its default value is injected by a ``Map`` over ``Create([None])`` that reads the
+combined value as a side input.
+
+Here the translator instead unions the side inputs' rows into the stage's input, each
+marked in the key column with the index of the side input it belongs to (main rows have a
+null key), in one partition. The task reads its whole input, builds the side inputs' state
+entries exactly as the driver would (``side_inputs.side_input_state_entries``), then runs
+the main rows through the stage. The main input is small by construction, so holding it
+until the input ends costs nothing, and one task is all it would have used anyway.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.execution.side_inputs import side_input_state_entries
+from beam_spark_runner.execution.stage_worker import (
+    ELEMENT,
+    KEY,
+    NO_SINKS,
+    StageSpec,
+    TaskSinks,
+    run_stage,
+)
+
+_LOGGER = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class InlineSideInput:
+    """One side input of the stage, read from the stage's own input rows."""
+
+    transform_id: str
+    tag: str
+    access_pattern_urn: str
+    # The runner-safe windowed value coder of the side input's elements, by id in
+    # ``coder_components`` (a serialized ``Components`` holding just the coders it needs).
+    coder_id: str
+    coder_components: bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedSideInputs:
+    """State entries in place of a broadcast: ``StageWorker`` reads ``.value``."""
+
+    value: list[tuple[bytes, bytes]]
+
+
+def side_input_marker(index: int) -> bytes:
+    """The key-column value that marks a row as an element of side input ``index``."""
+    return b"%d" % index
+
+
+def _value_coder(side_input: InlineSideInput) -> Any:
+    components = bi.beam_runner_api_pb2.Components.FromString(side_input.coder_components)
+    return bi.PipelineContext(components).coders[side_input.coder_id]
+
+
+def split_rows(
+    batches: Iterable[pa.RecordBatch], side_input_count: int
+) -> tuple[list[pa.RecordBatch], list[list[bytes]]]:
+    """(main input batches, each side input's encoded elements) of a task's input."""
+    main: list[pa.RecordBatch] = []
+    sides: list[list[bytes]] = [[] for _ in range(side_input_count)]
+    for batch in batches:
+        is_main = pc.is_null(batch.column(KEY))
+        main_rows = batch.filter(is_main)
+        if main_rows.num_rows:
+            main.append(main_rows)
+        side_rows = batch.filter(pc.invert(is_main))
+        for marker, element in zip(
+            side_rows.column(KEY).to_pylist(), side_rows.column(ELEMENT).to_pylist(), strict=True
+        ):
+            sides[int(marker)].append(element)
+    return main, sides
+
+
+def run_stage_with_inline_side_inputs(
+    spec: StageSpec,
+    side_inputs: tuple[InlineSideInput, ...],
+    batches: Iterable[pa.RecordBatch],
+    sinks: TaskSinks = NO_SINKS,
+) -> Iterator[pa.RecordBatch]:
+    """The body of the stage's ``mapInArrow``: side inputs first, then the main rows."""
+    main, elements = split_rows(batches, len(side_inputs))
+    entries: list[tuple[bytes, bytes]] = []
+    for side_input, side_elements in zip(side_inputs, elements, strict=True):
+        entries.extend(
+            side_input_state_entries(
+                side_input.transform_id,
+                side_input.tag,
+                side_input.access_pattern_urn,
+                side_elements,
+                _value_coder(side_input),
+            )
+        )
+    _LOGGER.debug(
+        "Stage %s: %d side input(s) read inline, %d state entries",
+        spec.display_name,
+        len(side_inputs),
+        len(entries),
+    )
+    loaded = dataclasses.replace(spec, side_input_state=LoadedSideInputs(entries))
+    yield from run_stage(loaded, main, sinks)
