@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: install demo test unit-test cluster-test validates-runner teststream-check matrix lint typecheck bench bench-nexmark clean help
+.PHONY: install demo test unit-test cluster-test validates-runner teststream-check dataframe-check matrix lint typecheck bench bench-nexmark clean help
 
 help:
 	@echo "make demo              run the demo pipeline on an embedded local[*] Spark"
@@ -17,6 +17,7 @@ help:
 	@echo "make validates-runner  Beam's own runner suites against SparkStructuredRunner, as a table"
 	@echo "make capabilities      regenerate docs/capabilities.md from the last validates-runner run"
 	@echo "make teststream-check  Beam's streaming test modules on this runner, in streaming (long)"
+	@echo "make dataframe-check   Beam's DataFrame API tests on this runner next to DirectRunner (~5-7 min)"
 	@echo "make matrix            smoke tests on the other Spark/Beam lines (nox; see noxfile.py)"
 	@echo "make lint typecheck    ruff and mypy"
 	@echo "make bench             benchmarks (see benchmarks/)"
@@ -56,6 +57,11 @@ validates-runner: $(STAMP)
 teststream-check: $(STAMP)
 	$(PY) -m validates_runner.teststream
 
+# Beam's DataFrame API tests (transforms_test, io_test) on DirectRunner and with every
+# pipeline forced onto this runner: a test passing on DirectRunner must pass here too.
+dataframe-check: $(STAMP)
+	$(PY) -m validates_runner.dataframe
+
 # validates-runner regenerates docs/capabilities.md after a complete run; this target redoes
 # only that, from the results it saved in build/validates-runner/results.json.
 .PHONY: capabilities
@@ -65,7 +71,7 @@ capabilities: $(STAMP)
 matrix: $(STAMP)
 	VENV=$(VENV) bash ci/matrix.sh
 
-test: lint typecheck unit-test cluster-test validates-runner
+test: lint typecheck unit-test cluster-test validates-runner dataframe-check
 
 bench: $(STAMP)
 	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install --quiet -e ".[bench]"

@@ -34,6 +34,7 @@ from typing import Any
 from apache_beam.options.pipeline_options import SetupOptions
 
 from beam_spark_runner import beam_internals as bi
+from beam_spark_runner import main_session
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -75,11 +76,13 @@ def apply(library: str) -> None:
         reset_type_pickle_caches()
 
 
-def enter_run(run_id: str, library: str) -> None:
+def enter_run(run_id: str, library: str, saved_main_session: Any = None) -> None:
     """In a worker: the first time this process runs a task of ``run_id``, apply its globals.
 
     A worker process runs one task at a time; tasks of one run share the globals, so the
-    caches fill once per run and process.
+    caches fill once per run and process. ``saved_main_session`` is a Spark broadcast of the
+    run's :class:`~beam_spark_runner.main_session.MainSession` (``--save_main_session``),
+    restored into this process's ``__main__`` before anything of the run is unpickled.
     """
     global _current_run
     with _lock:
@@ -87,4 +90,6 @@ def enter_run(run_id: str, library: str) -> None:
             return
         bi.set_pickle_library(library)
         reset_type_pickle_caches()
+        if saved_main_session is not None:
+            main_session.restore(saved_main_session.value)
         _current_run = run_id

@@ -22,7 +22,7 @@ from apache_beam import coders
 from apache_beam.coders import coder_impl
 from apache_beam.coders.coder_impl import create_InputStream, create_OutputStream
 from apache_beam.coders.coders import PickleCoder
-from apache_beam.internal import pickler
+from apache_beam.internal import cloudpickle_pickler, pickler
 from apache_beam.io import textio
 from apache_beam.metrics import monitoring_infos
 from apache_beam.metrics.monitoring_infos import is_user_monitoring_info
@@ -214,6 +214,40 @@ def set_pickle_library(library: str) -> None:
     It pickles DoFns, coders and windowing on the driver and unpickles them in workers.
     """
     pickler.set_library(library)
+
+
+def current_step_name() -> str | None:
+    """The Beam step (transform name) running on this thread, as Beam's log handler finds it."""
+    tracker = statesampler.get_current_tracker()
+    if tracker is None:
+        return None
+    state = tracker.current_state()
+    name_context = getattr(state, "name_context", None) if state is not None else None
+    return getattr(name_context, "step_name", None) if name_context is not None else None
+
+
+def dump_main_session(path: str) -> None:
+    """Writes the main session as Beam's stager does for ``--save_main_session``.
+
+    With dill, the whole ``__main__`` module; with cloudpickle, Beam's registries (coders,
+    logical types, schemas) only, since cloudpickle pickles ``__main__`` code by value.
+    """
+    pickler.dump_session(path)
+
+
+def load_main_session(path: str) -> None:
+    """Loads a main session in a worker, as Beam's SDK harness does (``sdk_worker_main``)."""
+    pickler.load_session(path)
+
+
+def cloudpickle_dumps(value: Any) -> bytes:
+    """Pickles ``value`` with Beam's cloudpickle pickler, whatever ``--pickle_library`` is."""
+    return cloudpickle_pickler.dumps(value)
+
+
+def cloudpickle_loads(data: bytes) -> Any:
+    """Unpickles bytes from :func:`cloudpickle_dumps`."""
+    return cloudpickle_pickler.loads(data)
 
 
 class _TypeCacheProbe(NamedTuple):

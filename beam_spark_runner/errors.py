@@ -33,3 +33,7 @@ class PipelineExecutionError(SparkRunnerError, RuntimeError):
     def __init__(self, message: str, stage_name: str | None = None) -> None:
         super().__init__(message)
         self.stage_name = stage_name
+
+
+class SparkMasterUnreachableError(SparkRunnerError, ConnectionError):
+    """A ``spark://`` master did not accept a connection, checked before Spark starts."""

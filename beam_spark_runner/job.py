@@ -8,11 +8,12 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from beam_spark_runner import worker_warnings
+from beam_spark_runner import worker_logs, worker_warnings
 from beam_spark_runner.attempts import AttemptCollector
 from beam_spark_runner.beam_globals import DEFAULT_PICKLE_LIBRARY
 from beam_spark_runner.errors import PipelineExecutionError
 from beam_spark_runner.execution.stage_worker import TaskSinks
+from beam_spark_runner.main_session import MainSession
 from beam_spark_runner.metrics import (
     MetricsSink,
     RunMetrics,
@@ -56,17 +57,30 @@ def run_plan(
     job_name: str,
     parallelism: int | None,
     pickle_library: str = DEFAULT_PICKLE_LIBRARY,
+    saved_main_session: MainSession | None = None,
+    log_levels: worker_logs.LogLevels | None = None,
 ) -> RunMetrics:
     """Builds every stage's DataFrame, runs the pipeline, returns its metrics.
 
     Committed metrics come from the run's accumulator; failed task attempts report theirs
     to an ``AttemptCollector`` listening on the driver for the duration of the run. Tasks
-    run with the pipeline's ``pickle_library`` (``beam_globals``).
+    run with the pipeline's ``pickle_library`` (``beam_globals``) and restore
+    ``saved_main_session`` (``--save_main_session``) in each worker process first; user
+    code's log records at ``log_levels`` are logged on the driver when the run ends.
     """
     spark_context = spark.sparkContext
     collector = AttemptCollector.start(spark_context.getConf())
     try:
-        return _run(plan, spark, job_name, parallelism, collector, pickle_library)
+        return _run(
+            plan,
+            spark,
+            job_name,
+            parallelism,
+            collector,
+            pickle_library,
+            saved_main_session,
+            log_levels or worker_logs.LogLevels(),
+        )
     finally:
         if collector is not None:
             collector.close()
@@ -79,13 +93,20 @@ def _run(
     parallelism: int | None,
     collector: AttemptCollector | None,
     pickle_library: str,
+    saved_main_session: MainSession | None,
+    log_levels: worker_logs.LogLevels,
 ) -> RunMetrics:
     spark_context = spark.sparkContext
     run_id = uuid.uuid4().hex[:12]
     metrics = MetricsSink(
         new_accumulator(spark_context), collector.address if collector is not None else None
     )
-    sinks = TaskSinks(metrics=metrics, warnings=worker_warnings.new_accumulator(spark_context))
+    sinks = TaskSinks(
+        metrics=metrics,
+        warnings=worker_warnings.new_accumulator(spark_context),
+        logs=worker_logs.new_accumulator(spark_context),
+        log_levels=log_levels,
+    )
     context = TranslationContext(
         spark,
         plan,
@@ -94,7 +115,10 @@ def _run(
         sinks,
         translator_for,
         pickle_library,
+        spark_context.broadcast(saved_main_session) if saved_main_session is not None else None,
     )
+    if context.main_session is not None:
+        context.broadcasts.append(context.main_session)
     group = f"beam-{job_name}-{run_id}"
     started = time.monotonic()
     try:
@@ -109,13 +133,18 @@ def _run(
         raise
     except Exception as error:
         if type(error).__module__.startswith(("pyspark", "py4j")):
-            raise describe_failure(error) from error
+            # The user's traceback once, in the message; Spark's error (the same traceback
+            # wrapped in JVM frames) only at DEBUG.
+            _LOGGER.debug("Spark's error for Beam pipeline %s", job_name, exc_info=error)
+            raise describe_failure(error) from None
         raise
     finally:
         context.release()
         spark_context.setJobDescription(None)  # type: ignore[arg-type]
+        # Also when the run failed: what the successful tasks logged helps find why.
+        worker_logs.reemit(sinks.logs.value)
     _LOGGER.info(
-        "Beam pipeline %s finished on Spark in %.1f s (%d stages)",
+        "Beam pipeline %s: its Spark job ran in %.1f s (%d stages)",
         job_name,
         time.monotonic() - started,
         len(plan.stages),

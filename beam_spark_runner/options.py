@@ -17,7 +17,6 @@ _MASTER_FORMS: tuple[tuple[str, str], ...] = (
     (r"spark://\S+", "spark://host:7077"),
     (r"yarn", "yarn"),
     (r"k8s://\S+", "k8s://https://host:443"),
-    (r"mesos://\S+", "mesos://host:5050"),
 )
 
 
@@ -121,6 +120,12 @@ class SparkSettings:
 
 
 def _validate_master(master: str) -> str:
+    if master.startswith("mesos://"):
+        raise ValueError(
+            f"--spark_master={master!r}: Mesos masters are not supported (Spark 4 removed "
+            "Mesos support; Spark 3.5 deprecated it). Run on a standalone (spark://host:7077), "
+            "YARN or Kubernetes (k8s://...) master instead."
+        )
     for pattern, _ in _MASTER_FORMS:
         if re.fullmatch(pattern, master):
             return master

@@ -219,6 +219,28 @@ def _buffer_read_stage(
     )
 
 
+def _reshuffled_input(
+    transform: bi.beam_runner_api_pb2.PTransform, components: bi.beam_runner_api_pb2.Components
+) -> str:
+    """The PCollection a Reshuffle moves: its only input that is not a side input.
+
+    The Reshuffle ``expand_sdf`` inserts before a splittable DoFn's process step copies
+    all of the DoFn's inputs, its side inputs included (a DataFrame API reader's DoFn has
+    one); only the split restrictions are reshuffled.
+    """
+    inputs = list(transform.inputs.values())
+    if len(inputs) > 1:
+        side_inputs = _side_input_pcollections(components)
+        inputs = [pcoll for pcoll in inputs if pcoll not in side_inputs]
+    if len(inputs) != 1:
+        raise ValueError(
+            f"Expected the Reshuffle {transform.unique_name!r} to have one main input, found "
+            f"{len(inputs)} among its inputs {dict(transform.inputs)}. This is a bug in the "
+            "runner's planning; please report it with the pipeline."
+        )
+    return inputs[0]
+
+
 def expand_reshuffle(
     stages: Iterable[bi.Stage], context: bi.TransformContext
 ) -> Iterator[bi.Stage]:
@@ -237,7 +259,7 @@ def expand_reshuffle(
             yield stage
             continue
         transform = stage.transforms[0]
-        input_pcoll = bi.only_element(list(transform.inputs.values()))
+        input_pcoll = _reshuffled_input(transform, context.components)
         output_pcoll = bi.only_element(list(transform.outputs.values()))
         pcollections = context.components.pcollections
         context.length_prefix_pcoll_coders(input_pcoll)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from apache_beam.options import pipeline_options
 from apache_beam.options.value_provider import RuntimeValueProvider
 from apache_beam.runners.runner import PipelineRunner, PipelineState
 
-from beam_spark_runner import _startup_hook, beam_globals
+from beam_spark_runner import _startup_hook, beam_globals, main_session, run_summary, worker_logs
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.batch_test_stream import replace_test_streams
 from beam_spark_runner.capabilities import (
@@ -19,7 +20,7 @@ from beam_spark_runner.capabilities import (
     check_stages,
     unbounded_pcollections,
 )
-from beam_spark_runner.errors import UnsupportedFeatureError
+from beam_spark_runner.errors import PipelineExecutionError, UnsupportedFeatureError
 from beam_spark_runner.job import run_plan
 from beam_spark_runner.native_create import NativeCreateOverride
 from beam_spark_runner.options import spark_settings
@@ -59,6 +60,7 @@ class SparkStructuredRunner(PipelineRunner):
         self, pipeline: Any, options: pipeline_options.PipelineOptions
     ) -> SparkPipelineResult:
         """Translates ``pipeline`` and runs it to completion on Spark."""
+        started_wall, started = run_summary.now()
         RuntimeValueProvider.set_runtime_options({})
         # The pipeline's pickler before to_runner_api pickles its DoFns: another pipeline
         # constructed since this one may have set Beam's process-wide pickler.
@@ -69,6 +71,7 @@ class SparkStructuredRunner(PipelineRunner):
             experiments.append("beam_fn_api")
         debug.experiments = experiments
         settings = spark_settings(options)
+        outputs = run_summary.output_patterns(pipeline)
         default_environment = bi.default_environment()
         key_coders = bi.group_by_key_input_visitor(
             not options.view_as(pipeline_options.TypeOptions).allow_non_deterministic_key_coders
@@ -103,7 +106,11 @@ class SparkStructuredRunner(PipelineRunner):
         pipeline.replace_all([NativeCreateOverride()])
         pipeline.visit(key_coders)
         proto = pipeline.to_runner_api(default_environment=default_environment)
-        return self.run_batch(proto, options, settings)
+        result = self.run_batch(proto, options, settings)
+        run_summary.log_summary(
+            settings.app_name, started_wall, time.monotonic() - started, outputs
+        )
+        return result
 
     def run_streaming(self, proto: Any, options: Any, settings: Any = None) -> SparkPipelineResult:
         """Starts a pipeline proto as one Spark streaming query; returns it RUNNING.
@@ -160,8 +167,14 @@ class SparkStructuredRunner(PipelineRunner):
 
     def run_batch(self, proto: Any, options: Any, settings: Any) -> SparkPipelineResult:
         """Runs a pipeline proto in batch, to completion."""
+        log_levels = worker_logs.log_levels(options)
         pickle_library = beam_globals.pickle_library(options)
         beam_globals.apply(pickle_library)
+        saved_main_session = (
+            main_session.capture(pickle_library)
+            if options.view_as(pipeline_options.SetupOptions).save_main_session
+            else None
+        )
         proto = bi.prepare_pipeline_proto(proto)
         check_pipeline(proto)
         plan = build_plan(
@@ -173,5 +186,22 @@ class SparkStructuredRunner(PipelineRunner):
         spark, _ = obtain_session(settings)
         share_driver_path(spark)
         job_name = settings.app_name
-        infos = run_plan(plan, spark, job_name, settings.default_parallelism, pickle_library)
+        try:
+            infos = run_plan(
+                plan,
+                spark,
+                job_name,
+                settings.default_parallelism,
+                pickle_library,
+                saved_main_session,
+                log_levels,
+            )
+        except PipelineExecutionError as error:
+            if saved_main_session is None and main_session.missing_main_names(
+                str(error), pickle_library
+            ):
+                raise PipelineExecutionError(
+                    f"{error}\n\n{main_session.SAVE_MAIN_SESSION_HINT}", error.stage_name
+                ) from error
+            raise
         return SparkPipelineResult(PipelineState.DONE, infos, spark.sparkContext.applicationId)

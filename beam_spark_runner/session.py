@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from beam_spark_runner.java import check_java, required_java_major
+from beam_spark_runner.master_reachability import check_master_reachable
 from beam_spark_runner.options import DEFAULT_MASTER, SparkSettings
 
 if TYPE_CHECKING:
@@ -100,18 +101,35 @@ def local_driver_memory() -> str:
     return f"{mib}m"
 
 
+# At the default --spark_log_level (WARN), the driver JVM of a session the runner starts
+# logs with this profile: Spark's default without the start-up lines every run prints
+# (loopback address, SparkUI port retries, native-hadoop library) and without the three
+# copies of a failing task's traceback, which the runner reports once itself.
+QUIET_LOG4J_PROFILE = Path(__file__).resolve().parent / "log4j2-quiet.properties"
+QUIET_LOG_LEVEL = "WARN"
+
+
+def _driver_java_options(master: str, settings: SparkSettings) -> str:
+    options = [LOCAL_DRIVER_JAVA_OPTIONS] if is_local_master(master) else []
+    if settings.log_level == QUIET_LOG_LEVEL:
+        options.append(f"-Dlog4j2.configurationFile={QUIET_LOG4J_PROFILE.as_uri()}")
+    return " ".join(options)
+
+
 def session_conf(master: str, settings: SparkSettings) -> dict[str, str]:
     """The Spark settings of a session the runner creates for ``master``."""
     conf: dict[str, str] = {
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
     }
+    java_options = _driver_java_options(master, settings)
+    if java_options:
+        conf["spark.driver.defaultJavaOptions"] = java_options
     if is_local_master(master):
         # Workers forked from a daemon that already imported Beam start in milliseconds
         # instead of seconds (see worker_daemon). Remote executors may not have this
         # package installed before tasks ship it, so only local sessions use it.
         conf["spark.python.daemon.module"] = "beam_spark_runner.worker_daemon"
-        conf["spark.driver.defaultJavaOptions"] = LOCAL_DRIVER_JAVA_OPTIONS
         conf["spark.driver.memory"] = local_driver_memory()
     # Adaptive execution merges shuffle partitions smaller than 1 MiB into one task, a
     # good trade for rows Spark itself processes. A Beam stage spends its time in Python
@@ -130,6 +148,7 @@ def _build_session(settings: SparkSettings) -> SparkSession:
 
     check_java(required_java_major())
     master = settings.master or _configured_master() or DEFAULT_MASTER
+    check_master_reachable(master)
     builder = SparkSession.builder.master(master).appName(settings.app_name)
     if is_local_master(master) and not os.environ.get("PYSPARK_PYTHON"):
         # Local executors' Python workers must see the driver's packages (Beam, pyarrow,

@@ -9,12 +9,24 @@ sessions it creates; the worker code itself is PySpark's.
 
 from __future__ import annotations
 
-import apache_beam  # noqa: F401
-from pyspark.daemon import manager
+import logging
 
-import beam_spark_runner.execution.grouping  # noqa: F401
-import beam_spark_runner.execution.stage_worker  # noqa: F401
-from beam_spark_runner import beam_internals
+
+class _DropDriverWarnings(logging.Filter):
+    """Drops Beam's import-time warning that the driver, importing Beam, already printed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("apitools not found")
+
+
+logging.getLogger().addFilter(_DropDriverWarnings())
+
+import apache_beam  # noqa: E402, F401
+from pyspark.daemon import manager  # noqa: E402
+
+import beam_spark_runner.execution.grouping  # noqa: E402, F401
+import beam_spark_runner.execution.stage_worker  # noqa: E402, F401
+from beam_spark_runner import beam_internals  # noqa: E402
 
 if __name__ == "__main__":
     # Found once here (a search of the heap) rather than in every forked worker.

@@ -190,6 +190,7 @@ class FakeSpec(typing.NamedTuple):
     run_id: str
     name: str
     pickle_library: str = "default"
+    main_session: object = None
 
     @property
     def cache_key(self) -> str:

@@ -33,7 +33,6 @@ def settings(*args: str):
         "spark://10.0.0.1:7077,10.0.0.2:7077",
         "yarn",
         "k8s://https://host:443",
-        "mesos://host:5050",
     ],
 )
 def test_valid_masters_are_accepted(master):
@@ -77,10 +76,16 @@ def test_invalid_master_is_rejected_with_the_allowed_forms(master):
         "spark://host:7077",
         "yarn",
         "k8s://",
-        "mesos://",
     ):
         assert form in message
+    assert "mesos" not in message
     assert "Leave it unset" in message
+
+
+def test_mesos_masters_are_refused_naming_the_alternatives():
+    with pytest.raises(ValueError, match="Mesos masters are not supported") as error:
+        settings("--spark_master=mesos://host:5050")
+    assert "spark://host:7077" in str(error.value)
 
 
 def test_spark_conf_is_parsed_into_a_dict():

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 from beam_spark_runner.options import SparkSettings
-from beam_spark_runner.session import LOCAL_DRIVER_JAVA_OPTIONS, session_conf
+from beam_spark_runner.session import LOCAL_DRIVER_JAVA_OPTIONS, QUIET_LOG4J_PROFILE, session_conf
+
+QUIET = f"-Dlog4j2.configurationFile={QUIET_LOG4J_PROFILE.as_uri()}"
 
 
-def _settings(**conf: str) -> SparkSettings:
+def _settings(log_level: str = "WARN", **conf: str) -> SparkSettings:
     return SparkSettings(
-        master=None, conf=dict(conf), app_name="t", default_parallelism=None, log_level="WARN"
+        master=None, conf=dict(conf), app_name="t", default_parallelism=None, log_level=log_level
     )
 
 
 def test_local_sessions_compile_with_c1_only() -> None:
     conf = session_conf("local[2]", _settings())
-    assert conf["spark.driver.defaultJavaOptions"] == LOCAL_DRIVER_JAVA_OPTIONS
+    assert conf["spark.driver.defaultJavaOptions"] == f"{LOCAL_DRIVER_JAVA_OPTIONS} {QUIET}"
     assert "-XX:TieredStopAtLevel=1" in LOCAL_DRIVER_JAVA_OPTIONS
     assert conf["spark.python.daemon.module"] == "beam_spark_runner.worker_daemon"
 
@@ -25,8 +27,19 @@ def test_users_java_options_win_and_remote_masters_keep_the_jvm_default() -> Non
         "-Xss4m"
     )
     remote = session_conf("spark://host:7077", _settings())
-    assert "spark.driver.defaultJavaOptions" not in remote
+    assert remote["spark.driver.defaultJavaOptions"] == QUIET
     assert "spark.python.daemon.module" not in remote
+
+
+def test_the_quiet_log_profile_only_at_the_default_log_level() -> None:
+    assert QUIET_LOG4J_PROFILE.is_file()
+    profile = QUIET_LOG4J_PROFILE.read_text(encoding="utf-8")
+    assert "org.apache.spark.executor.Executor" in profile
+    info = session_conf("local[2]", _settings(log_level="INFO"))
+    assert info["spark.driver.defaultJavaOptions"] == LOCAL_DRIVER_JAVA_OPTIONS
+    assert "spark.driver.defaultJavaOptions" not in session_conf(
+        "yarn", _settings(log_level="DEBUG")
+    )
 
 
 def test_local_sessions_get_a_quarter_of_the_memory_within_bounds(monkeypatch) -> None:

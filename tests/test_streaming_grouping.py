@@ -50,7 +50,9 @@ class _Shard:
         self.topology: Topology = plan_topology(plan, shards=1)
         self.node: Node = next(n for n in self.topology.nodes if n.stateful)
         buffer = next(b for b in plan.buffers.values() if b.urn == GROUP_BY_KEY_URN)
-        context = types.SimpleNamespace(plan=plan, run_id="test", pickle_library="default")
+        context = types.SimpleNamespace(
+            plan=plan, run_id="test", pickle_library="default", main_session=None
+        )
         self.spec = group_spec(buffer, context)  # type: ignore[arg-type]
         self.grouper = grouping.streaming_grouper(self.spec)
         self.state: grouping.ShardState | None = None

@@ -66,6 +66,8 @@ class GroupSpec:
     windowing_strategy_id: str
     # The pipeline's --pickle_library, to unpickle its coders and windowing with.
     pickle_library: str = beam_globals.DEFAULT_PICKLE_LIBRARY
+    # A Spark broadcast of the run's main session (--save_main_session), or None.
+    main_session: Any = None
 
     @functools.cached_property
     def cache_key(self) -> str:
@@ -270,7 +272,7 @@ _GROUPERS: collections.OrderedDict[str, _Grouper] = collections.OrderedDict()
 
 def _grouper(spec: GroupSpec) -> _Grouper:
     # With SDK coders (custom windows) grouping decodes and re-encodes keys: run's globals.
-    beam_globals.enter_run(spec.run_id, spec.pickle_library)
+    beam_globals.enter_run(spec.run_id, spec.pickle_library, spec.main_session)
     grouper = _GROUPERS.get(spec.cache_key)
     if grouper is None:
         grouper = _Grouper(spec)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -28,7 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from beam_spark_runner import beam_globals, worker_warnings
+from beam_spark_runner import beam_globals, worker_logs, worker_warnings
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import KeyExtractor, packed_bytes, split_packed
 from beam_spark_runner.errors import StageExecutionError
@@ -84,6 +85,8 @@ class StageSpec:
     state_backed_input_coder_id: str | None = None
     # The pipeline's --pickle_library: workers unpickle its DoFns and coders with it.
     pickle_library: str = beam_globals.DEFAULT_PICKLE_LIBRARY
+    # A Spark broadcast of the run's main session (--save_main_session), or None.
+    main_session: Any = None
     # The stage reads a ReadFromText's lines natively (execution.text_read): its input rows
     # are byte ranges of the files, and this is the encoding of a line's windowed value up
     # to its length.
@@ -497,7 +500,7 @@ def stage_worker(spec: StageSpec) -> StageWorker:
         retired = [_WORKERS.pop(key) for key in other_runs]
     _shut_down(retired, f"a stage of run {spec.run_id} started")
     # Beam's per-pipeline globals (pickler, pickled-type caches), before unpickling anything.
-    beam_globals.enter_run(spec.run_id, spec.pickle_library)
+    beam_globals.enter_run(spec.run_id, spec.pickle_library, spec.main_session)
     with lock:
         worker = _WORKERS.get(spec.cache_key)
         evicted: list[StageWorker] = []
@@ -521,9 +524,22 @@ class TaskSinks(NamedTuple):
 
     metrics: Any = None
     warnings: Any = None
+    # The log records accumulator (worker_logs) and the levels user code logs at.
+    logs: Any = None
+    log_levels: worker_logs.LogLevels = worker_logs.LogLevels()
 
 
 NO_SINKS = TaskSinks()
+
+
+@contextlib.contextmanager
+def _recording(sinks: TaskSinks) -> Iterator[None]:
+    """Records the warnings and log records of the code run inside, for the driver."""
+    with (
+        worker_warnings.recording(sinks.warnings),
+        worker_logs.recording(sinks.logs, sinks.log_levels),
+    ):
+        yield
 
 
 def _bundle_inputs(
@@ -554,7 +570,7 @@ def run_stage(
     A stateless stage runs one bundle per input batch. A stateful stage reads a partition
     sorted by key and runs whole keys at a time: their elements, then their timers.
     """
-    with worker_warnings.recording(sinks.warnings):
+    with _recording(sinks):
         worker = stage_worker(spec)
     process = worker.process_keys if spec.stateful else worker.process
     worker.drop_unfinalized()  # left over from a task of this worker that failed
@@ -565,15 +581,18 @@ def run_stage(
             bundles = process(data, metrics)
             while True:
                 try:
-                    with worker_warnings.recording(sinks.warnings):
+                    with _recording(sinks):
                         outputs = next(bundles, None)
                 except StageExecutionError:
                     raise
                 except Exception as error:  # noqa: BLE001 - re-raised with the stage's name
-                    raise StageExecutionError(spec.display_name, traceback.format_exc()) from error
+                    # The last exception only: Beam re-raises the user's error with the step
+                    # name ("[while running ...]"), and its traceback ends in the user's code.
+                    detail = "".join(traceback.format_exception(error, chain=False))
+                    raise StageExecutionError(spec.display_name, detail) from error
                 if outputs is None:
                     break
                 yield from outputs.record_batches(spec.outputs, worker.key_extractors)
                 # Spark has taken the bundle's output: its finalization may run now.
-                with worker_warnings.recording(sinks.warnings):
+                with _recording(sinks):
                     worker.finalize_bundles()

@@ -77,11 +77,14 @@ class TranslationContext:
         sinks: TaskSinks,
         translator_for: Callable[[str], Translator | None],
         pickle_library: str = beam_globals.DEFAULT_PICKLE_LIBRARY,
+        main_session: Any = None,
     ) -> None:
         self.spark = spark
         self.plan = plan
         self.run_id = run_id
         self.pickle_library = pickle_library
+        # A Spark broadcast of the run's main session (--save_main_session), or None.
+        self.main_session = main_session
         self.parallelism = parallelism
         self.sinks = sinks
         self.pipeline_context = bi.PipelineContext(plan.components)

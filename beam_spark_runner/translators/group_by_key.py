@@ -67,6 +67,7 @@ def group_spec(node: PlannedBuffer, context: TranslationContext) -> GroupSpec:
         post_grouping_coder_id=grouping_coder_id(plan, plan.data_channel_coders[output_pcoll]),
         windowing_strategy_id=plan.components.pcollections[input_pcoll].windowing_strategy_id,
         pickle_library=context.pickle_library,
+        main_session=context.main_session,
     )
 
 
