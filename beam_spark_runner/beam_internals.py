@@ -216,6 +216,22 @@ def set_pickle_library(library: str) -> None:
     pickler.set_library(library)
 
 
+def python_transforms(pipeline: Any) -> Iterator[Any]:
+    """Every transform of a Python pipeline (composites and their parts), outermost first.
+
+    Walks the applied transforms' parts directly: ``Pipeline.visit`` also visits each
+    transform's inputs, side inputs and outputs, and visiting a pipeline before
+    ``to_runner_api`` changed the element types Beam then checked (a stateful DoFn's input
+    read from a TestStream was no longer seen as key-value pairs).
+    """
+    stack = [pipeline._root_transform()]  # noqa: SLF001 - Beam has no public walk
+    while stack:
+        applied = stack.pop()
+        if applied.transform is not None:
+            yield applied.transform
+        stack.extend(reversed(applied.parts))
+
+
 def current_step_name() -> str | None:
     """The Beam step (transform name) running on this thread, as Beam's log handler finds it."""
     tracker = statesampler.get_current_tracker()

@@ -17,8 +17,11 @@ gets no summary.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from typing import Any
+
+from beam_spark_runner import beam_internals as bi
 
 SUMMARY_LOGGER = logging.getLogger("beam_spark_runner.summary")
 MAX_LISTED_FILES = 5
@@ -36,36 +39,26 @@ def _static(value: Any) -> str | None:
 
 def output_patterns(pipeline: Any) -> list[str]:
     """Glob patterns matching the files the pipeline's file writes produce."""
-    from apache_beam.io import fileio, iobase
+    from apache_beam.io import iobase
     from apache_beam.io.filebasedsink import FileBasedSink
     from apache_beam.io.filesystems import FileSystems
 
+    # Only where the pipeline could have used it: importing Beam's fileio from here made a
+    # later pipeline's stateful DoFn fail Beam's key-value input check in to_runner_api
+    # (tests/test_batch_test_stream.py; cause not found yet).
+    fileio = sys.modules.get("apache_beam.io.fileio")
     patterns: list[str] = []
-
-    class _Visitor:
-        def enter_composite_transform(self, node: Any) -> None:
-            self.visit_transform(node)
-
-        def leave_composite_transform(self, node: Any) -> None:
-            del node
-
-        def visit_value(self, value: Any, producer_node: Any) -> None:
-            del value, producer_node
-
-        def visit_transform(self, node: Any) -> None:
-            transform = node.transform
-            sink = getattr(transform, "sink", None)
-            if isinstance(transform, iobase.Write) and isinstance(sink, FileBasedSink):
-                prefix = _static(sink.file_path_prefix)
-                suffix = _static(sink.file_name_suffix) or ""
-                if prefix is not None:
-                    patterns.append(f"{prefix}*{suffix}")
-            elif isinstance(transform, fileio.WriteToFiles):
-                directory = _static(transform.path)
-                if directory is not None:
-                    patterns.append(FileSystems.join(directory, "*"))
-
-    pipeline.visit(_Visitor())
+    for transform in bi.python_transforms(pipeline):
+        sink = getattr(transform, "sink", None)
+        if isinstance(transform, iobase.Write) and isinstance(sink, FileBasedSink):
+            prefix = _static(sink.file_path_prefix)
+            suffix = _static(sink.file_name_suffix) or ""
+            if prefix is not None:
+                patterns.append(f"{prefix}*{suffix}")
+        elif fileio is not None and isinstance(transform, fileio.WriteToFiles):
+            directory = _static(transform.path)
+            if directory is not None:
+                patterns.append(FileSystems.join(directory, "*"))
     return list(dict.fromkeys(patterns))
 
 

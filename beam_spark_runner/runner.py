@@ -71,7 +71,6 @@ class SparkStructuredRunner(PipelineRunner):
             experiments.append("beam_fn_api")
         debug.experiments = experiments
         settings = spark_settings(options)
-        outputs = run_summary.output_patterns(pipeline)
         default_environment = bi.default_environment()
         key_coders = bi.group_by_key_input_visitor(
             not options.view_as(pipeline_options.TypeOptions).allow_non_deterministic_key_coders
@@ -107,8 +106,13 @@ class SparkStructuredRunner(PipelineRunner):
         pipeline.visit(key_coders)
         proto = pipeline.to_runner_api(default_environment=default_environment)
         result = self.run_batch(proto, options, settings)
+        # After the run: reading the Python transforms before to_runner_api changed the
+        # element types Beam checks there (tests/test_batch_test_stream.py).
         run_summary.log_summary(
-            settings.app_name, started_wall, time.monotonic() - started, outputs
+            settings.app_name,
+            started_wall,
+            time.monotonic() - started,
+            run_summary.output_patterns(pipeline),
         )
         return result
 
