@@ -27,7 +27,16 @@ from apache_beam.transforms import trigger, userstate, window
 from apache_beam.transforms.periodicsequence import PeriodicImpulse
 from apache_beam.transforms.window import TimestampedValue
 
+from beam_spark_runner.spark_compat import pyspark_version
+from beam_spark_runner.streaming.check import STREAMING_SPARK
 from tests.conftest import SPARK_TEST_MASTER
+
+if pyspark_version() < STREAMING_SPARK:
+    pytest.skip(
+        "streaming runs need PySpark 4.1+ (transformWithState on rows); this is older",
+        allow_module_level=True,
+    )
+
 
 _COLLECTED: list[Any] = []
 _LOCK = threading.Lock()
