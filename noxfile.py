@@ -113,11 +113,37 @@ def requirements(line: Line) -> list[str]:
             continue
         result.append(pins.pop(name, requirement))
     result += pins.values()
-    for requirement in project.get("optional-dependencies", {}).get("test", []):
+    extras = project.get("optional-dependencies", {})
+    for requirement in _expanded(extras, "test"):
         # pytest and what Beam's test modules import (validates_runner/); not the tools.
         if _name(requirement) not in TOOLS:
-            result.append(requirement)
+            result.append(_pinned(requirement, line))
     return result + list(line.extra)
+
+
+def _expanded(extras: dict[str, list[str]], extra: str) -> list[str]:
+    """An extra's requirements, this project's own extras expanded.
+
+    ``beam-spark-runner[x]`` becomes extra x's requirements: the session installs this
+    checkout, not a released package.
+    """
+    result = []
+    for requirement in extras.get(extra, []):
+        if _name(requirement) == "beam-spark-runner":
+            inner = re.search(r"\[(.*?)\]", requirement)
+            for name in inner.group(1).split(",") if inner else []:
+                result += _expanded(extras, name.strip())
+        else:
+            result.append(requirement)
+    return result
+
+
+def _pinned(requirement: str, line: Line) -> str:
+    """Beam with extras (``apache-beam[yaml]``) at the line's Beam version."""
+    if _name(requirement) == "apache-beam":
+        extras = re.search(r"\[.*?\]", requirement)
+        return f"apache-beam{extras.group(0) if extras else ''}=={line.beam}"
+    return requirement
 
 
 def install(session: nox.Session, line: Line) -> None:
