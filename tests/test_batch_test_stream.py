@@ -360,7 +360,7 @@ class _BufferWithSide(BufferUntilTimer):
     def process(  # type: ignore[override]
         self,
         element: tuple[str, int],
-        side: list[int],
+        side: list[tuple[str, int]],
         timestamp: Timestamp = beam.DoFn.TimestampParam,
         buffer: userstate.BagRuntimeState = beam.DoFn.StateParam(BufferUntilTimer.BUFFER),
         flush: userstate.RuntimeTimer = beam.DoFn.TimerParam(BufferUntilTimer.FLUSH),
@@ -384,9 +384,11 @@ def test_a_streaming_only_pipeline_the_streaming_path_refuses_is_refused_before_
         .add_elements([TimestampedValue(("k", 2), 12)])
     )
     p = beam.Pipeline(options=PipelineOptions(SPARK_ARGS))
-    side = beam.pvalue.AsList(p | "Side" >> beam.Create([1]))
-    buffer = beam.ParDo(_BufferWithSide(), side).with_input_types(tuple[str, int], list[int])
-    _ = p | "Script" >> stream | "Buffer" >> buffer
+    # Key-value side elements: Beam picks the stateful DoFn's "main" input for its key check
+    # from a set that holds the side input too (hash order), so both must be key-value.
+    side = beam.pvalue.AsList(p | "Side" >> beam.Create([("s", 1)]))
+    keyed = p | "Script" >> stream | beam.Map(lambda kv: kv).with_output_types(tuple[str, int])
+    _ = keyed | "Buffer" >> beam.ParDo(_BufferWithSide(), side)
     with pytest.raises(UnsupportedFeatureError) as error:
         p.run()
     message = str(error.value)
