@@ -66,11 +66,10 @@ OTHER_LINES = (
     Line("spark4.0", spark="4.0.5", beam=NEWEST_BEAM),
     # The oldest apache-beam we support. Its internals that the runner uses (beam_internals.py)
     # exist from 2.65 (pipeline_utils), but Beam <= 2.67 caps pyarrow < 17 and PySpark 4.3
-    # needs pyarrow >= 18: 2.68 (pyarrow < 19) is the oldest that works with every line.
-    # Out of the matrix for now (2026-11-23): on Beam 2.68 the streaming path's
-    # transformWithState Python worker crashes, and --save_main_session (cloudpickle) and
-    # workers' logs fail their tests; cause not found yet. Put it back once fixed.
-    # Line("beam2.68", spark=NEWEST_SPARK, beam="2.68.0"),
+    # needs pyarrow >= 18, and Beam 2.68 caps protobuf < 6 where PySpark 4.3's state protocol
+    # (transformWithState, so streaming) needs protobuf >= 6.33.5: 2.69 is the oldest Beam
+    # with which every feature works on every line.
+    Line("beam2.69", spark=NEWEST_SPARK, beam="2.69.0"),
 )
 
 # The smoke subset of the pipeline tests: GroupByKey (windows, merging, triggers), side

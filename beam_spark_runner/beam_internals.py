@@ -14,6 +14,7 @@ import functools
 import gc
 import inspect
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
@@ -242,17 +243,29 @@ def current_step_name() -> str | None:
     return getattr(name_context, "step_name", None) if name_context is not None else None
 
 
-def dump_main_session(path: str) -> None:
-    """Writes the main session as Beam's stager does for ``--save_main_session``.
+def dump_main_session(path: str) -> bytes:
+    """The main session, pickled as Beam's stager does for ``--save_main_session``.
 
     With dill, the whole ``__main__`` module; with cloudpickle, Beam's registries (coders,
     logical types, schemas) only, since cloudpickle pickles ``__main__`` code by value.
+    ``path`` is the scratch file Beam's pickler writes. Beam 2.69 and older write nothing
+    with cloudpickle (their ``dump_session`` is a no-op): that session is empty bytes.
     """
     pickler.dump_session(path)
+    if not os.path.exists(path):
+        return b""
+    with open(path, "rb") as file:
+        return file.read()
 
 
 def load_main_session(path: str) -> None:
-    """Loads a main session in a worker, as Beam's SDK harness does (``sdk_worker_main``)."""
+    """Loads a main session in a worker, as Beam's SDK harness does (``sdk_worker_main``).
+
+    An empty file (the session of a Beam whose cloudpickle ``dump_session`` wrote nothing)
+    loads nothing.
+    """
+    if os.path.getsize(path) == 0:
+        return
     pickler.load_session(path)
 
 

@@ -75,9 +75,7 @@ def capture(pickle_library: str) -> MainSession | None:
     with tempfile.TemporaryDirectory(prefix="beam-main-session-") as directory:
         path = os.path.join(directory, "main_session.pickle")
         try:
-            bi.dump_main_session(path)
-            with open(path, "rb") as file:
-                beam_session = file.read()
+            beam_session = bi.dump_main_session(path)
             classes = _main_classes()
             main_classes = bi.cloudpickle_dumps(classes) if classes else None
         except Exception as error:  # noqa: BLE001 - any pickling failure: go on without

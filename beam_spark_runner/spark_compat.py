@@ -35,6 +35,29 @@ def require_spark(feature: str, minimum: tuple[int, int]) -> None:
     )
 
 
+def require_state_protocol(feature: str) -> None:
+    """Raises ``UnsupportedFeatureError`` if PySpark's state protocol cannot load.
+
+    PySpark's ``transformWithState`` talks to the JVM through generated protobuf code that
+    checks the protobuf runtime at import (PySpark 4.3's needs protobuf >= 6.33.5). With an
+    older runtime (apache-beam <= 2.68 caps protobuf < 6) every stateful stage's Python
+    worker would crash at its first micro-batch; this says so before Spark starts.
+    """
+    try:
+        from pyspark.sql.streaming.proto import StateMessage_pb2  # noqa: F401
+    except ImportError:
+        return  # a PySpark without the module: require_spark refuses it first
+    except Exception as error:  # protobuf's VersionError is not an ImportError
+        import google.protobuf
+
+        raise UnsupportedFeatureError(
+            f"{feature} needs the protobuf runtime PySpark's state protocol was generated "
+            f"for, but this is protobuf {google.protobuf.__version__}: {error} "
+            "Upgrade protobuf (pip install -U protobuf; apache-beam 2.69 or newer allows "
+            "protobuf 6), or run the pipeline in batch."
+        ) from error
+
+
 def named_function(function: Callable[[Any], Any], name: str) -> Callable[[Any], Any]:
     """A one-argument wrapper called ``name``: Spark shows it in plans and the UI."""
 

@@ -101,3 +101,26 @@ def test_require_spark_on_this_line_for_a_spark_4_feature():
         return
     with pytest.raises(UnsupportedFeatureError, match=r"A Spark 4 feature needs Spark 4\.0"):
         require_spark("A Spark 4 feature", (4, 0))
+
+
+def test_require_state_protocol_names_protobuf_when_its_runtime_is_too_old(monkeypatch):
+    """A protobuf runtime older than PySpark's generated state protocol (Beam <= 2.68
+    caps protobuf < 6) is refused before Spark starts, naming protobuf and what to do."""
+    import sys
+
+    if INSTALLED < (4, 1):
+        pytest.skip("PySpark before 4.1 has no transformWithState state protocol")
+    from google.protobuf import runtime_version
+
+    def too_old(*args, **kwargs):
+        raise runtime_version.VersionError("gencode 6.33.5 runtime 5.29.6")
+
+    monkeypatch.delitem(sys.modules, "pyspark.sql.streaming.proto.StateMessage_pb2", raising=False)
+    monkeypatch.setattr(runtime_version, "ValidateProtobufRuntimeVersion", too_old)
+    with pytest.raises(UnsupportedFeatureError, match=r"protobuf .*gencode 6\.33\.5") as error:
+        spark_compat.require_state_protocol("Streaming")
+    assert "apache-beam 2.69" in str(error.value)
+
+
+def test_require_state_protocol_accepts_the_installed_protobuf():
+    spark_compat.require_state_protocol("Streaming")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.errors import UnsupportedFeatureError
 from beam_spark_runner.planning import TEST_STREAM_URN, Plan, PlannedStage
-from beam_spark_runner.spark_compat import require_spark
+from beam_spark_runner.spark_compat import require_spark, require_state_protocol
 
 # transformWithState on rows (4.1) and Python streaming data sources with read limits (4.2).
 STREAMING_SPARK = (4, 1)
@@ -32,7 +32,9 @@ def is_unbounded_splittable(stage: PlannedStage) -> bool:
 
 def check_streaming_pipeline(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
     """Refuses sources a streaming run cannot read yet (on the unfused pipeline)."""
-    require_spark("Streaming (Structured Streaming with transformWithState)", STREAMING_SPARK)
+    feature = "Streaming (Structured Streaming with transformWithState)"
+    require_spark(feature, STREAMING_SPARK)
+    require_state_protocol(feature)
     components = proto.components
     for transform in components.transforms.values():
         if transform.subtransforms:
