@@ -546,3 +546,24 @@ def window_mapping_fn(spec: beam_runner_api_pb2.FunctionSpec) -> Callable[[Any],
             f"found {spec.urn}."
         )
     return pickler.loads(spec.payload)  # type: ignore[no-any-return]
+
+
+def read_test_stream_service(
+    url: str, output_ids: list[str], timeout: float
+) -> list[beam_runner_api_pb2.TestStreamPayload.Event]:
+    """Every event a TestStream service (``TestStreamServiceController``) streams.
+
+    The service's events carry microseconds where a TestStream payload's carry
+    milliseconds (DirectRunner reads them so, and Beam's interactive cache writes them so).
+    ``timeout`` bounds the whole read: the service must end its stream.
+    """
+    import grpc
+    from apache_beam.portability.api import (
+        beam_interactive_api_pb2,
+        beam_interactive_api_pb2_grpc,
+    )
+
+    with grpc.insecure_channel(url) as channel:
+        stub = beam_interactive_api_pb2_grpc.TestStreamServiceStub(channel)
+        request = beam_interactive_api_pb2.EventsRequest(output_ids=output_ids)
+        return list(stub.Events(request, timeout=timeout))

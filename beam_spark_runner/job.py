@@ -86,6 +86,45 @@ def run_plan(
             collector.close()
 
 
+def open_run_context(
+    plan: Plan,
+    spark: SparkSession,
+    parallelism: int | None,
+    collector: AttemptCollector | None,
+    pickle_library: str,
+    saved_main_session: MainSession | None,
+    log_levels: worker_logs.LogLevels,
+) -> TranslationContext:
+    """A new run of ``plan``: the translation context holding its id and accumulators.
+
+    The accumulators are the metrics, warnings and worker logs (``TaskSinks``); the main
+    session is broadcast with the context's other broadcasts. The batch run (``run_plan``)
+    and the streaming query (``streaming.query``) both start so.
+    """
+    spark_context = spark.sparkContext
+    sinks = TaskSinks(
+        metrics=MetricsSink(
+            new_accumulator(spark_context), collector.address if collector is not None else None
+        ),
+        warnings=worker_warnings.new_accumulator(spark_context),
+        logs=worker_logs.new_accumulator(spark_context),
+        log_levels=log_levels,
+    )
+    context = TranslationContext(
+        spark,
+        plan,
+        uuid.uuid4().hex[:12],
+        parallelism or spark_context.defaultParallelism,
+        sinks,
+        translator_for,
+        pickle_library,
+        spark_context.broadcast(saved_main_session) if saved_main_session is not None else None,
+    )
+    if context.main_session is not None:
+        context.broadcasts.append(context.main_session)
+    return context
+
+
 def _run(
     plan: Plan,
     spark: SparkSession,
@@ -97,28 +136,12 @@ def _run(
     log_levels: worker_logs.LogLevels,
 ) -> RunMetrics:
     spark_context = spark.sparkContext
-    run_id = uuid.uuid4().hex[:12]
-    metrics = MetricsSink(
-        new_accumulator(spark_context), collector.address if collector is not None else None
+    context = open_run_context(
+        plan, spark, parallelism, collector, pickle_library, saved_main_session, log_levels
     )
-    sinks = TaskSinks(
-        metrics=metrics,
-        warnings=worker_warnings.new_accumulator(spark_context),
-        logs=worker_logs.new_accumulator(spark_context),
-        log_levels=log_levels,
-    )
-    context = TranslationContext(
-        spark,
-        plan,
-        run_id,
-        parallelism or spark_context.defaultParallelism,
-        sinks,
-        translator_for,
-        pickle_library,
-        spark_context.broadcast(saved_main_session) if saved_main_session is not None else None,
-    )
-    if context.main_session is not None:
-        context.broadcasts.append(context.main_session)
+    run_id = context.run_id
+    sinks = context.sinks
+    metrics = sinks.metrics
     group = f"beam-{job_name}-{run_id}"
     started = time.monotonic()
     try:

@@ -126,12 +126,15 @@ class SparkStructuredRunner(PipelineRunner):
             check_streaming_pipeline,
             check_streaming_plan,
         )
+        from beam_spark_runner.streaming.test_stream import inline_service_events
 
         settings = settings or spark_settings(options)
+        log_levels = worker_logs.log_levels(options)
         pickle_library = beam_globals.pickle_library(options)
         beam_globals.apply(pickle_library)
         proto = bi.prepare_pipeline_proto(proto)
         check_requirements(proto)
+        proto = inline_service_events(proto)
         check_streaming_pipeline(proto)
         plan = build_plan(
             proto,
@@ -141,6 +144,11 @@ class SparkStructuredRunner(PipelineRunner):
         )
         check_streaming_plan(plan)
         check_stages(plan)
+        saved_main_session = (
+            main_session.capture(pickle_library)
+            if options.view_as(pipeline_options.SetupOptions).save_main_session
+            else None
+        )
         spark, _ = obtain_session(settings)
         share_driver_path(spark)
         from beam_spark_runner.streaming.query import start_query
@@ -153,6 +161,8 @@ class SparkStructuredRunner(PipelineRunner):
             pickle_library,
             settings.trigger_interval,
             settings.checkpoint_location,
+            saved_main_session,
+            log_levels,
         )
 
     def run_proto(self, proto: Any, options: Any, settings: Any = None) -> SparkPipelineResult:

@@ -10,6 +10,12 @@ from pathlib import Path
 import pytest
 
 from beam_spark_runner import main_session
+from beam_spark_runner.spark_compat import pyspark_version
+from beam_spark_runner.streaming.check import STREAMING_SPARK
+
+needs_streaming = pytest.mark.skipif(
+    pyspark_version() < STREAMING_SPARK, reason="streaming needs PySpark 4.1 or newer"
+)
 
 # A main script whose dataclass and NamedTuple go between steps and through a GroupByKey.
 SCRIPT = textwrap.dedent(
@@ -68,18 +74,27 @@ def _run_script(
     return result, lines
 
 
-@pytest.mark.parametrize("pickle_library", ["cloudpickle", "dill"])
+@pytest.mark.parametrize(
+    ("pickle_library", "mode"),
+    [
+        ("cloudpickle", "batch"),
+        ("dill", "batch"),
+        pytest.param("cloudpickle", "streaming", marks=needs_streaming),
+    ],
+)
 def test_main_script_classes_with_save_main_session(
     run_python: Callable[..., subprocess.CompletedProcess[str]],
     tmp_path: Path,
     beam_options: list[str],
     pickle_library: str,
+    mode: str,
 ) -> None:
     result, lines = _run_script(
         run_python,
         tmp_path,
         beam_options,
-        ["--save_main_session", f"--pickle_library={pickle_library}"],
+        ["--save_main_session", f"--pickle_library={pickle_library}"]
+        + (["--streaming"] if mode == "streaming" else []),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert lines == ["a:4", "b:2"]

@@ -10,6 +10,12 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_spark_runner import worker_logs
+from beam_spark_runner.spark_compat import pyspark_version
+from beam_spark_runner.streaming.check import STREAMING_SPARK
+
+needs_streaming = pytest.mark.skipif(
+    pyspark_version() < STREAMING_SPARK, reason="streaming needs PySpark 4.1 or newer"
+)
 
 LOGGER = "tests.user_dofn"
 
@@ -42,11 +48,12 @@ def _log_elements_messages(caplog: pytest.LogCaptureFixture) -> list[str]:
     return _messages(caplog, "apache_beam.transforms.util") + _messages(caplog, "root")
 
 
+@pytest.mark.parametrize("mode", ["batch", pytest.param("streaming", marks=needs_streaming)])
 def test_info_logs_and_log_elements_reach_the_driver(
-    beam_options: list[str], caplog: pytest.LogCaptureFixture
+    beam_options: list[str], caplog: pytest.LogCaptureFixture, mode: str
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    _run(beam_options, [])
+    _run(beam_options, ["--streaming"] if mode == "streaming" else [])
     user = _messages(caplog, LOGGER)
     assert sorted(m for m in user if m.startswith("saw")) == [
         "saw element 7 [Beam step 'LogEach', Spark worker]",

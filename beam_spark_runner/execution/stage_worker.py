@@ -533,7 +533,7 @@ NO_SINKS = TaskSinks()
 
 
 @contextlib.contextmanager
-def _recording(sinks: TaskSinks) -> Iterator[None]:
+def recording(sinks: TaskSinks) -> Iterator[None]:
     """Records the warnings and log records of the code run inside, for the driver."""
     with (
         worker_warnings.recording(sinks.warnings),
@@ -570,7 +570,7 @@ def run_stage(
     A stateless stage runs one bundle per input batch. A stateful stage reads a partition
     sorted by key and runs whole keys at a time: their elements, then their timers.
     """
-    with _recording(sinks):
+    with recording(sinks):
         worker = stage_worker(spec)
     process = worker.process_keys if spec.stateful else worker.process
     worker.drop_unfinalized()  # left over from a task of this worker that failed
@@ -581,7 +581,7 @@ def run_stage(
             bundles = process(data, metrics)
             while True:
                 try:
-                    with _recording(sinks):
+                    with recording(sinks):
                         outputs = next(bundles, None)
                 except StageExecutionError:
                     raise
@@ -594,5 +594,5 @@ def run_stage(
                     break
                 yield from outputs.record_batches(spec.outputs, worker.key_extractors)
                 # Spark has taken the bundle's output: its finalization may run now.
-                with _recording(sinks):
+                with recording(sinks):
                     worker.finalize_bundles()

@@ -41,13 +41,6 @@ def check_streaming_pipeline(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
             continue
         if transform.spec.urn == TEST_STREAM_URN:
             payload = bi.beam_runner_api_pb2.TestStreamPayload.FromString(transform.spec.payload)
-            if payload.endpoint.url:
-                raise UnsupportedFeatureError(
-                    f"Transform '{transform.unique_name}' is a TestStream ({TEST_STREAM_URN}) "
-                    f"that reads its events from a service ({payload.endpoint.url}); "
-                    "SparkStructuredRunner runs only TestStreams whose events are in the "
-                    "pipeline."
-                )
             _check_test_stream_elements(transform, payload, components)
             continue
         outputs = [components.pcollections[p] for p in transform.outputs.values()]

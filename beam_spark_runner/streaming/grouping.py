@@ -125,7 +125,7 @@ class StreamingGrouper:
     """One GroupByKey's coders and trigger driver, built once per worker process."""
 
     def __init__(self, spec: GroupSpec) -> None:
-        beam_globals.enter_run(spec.run_id, spec.pickle_library)
+        beam_globals.enter_run(spec.run_id, spec.pickle_library, spec.main_session)
         context = bi.PipelineContext(bi.beam_runner_api_pb2.Components.FromString(spec.components))
         self.name = spec.name
         self.pre_impl = context.coders[spec.pre_grouping_coder_id].get_impl()
@@ -231,7 +231,7 @@ def streaming_grouper(spec: GroupSpec) -> StreamingGrouper:
         _GROUPERS[spec.cache_key] = grouper
         while len(_GROUPERS) > _MAX_CACHED:
             _GROUPERS.popitem(last=False)
-    beam_globals.enter_run(spec.run_id, spec.pickle_library)
+    beam_globals.enter_run(spec.run_id, spec.pickle_library, spec.main_session)
     return grouper
 
 

@@ -17,13 +17,13 @@ from typing import Any
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from beam_spark_runner.execution.grouping import GroupSpec
-from beam_spark_runner.execution.stage_worker import StageSpec, TaskSinks
+from beam_spark_runner.execution.stage_worker import StageSpec, TaskSinks, recording
 from beam_spark_runner.streaming.grouping import (
     decode_shard_state,
     encode_shard_state,
     run_group_shard,
 )
-from beam_spark_runner.streaming.rows import routed_row
+from beam_spark_runner.streaming.rows import Row, routed_row
 from beam_spark_runner.streaming.side_inputs import (
     SideInputShardState,
     SideInputStageSpec,
@@ -52,6 +52,7 @@ class LevelProcessor(StatefulProcessor):  # type: ignore[misc]
         self.splittable = splittable
         self.with_side_inputs = with_side_inputs
         self.sinks = sinks
+        self._runs = {*groups, *stages, *splittable, *with_side_inputs}
         self._state: Any = None
 
     def init(self, handle: StatefulProcessorHandle) -> None:
@@ -70,8 +71,19 @@ class LevelProcessor(StatefulProcessor):  # type: ignore[misc]
     ) -> Iterator[Any]:
         """Runs one (node, shard) for one micro-batch, or passes its rows on."""
         target, shard = int(key[0]), int(key[1])
+        if target not in self._runs:
+            yield from rows  # addressed to a later step
+            return
+        with recording(self.sinks):
+            out = self._run_shard(target, shard, rows)
+        make_row = routed_row()
+        for row in out:
+            yield make_row(*row)
+
+    def _run_shard(self, target: int, shard: int, rows: Iterator[Any]) -> list[Row]:
+        """One stateful (node, shard) for one micro-batch: its rows out; its state updated."""
         node = self.topology.nodes[target]
-        previous = self._state.get() if node.stateful and self._state.exists() else None
+        previous = self._state.get() if self._state.exists() else None
         encoded = bytes(previous[0]) if previous else None
         if target in self.groups:
             group_state = decode_shard_state(encoded) if encoded else None
@@ -97,18 +109,13 @@ class LevelProcessor(StatefulProcessor):  # type: ignore[misc]
                 self.topology, node, shard, self.stages[target], stage_state, rows, self.sinks
             )
             self._state.update((stage_state.encode(),))
-        elif target in self.splittable:
+        else:
             sdf_state = SplittableShardState.decode(encoded) if encoded else None
             sdf_state, out = run_splittable_shard(
                 self.topology, node, shard, self.splittable[target], sdf_state, rows, self.sinks
             )
             self._state.update((sdf_state.encode(),))
-        else:
-            yield from rows
-            return
-        make_row = routed_row()
-        for row in out:
-            yield make_row(*row)
+        return out
 
     def close(self) -> None:
         """Nothing to release."""

@@ -17,17 +17,16 @@ import shutil
 import tempfile
 import threading
 import time
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from apache_beam.runners.runner import PipelineState
 
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner import worker_warnings
+from beam_spark_runner import worker_logs, worker_warnings
 from beam_spark_runner.attempts import AttemptCollector
-from beam_spark_runner.execution.stage_worker import TaskSinks
-from beam_spark_runner.job import describe_failure
-from beam_spark_runner.metrics import MetricsSink, RunMetrics, new_accumulator, pipeline_level_infos
+from beam_spark_runner.job import describe_failure, open_run_context
+from beam_spark_runner.main_session import MainSession
+from beam_spark_runner.metrics import RunMetrics, pipeline_level_infos
 from beam_spark_runner.planning import (
     GROUP_BY_KEY_URN,
     TEST_STREAM_BUFFER_KIND,
@@ -57,7 +56,6 @@ from beam_spark_runner.streaming.topology import (
     build_topology,
 )
 from beam_spark_runner.streaming.watermarks import MAX_MICROS
-from beam_spark_runner.translators import translator_for
 from beam_spark_runner.translators.base import TranslationContext, spark_function_name
 from beam_spark_runner.translators.fused_stage import stage_spec
 from beam_spark_runner.translators.group_by_key import group_spec
@@ -168,8 +166,9 @@ def plan_topology(plan: Plan, shards: int) -> Topology:
 class _SinkWatch:
     """The driver's view of the sink: the latest watermark of each producer reaching it."""
 
-    def __init__(self, topology: Topology) -> None:
+    def __init__(self, topology: Topology, logs: Any = None) -> None:
         self.expected = topology.sink_producers
+        self.logs = logs
         self.watermarks: dict[str, int] = {}
         self.finished = threading.Event()
         self.final_batch: int | None = None
@@ -177,7 +176,11 @@ class _SinkWatch:
 
     def on_batch(self, frame: DataFrame, batch_id: int) -> None:
         """``foreachBatch``: runs the micro-batch (one action) and reads its sink markers."""
-        for row in frame.collect():
+        try:
+            rows = frame.collect()
+        finally:
+            self.reemit_logs()
+        for row in rows:
             marker = routed.marker_of(row)
             previous = self.watermarks.get(marker.producer, marker.watermark)
             self.watermarks[marker.producer] = max(previous, marker.watermark)
@@ -188,6 +191,19 @@ class _SinkWatch:
         ):
             self.final_batch = batch_id
             self.finished.set()
+
+    def reemit_logs(self) -> None:
+        """Logs what user code logged in the micro-batch's tasks, then empties the record.
+
+        Called after the batch's action: its tasks are done, and each task's records were
+        merged into the accumulator before the action returned, so none is lost. Emptying
+        it keeps a long-running query's driver memory flat.
+        """
+        if self.logs is None:
+            return
+        records = self.logs.value
+        self.logs.value = []
+        worker_logs.reemit(records)
 
     def slowest(self) -> str:
         """The producer furthest behind, for progress logs."""
@@ -284,29 +300,33 @@ def start_query(
     pickle_library: str,
     trigger_seconds: float,
     checkpoint_location: str | None,
+    saved_main_session: MainSession | None = None,
+    log_levels: worker_logs.LogLevels | None = None,
 ) -> StreamingPipelineResult:
-    """Starts the pipeline's streaming query; returns its RUNNING result."""
+    """Starts the pipeline's streaming query; returns its RUNNING result.
+
+    Tasks restore ``saved_main_session`` (``--save_main_session``) first; user code's log
+    records at ``log_levels`` are logged on the driver after each micro-batch.
+    """
     spark_context = spark.sparkContext
     collector = AttemptCollector.start(spark_context.getConf())
-    metrics = MetricsSink(
-        new_accumulator(spark_context), collector.address if collector is not None else None
-    )
-    sinks = TaskSinks(metrics=metrics, warnings=worker_warnings.new_accumulator(spark_context))
-    run_id = uuid.uuid4().hex[:12]
-    context = TranslationContext(
-        spark,
+    context = open_run_context(
         plan,
-        run_id,
-        parallelism or spark_context.defaultParallelism,
-        sinks,
-        translator_for,
+        spark,
+        parallelism,
+        collector,
         pickle_library,
+        saved_main_session,
+        log_levels or worker_logs.LogLevels(),
     )
+    run_id = context.run_id
+    sinks = context.sinks
+    metrics = sinks.metrics
     topology = plan_topology(plan, context.parallelism)
     _ensure_state_store(spark)
     owned_checkpoint = checkpoint_location is None
     checkpoint = checkpoint_location or tempfile.mkdtemp(prefix="beam-spark-checkpoint-")
-    watch = _SinkWatch(topology)
+    watch = _SinkWatch(topology, sinks.logs)
     frame = build_frame(context, topology)
     query_name = f"beam-{spark_function_name(job_name)[5:]}-{run_id}"
     _LOGGER.info(

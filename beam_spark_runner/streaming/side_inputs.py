@@ -132,7 +132,7 @@ def run_side_input_shard(
         state = SideInputShardState(
             WatermarkState(expected=node.expected), [[] for _ in spec.side_inputs]
         )
-    beam_globals.enter_run(spec.stage.run_id, spec.stage.pickle_library)
+    beam_globals.enter_run(spec.stage.run_id, spec.stage.pickle_library, spec.stage.main_session)
     coders = _coders(spec)
     markers: list[Marker] = []
     for row in rows:
