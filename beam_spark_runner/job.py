@@ -6,14 +6,14 @@ import logging
 import re
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from beam_spark_runner import worker_logs, worker_warnings
 from beam_spark_runner.attempts import AttemptCollector
 from beam_spark_runner.beam_globals import DEFAULT_PICKLE_LIBRARY
 from beam_spark_runner.errors import PipelineExecutionError
 from beam_spark_runner.execution.stage_worker import TaskSinks
-from beam_spark_runner.main_session import MainSession
+from beam_spark_runner.main_session import InlineSession, MainSession
 from beam_spark_runner.metrics import (
     MetricsSink,
     RunMetrics,
@@ -94,12 +94,15 @@ def open_run_context(
     pickle_library: str,
     saved_main_session: MainSession | None,
     log_levels: worker_logs.LogLevels,
+    broadcast_main_session: bool = True,
 ) -> TranslationContext:
     """A new run of ``plan``: the translation context holding its id and accumulators.
 
     The accumulators are the metrics, warnings and worker logs (``TaskSinks``); the main
     session is broadcast with the context's other broadcasts. The batch run (``run_plan``)
-    and the streaming query (``streaming.query``) both start so.
+    and the streaming query (``streaming.query``) both start so; the query's tasks carry
+    the main session inline (``broadcast_main_session=False``: its stateful workers do not
+    load broadcasts).
     """
     spark_context = spark.sparkContext
     sinks = TaskSinks(
@@ -110,6 +113,13 @@ def open_run_context(
         logs=worker_logs.new_accumulator(spark_context),
         log_levels=log_levels,
     )
+    shipped: Any = None
+    if saved_main_session is not None:
+        shipped = (
+            spark_context.broadcast(saved_main_session)
+            if broadcast_main_session
+            else InlineSession(saved_main_session)
+        )
     context = TranslationContext(
         spark,
         plan,
@@ -118,10 +128,10 @@ def open_run_context(
         sinks,
         translator_for,
         pickle_library,
-        spark_context.broadcast(saved_main_session) if saved_main_session is not None else None,
+        shipped,
     )
-    if context.main_session is not None:
-        context.broadcasts.append(context.main_session)
+    if broadcast_main_session and shipped is not None:
+        context.broadcasts.append(shipped)
     return context
 
 

@@ -318,6 +318,7 @@ def start_query(
         pickle_library,
         saved_main_session,
         log_levels or worker_logs.LogLevels(),
+        broadcast_main_session=False,
     )
     run_id = context.run_id
     sinks = context.sinks
