@@ -1,6 +1,6 @@
 """A driver process for the streaming cluster test: an unbounded pipeline writing files.
 
-``python streaming_driver.py --output-dir=D --start=S --runner=... [pipeline options]``
+``python streaming_driver.py --output-dir=D --start=S [--seconds=N] --runner=... [options]``
 runs PeriodicImpulse -> FixedWindows -> CombinePerKey -> WriteToText(triggering_frequency)
 with ``--streaming`` and writes the files under D.
 """
@@ -20,13 +20,14 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--start", type=float, required=True)
+    parser.add_argument("--seconds", type=float, default=10, help="the sequence's length")
     args, pipeline_args = parser.parse_known_args(argv)
     options = PipelineOptions([*pipeline_args, "--streaming"])
     with beam.Pipeline(options=options) as pipeline:
         _ = (
             pipeline
             | PeriodicImpulse(
-                start_timestamp=args.start, stop_timestamp=args.start + 10, fire_interval=1
+                start_timestamp=args.start, stop_timestamp=args.start + args.seconds, fire_interval=1
             )
             | beam.Map(lambda at: (f"k{int(at) % 3}", 1))
             | beam.WindowInto(window.FixedWindows(5))
