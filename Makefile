@@ -7,13 +7,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: install demo test unit-test cluster-test validates-runner teststream-check dataframe-check matrix lint typecheck bench bench-nexmark clean help
+.PHONY: install demo test unit-test cluster-test restart-test validates-runner teststream-check dataframe-check matrix lint typecheck bench bench-nexmark clean help
 
 help:
 	@echo "make demo              run the demo pipeline on an embedded local[*] Spark"
 	@echo "make test              lint, type-check, unit + pipeline tests, cluster smoke, validates-runner"
 	@echo "make unit-test         unit and pipeline tests only (local[2])"
 	@echo "make cluster-test      smoke tests on a standalone Spark cluster (separate executors)"
+	@echo "make restart-test      streaming drivers killed and restarted from checkpoints (long)"
 	@echo "make validates-runner  Beam's own runner suites against SparkStructuredRunner, as a table"
 	@echo "make capabilities      regenerate docs/capabilities.md from the last validates-runner run"
 	@echo "make teststream-check  Beam's streaming test modules on this runner, in streaming (long)"
@@ -42,10 +43,16 @@ typecheck: $(STAMP)
 	$(PY) -m mypy
 
 unit-test: $(STAMP)
-	$(PYTEST) tests -m "not cluster"
+	$(PYTEST) tests -m "not cluster and not restart"
 
 cluster-test: $(STAMP)
-	$(PYTEST) tests -m cluster
+	$(PYTEST) tests -m "cluster and not restart"
+
+# Streaming drivers SIGKILLed mid-batch, during a sink's commit and after a commit, then
+# restarted from their checkpoint: the output must be exactly an uninterrupted run's, on
+# local[2] and on a standalone cluster. Several minutes: not part of `make test`.
+restart-test: $(STAMP)
+	$(PYTEST) tests -m restart
 
 validates-runner: $(STAMP)
 	$(PY) -m validates_runner.report

@@ -1,14 +1,16 @@
 """The runner against the Spark and Beam lines it supports (``nox -l`` lists the sessions).
 
-* ``tests``: the README's suite, ``pytest tests -m "not cluster"``, on the default versions
-  (the newest PySpark and the newest apache-beam we support). The default session.
+* ``tests``: the README's suite, ``pytest tests -m "not cluster and not restart"``, on the
+  default versions (the newest PySpark and the newest apache-beam we support). The default
+  session.
 * ``smoke-<line>``: one per other line (PySpark 3.5.x and 4.0.x with the newest Beam; the
   oldest Beam we support with the newest PySpark): the unit tests, the pipeline tests that
   exercise GroupByKey, side inputs, text IO and metrics, and a slice of Beam's FnApiRunner
   suite (``validates_runner``). Tagged ``smoke``: ``nox -t smoke`` runs them all, and so
   does ``ci/matrix.sh`` (after ``make test`` in CI).
-* ``nox -s smoke-<line> -- full``: the full suite (``tests -m "not cluster"``) in that
-  line's venv, for when a smoke session fails. Other arguments after ``--`` go to pytest.
+* ``nox -s smoke-<line> -- full``: the full suite (``tests -m "not cluster and not
+  restart"``) in that line's venv, for when a smoke session fails. Other arguments after
+  ``--`` go to pytest.
 
 Every session installs this checkout (editable, without its dependencies) beside the
 dependencies of ``pyproject.toml``, with apache-beam and pyspark pinned to the line's
@@ -83,7 +85,7 @@ SMOKE_PIPELINE_TESTS = (
 UNIT_TEST_ARGS = (
     "tests",
     "-m",
-    "not cluster",
+    "not cluster and not restart",
     "--ignore=tests/test_pipelines.py",
     "--ignore=tests/cluster",
     "-k",
@@ -198,7 +200,7 @@ def pytest_args(session: nox.Session) -> list[str]:
 def full_suite(session: nox.Session, line: Line) -> None:
     install(session, line)
     report_versions(session)
-    pytest(session, "tests", "-m", "not cluster")
+    pytest(session, "tests", "-m", "not cluster and not restart")
 
 
 def smoke(session: nox.Session, line: Line) -> None:
@@ -236,7 +238,7 @@ def _environment(session: nox.Session, line: Line) -> None:
 
 @nox.session(name="tests")
 def tests(session: nox.Session) -> None:
-    """The full suite (pytest tests -m "not cluster") on the newest PySpark and Beam."""
+    """The full suite (``tests -m "not cluster and not restart"``), newest PySpark and Beam."""
     _environment(session, DEFAULT)
     full_suite(session, DEFAULT)
 

@@ -36,6 +36,7 @@ from beam_spark_runner.planning import (
 from beam_spark_runner.spark_compat import named_function
 from beam_spark_runner.streaming import rows as routed
 from beam_spark_runner.streaming.check import is_unbounded_splittable
+from beam_spark_runner.streaming.checkpoint import check_checkpoint
 from beam_spark_runner.streaming.levels import LevelProcessor
 from beam_spark_runner.streaming.result import StreamingPipelineResult, wait_for
 from beam_spark_runner.streaming.router import RouterSpec, run_router
@@ -327,6 +328,14 @@ def start_query(
     _ensure_state_store(spark)
     owned_checkpoint = checkpoint_location is None
     checkpoint = checkpoint_location or tempfile.mkdtemp(prefix="beam-spark-checkpoint-")
+    if not owned_checkpoint:
+        try:
+            check_checkpoint(spark, checkpoint, topology)
+        except BaseException:
+            context.release()
+            if collector is not None:
+                collector.close()
+            raise
     watch = _SinkWatch(topology, sinks.logs)
     frame = build_frame(context, topology)
     query_name = f"beam-{spark_function_name(job_name)[5:]}-{run_id}"

@@ -27,7 +27,9 @@ def main(argv: list[str]) -> None:
         _ = (
             pipeline
             | PeriodicImpulse(
-                start_timestamp=args.start, stop_timestamp=args.start + args.seconds, fire_interval=1
+                start_timestamp=args.start,
+                stop_timestamp=args.start + args.seconds,
+                fire_interval=1,
             )
             | beam.Map(lambda at: (f"k{int(at) % 3}", 1))
             | beam.WindowInto(window.FixedWindows(5))

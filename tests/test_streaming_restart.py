@@ -1,0 +1,95 @@
+"""Exactly once across restarts: a streaming driver SIGKILLed and restarted (long).
+
+The unbounded pipeline of ``tests/cluster/streaming_driver.py`` is killed mid-batch,
+during its sink's commit and after a commit, restarted each time with the same
+``--spark_checkpoint_location``, and must write exactly the files of an uninterrupted run
+(DirectRunner's, which ``test_streaming.py`` shows ours equal). Each driver run starts a JVM
+and the query: several minutes in all, so it runs in ``make restart-test``, not in
+``make unit-test``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from beam_spark_runner.spark_compat import pyspark_version
+from beam_spark_runner.streaming.check import STREAMING_SPARK
+from tests.cluster.restarts import (
+    AFTER_COMMIT,
+    MID_BATCH,
+    SINK_COMMIT,
+    STREAMING_DRIVER,
+    run_with_kills,
+    written,
+)
+
+pytestmark = [
+    pytest.mark.restart,
+    pytest.mark.skipif(pyspark_version() < STREAMING_SPARK, reason="streaming needs PySpark 4.1+"),
+]
+
+SECONDS = 20
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    return env
+
+
+def _command(output: Path, start: float, runner: list[str]) -> list[str]:
+    return [
+        sys.executable,
+        str(STREAMING_DRIVER),
+        f"--output-dir={output}",
+        f"--start={start}",
+        f"--seconds={SECONDS}",
+        *runner,
+    ]
+
+
+def test_a_killed_and_restarted_query_writes_exactly_the_uninterrupted_output(
+    tmp_path: Path,
+) -> None:
+    # Aligned to the 5 s windows, started 5 s ago: the files do not depend on the start.
+    start = float(int(time.time()) // 5 * 5 - 5)
+    reference = tmp_path / "uninterrupted"
+    reference.mkdir()
+    direct = subprocess.run(
+        _command(reference, start, ["--runner=DirectRunner"]),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert direct.returncode == 0, direct.stderr[-3000:]
+    output = tmp_path / "restarted"
+    output.mkdir()
+    checkpoint = tmp_path / "checkpoint"
+    events = run_with_kills(
+        _command(
+            output,
+            start,
+            [
+                "--runner=SparkStructuredRunner",
+                "--spark_master=local[2]",
+                f"--spark_checkpoint_location={checkpoint}",
+            ],
+        ),
+        checkpoint,
+        output,
+        [SINK_COMMIT, MID_BATCH, AFTER_COMMIT],
+        tmp_path,
+        _env(),
+    )
+    print("\n".join(events))
+    expected = written(reference)
+    assert len(expected) >= SECONDS // 5
+    assert written(output) == expected
