@@ -35,6 +35,7 @@ from beam_spark_runner.planning import (
 )
 from beam_spark_runner.spark_compat import named_function
 from beam_spark_runner.streaming import rows as routed
+from beam_spark_runner.streaming.bounded_side_inputs import BroadcastPlan, plan_broadcasts
 from beam_spark_runner.streaming.check import is_unbounded_splittable
 from beam_spark_runner.streaming.checkpoint import check_checkpoint
 from beam_spark_runner.streaming.levels import LevelProcessor
@@ -58,7 +59,7 @@ from beam_spark_runner.streaming.topology import (
 )
 from beam_spark_runner.streaming.watermarks import MAX_MICROS
 from beam_spark_runner.translators.base import TranslationContext, spark_function_name
-from beam_spark_runner.translators.fused_stage import stage_spec
+from beam_spark_runner.translators.fused_stage import broadcast_side_inputs, stage_spec
 from beam_spark_runner.translators.group_by_key import group_spec
 
 if TYPE_CHECKING:
@@ -83,10 +84,13 @@ def _feeders(plan: Plan, buffer_id: bytes) -> tuple[tuple[str, str], ...]:
     return tuple((STAGE, writer) for writer, _ in buffer.writers)
 
 
-def _readers(plan: Plan, buffer_id: bytes) -> tuple[tuple[str, ...], ...]:
+def _readers(
+    plan: Plan, buffer_id: bytes, broadcast_readers: frozenset[str] = frozenset()
+) -> tuple[tuple[str, ...], ...]:
     """Who reads what is written to ``buffer_id``: its GroupByKey, or its reading stages.
 
-    A stage reading it as its n-th side input (from 1) is ``("stage", name, n)``.
+    A stage reading it as its n-th side input (from 1) is ``("stage", name, n)``, unless
+    the stage gets its side inputs broadcast (``broadcast_readers``).
     """
     buffer = plan.buffers[buffer_id]
     if buffer.urn == GROUP_BY_KEY_URN:
@@ -94,6 +98,7 @@ def _readers(plan: Plan, buffer_id: bytes) -> tuple[tuple[str, ...], ...]:
     sides = tuple(
         (STAGE, reader, str(number))
         for reader in buffer.side_readers
+        if reader not in broadcast_readers
         for number, side in enumerate(plan.stage(reader).side_inputs, start=1)
         if side.buffer_id == buffer_id
     )
@@ -124,8 +129,22 @@ def side_input_stage_spec(stage: PlannedStage, context: TranslationContext) -> S
     )
 
 
-def plan_topology(plan: Plan, shards: int) -> Topology:
-    """The plan's stages and GroupByKeys as routed nodes, in topological order."""
+def plan_broadcasts_of(plan: Plan) -> BroadcastPlan:
+    """Which stages get bounded side inputs broadcast, and which only compute them."""
+    return plan_broadcasts(
+        plan,
+        frozenset(s.name for s in plan.stages if s.stateful or is_unbounded_splittable(s)),
+    )
+
+
+def plan_topology(plan: Plan, shards: int, broadcasts: BroadcastPlan | None = None) -> Topology:
+    """The plan's stages and GroupByKeys as routed nodes, in topological order.
+
+    Stages in ``broadcasts.computed_in_batch`` are left out; stages in
+    ``broadcasts.readers`` read no side input through the query.
+    """
+    broadcasts = broadcasts or BroadcastPlan(frozenset(), frozenset())
+    batch_only = broadcasts.computed_in_batch
     specs: list[NodeSpec] = []
     groups_added: set[bytes] = set()
 
@@ -143,23 +162,30 @@ def plan_topology(plan: Plan, shards: int) -> Topology:
         )
 
     for stage in plan.stages:
+        if stage.name in batch_only:
+            continue
         input_buffer = plan.buffers[stage.input_buffer_id]
         if input_buffer.urn == GROUP_BY_KEY_URN and stage.input_buffer_id not in groups_added:
             add_group(stage.input_buffer_id)
+        streamed_sides = () if stage.name in broadcasts.readers else stage.side_inputs
         specs.append(
             NodeSpec(
                 name=stage.name,
                 kind=STAGE,
-                stateful=bool(
-                    stage.stateful or stage.side_inputs or is_unbounded_splittable(stage)
-                ),
+                stateful=bool(stage.stateful or streamed_sides or is_unbounded_splittable(stage)),
                 inputs=_feeders(plan, stage.input_buffer_id),
-                outputs=tuple(_readers(plan, output.buffer_id) for output in stage.outputs),
-                side_inputs=tuple(_feeders(plan, side.buffer_id) for side in stage.side_inputs),
+                outputs=tuple(
+                    _readers(plan, output.buffer_id, broadcasts.readers) for output in stage.outputs
+                ),
+                side_inputs=tuple(_feeders(plan, side.buffer_id) for side in streamed_sides),
             )
         )
     for buffer_id, buffer in plan.buffers.items():
-        if buffer.urn == GROUP_BY_KEY_URN and buffer_id not in groups_added:
+        if (
+            buffer.urn == GROUP_BY_KEY_URN
+            and buffer_id not in groups_added
+            and not all(writer in batch_only for writer, _ in buffer.writers)
+        ):
             add_group(buffer_id)
     return build_topology(specs, shards)
 
@@ -238,10 +264,21 @@ def _source_plan(plan: Plan, topology: Topology) -> SourcePlan:
     )
 
 
-def build_frame(context: TranslationContext, topology: Topology) -> DataFrame:
-    """The query's DataFrame: source, routers and levels, ending in the sink's markers."""
+def build_frame(
+    context: TranslationContext, topology: Topology, broadcast_readers: frozenset[str] = frozenset()
+) -> DataFrame:
+    """The query's DataFrame: source, routers and levels, ending in the sink's markers.
+
+    The stages in ``broadcast_readers`` get their (bounded) side inputs computed now, one
+    Spark job each, and broadcast.
+    """
     plan = context.plan
     spark = context.spark
+    side_input_state = {
+        node.name: broadcast_side_inputs(plan.stage(node.name), context)
+        for node in topology.nodes
+        if node.name in broadcast_readers
+    }
     spark.dataSource.register(RunnerSource)
     frame = (
         spark.readStream.format(SOURCE_NAME)
@@ -279,7 +316,7 @@ def build_frame(context: TranslationContext, topology: Topology) -> DataFrame:
                 processor, routed.routed_type(), "Append", "None"
             )
         stages = {
-            node.index: stage_spec(plan.stage(node.name), context)
+            node.index: stage_spec(plan.stage(node.name), context, side_input_state.get(node.name))
             for node in topology.stateless_in(step)
         }
         if stages:
@@ -324,20 +361,30 @@ def start_query(
     run_id = context.run_id
     sinks = context.sinks
     metrics = sinks.metrics
-    topology = plan_topology(plan, context.parallelism)
+    broadcasts = plan_broadcasts_of(plan)
+    topology = plan_topology(plan, context.parallelism, broadcasts)
     _ensure_state_store(spark)
     owned_checkpoint = checkpoint_location is None
     checkpoint = checkpoint_location or tempfile.mkdtemp(prefix="beam-spark-checkpoint-")
-    if not owned_checkpoint:
-        try:
-            check_checkpoint(spark, checkpoint, topology)
-        except BaseException:
-            context.release()
-            if collector is not None:
-                collector.close()
-            raise
     watch = _SinkWatch(topology, sinks.logs)
-    frame = build_frame(context, topology)
+    if broadcasts.readers:
+        _LOGGER.info(
+            "Bounded side inputs computed before the query and broadcast, for: %s "
+            "(%d stage(s) that only compute them run in batch)",
+            ", ".join(plan.stage(name).display_name for name in sorted(broadcasts.readers)),
+            len(broadcasts.computed_in_batch),
+        )
+    try:
+        if not owned_checkpoint:
+            check_checkpoint(spark, checkpoint, topology)
+        frame = build_frame(context, topology, broadcasts.readers)
+    except BaseException as error:
+        context.release()
+        if collector is not None:
+            collector.close()
+        if type(error).__module__.startswith(("pyspark", "py4j")):
+            raise describe_failure(error) from None  # a bounded side input's job failed
+        raise
     query_name = f"beam-{spark_function_name(job_name)[5:]}-{run_id}"
     _LOGGER.info(
         "Beam pipeline %s runs in streaming: one Spark query (%s) of %d stateful level(s) "

@@ -228,7 +228,7 @@ class FusedStageTranslator:
         """The stage's (tag, key, element) output DataFrame."""
         plan = context.plan
         inline = reads_side_inputs_inline(plan, node)
-        spec = stage_spec(node, context, None if inline else self._side_input_state(node, context))
+        spec = stage_spec(node, context, None if inline else broadcast_side_inputs(node, context))
         input_buffer = plan.buffers[node.input_buffer_id]
         if groups_in_stage(plan, node):
             # One Python worker per task for the grouping and the stage (execution.grouped_stage).
@@ -296,38 +296,43 @@ class FusedStageTranslator:
         )
         return context.union_frames(frames).coalesce(1)
 
-    @staticmethod
-    def _side_input_state(node: PlannedStage, context: TranslationContext) -> object | None:
-        if not node.side_inputs:
-            return None
-        plan = context.plan
-        entries: list[tuple[bytes, bytes]] = []
-        for side_input in node.side_inputs:
-            elements = context.side_input_elements.get(side_input.buffer_id)
-            if elements is None:
-                frame = context.buffer_frame(side_input.buffer_id)
-                context.spark.sparkContext.setJobDescription(
-                    f"Beam side input {side_input.pcollection_id} (for {node.display_name})"
-                )
-                elements = [bytes(row[0]) for row in frame.select(ELEMENT).collect()]
-                context.side_input_elements[side_input.buffer_id] = elements
-            data_channel_coder = plan.data_channel_coders[side_input.pcollection_id]
-            value_coder = context.pipeline_context.coders[plan.safe_coders[data_channel_coder]]
-            entries.extend(
-                side_input_state_entries(
-                    side_input.transform_id,
-                    side_input.tag,
-                    side_input.access_pattern_urn,
-                    elements,
-                    value_coder,
-                )
+
+def broadcast_side_inputs(node: PlannedStage, context: TranslationContext) -> object | None:
+    """The stage's side inputs, collected (one Spark job each) and broadcast as state entries.
+
+    None for a stage without side inputs. Batch stages read them so; in a streaming run, so
+    do stages whose side inputs are all bounded (``streaming.bounded_side_inputs``).
+    """
+    if not node.side_inputs:
+        return None
+    plan = context.plan
+    entries: list[tuple[bytes, bytes]] = []
+    for side_input in node.side_inputs:
+        elements = context.side_input_elements.get(side_input.buffer_id)
+        if elements is None:
+            frame = context.buffer_frame(side_input.buffer_id)
+            context.spark.sparkContext.setJobDescription(
+                f"Beam side input {side_input.pcollection_id} (for {node.display_name})"
             )
-        _LOGGER.info(
-            "Stage %s: %d side input(s), %d state entries broadcast",
-            node.display_name,
-            len(node.side_inputs),
-            len(entries),
+            elements = [bytes(row[0]) for row in frame.select(ELEMENT).collect()]
+            context.side_input_elements[side_input.buffer_id] = elements
+        data_channel_coder = plan.data_channel_coders[side_input.pcollection_id]
+        value_coder = context.pipeline_context.coders[plan.safe_coders[data_channel_coder]]
+        entries.extend(
+            side_input_state_entries(
+                side_input.transform_id,
+                side_input.tag,
+                side_input.access_pattern_urn,
+                elements,
+                value_coder,
+            )
         )
-        broadcast = context.spark.sparkContext.broadcast(entries)
-        context.broadcasts.append(broadcast)
-        return broadcast
+    _LOGGER.info(
+        "Stage %s: %d side input(s), %d state entries broadcast",
+        node.display_name,
+        len(node.side_inputs),
+        len(entries),
+    )
+    broadcast = context.spark.sparkContext.broadcast(entries)
+    context.broadcasts.append(broadcast)
+    return broadcast
