@@ -143,6 +143,25 @@ def session_conf(master: str, settings: SparkSettings) -> dict[str, str]:
     return conf
 
 
+LOOPBACK = "127.0.0.1"
+_ADDRESS_SETTINGS = ("spark.driver.bindAddress", "spark.driver.host")
+
+
+def bind_to_loopback(conf: dict[str, str]) -> bool:
+    """Keeps an embedded (local) session's driver and UI on the loopback interface.
+
+    Spark binds its UI to every interface unless ``SPARK_LOCAL_IP`` says otherwise, and a
+    laptop's UI then shows the job to its whole network. Unless the user chose an address
+    (``SPARK_LOCAL_IP``, or ``spark.driver.bindAddress``/``spark.driver.host`` through
+    ``--spark_conf``), the driver's JVM starts with ``SPARK_LOCAL_IP=127.0.0.1``. Returns
+    whether it did.
+    """
+    if os.environ.get("SPARK_LOCAL_IP") or any(key in conf for key in _ADDRESS_SETTINGS):
+        return False
+    os.environ["SPARK_LOCAL_IP"] = LOOPBACK
+    return True
+
+
 def _build_session(settings: SparkSettings) -> SparkSession:
     from pyspark.sql import SparkSession
 
@@ -150,6 +169,8 @@ def _build_session(settings: SparkSettings) -> SparkSession:
     master = settings.master or _configured_master() or DEFAULT_MASTER
     check_master_reachable(master)
     builder = SparkSession.builder.master(master).appName(settings.app_name)
+    if is_local_master(master):
+        bind_to_loopback(settings.conf)
     if is_local_master(master) and not os.environ.get("PYSPARK_PYTHON"):
         # Local executors' Python workers must see the driver's packages (Beam, pyarrow,
         # this runner). PySpark takes the worker interpreter from this variable only.

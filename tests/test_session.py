@@ -1,7 +1,12 @@
-"""The settings of the sessions the runner creates (no Spark started here)."""
+"""The settings of the sessions the runner creates (Spark started by the last test only)."""
 
 from __future__ import annotations
 
+import os
+
+import pytest
+
+from beam_spark_runner import session
 from beam_spark_runner.options import SparkSettings
 from beam_spark_runner.session import LOCAL_DRIVER_JAVA_OPTIONS, QUIET_LOG4J_PROFILE, session_conf
 
@@ -55,3 +60,31 @@ def test_local_sessions_get_a_quarter_of_the_memory_within_bounds(monkeypatch) -
         == "2g"
     )
     assert "spark.driver.memory" not in session_conf("spark://host:7077", _settings())
+
+
+def test_an_embedded_session_binds_to_loopback_unless_told_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    assert session.bind_to_loopback({})
+    assert os.environ["SPARK_LOCAL_IP"] == "127.0.0.1"
+    monkeypatch.setenv("SPARK_LOCAL_IP", "10.0.0.5")
+    assert not session.bind_to_loopback({})
+    assert os.environ["SPARK_LOCAL_IP"] == "10.0.0.5"
+    monkeypatch.delenv("SPARK_LOCAL_IP")
+    assert not session.bind_to_loopback({"spark.driver.bindAddress": "0.0.0.0"})
+    assert "SPARK_LOCAL_IP" not in os.environ
+
+
+def test_the_test_sessions_ui_listens_on_loopback(beam_options: list[str]) -> None:
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from beam_spark_runner.options import spark_settings
+
+    spark, _ = session.obtain_session(spark_settings(PipelineOptions(beam_options)))
+    url = spark.sparkContext.uiWebUrl
+    if url is None:
+        pytest.skip("the Spark UI is disabled in this session")
+    if os.environ.get("SPARK_LOCAL_IP") != session.LOOPBACK:
+        pytest.skip("this environment chose its own SPARK_LOCAL_IP")
+    assert "127.0.0.1" in url or "localhost" in url, url

@@ -39,6 +39,7 @@ from beam_spark_runner.streaming.bounded_side_inputs import BroadcastPlan, plan_
 from beam_spark_runner.streaming.check import is_unbounded_splittable
 from beam_spark_runner.streaming.checkpoint import check_checkpoint
 from beam_spark_runner.streaming.levels import LevelProcessor
+from beam_spark_runner.streaming.progress import ProgressReport
 from beam_spark_runner.streaming.result import StreamingPipelineResult, wait_for
 from beam_spark_runner.streaming.router import RouterSpec, run_router
 from beam_spark_runner.streaming.side_inputs import SideInputSpec, SideInputStageSpec
@@ -71,7 +72,7 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 _PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
 _ROOT_KINDS = ("impulse", TEST_STREAM_BUFFER_KIND)
 # How often the driver logs a running query's progress.
-_PROGRESS_SECONDS = 10.0
+_PROGRESS_SECONDS = 5.0
 
 
 def _feeders(plan: Plan, buffer_id: bytes) -> tuple[tuple[str, str], ...]:
@@ -231,13 +232,6 @@ class _SinkWatch:
         records = self.logs.value
         self.logs.value = []
         worker_logs.reemit(records)
-
-    def slowest(self) -> str:
-        """The producer furthest behind, for progress logs."""
-        if not self.expected:
-            return "none"
-        producer = min(self.expected, key=lambda p: self.watermarks.get(p, -(2**63)))
-        return f"{producer} at {self.watermarks.get(producer, 'no marker yet')}"
 
 
 def _last_batch(query: Any) -> int:
@@ -422,6 +416,17 @@ def start_query(
 
     result = StreamingPipelineResult(spark_context.applicationId, read_metrics, cancel)
 
+    report = ProgressReport(
+        job_name,
+        trigger_seconds,
+        {
+            node.index: plan.stage(node.name).display_name
+            if node.kind == STAGE
+            else f"GroupByKey {plan.buffers[node.name.encode()].name}"
+            for node in topology.nodes
+        },
+    )
+
     def watch_query() -> None:
         started = last_log = time.monotonic()
         error: BaseException | None = None
@@ -431,12 +436,8 @@ def start_query(
                     break
                 if time.monotonic() - last_log > _PROGRESS_SECONDS:
                     last_log = time.monotonic()
-                    _LOGGER.info(
-                        "Beam pipeline %s: %d micro-batches, slowest sink producer %s",
-                        job_name,
-                        watch.batches,
-                        watch.slowest(),
-                    )
+                    report.falls_behind(query.recentProgress)
+                    _LOGGER.info("%s", report.line(query.lastProgress, dict(watch.watermarks)))
             if watch.finished.is_set():
                 # Let Spark commit the last batch before stopping, so a named checkpoint
                 # does not replay it.

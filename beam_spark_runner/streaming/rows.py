@@ -140,7 +140,8 @@ def routed_marker(topology: Topology, node: Node, shard: int, output: int, now: 
     """A stateful shard's output watermark as markers to its readers (or the sink)."""
     marker = Marker(producer_id(node.index, shard), output, now)
     rows: list[Row] = []
-    for target in node.all_targets or (SINK,):
+    # Readers or not, the driver hears every shard's watermark (progress reports).
+    for target in (*node.all_targets, SINK):
         rows.extend(marker_rows(topology, target, marker))
     return rows
 
