@@ -632,7 +632,9 @@ def _plan_stage(
     stateful = False
     for _, transform, payload in bi.par_do_payloads({t.unique_name: t for t in transforms}):
         stateful = stateful or bool(payload.state_specs or payload.timer_family_specs)
-        for tag, spec in payload.side_inputs.items():
+        # Sorted: a protobuf map's order follows the process's hash seed, and a streaming
+        # restart must number the side inputs as the run that wrote its state did.
+        for tag, spec in sorted(payload.side_inputs.items()):
             pcoll = transform.inputs[tag]
             side_inputs.append(
                 SideInput(

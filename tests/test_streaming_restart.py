@@ -46,13 +46,13 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _command(output: Path, start: float, runner: list[str]) -> list[str]:
+def _command(output: Path, start: float, runner: list[str], seconds: int = SECONDS) -> list[str]:
     return [
         sys.executable,
         str(STREAMING_DRIVER),
         f"--output-dir={output}",
         f"--start={start}",
-        f"--seconds={SECONDS}",
+        f"--seconds={seconds}",
         *runner,
     ]
 
@@ -97,3 +97,50 @@ def test_a_killed_and_restarted_query_writes_exactly_the_uninterrupted_output(
     expected = written(reference)
     assert len(expected) >= SECONDS // 5
     assert written(output) == expected
+
+
+def test_a_crash_in_user_code_names_the_stage_shows_nothing_uncommitted_and_restarts(
+    tmp_path: Path,
+) -> None:
+    start = float(int(time.time()) // 5 * 5 - 5)
+    reference = tmp_path / "uninterrupted"
+    reference.mkdir()
+    seconds = 40
+    direct = subprocess.Popen(
+        _command(reference, start, ["--runner=DirectRunner"], seconds),
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    output = tmp_path / "crashed"
+    output.mkdir()
+    spark = [
+        "--runner=SparkStructuredRunner",
+        "--spark_master=local[2]",
+        f"--spark_checkpoint_location={tmp_path / 'checkpoint'}",
+    ]
+    # The element 20 s in fails: the window [20, 25) and every later one never fire.
+    crashed = subprocess.run(
+        [*_command(output, start, spark, seconds), "--fail-at=20"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert crashed.returncode != 0
+    assert "Beam stage 'Key" in crashed.stderr, crashed.stderr[-3000:]
+    assert "the driver was told to fail on the element" in crashed.stderr
+    visible = sorted(written(output))
+    assert visible, "the windows before the failing element should have fired"
+    assert all(float(name.split("[")[1].split(",")[0]) < start + 20 for name in visible)
+    # Restarted from its checkpoint without the failure: exactly the uninterrupted files.
+    restarted = subprocess.run(
+        _command(output, start, spark, seconds),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    assert direct.wait(timeout=600) == 0
+    assert written(output) == written(reference)

@@ -16,11 +16,20 @@ from apache_beam.transforms import window
 from apache_beam.transforms.periodicsequence import PeriodicImpulse
 
 
+def _key(at: float, fail_at: float | None) -> tuple[str, int]:
+    if fail_at is not None and int(at) == int(fail_at):
+        raise ValueError(f"the driver was told to fail on the element at {at}")
+    return (f"k{int(at) % 3}", 1)
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--start", type=float, required=True)
     parser.add_argument("--seconds", type=float, default=10, help="the sequence's length")
+    parser.add_argument(
+        "--fail-at", type=float, default=None, help="a Map fails on the element this long in"
+    )
     args, pipeline_args = parser.parse_known_args(argv)
     options = PipelineOptions([*pipeline_args, "--streaming"])
     with beam.Pipeline(options=options) as pipeline:
@@ -31,7 +40,7 @@ def main(argv: list[str]) -> None:
                 stop_timestamp=args.start + args.seconds,
                 fire_interval=1,
             )
-            | beam.Map(lambda at: (f"k{int(at) % 3}", 1))
+            | "Key" >> beam.Map(_key, None if args.fail_at is None else args.start + args.fail_at)
             | beam.WindowInto(window.FixedWindows(5))
             | beam.CombinePerKey(sum)
             | beam.MapTuple(lambda key, count: f"{key},{count}")
