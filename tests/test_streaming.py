@@ -330,3 +330,42 @@ def test_a_running_query_reports_metrics_and_can_be_cancelled() -> None:
     assert committed_ticks() >= 3, "no micro-batch committed its metrics"
     assert result.cancel() == PipelineState.CANCELLED
     assert result.state == PipelineState.CANCELLED
+
+
+def _note_first(path: str, marker: str) -> str:
+    Path(marker).touch()
+    return path
+
+
+def test_continuous_file_matching_reads_files_that_arrive_while_it_runs(tmp_path: Path) -> None:
+    from apache_beam.io import fileio
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    (inbox / "a.txt").write_text("x\ny\n")
+    seen = tmp_path / "seen-a"
+
+    def drop_b_once_a_is_read() -> None:
+        deadline = time.monotonic() + 120
+        while not seen.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (inbox / "b.txt").write_text("z\n")
+
+    threading.Thread(target=drop_b_once_a_is_read, daemon=True).start()
+    options = PipelineOptions(
+        ["--runner=SparkStructuredRunner", f"--spark_master={SPARK_TEST_MASTER}", "--streaming"]
+    )
+    with beam.Pipeline(options=options) as pipeline:
+        lines = (
+            pipeline
+            | fileio.MatchContinuously(
+                str(inbox / "*.txt"), interval=2, stop_timestamp=time.time() + 45
+            )
+            | beam.Map(lambda metadata: metadata.path)
+            | beam.Map(_note_first, str(seen))
+            | fileio.ReadMatches()
+            | beam.FlatMap(
+                lambda f: [(Path(f.metadata.path).name, line) for line in f.read_utf8().split()]
+            )
+        )
+        assert_that(lines, equal_to([("a.txt", "x"), ("a.txt", "y"), ("b.txt", "z")]))
