@@ -26,7 +26,7 @@ from .support import PYTHON, STANDALONE_SPARK_CONF, StandaloneCluster, driver_en
 
 pytestmark = [pytest.mark.cluster, pytest.mark.restart]
 
-SECONDS = 120
+SECONDS = 240  # see tests/test_streaming_restart.py
 
 
 def _command(output: Path, start: float, runner: list[str]) -> list[str]:
