@@ -25,7 +25,7 @@ from beam_spark_runner.spark_compat import pyspark_version
 from beam_spark_runner.streaming import grouping
 from beam_spark_runner.streaming.check import STREAMING_SPARK
 from beam_spark_runner.streaming.rows import ELEMENT, KEY, PRODUCER, PTIME, WATERMARK
-from beam_spark_runner.streaming.topology import Node, Topology
+from beam_spark_runner.streaming.topology import SINK, Node, Topology
 from beam_spark_runner.translators.group_by_key import group_spec
 
 if pyspark_version() < STREAMING_SPARK:
@@ -99,9 +99,11 @@ class _Shard:
             if row[3] is not None
             for pane in self.grouper.post_impl.decode_all(row[3])
         ]
-        (marker,) = [row for row in out if row[3] is None]
-        assert marker[0] == self.node.all_targets[0]
-        return panes, marker[5]
+        markers = [row for row in out if row[3] is None]
+        # One to the reader, one to the driver (progress reports), with the same watermark.
+        assert sorted(m[0] for m in markers) == sorted([self.node.all_targets[0], SINK])
+        assert len({m[5] for m in markers}) == 1
+        return panes, markers[0][5]
 
 
 def _values(panes: list[WindowedValue]) -> list[tuple[Any, list[Any], Any]]:
