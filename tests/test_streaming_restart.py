@@ -106,7 +106,9 @@ def test_a_crash_in_user_code_names_the_stage_shows_nothing_uncommitted_and_rest
     start = float(int(time.time()) // 5 * 5 - 5)
     reference = tmp_path / "uninterrupted"
     reference.mkdir()
-    seconds = 40
+    # The failing element comes well after the first micro-batch (20-60 s here), so that
+    # earlier batches have committed windows before it.
+    seconds = 90
     direct = subprocess.Popen(
         _command(reference, start, ["--runner=DirectRunner"], seconds),
         env=_env(),
@@ -120,9 +122,9 @@ def test_a_crash_in_user_code_names_the_stage_shows_nothing_uncommitted_and_rest
         "--spark_master=local[2]",
         f"--spark_checkpoint_location={tmp_path / 'checkpoint'}",
     ]
-    # The element 20 s in fails: the window [20, 25) and every later one never fire.
+    # The element 70 s in fails: the window [70, 75) and every later one never fire.
     crashed = subprocess.run(
-        [*_command(output, start, spark, seconds), "--fail-at=20"],
+        [*_command(output, start, spark, seconds), "--fail-at=70"],
         env=_env(),
         capture_output=True,
         text=True,
@@ -136,7 +138,7 @@ def test_a_crash_in_user_code_names_the_stage_shows_nothing_uncommitted_and_rest
     assert "[while running 'Key']" in error
     visible = sorted(written(output))
     assert visible, "the windows before the failing element should have fired"
-    assert all(float(name.split("[")[1].split(",")[0]) < start + 20 for name in visible)
+    assert all(float(name.split("[")[1].split(",")[0]) < start + 70 for name in visible)
     # Restarted from its checkpoint without the failure: exactly the uninterrupted files.
     restarted = subprocess.run(
         _command(output, start, spark, seconds),
