@@ -13,7 +13,7 @@ from beam_spark_runner.attempts import AttemptCollector
 from beam_spark_runner.beam_globals import DEFAULT_PICKLE_LIBRARY
 from beam_spark_runner.errors import PipelineExecutionError
 from beam_spark_runner.execution.stage_worker import TaskSinks
-from beam_spark_runner.main_session import InlineSession, MainSession
+from beam_spark_runner.main_session import MainSession
 from beam_spark_runner.metrics import (
     MetricsSink,
     RunMetrics,
@@ -22,6 +22,7 @@ from beam_spark_runner.metrics import (
 )
 from beam_spark_runner.planning import Plan
 from beam_spark_runner.progress import ProgressReporter
+from beam_spark_runner.spark_compat import InlineValue
 from beam_spark_runner.translators import translator_for
 from beam_spark_runner.translators.base import TranslationContext
 
@@ -118,7 +119,7 @@ def open_run_context(
         shipped = (
             spark_context.broadcast(saved_main_session)
             if broadcast_main_session
-            else InlineSession(saved_main_session)
+            else InlineValue(saved_main_session)
         )
     context = TranslationContext(
         spark,

@@ -58,18 +58,6 @@ class MainSession:
     main_classes: bytes | None
 
 
-@dataclass(frozen=True)
-class InlineSession:
-    """A main session shipped inside the tasks' closures, where broadcasts cannot go.
-
-    It reads like a Spark broadcast (``.value``). PySpark's ``transformWithState`` workers
-    do not load the job's broadcast variables, so a streaming query's stages carry the
-    session itself.
-    """
-
-    value: MainSession
-
-
 def _main_classes() -> dict[str, type]:
     main = sys.modules.get("__main__")
     return {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -56,6 +57,18 @@ def require_state_protocol(feature: str) -> None:
             "Upgrade protobuf (pip install -U protobuf; apache-beam 2.69 or newer allows "
             "protobuf 6), or run the pipeline in batch."
         ) from error
+
+
+@dataclasses.dataclass(frozen=True)
+class InlineValue:
+    """A value shipped inside the tasks' closures, read like a Spark broadcast (``.value``).
+
+    PySpark's ``transformWithState`` workers do not load the job's broadcast variables
+    (``BROADCAST_VARIABLE_NOT_LOADED``), so what a streaming query's stateful stages need
+    (the main session, a bounded side input's state entries) travels with them.
+    """
+
+    value: Any
 
 
 def named_function(function: Callable[[Any], Any], name: str) -> Callable[[Any], Any]:

@@ -15,8 +15,9 @@ from apache_beam.transforms.periodicsequence import PeriodicImpulse
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.planning import build_plan
+from beam_spark_runner.streaming.bounded_side_inputs import plan_broadcasts
 from beam_spark_runner.streaming.checkpoint import fingerprint
-from beam_spark_runner.streaming.query import plan_broadcasts_of, plan_topology
+from beam_spark_runner.streaming.query import plan_topology
 
 
 def main() -> None:
@@ -33,7 +34,7 @@ def main() -> None:
     pipeline.visit(bi.group_by_key_input_visitor(True))
     proto = pipeline.to_runner_api(default_environment=bi.default_environment())
     plan = build_plan(bi.prepare_pipeline_proto(proto), streaming=True)
-    topology = plan_topology(plan, 2, plan_broadcasts_of(plan))
+    topology = plan_topology(plan, 2, plan_broadcasts(plan))
     print(
         json.dumps(
             {

@@ -203,6 +203,16 @@ class _BufferUntilTimer(beam.DoFn):  # type: ignore[misc]
         buffer.clear()
 
 
+class _SeenWithSide(beam.DoFn):  # type: ignore[misc]
+    """A stateful DoFn (it keeps each key's elements) that reads a side input."""
+
+    SEEN = userstate.BagStateSpec("seen", VarIntCoder())
+
+    def process(self, kv: Any, side: list[str], seen: Any = beam.DoFn.StateParam(SEEN)) -> Any:
+        seen.add(len(side))
+        yield f"{kv[1]}{len(side)}"
+
+
 def test_a_timers_output_timestamp_holds_the_downstream_watermark() -> None:
     stream = (
         ScriptedStream()
@@ -296,6 +306,16 @@ def test_main_elements_wait_for_their_side_input_window() -> None:
             lambda element, side: f"{element}{len(side)}", side=beam.pvalue.AsList(bounded)
         )
         assert_that(tagged, equal_to(["a2", "b2"]), label="CheckBounded")
+        # A stateful DoFn reading a bounded side input: computed before the query and
+        # shipped with the stage (transformWithState workers load no broadcasts). Key-value
+        # side elements: Beam's stateful-DoFn key check may pick the side input (hash order).
+        pairs = pipeline | "Pairs" >> beam.Create([("x", 1), ("y", 2)])
+        stateful = (
+            windowed
+            | "Key" >> beam.Map(lambda element: ("k", element))
+            | "Stateful" >> beam.ParDo(_SeenWithSide(), beam.pvalue.AsList(pairs))
+        )
+        assert_that(stateful, equal_to(["a2", "b2"]), label="CheckStateful")
 
 
 def test_a_running_query_reports_metrics_and_can_be_cancelled() -> None:

@@ -35,7 +35,7 @@ def test_a_side_input_only_a_side_input_needs_is_computed_in_batch() -> None:
         lambda key, lookup: (key, lookup.get(key)), lookup=beam.pvalue.AsDict(table)
     )
     plan = _plan(pipeline)
-    broadcasts = plan_broadcasts(plan, frozenset())
+    broadcasts = plan_broadcasts(plan)
     (reader,) = broadcasts.readers
     assert "Join" in plan.stage(reader).display_name
     computed = " ".join(_display(plan, broadcasts.computed_in_batch))
@@ -59,7 +59,7 @@ def test_a_side_input_whose_source_also_feeds_the_stream_keeps_streaming() -> No
     _ = _stream(pipeline) | "Join" >> beam.Map(
         lambda key, lookup: (key, lookup.get(key)), lookup=beam.pvalue.AsDict(table)
     )
-    broadcasts = plan_broadcasts(_plan(pipeline), frozenset())
+    broadcasts = plan_broadcasts(_plan(pipeline))
     assert broadcasts.readers == frozenset()
     assert broadcasts.computed_in_batch == frozenset()
 
@@ -68,6 +68,6 @@ def test_an_unbounded_side_input_keeps_streaming() -> None:
     pipeline = beam.Pipeline(options=PipelineOptions(["--streaming"]))
     stream = _stream(pipeline)
     _ = stream | "Join" >> beam.Map(lambda x, side: (x, side), side=beam.pvalue.AsList(stream))
-    broadcasts = plan_broadcasts(_plan(pipeline), frozenset())
+    broadcasts = plan_broadcasts(_plan(pipeline))
     assert broadcasts.readers == frozenset()
     assert broadcasts.computed_in_batch == frozenset()

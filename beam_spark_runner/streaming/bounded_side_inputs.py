@@ -3,9 +3,11 @@
 A stage whose side inputs are all bounded PCollections (computed from ``Create``, a
 bounded read, ... under the Impulse) does not need the streaming machinery for them: the
 runner computes them in batch before the query starts (one Spark job per side input, as a
-batch run does), broadcasts their state entries, and the stage runs in a router like any
-stateless stage. Its main elements wait for nothing, and no shard keeps a copy of the side
-input in its state (rewritten every micro-batch otherwise).
+batch run does) and ships their state entries with the stage: a Spark broadcast for a
+stateless stage, which then runs in a router; inline (``spark_compat.InlineValue``) for a
+stateful DoFn or an unbounded splittable DoFn, whose ``transformWithState`` workers load no
+broadcasts. Main elements wait for nothing, and no shard keeps a copy of the side input in
+its state (rewritten every micro-batch otherwise).
 
 The stages that compute such a side input leave the streaming graph, so their user code
 runs once. That is only possible when nothing else in the streaming graph needs them: a
@@ -33,14 +35,10 @@ class BroadcastPlan:
     computed_in_batch: frozenset[str]
 
 
-def _stage_is_candidate(plan: Plan, stage: PlannedStage, stateful: bool) -> bool:
-    return (
-        bool(stage.side_inputs)
-        and not stateful
-        and all(
-            plan.components.pcollections[side.pcollection_id].is_bounded == _BOUNDED
-            for side in stage.side_inputs
-        )
+def _stage_is_candidate(plan: Plan, stage: PlannedStage) -> bool:
+    return bool(stage.side_inputs) and all(
+        plan.components.pcollections[side.pcollection_id].is_bounded == _BOUNDED
+        for side in stage.side_inputs
     )
 
 
@@ -126,13 +124,9 @@ def _needed(plan: Plan, readers: frozenset[str]) -> set[str]:
     return needed
 
 
-def plan_broadcasts(plan: Plan, stateful: frozenset[str]) -> BroadcastPlan:
-    """The stages to give broadcast side inputs (``stateful``: stages streaming keeps)."""
-    candidates = {
-        stage.name
-        for stage in plan.stages
-        if _stage_is_candidate(plan, stage, stage.name in stateful)
-    }
+def plan_broadcasts(plan: Plan) -> BroadcastPlan:
+    """The stages to give broadcast side inputs, and the stages that only compute them."""
+    candidates = {stage.name for stage in plan.stages if _stage_is_candidate(plan, stage)}
     while True:
         readers = frozenset(candidates)
         needed = _needed(plan, readers)

@@ -130,14 +130,6 @@ def side_input_stage_spec(stage: PlannedStage, context: TranslationContext) -> S
     )
 
 
-def plan_broadcasts_of(plan: Plan) -> BroadcastPlan:
-    """Which stages get bounded side inputs broadcast, and which only compute them."""
-    return plan_broadcasts(
-        plan,
-        frozenset(s.name for s in plan.stages if s.stateful or is_unbounded_splittable(s)),
-    )
-
-
 def plan_topology(plan: Plan, shards: int, broadcasts: BroadcastPlan | None = None) -> Topology:
     """The plan's stages and GroupByKeys as routed nodes, in topological order.
 
@@ -269,7 +261,7 @@ def build_frame(
     plan = context.plan
     spark = context.spark
     side_input_state = {
-        node.name: broadcast_side_inputs(plan.stage(node.name), context)
+        node.name: broadcast_side_inputs(plan.stage(node.name), context, inline=node.stateful)
         for node in topology.nodes
         if node.name in broadcast_readers
     }
@@ -289,17 +281,21 @@ def build_frame(
             }
             level_stages = [plan.stage(node.name) for node in level if node.kind == STAGE]
             stateful = {
-                topology.node_of(stage.name).index: stage_spec(stage, context)
+                topology.node_of(stage.name).index: stage_spec(
+                    stage, context, side_input_state.get(stage.name)
+                )
                 for stage in level_stages
                 if stage.stateful
             }
             with_side_inputs = {
                 topology.node_of(stage.name).index: side_input_stage_spec(stage, context)
                 for stage in level_stages
-                if stage.side_inputs
+                if stage.side_inputs and stage.name not in broadcast_readers
             }
             splittable = {
-                topology.node_of(stage.name).index: stage_spec(stage, context)
+                topology.node_of(stage.name).index: stage_spec(
+                    stage, context, side_input_state.get(stage.name)
+                )
                 for stage in level_stages
                 if is_unbounded_splittable(stage)
             }
@@ -355,7 +351,7 @@ def start_query(
     run_id = context.run_id
     sinks = context.sinks
     metrics = sinks.metrics
-    broadcasts = plan_broadcasts_of(plan)
+    broadcasts = plan_broadcasts(plan)
     topology = plan_topology(plan, context.parallelism, broadcasts)
     _ensure_state_store(spark)
     owned_checkpoint = checkpoint_location is None

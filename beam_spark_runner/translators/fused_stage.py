@@ -39,7 +39,7 @@ from beam_spark_runner.planning import (
     PlannedStage,
     decode_create_payload,
 )
-from beam_spark_runner.spark_compat import named_function
+from beam_spark_runner.spark_compat import InlineValue, named_function
 from beam_spark_runner.translators.base import spark_function_name, stage_output_type
 from beam_spark_runner.translators.group_by_key import group_spec, sorted_by_key
 
@@ -297,11 +297,15 @@ class FusedStageTranslator:
         return context.union_frames(frames).coalesce(1)
 
 
-def broadcast_side_inputs(node: PlannedStage, context: TranslationContext) -> object | None:
+def broadcast_side_inputs(
+    node: PlannedStage, context: TranslationContext, inline: bool = False
+) -> object | None:
     """The stage's side inputs, collected (one Spark job each) and broadcast as state entries.
 
     None for a stage without side inputs. Batch stages read them so; in a streaming run, so
-    do stages whose side inputs are all bounded (``streaming.bounded_side_inputs``).
+    do stages whose side inputs are all bounded (``streaming.bounded_side_inputs``), with
+    ``inline`` for stateful ones: the entries travel with the stage
+    (``spark_compat.InlineValue``), as ``transformWithState`` workers load no broadcasts.
     """
     if not node.side_inputs:
         return None
@@ -333,6 +337,8 @@ def broadcast_side_inputs(node: PlannedStage, context: TranslationContext) -> ob
         len(node.side_inputs),
         len(entries),
     )
+    if inline:
+        return InlineValue(entries)
     broadcast = context.spark.sparkContext.broadcast(entries)
     context.broadcasts.append(broadcast)
     return broadcast
