@@ -115,7 +115,11 @@ def test_require_state_protocol_names_protobuf_when_its_runtime_is_too_old(monke
     def too_old(*args, **kwargs):
         raise runtime_version.VersionError("gencode 6.33.5 runtime 5.29.6")
 
+    # Imported already in a process that ran streaming: make the import run again.
+    import pyspark.sql.streaming.proto as proto_package
+
     monkeypatch.delitem(sys.modules, "pyspark.sql.streaming.proto.StateMessage_pb2", raising=False)
+    monkeypatch.delattr(proto_package, "StateMessage_pb2", raising=False)
     monkeypatch.setattr(runtime_version, "ValidateProtobufRuntimeVersion", too_old)
     with pytest.raises(UnsupportedFeatureError, match=r"protobuf .*gencode 6\.33\.5") as error:
         spark_compat.require_state_protocol("Streaming")
