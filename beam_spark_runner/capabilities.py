@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.errors import UnsupportedFeatureError
-from beam_spark_runner.planning import Plan
+from beam_spark_runner.planning import SPARK_STREAM_URN, Plan
 
 _LOGGER = logging.getLogger(__name__)
 _REQUIREMENTS = bi.common_urns.requirements
@@ -124,6 +124,13 @@ def check_pipeline(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
                 "SparkStructuredRunner runs only when it is given the Python pipeline, which "
                 "turns TestStreams that a batch run reproduces into batch sources (see "
                 "beam_spark_runner.batch_test_stream); streaming execution is not supported yet."
+            )
+        if transform.spec.urn == SPARK_STREAM_URN:
+            raise UnsupportedFeatureError(
+                f"Transform '{transform.unique_name}' is a ReadFromSparkStream "
+                f"({SPARK_STREAM_URN}), which reads a Spark stream and runs only in a "
+                "streaming run; a batch run cannot end it. Run the pipeline in streaming (it "
+                "streams by itself unless a streaming check refused it: see that reason)."
             )
     unbounded = unbounded_pcollections(proto)
     if unbounded:

@@ -66,11 +66,17 @@ CREATE_BUFFER_KIND = "create"
 TEST_STREAM_URN: str = bi.common_urns.primitives.TEST_STREAM.urn
 TEST_STREAM_BUFFER_KIND = "teststream"
 
+# A Spark streaming source read in a streaming run (``beam_spark_runner.io``); its payload
+# is a JSON ``SparkStreamSpec``. The query reads it beside its own source.
+SPARK_STREAM_URN = "beam:runner:spark:read_spark_stream:v1"
+SPARK_STREAM_BUFFER_KIND = "sparkstream"
+
 # Runner transforms without inputs whose output a stage reads as its data input.
 _RUNNER_SOURCE_BUFFER_KINDS: dict[str, str] = {
     TEXT_READ_URN: TEXT_READ_BUFFER_KIND,
     CREATE_URN: CREATE_BUFFER_KIND,
     TEST_STREAM_URN: TEST_STREAM_BUFFER_KIND,
+    SPARK_STREAM_URN: SPARK_STREAM_BUFFER_KIND,
 }
 
 
@@ -415,7 +421,7 @@ def expand_runner_sources(
             yield stage
             continue
         transform = stage.transforms[0]
-        if kind == TEST_STREAM_BUFFER_KIND:
+        if kind in (TEST_STREAM_BUFFER_KIND, SPARK_STREAM_BUFFER_KIND):
             # One read per output: a stage has one data input, and the source fills each.
             for tag, pcoll in sorted(transform.outputs.items()):
                 context.length_prefix_pcoll_coders(pcoll)
@@ -510,7 +516,8 @@ def create_stages(
     return bi.create_and_optimize_stages(
         pipeline_proto,
         phases=_phases(streaming),
-        known_runner_urns=RUNNER_PRIMITIVE_URNS | ({TEST_STREAM_URN} if streaming else set()),
+        known_runner_urns=RUNNER_PRIMITIVE_URNS
+        | ({TEST_STREAM_URN, SPARK_STREAM_URN} if streaming else set()),
         use_state_iterables=use_state_iterables,
         is_drain=is_drain,
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.errors import UnsupportedFeatureError
-from beam_spark_runner.planning import TEST_STREAM_URN, Plan, PlannedStage
+from beam_spark_runner.planning import SPARK_STREAM_URN, TEST_STREAM_URN, Plan, PlannedStage
 from beam_spark_runner.spark_compat import require_spark, require_state_protocol
 
 # transformWithState on rows (4.1) and Python streaming data sources with read limits (4.2).
@@ -46,15 +46,16 @@ def check_streaming_pipeline(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
         outputs = [components.pcollections[p] for p in transform.outputs.values()]
         inputs = [components.pcollections[p] for p in transform.inputs.values()]
         if (
-            transform.spec.urn not in bi.PAR_DO_URNS
+            transform.spec.urn not in (*bi.PAR_DO_URNS, SPARK_STREAM_URN)
             and any(p.is_bounded == _UNBOUNDED for p in outputs)
             and not any(p.is_bounded == _UNBOUNDED for p in inputs)
         ):
             raise UnsupportedFeatureError(
                 f"Transform '{transform.unique_name}' ({transform.spec.urn}) produces an "
                 "unbounded PCollection of its own and is not a splittable DoFn; "
-                "SparkStructuredRunner's streaming runs read TestStreams, splittable DoFns "
-                "and bounded sources only yet."
+                "SparkStructuredRunner's streaming runs read TestStreams, splittable DoFns, "
+                "Spark streams (beam_spark_runner.io.ReadFromSparkStream) and bounded "
+                "sources only yet."
             )
 
 

@@ -29,6 +29,7 @@ from beam_spark_runner.main_session import MainSession
 from beam_spark_runner.metrics import RunMetrics, pipeline_level_infos
 from beam_spark_runner.planning import (
     GROUP_BY_KEY_URN,
+    SPARK_STREAM_BUFFER_KIND,
     TEST_STREAM_BUFFER_KIND,
     Plan,
     PlannedStage,
@@ -49,6 +50,7 @@ from beam_spark_runner.streaming.source import (
     SourcePlan,
     source_options,
 )
+from beam_spark_runner.streaming.spark_sources import spark_stream_roots, union_spark_streams
 from beam_spark_runner.streaming.test_stream import test_stream_steps
 from beam_spark_runner.streaming.topology import (
     GROUP,
@@ -70,7 +72,7 @@ _LOGGER = logging.getLogger(__name__)
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 _PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
-_ROOT_KINDS = ("impulse", TEST_STREAM_BUFFER_KIND)
+_ROOT_KINDS = ("impulse", TEST_STREAM_BUFFER_KIND, SPARK_STREAM_BUFFER_KIND)
 # How often the driver logs a running query's progress.
 _PROGRESS_SECONDS = 5.0
 
@@ -247,6 +249,9 @@ def _source_plan(plan: Plan, topology: Topology) -> SourcePlan:
         topology=topology,
         impulse=impulse if impulse in topology.roots else None,
         test_streams=tuple(test_stream_steps(plan)),
+        open_roots=frozenset(
+            root.producer for root in spark_stream_roots(plan) if root.producer in topology.roots
+        ),
     )
 
 
@@ -271,6 +276,7 @@ def build_frame(
         .options(**source_options(_source_plan(plan, topology)))
         .load()
     )
+    frame = union_spark_streams(frame, spark, plan, topology)
     for step in range(topology.levels + 1):
         if step > 0:
             level = topology.stateful_in(step)

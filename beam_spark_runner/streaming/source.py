@@ -11,7 +11,8 @@ are read once) and TestStreams (one event per batch, see ``test_stream``; proces
 starts at 0 and moves only by the TestStream's processing-time advances, as DirectRunner's
 test clock: Beam's trigger driver compares processing-time timers with window ends, so a
 wall-clock start would make every early pane late). Without a TestStream, processing time
-is the driver's wall clock when the batch was planned.
+is the driver's wall clock when the batch was planned. Spark streams
+(``spark_sources``) are roots too, read beside this source: it says -inf for them.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.streaming.rows import Row, element_row, marker_rows, routed_type
 from beam_spark_runner.streaming.test_stream import SourceStep
 from beam_spark_runner.streaming.topology import Topology
-from beam_spark_runner.streaming.watermarks import MAX_MICROS, Marker
+from beam_spark_runner.streaming.watermarks import MAX_MICROS, MIN_MICROS, Marker
 
 SOURCE_NAME = "beam_spark_runner"
 _PLAN_OPTION = "plan"
@@ -43,6 +44,9 @@ class SourcePlan:
     # The Impulse root's producer id, if the pipeline has one.
     impulse: str | None
     test_streams: tuple[tuple[SourceStep, ...], ...]
+    # Roots another source fills (Spark streams): their watermark is not this source's to
+    # say, so its markers for them say -inf (they still make every shard run each batch).
+    open_roots: frozenset[str] = frozenset()
 
     def encode(self) -> str:
         """The plan as a data source option (a string)."""
@@ -86,7 +90,8 @@ class SourcePlan:
                 watermarks.update(step.watermarks)
             # After its last event a TestStream's outputs are at +inf (the default below).
         for producer, targets in topology.roots.items():
-            marker = Marker(producer, watermarks.get(producer, MAX_MICROS), now)
+            default = MIN_MICROS if producer in self.open_roots else MAX_MICROS
+            marker = Marker(producer, watermarks.get(producer, default), now)
             for target in targets:
                 yield from marker_rows(topology, target, marker)
 

@@ -1,0 +1,182 @@
+"""Spark's own streaming sources (``io.ReadFromSparkStream``) as roots of the query.
+
+Each read is ``spark.readStream.format(...)`` and one ``mapInArrow`` that turns its rows
+into routed rows: every row a Beam element (a row of the source's columns, in the global
+window, at its event time) addressed to the root's readers, and, per task that read
+anything, a marker with the source's watermark: the latest event time the task read less
+the read's delay. A stateful shard keeps the largest watermark each producer has sent, so
+the source's watermark is the latest event time read by any task of any micro-batch so
+far, less the delay; it never goes back and stays where it is while nothing arrives. The
+reads are unioned with the runner's own source, whose every micro-batch says -inf for
+them (so every stateful shard downstream still runs each micro-batch): the query's chain
+still never forks.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from apache_beam.transforms.window import GlobalWindows
+from apache_beam.utils.timestamp import Timestamp
+
+from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.errors import SparkRunnerError
+from beam_spark_runner.io.spark_stream import TIMESTAMP_TYPES, SparkStreamSpec
+from beam_spark_runner.planning import SPARK_STREAM_BUFFER_KIND, SPARK_STREAM_URN, Plan
+from beam_spark_runner.spark_compat import named_function
+from beam_spark_runner.streaming import rows as routed
+from beam_spark_runner.streaming.topology import Topology
+from beam_spark_runner.streaming.watermarks import MIN_MICROS, Marker
+from beam_spark_runner.translators.base import spark_function_name
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+class SparkStreamError(SparkRunnerError, RuntimeError):
+    """A Spark streaming source could not be opened, or gave a row Beam cannot take."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SparkStreamRoot:
+    """One ``ReadFromSparkStream`` of the plan: its producer id, name, spec and coder."""
+
+    producer: str
+    name: str
+    spec: SparkStreamSpec
+    coder_id: str
+
+
+def spark_stream_roots(plan: Plan) -> list[SparkStreamRoot]:
+    """The plan's Spark stream reads, in a stable order."""
+    roots = []
+    for transform in plan.components.transforms.values():
+        if transform.spec.urn != SPARK_STREAM_URN:
+            continue
+        pcoll = bi.only_element(list(transform.outputs.values()))
+        roots.append(
+            SparkStreamRoot(
+                producer=bi.create_buffer_id(pcoll, kind=SPARK_STREAM_BUFFER_KIND).decode(),
+                name=transform.unique_name,
+                spec=SparkStreamSpec.decode(transform.spec.payload),
+                coder_id=plan.data_channel_coders[pcoll],
+            )
+        )
+    return sorted(roots, key=lambda root: root.producer)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowsToElements:
+    """What a read's tasks need to turn Spark rows into routed rows."""
+
+    name: str
+    producer: str
+    topology: Topology
+    spec: SparkStreamSpec
+    # The root's data-channel coder (a windowed-value coder of Beam rows).
+    coder: Any
+
+    @functools.cached_property
+    def _row_class(self) -> Any:
+        return collections.namedtuple("SparkStreamRow", self.spec.schema.names)  # type: ignore[misc]
+
+    @functools.cached_property
+    def _timestamp_columns(self) -> frozenset[int]:
+        return frozenset(
+            i
+            for i, field in enumerate(self.spec.schema.fields)
+            if type(field.dataType).__name__ in TIMESTAMP_TYPES
+        )
+
+    def convert(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """The body of the read's ``mapInArrow`` (see the module doc)."""
+        targets = self.topology.roots[self.producer]
+        event_time = self.spec.schema.names.index(self.spec.timestamp_column)
+        encode = self.coder.get_impl().encode_nested
+        latest: int | None = None
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            columns = [
+                _timestamps(column) if i in self._timestamp_columns else column.to_pylist()
+                for i, column in enumerate(batch.columns)
+            ]
+            times = _micros(batch.column(event_time))
+            if times.null_count:
+                raise SparkStreamError(
+                    f"ReadFromSparkStream '{self.name}': expected every row to have an event "
+                    f"time in column {self.spec.timestamp_column!r}; found "
+                    f"{times.null_count} row(s) where it is null. Filter them out or fill "
+                    "the column in the source."
+                )
+            out: list[routed.Row] = []
+            for values, micros in zip(zip(*columns, strict=True), times.to_pylist(), strict=True):
+                element = encode(
+                    GlobalWindows.windowed_value(self._row_class(*values), Timestamp(micros=micros))
+                )
+                out.extend(routed.element_row(self.topology, t, None, element) for t in targets)
+            newest = pc.max(times).as_py()
+            latest = newest if latest is None else max(latest, newest)
+            yield routed.to_batch(out)
+        if latest is not None:
+            watermark = max(MIN_MICROS, latest - self.spec.watermark_delay_micros)
+            marker = Marker(self.producer, watermark, MIN_MICROS)
+            yield routed.to_batch(
+                row for t in targets for row in routed.marker_rows(self.topology, t, marker)
+            )
+
+
+def _micros(column: pa.Array) -> pa.Array:
+    """A TIMESTAMP column as integer microseconds since the epoch (UTC)."""
+    unit = column.type
+    if unit.unit != "us":
+        column = column.cast(pa.timestamp("us", tz=unit.tz))
+    return column.cast(pa.int64())
+
+
+def _timestamps(column: pa.Array) -> list[Timestamp | None]:
+    return [None if m is None else Timestamp(micros=m) for m in _micros(column).to_pylist()]
+
+
+def read_frame(
+    spark: SparkSession, root: SparkStreamRoot, topology: Topology, coder: Any
+) -> DataFrame:
+    """The read's routed rows, as a streaming DataFrame."""
+    spec = root.spec
+    reader = spark.readStream.format(spec.format).options(**dict(spec.options))
+    if spec.user_schema:
+        reader = reader.schema(spec.schema)
+    try:
+        frame = reader.load(spec.path) if spec.path is not None else reader.load()
+        frame = frame.select(*(f"`{name}`" for name in spec.schema.names))
+    except Exception as error:  # pyspark's AnalysisException and friends
+        raise SparkStreamError(
+            f"ReadFromSparkStream '{root.name}' could not open Spark's streaming source "
+            f"{spec.format!r} with options {dict(spec.options)} and columns "
+            f"{spec.schema.simpleString()}: {type(error).__name__}: {error}. Check the format "
+            "and options; a source outside Spark's core (Kafka: "
+            "org.apache.spark:spark-sql-kafka-0-10_2.13) needs its connector on the cluster "
+            "(spark.jars.packages)."
+        ) from None
+    body = RowsToElements(root.name, root.producer, topology, spec, coder).convert
+    return frame.mapInArrow(
+        named_function(body, spark_function_name(root.name)), routed.routed_type()
+    )
+
+
+def union_spark_streams(
+    frame: DataFrame, spark: SparkSession, plan: Plan, topology: Topology
+) -> DataFrame:
+    """``frame`` (the runner's source) with every Spark stream the topology reads."""
+    context = bi.PipelineContext(plan.components)
+    for root in spark_stream_roots(plan):
+        if root.producer in topology.roots:
+            coder = context.coders[root.coder_id]
+            frame = frame.unionByName(read_frame(spark, root, topology, coder))
+    return frame
