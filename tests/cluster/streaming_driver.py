@@ -1,8 +1,9 @@
 """A driver process for the streaming cluster test: an unbounded pipeline writing files.
 
-``python streaming_driver.py --output-dir=D --start=S [--seconds=N] --runner=... [options]``
+``python streaming_driver.py --output-dir=D --start=S [--seconds=N] [--sink=files] --runner=...``
 runs PeriodicImpulse -> FixedWindows -> CombinePerKey -> WriteToText(triggering_frequency)
-with ``--streaming`` and writes the files under D.
+(or, with ``--sink=files``, ``fileio.WriteToFiles`` with one shard) with ``--streaming`` and
+writes ``counts-*`` files under D.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import sys
 
 import apache_beam as beam
+from apache_beam.io import fileio
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.transforms import window
 from apache_beam.transforms.periodicsequence import PeriodicImpulse
@@ -30,7 +32,16 @@ def main(argv: list[str]) -> None:
     parser.add_argument(
         "--fail-at", type=float, default=None, help="a Map fails on the element this long in"
     )
+    parser.add_argument("--sink", choices=("text", "files"), default="text")
     args, pipeline_args = parser.parse_known_args(argv)
+    if args.sink == "text":
+        sink = beam.io.WriteToText(
+            f"{args.output_dir}/counts", triggering_frequency=5, num_shards=1
+        )
+    else:
+        sink = fileio.WriteToFiles(
+            args.output_dir, file_naming=fileio.default_file_naming("counts", ".txt"), shards=1
+        )
     options = PipelineOptions([*pipeline_args, "--streaming"])
     with beam.Pipeline(options=options) as pipeline:
         _ = (
@@ -44,7 +55,7 @@ def main(argv: list[str]) -> None:
             | beam.WindowInto(window.FixedWindows(5))
             | beam.CombinePerKey(sum)
             | beam.MapTuple(lambda key, count: f"{key},{count}")
-            | beam.io.WriteToText(f"{args.output_dir}/counts", triggering_frequency=5, num_shards=1)
+            | sink
         )
 
 
