@@ -185,6 +185,37 @@ def plan_topology(plan: Plan, shards: int, broadcasts: BroadcastPlan | None = No
     return build_topology(specs, shards)
 
 
+# The Java exceptions a stopped query's interrupted action ends in (Spark's
+# StreamExecution.IO_EXCEPTION_NAMES).
+_INTERRUPTIONS = (
+    "java.lang.InterruptedException",
+    "java.io.InterruptedIOException",
+    "java.nio.channels.ClosedByInterruptException",
+)
+
+
+def is_interruption(error: BaseException) -> bool:
+    """Whether ``error`` is an action interrupted by ``query.stop()`` (a Py4J error)."""
+    head = str(error)[:1000]
+    return type(error).__name__ == "Py4JJavaError" and any(name in head for name in _INTERRUPTIONS)
+
+
+class QueryInterrupted(RuntimeError):
+    """A micro-batch's action interrupted because the query is stopping.
+
+    Its message is short and in the form Spark recognises as an interruption by ``stop()``
+    (``StreamExecution.PROXY_ERROR``): Spark matches that pattern against the
+    ``foreachBatch`` error's whole text, and on Py4J's text (a Java stack trace) the match
+    overflowed the stream thread's stack, logging a ``StackOverflowError`` on every cancel.
+    """
+
+    def __init__(self, batch_id: int) -> None:
+        super().__init__(
+            "py4j.protocol.Py4JJavaError: An error occurred while calling collectToPython "
+            f"for micro-batch {batch_id}: {_INTERRUPTIONS[0]} (the query was stopped)"
+        )
+
+
 class _SinkWatch:
     """The driver's view of the sink: the latest watermark of each producer reaching it."""
 
@@ -200,6 +231,10 @@ class _SinkWatch:
         """``foreachBatch``: runs the micro-batch (one action) and reads its sink markers."""
         try:
             rows = frame.collect()
+        except Exception as error:
+            if is_interruption(error):
+                raise QueryInterrupted(batch_id) from None
+            raise
         finally:
             self.reemit_logs()
         for row in rows:

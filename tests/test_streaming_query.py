@@ -1,0 +1,47 @@
+"""The query's driver side without Spark: how a stopped query's interrupted batch ends."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from beam_spark_runner.spark_compat import pyspark_version
+from beam_spark_runner.streaming.check import STREAMING_SPARK
+
+if pyspark_version() < STREAMING_SPARK:
+    pytest.skip("the query module needs PySpark 4.1+", allow_module_level=True)
+
+from beam_spark_runner.streaming.query import QueryInterrupted, is_interruption
+
+# Spark's StreamExecution.PROXY_ERROR, which it matches against a foreachBatch error's text
+# to tell an interruption by stop() from a failure.
+SPARK_PROXY_ERROR = re.compile(
+    r"py4j\.protocol\.Py4JJavaError: An error occurred while calling"
+    r"((.|\r\n|\r|\n)*)(java\.lang\.InterruptedException|java\.io\.InterruptedIOException|"
+    r"java\.nio\.channels\.ClosedByInterruptException)"
+)
+
+
+class Py4JJavaError(Exception):  # noqa: N818 - Py4J's name, which is_interruption reads
+    """Stands in for py4j's error: its text starts with the Java exception."""
+
+
+def test_an_interrupted_collect_is_told_from_a_failure() -> None:
+    stack = "".join(f"\tat org.apache.spark.Frame{i}(Frame.scala:{i})\n" for i in range(3000))
+    assert is_interruption(
+        Py4JJavaError(
+            f"An error occurred while calling o227.collectToPython.\n: "
+            f"java.lang.InterruptedException\n{stack}"
+        )
+    )
+    assert not is_interruption(
+        Py4JJavaError(f"An error occurred while calling o1.collectToPython.\n: boom\n{stack}")
+    )
+    assert not is_interruption(RuntimeError("java.lang.InterruptedException"))
+
+
+def test_the_error_it_raises_instead_is_short_and_reads_as_an_interruption_to_spark() -> None:
+    message = str(QueryInterrupted(7))
+    assert len(message) < 300 and "micro-batch 7" in message
+    assert SPARK_PROXY_ERROR.search(message)
