@@ -1,14 +1,17 @@
 """Prints the streaming plan of tests/cluster/streaming_driver.py's pipeline as JSON.
 
-Run by tests/test_streaming_checkpoint.py under several hash seeds: a restart from a
+Run by tests/test_streaming_checkpoint.py in several processes (``python
+plan_fingerprint_script.py [text|files]``, the driver's two sinks): a restart from a
 checkpoint needs the same graph, numbering and side-input order in every process.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 
 import apache_beam as beam
+from apache_beam.io import fileio
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.transforms import window
 from apache_beam.transforms.periodicsequence import PeriodicImpulse
@@ -17,11 +20,15 @@ from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.planning import build_plan
 from beam_spark_runner.streaming.bounded_side_inputs import plan_broadcasts
 from beam_spark_runner.streaming.checkpoint import fingerprint
-from beam_spark_runner.streaming.query import plan_topology
+from beam_spark_runner.streaming.query import plan_topology, stage_identity
 
 
-def main() -> None:
+def main(sink: str) -> None:
     pipeline = beam.Pipeline(options=PipelineOptions(["--streaming"]))
+    if sink == "text":
+        write = beam.io.WriteToText("/tmp/unused/counts", triggering_frequency=5, num_shards=1)
+    else:
+        write = fileio.WriteToFiles("/tmp/unused", shards=1)
     _ = (
         pipeline
         | PeriodicImpulse(start_timestamp=0, stop_timestamp=10, fire_interval=1)
@@ -29,7 +36,7 @@ def main() -> None:
         | beam.WindowInto(window.FixedWindows(5))
         | beam.CombinePerKey(sum)
         | beam.MapTuple(lambda key, count: f"{key},{count}")
-        | beam.io.WriteToText("/tmp/unused/counts", triggering_frequency=5, num_shards=1)
+        | write
     )
     pipeline.visit(bi.group_by_key_input_visitor(True))
     proto = pipeline.to_runner_api(default_environment=bi.default_environment())
@@ -39,18 +46,18 @@ def main() -> None:
         json.dumps(
             {
                 "topology": fingerprint(topology),
-                "stages": [
+                "stages": sorted(
                     [
-                        stage.name,
+                        stage_identity(stage),
                         [(s.transform_id, s.tag) for s in stage.side_inputs],
-                        [o.buffer_id.decode() for o in stage.outputs],
+                        sorted(o.buffer_id.decode() for o in stage.outputs),
                     ]
                     for stage in plan.stages
-                ],
+                ),
             }
         )
     )
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1] if len(sys.argv) > 1 else "text")

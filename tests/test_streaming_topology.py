@@ -8,6 +8,7 @@ from beam_spark_runner.streaming.topology import (
     STAGE,
     NodeSpec,
     build_topology,
+    canonical_order,
 )
 
 
@@ -61,3 +62,32 @@ def test_a_branch_without_grouping_reaches_the_sink_with_its_sources_watermark()
     assert topology.levels == 0
     assert topology.sink_producers == {"ts"}
     assert SINK not in topology.nodes[0].all_targets
+
+
+def test_nodes_are_numbered_by_identity_whatever_order_beam_gave_the_stages() -> None:
+    # Two independent branches: Beam's stage order between them follows object identity,
+    # and a stage's name its fusion order; state is keyed by node index.
+    def specs(names: dict[str, str]) -> list[NodeSpec]:
+        return [
+            NodeSpec(names["x"], STAGE, False, (("root", "impulse"),), (), identity="x-parts"),
+            NodeSpec(
+                names["y"],
+                STAGE,
+                False,
+                (("root", "impulse"),),
+                (((GROUP, "g"),),),
+                identity="y-parts",
+            ),
+            _group("g", [(STAGE, names["y"])], []),
+        ]
+
+    one = specs({"x": "(a)+(b)", "y": "(c)+(d)"})
+    other = specs({"x": "(b)+(a)", "y": "(d)+(c)"})
+    other = [other[1], other[2], other[0]]  # y, g, x: also topological
+    first = build_topology(canonical_order(one), shards=2)
+    second = build_topology(canonical_order(other), shards=2)
+    assert [(n.identity, n.index, n.step) for n in first.nodes] == [
+        (n.identity, n.index, n.step) for n in second.nodes
+    ]
+    # Among ready nodes the smallest identity goes first; a reader after its feeders.
+    assert [n.identity for n in first.nodes] == ["x-parts", "y-parts", "g"]

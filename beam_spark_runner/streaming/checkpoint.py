@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 _LOGGER = logging.getLogger(__name__)
 
 PLAN_FILE = "beam-plan.json"
-_FORMAT = 1
+# 2: nodes by identity (their sorted transforms), not by Beam's stage name.
+_FORMAT = 2
 
 
 class CheckpointMismatchError(SparkRunnerError, ValueError):
@@ -38,13 +39,18 @@ def fingerprint(topology: Topology) -> dict[str, Any]:
         "shards": topology.shards,
         "levels": topology.levels,
         "roots": sorted(topology.roots),
-        "nodes": [[n.index, n.name, n.kind, n.stateful, n.step] for n in topology.nodes],
+        "nodes": [[n.index, n.identity, n.kind, n.stateful, n.step] for n in topology.nodes],
     }
 
 
 def differences(found: dict[str, Any], expected: dict[str, Any]) -> list[str]:
     """What differs between a checkpoint's fingerprint and this pipeline's, in words."""
     out = []
+    if found.get("format") != expected["format"]:
+        return [
+            f"it was written by a runner version that records the graph in format "
+            f"{found.get('format')}, this one in {expected['format']}"
+        ]
     if found.get("shards") != expected["shards"]:
         out.append(
             f"shards: the checkpoint has {found.get('shards')}, this run "

@@ -59,6 +59,7 @@ from beam_spark_runner.streaming.topology import (
     NodeSpec,
     Topology,
     build_topology,
+    canonical_order,
 )
 from beam_spark_runner.streaming.watermarks import MAX_MICROS
 from beam_spark_runner.translators.base import TranslationContext, spark_function_name
@@ -166,6 +167,7 @@ def plan_topology(plan: Plan, shards: int, broadcasts: BroadcastPlan | None = No
         specs.append(
             NodeSpec(
                 name=stage.name,
+                identity=stage_identity(stage),
                 kind=STAGE,
                 stateful=bool(stage.stateful or streamed_sides or is_unbounded_splittable(stage)),
                 inputs=_feeders(plan, stage.input_buffer_id),
@@ -182,7 +184,17 @@ def plan_topology(plan: Plan, shards: int, broadcasts: BroadcastPlan | None = No
             and not all(writer in batch_only for writer, _ in buffer.writers)
         ):
             add_group(buffer_id)
-    return build_topology(specs, shards)
+    return build_topology(canonical_order(specs), shards)
+
+
+def stage_identity(stage: PlannedStage) -> str:
+    """A fused stage's transforms, sorted: what it is, the same in every process.
+
+    Its name is not: Beam names a fused stage by the order it fused its parts in, which
+    follows protobuf map order, and that varies between processes (seen: a restarted
+    ``fileio.WriteToFiles`` pipeline's stage named its parts in another order).
+    """
+    return "+".join(sorted(t.unique_name for t in stage.descriptor.transforms.values()))
 
 
 # The Java exceptions a stopped query's interrupted action ends in (Spark's

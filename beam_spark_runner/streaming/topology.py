@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import heapq
 from collections.abc import Mapping, Sequence
 
 from beam_spark_runner.streaming.watermarks import producer_id
@@ -56,6 +57,9 @@ class Node:
     side_targets: tuple[tuple[tuple[int, int], ...], ...] = ()
     # Per side input of the node, the producers whose minimum is its watermark.
     side_expected: tuple[frozenset[str], ...] = ()
+    # What the node is, the same in every process (a fused stage's name is not: Beam fuses
+    # in protobuf map order, which varies between processes); defaults to ``name``.
+    identity: str = ""
 
     @property
     def all_targets(self) -> tuple[int, ...]:
@@ -107,6 +111,48 @@ class NodeSpec:
     inputs: tuple[tuple[str, str], ...]
     outputs: tuple[tuple[tuple[str, ...], ...], ...]
     side_inputs: tuple[tuple[tuple[str, str], ...], ...] = ()
+    # The same in every process (see ``Node.identity``); ``name`` if empty.
+    identity: str = ""
+
+
+def canonical_order(specs: Sequence[NodeSpec]) -> list[NodeSpec]:
+    """``specs`` in a topological order that depends only on their identities.
+
+    State is keyed by node index, so a restarted query must number its nodes as the one
+    that wrote the checkpoint did; Beam's stage order breaks ties by object identity.
+    Among the nodes whose inputs are all placed, the smallest identity goes first.
+    """
+    index = {(s.kind, s.name): i for i, s in enumerate(specs)}
+    feeders = [
+        {
+            index[(r[0], r[1])]
+            for r in (*s.inputs, *(r for side in s.side_inputs for r in side))
+            if r[0] != "root"
+        }
+        for s in specs
+    ]
+    readers: dict[int, list[int]] = {i: [] for i in range(len(specs))}
+    for i, needs in enumerate(feeders):
+        for feeder in needs:
+            readers[feeder].append(i)
+    waiting = [len(needs) for needs in feeders]
+    ready = [(specs[i].identity or specs[i].name, i) for i, n in enumerate(waiting) if n == 0]
+    heapq.heapify(ready)
+    ordered: list[NodeSpec] = []
+    while ready:
+        _, i = heapq.heappop(ready)
+        ordered.append(specs[i])
+        for reader in readers[i]:
+            waiting[reader] -= 1
+            if waiting[reader] == 0:
+                heapq.heappush(ready, (specs[reader].identity or specs[reader].name, reader))
+    if len(ordered) != len(specs):
+        raise ValueError(
+            "Expected an acyclic streaming graph; found a cycle among "
+            f"{sorted(s.name for i, s in enumerate(specs) if waiting[i])}. This is a bug in "
+            "SparkStructuredRunner's streaming planning; please report it with the pipeline."
+        )
+    return ordered
 
 
 def build_topology(specs: Sequence[NodeSpec], shards: int) -> Topology:
@@ -168,6 +214,7 @@ def build_topology(specs: Sequence[NodeSpec], shards: int) -> Topology:
             main_expected=main,
             side_targets=side_targets if any(side_targets) else (),
             side_expected=sides,
+            identity=spec.identity or spec.name,
         )
         nodes.append(node)
         if not node.all_targets:
