@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from beam_spark_runner import worker_logs, worker_warnings
 from beam_spark_runner.attempts import AttemptCollector
 from beam_spark_runner.beam_globals import DEFAULT_PICKLE_LIBRARY
-from beam_spark_runner.errors import PipelineExecutionError
+from beam_spark_runner.errors import PipelineExecutionError, StageExecutionError
 from beam_spark_runner.execution.stage_worker import TaskSinks
 from beam_spark_runner.main_session import MainSession
 from beam_spark_runner.metrics import (
@@ -166,7 +166,11 @@ def _run(
     except PipelineExecutionError:
         raise
     except Exception as error:
-        if type(error).__module__.startswith(("pyspark", "py4j")):
+        # A side input computed on the driver (translators.driver_side_inputs) fails in
+        # the user's code as a task would.
+        if isinstance(error, StageExecutionError) or type(error).__module__.startswith(
+            ("pyspark", "py4j")
+        ):
             # The user's traceback once, in the message; Spark's error (the same traceback
             # wrapped in JVM frames) only at DEBUG.
             _LOGGER.debug("Spark's error for Beam pipeline %s", job_name, exc_info=error)

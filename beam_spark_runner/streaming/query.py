@@ -24,6 +24,7 @@ from apache_beam.runners.runner import PipelineState
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner import worker_logs, worker_warnings
 from beam_spark_runner.attempts import AttemptCollector
+from beam_spark_runner.errors import StageExecutionError
 from beam_spark_runner.job import describe_failure, open_run_context
 from beam_spark_runner.main_session import MainSession
 from beam_spark_runner.metrics import RunMetrics, pipeline_level_infos
@@ -425,8 +426,10 @@ def start_query(
         context.release()
         if collector is not None:
             collector.close()
-        if type(error).__module__.startswith(("pyspark", "py4j")):
-            raise describe_failure(error) from None  # a bounded side input's job failed
+        if isinstance(error, StageExecutionError) or type(error).__module__.startswith(
+            ("pyspark", "py4j")
+        ):
+            raise describe_failure(error) from None  # a bounded side input failed
         raise
     query_name = f"beam-{spark_function_name(job_name)[5:]}-{run_id}"
     _LOGGER.info(

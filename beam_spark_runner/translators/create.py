@@ -27,14 +27,18 @@ class CreateTranslator:
 
     def translate(self, node: PlannedBuffer, context: TranslationContext) -> DataFrame:
         """The Create's elements in at most ``context.parallelism`` partitions."""
-        from apache_beam.transforms.window import GlobalWindows
+        return context.literal_rows(create_elements(node.name, context))
 
-        plan = context.plan
-        transform = plan.components.transforms[node.name]
-        output = bi.only_element(list(transform.outputs.values()))
-        coder = context.pipeline_context.coders[plan.data_channel_coders[output]].get_impl()
-        elements = [
-            coder.encode_nested(GlobalWindows.windowed_value(value))
-            for value in decode_create_payload(transform.spec.payload)
-        ]
-        return context.literal_rows(elements)
+
+def create_elements(transform_name: str, context: TranslationContext) -> list[bytes]:
+    """The elements of the runner-held Create ``transform_name``, as its readers read them."""
+    from apache_beam.transforms.window import GlobalWindows
+
+    plan = context.plan
+    transform = plan.components.transforms[transform_name]
+    output = bi.only_element(list(transform.outputs.values()))
+    coder = context.pipeline_context.coders[plan.data_channel_coders[output]].get_impl()
+    return [
+        coder.encode_nested(GlobalWindows.windowed_value(value))
+        for value in decode_create_payload(transform.spec.payload)
+    ]

@@ -41,6 +41,7 @@ from beam_spark_runner.planning import (
 )
 from beam_spark_runner.spark_compat import InlineValue, named_function
 from beam_spark_runner.translators.base import spark_function_name, stage_output_type
+from beam_spark_runner.translators.driver_side_inputs import compute_on_driver, driver_stage
 from beam_spark_runner.translators.group_by_key import group_spec, sorted_by_key
 
 if TYPE_CHECKING:
@@ -313,6 +314,10 @@ def broadcast_side_inputs(
     entries: list[tuple[bytes, bytes]] = []
     for side_input in node.side_inputs:
         elements = context.side_input_elements.get(side_input.buffer_id)
+        on_driver = driver_stage(plan, side_input.buffer_id) if elements is None else None
+        if on_driver is not None:
+            context.side_input_elements.update(compute_on_driver(on_driver, context))
+            elements = context.side_input_elements[side_input.buffer_id]
         if elements is None:
             frame = context.buffer_frame(side_input.buffer_id)
             context.spark.sparkContext.setJobDescription(

@@ -1,0 +1,125 @@
+"""Side inputs computed from literal rows on the driver, without a Spark job of their own."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import apache_beam as beam
+import pytest
+from apache_beam.metrics import Metrics
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.util import assert_that, equal_to
+
+from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.errors import PipelineExecutionError
+from beam_spark_runner.native_create import NativeCreateOverride
+from beam_spark_runner.planning import Plan, build_plan
+from beam_spark_runner.translators import driver_side_inputs
+from beam_spark_runner.translators.driver_side_inputs import driver_stage
+from tests.conftest import SPARK_TEST_MASTER
+
+WEIGHTS = Metrics.counter("driver_side_inputs_test", "weights")
+
+
+def _weight(key: int) -> tuple[int, int]:
+    WEIGHTS.inc()
+    return (key, key % 7 + 1)
+
+
+def _plan(pipeline: beam.Pipeline) -> Plan:
+    pipeline.replace_all([NativeCreateOverride()])
+    proto = pipeline.to_runner_api(default_environment=bi.default_environment())
+    return build_plan(bi.prepare_pipeline_proto(proto))
+
+
+def _side_buffer(plan: Plan) -> bytes:
+    (reader,) = [s for s in plan.stages if s.side_inputs]
+    return reader.side_inputs[0].buffer_id
+
+
+def _lookup(pipeline: beam.Pipeline, table: beam.PCollection) -> beam.PCollection:
+    return (
+        pipeline
+        | "Main" >> beam.Create([1, 2, 3])
+        | "Look up" >> beam.Map(lambda k, d: d[k] * 10, d=beam.pvalue.AsDict(table))
+    )
+
+
+def test_a_table_from_a_create_is_computed_on_the_driver() -> None:
+    pipeline = beam.Pipeline()
+    table = pipeline | "Keys" >> beam.Create(list(range(100))) | "Weigh" >> beam.Map(_weight)
+    _lookup(pipeline, table)
+    plan = _plan(pipeline)
+    stage = driver_stage(plan, _side_buffer(plan))
+    assert stage is not None and "Weigh" in plan.stage(stage).display_name
+
+
+def test_a_table_also_read_as_main_input_keeps_its_job() -> None:
+    # Computed on the driver, it would run its user code again in the pipeline's job. (A
+    # step fused into its stage, such as a Map reading the table, runs once, on the driver.)
+    pipeline = beam.Pipeline()
+    table = pipeline | "Keys" >> beam.Create(list(range(100))) | "Weigh" >> beam.Map(_weight)
+    _ = table | "Group" >> beam.GroupByKey()
+    _lookup(pipeline, table)
+    plan = _plan(pipeline)
+    assert driver_stage(plan, _side_buffer(plan)) is None
+
+
+def test_a_table_from_a_file_or_a_grouping_keeps_its_job(tmp_path: Any) -> None:
+    (tmp_path / "keys.txt").write_text("1\n2\n3\n")
+    pipeline = beam.Pipeline()
+    table = (
+        pipeline
+        | beam.io.ReadFromText(str(tmp_path / "keys.txt"))
+        | "Weigh" >> beam.Map(lambda line: _weight(int(line)))
+    )
+    _lookup(pipeline, table)
+    plan = _plan(pipeline)
+    assert driver_stage(plan, _side_buffer(plan)) is None
+    pipeline = beam.Pipeline()
+    table = pipeline | "Pairs" >> beam.Create([(1, 2), (1, 3)]) | beam.CombinePerKey(sum)
+    _lookup(pipeline, table)
+    plan = _plan(pipeline)
+    assert driver_stage(plan, _side_buffer(plan)) is None
+
+
+def test_a_large_create_keeps_its_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(driver_side_inputs, "DRIVER_SIDE_INPUT_MAX_ROWS", 99)
+    pipeline = beam.Pipeline()
+    table = pipeline | "Keys" >> beam.Create(list(range(100))) | "Weigh" >> beam.Map(_weight)
+    _lookup(pipeline, table)
+    plan = _plan(pipeline)
+    assert driver_stage(plan, _side_buffer(plan)) is None
+
+
+def _options() -> PipelineOptions:
+    return PipelineOptions(
+        ["--runner=SparkStructuredRunner", f"--spark_master={SPARK_TEST_MASTER}"]
+    )
+
+
+def test_the_driver_computes_it_once_with_its_metrics(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="beam_spark_runner.translators.driver_side_inputs")
+    pipeline = beam.Pipeline(options=_options())
+    table = pipeline | "Keys" >> beam.Create(list(range(100))) | "Weigh" >> beam.Map(_weight)
+    assert_that(_lookup(pipeline, table), equal_to([20, 30, 40]))
+    result = pipeline.run()
+    result.wait_until_finish()
+    assert "computed on the driver from 100 literal row(s)" in caplog.text
+    (counter,) = result.metrics().query(MetricsFilter().with_name("weights"))["counters"]
+    assert counter.committed == 100  # once: not again in the pipeline's Spark job
+    assert "Weigh" in counter.key.step
+
+
+def test_a_failure_on_the_driver_names_the_stage_and_the_users_error() -> None:
+    def broken(key: int) -> tuple[int, int]:
+        raise ValueError(f"no weight for {key}")
+
+    pipeline = beam.Pipeline(options=_options())
+    table = pipeline | "Keys" >> beam.Create([1, 2]) | "Weigh" >> beam.Map(broken)
+    _lookup(pipeline, table)
+    with pytest.raises(PipelineExecutionError, match=r"(?s)Weigh.*no weight for 1") as error:
+        pipeline.run().wait_until_finish()
+    assert error.value.stage_name is not None and "Weigh" in error.value.stage_name
