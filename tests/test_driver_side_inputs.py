@@ -21,6 +21,19 @@ from beam_spark_runner.translators.driver_side_inputs import driver_stage
 from tests.conftest import SPARK_TEST_MASTER
 
 WEIGHTS = Metrics.counter("driver_side_inputs_test", "weights")
+# What _Weigh's lifecycle methods saw, in this (the driver's) process.
+LIFECYCLE: list[str] = []
+
+
+class _Weigh(beam.DoFn):  # type: ignore[misc]
+    def setup(self) -> None:
+        LIFECYCLE.append("setup")
+
+    def process(self, key: int) -> Any:
+        yield _weight(key)
+
+    def teardown(self) -> None:
+        LIFECYCLE.append("teardown")
 
 
 def _weight(key: int) -> tuple[int, int]:
@@ -102,12 +115,15 @@ def _options() -> PipelineOptions:
 
 def test_the_driver_computes_it_once_with_its_metrics(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="beam_spark_runner.translators.driver_side_inputs")
+    LIFECYCLE.clear()
     pipeline = beam.Pipeline(options=_options())
-    table = pipeline | "Keys" >> beam.Create(list(range(100))) | "Weigh" >> beam.Map(_weight)
+    table = pipeline | "Keys" >> beam.Create(list(range(100))) | "Weigh" >> beam.ParDo(_Weigh())
     assert_that(_lookup(pipeline, table), equal_to([20, 30, 40]))
     result = pipeline.run()
     result.wait_until_finish()
     assert "computed on the driver from 100 literal row(s)" in caplog.text
+    # In this process, and torn down once done, not when the process exits.
+    assert LIFECYCLE == ["setup", "teardown"]
     (counter,) = result.metrics().query(MetricsFilter().with_name("weights"))["counters"]
     assert counter.committed == 100  # once: not again in the pipeline's Spark job
     assert "Weigh" in counter.key.step

@@ -25,7 +25,13 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.execution.stage_worker import ELEMENT, KEY, TAG, run_stage
+from beam_spark_runner.execution.stage_worker import (
+    ELEMENT,
+    KEY,
+    TAG,
+    run_stage,
+    tear_down_stage_workers,
+)
 from beam_spark_runner.planning import CREATE_BUFFER_KIND, Plan, decode_create_payload
 from beam_spark_runner.translators.create import create_elements
 
@@ -91,11 +97,15 @@ def compute_on_driver(stage_name: str, context: TranslationContext) -> dict[byte
     written: dict[bytes, list[bytes]] = {output.buffer_id: [] for output in stage.outputs}
     # The driver's own __main__ is the live one: no saved main session to restore into it.
     spec = dataclasses.replace(stage_spec(stage, context, None), main_session=None)
-    for output in run_stage(spec, [batch], context.sinks):
-        for tag, element in zip(
-            output.column(TAG).to_pylist(), output.column(ELEMENT).to_pylist(), strict=True
-        ):
-            written[stage.outputs[tag].buffer_id].append(element)
+    try:
+        for output in run_stage(spec, [batch], context.sinks):
+            for tag, element in zip(
+                output.column(TAG).to_pylist(), output.column(ELEMENT).to_pylist(), strict=True
+            ):
+                written[stage.outputs[tag].buffer_id].append(element)
+    finally:
+        # Its DoFns are done: their teardown runs now, not when the driver exits.
+        tear_down_stage_workers()
     _LOGGER.info(
         "Side input(s) of stage %s computed on the driver from %d literal row(s) in %.3f s",
         stage.display_name,
