@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: install demo test unit-test cluster-test restart-test validates-runner teststream-check dataframe-check matrix lint typecheck bench bench-nexmark clean help
+.PHONY: install demo test unit-test cluster-test restart-test validates-runner teststream-check dataframe-check matrix lint typecheck bench bench-nexmark bench-streaming clean help
 
 help:
 	@echo "make demo              run the demo pipeline on an embedded local[*] Spark"
@@ -20,6 +20,7 @@ help:
 	@echo "make teststream-check  Beam's streaming test modules on this runner, in streaming (long)"
 	@echo "make dataframe-check   Beam's DataFrame API tests on this runner next to DirectRunner (~5-7 min)"
 	@echo "make matrix            smoke tests on the other Spark/Beam lines (nox; see noxfile.py)"
+	@echo "make bench-streaming   streaming Nexmark: ours against PySpark Structured Streaming (long)"
 	@echo "make lint typecheck    ruff and mypy"
 	@echo "make bench             benchmarks (see benchmarks/)"
 	@echo "make bench-nexmark     the windowed Nexmark queries, one round (~40 min)"
@@ -88,6 +89,11 @@ bench-nexmark: $(STAMP)
 	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install --quiet -e ".[bench]"
 	$(PY) -m benchmarks.run --runs 1 --output-dir benchmarks/results/nexmark --workloads \
 		$$($(PY) -c "from benchmarks.workloads import WINDOWED_NEXMARK_WORKLOADS as w; print(','.join(w))")
+
+# Streaming Nexmark on local[2]: ours against hand-written PySpark Structured Streaming,
+# each query at a ladder of event rates (see benchmarks/streaming.py). ~30-40 min.
+bench-streaming: $(STAMP)
+	$(PY) -m benchmarks.streaming --queries 0,1,2,5,7,8,11 --rates 500,1000,2000,4000,8000
 
 clean:
 	rm -rf build dist *.egg-info demo-output .mypy_cache .ruff_cache spark-warehouse .nox

@@ -519,13 +519,21 @@ def sql_events(spark: SparkSession, total: int, partitions: int) -> DataFrame:
     ``kind`` is 0 for a person, 1 for an auction, 2 for a bid. Columns a query does not
     read are never computed (Spark prunes them), as a SQL engine should.
     """
+    return event_columns(spark.range(0, total, 1, partitions))
+
+
+def event_columns(frame: DataFrame) -> DataFrame:
+    """The events whose numbers are ``frame``'s ``id`` column, as ``sql_events`` has them.
+
+    A streaming DataFrame works too (the streaming benchmark numbers Spark's ``rate``
+    source's rows so).
+    """
     from pyspark.sql import functions as F
 
     def pick(values: tuple[str, ...], index: Column) -> Column:
         return F.element_at(F.array(*[F.lit(v) for v in values]), (index + 1).cast("int"))
 
     n = F.col("id")
-    frame = spark.range(0, total, 1, partitions)
     frame = frame.select(
         n.alias("n"),
         (n / EPOCH).cast("long").alias("epoch"),

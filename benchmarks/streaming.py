@@ -1,0 +1,285 @@
+"""Streaming Nexmark: which event rates each runner keeps up with, and window latency.
+
+    .venv/bin/python -m benchmarks.streaming [--queries 0,1,2,5,11] [--rates 1000,2000,4000]
+        [--seconds 60] [--runners ours,pyspark]
+
+Each trial runs one query at one event rate for ``--seconds`` on ``local[2]``:
+
+* ``ours``: Beam's own ``queryN.load`` on SparkStructuredRunner, its events from Spark's
+  ``rate`` source (``ReadFromSparkStream``: event ``n`` is the rate source's ``value``, its
+  event time the source's ``timestamp``, so event time follows the wall clock);
+* ``pyspark``: the same query hand-written in PySpark Structured Streaming over the same
+  ``rate`` source and the same event function in SQL (``nexmark.event_columns``);
+  stateless queries only (q0, q1, q2) so far.
+
+Both are Structured Streaming queries with the same trigger interval, so the same numbers
+describe them: Spark's progress reports each micro-batch's input rows and duration. The
+``rate`` source offers, each micro-batch, the rows that became due since the last, so a
+query that keeps up has micro-batches of a steady duration; one that does not has ever
+longer ones (each holds the rows that arrived during the last). A trial keeps up when its
+last third of micro-batches is not slower than its middle third by more than a quarter
+and under ``MAX_BATCH_SECONDS``.
+
+Latency, for windowed queries on ours: the sink records, for every pane, the wall time it
+processed it minus its window's end (event time is wall time here), so from the moment
+the watermark could pass the window's end to its output; p50 and p99 over the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import importlib
+import json
+import logging
+import math
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import apache_beam as beam
+
+from benchmarks import nexmark
+
+_LOGGER = logging.getLogger(__name__)
+
+TRIGGER_SECONDS = 1.0
+# A micro-batch slower than this is not keeping up, whatever its trend.
+MAX_BATCH_SECONDS = 10.0
+STATELESS = (0, 1, 2)
+WINDOWED = (5, 7, 8, 11)
+
+
+@dataclasses.dataclass
+class Trial:
+    """One query at one rate on one runner: its micro-batches and pane latencies."""
+
+    runner: str
+    query: int
+    rate: int
+    # (input rows, duration in seconds) of each micro-batch, in order.
+    batches: list[tuple[int, float]]
+    latencies: list[float] = dataclasses.field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def keeps_up(self) -> bool:
+        """Whether its micro-batches stayed steady (see the module doc)."""
+        return self.error is None and keeps_up([d for _, d in self.batches])
+
+    def summary(self) -> dict[str, Any]:
+        """The trial as one JSON-able row."""
+        durations = [d for _, d in self.batches]
+        rows = sum(r for r, _ in self.batches)
+        return {
+            "runner": self.runner,
+            "query": self.query,
+            "rate": self.rate,
+            "keeps_up": self.keeps_up,
+            "batches": len(self.batches),
+            "rows": rows,
+            "median_batch_s": round(statistics.median(durations), 2) if durations else None,
+            "last_batch_s": round(durations[-1], 2) if durations else None,
+            "latency_p50_s": percentile(self.latencies, 50),
+            "latency_p99_s": percentile(self.latencies, 99),
+            "panes": len(self.latencies),
+            "error": self.error,
+        }
+
+
+def keeps_up(durations: Sequence[float]) -> bool:
+    """Steady micro-batches: the last third no slower than the middle third by > 25 %."""
+    if len(durations) < 6:
+        return False
+    third = len(durations) // 3
+    middle = statistics.mean(durations[third : 2 * third])
+    last = statistics.mean(durations[2 * third :])
+    return last <= 1.25 * max(middle, TRIGGER_SECONDS) and last <= MAX_BATCH_SECONDS
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (nearest rank), rounded to 10 ms; None without values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), math.ceil(q / 100 * len(ordered))))
+    return round(ordered[rank - 1], 2)
+
+
+def highest_kept_up(trials: Sequence[Trial], runner: str, query: int) -> int | None:
+    """The highest rate ``runner`` kept up with on ``query`` (None if none)."""
+    rates = [t.rate for t in trials if t.runner == runner and t.query == query and t.keeps_up]
+    return max(rates, default=None)
+
+
+def _progress_batches(query: Any, skip: int = 2) -> list[tuple[int, float]]:
+    """(rows, seconds) per micro-batch from Spark's progress, the first ``skip`` left out
+    (Python workers start, state stores open)."""
+    out = []
+    for progress in query.recentProgress[skip:]:
+        duration = progress.get("durationMs", {}).get("triggerExecution")
+        if duration is not None:
+            out.append((int(progress.get("numInputRows", 0)), duration / 1000))
+    return out
+
+
+class _Panes(beam.DoFn):  # type: ignore[misc]
+    """Records each pane's latency (wall time now minus its window's end) to a file."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def process(self, element: Any, w: Any = beam.DoFn.WindowParam) -> None:
+        end = getattr(w, "end", None)
+        if end is None:
+            return
+        path = os.path.join(self.directory, f"{os.getpid()}.txt")
+        with open(path, "a") as out:
+            out.write(f"{time.time() - float(end)}\n")
+
+
+class _Drop(beam.DoFn):  # type: ignore[misc]
+    def process(self, element: Any) -> None:
+        return None
+
+
+def _event(row: Any) -> Any:
+    return nexmark.event(int(row.value))
+
+
+def run_ours(query: int, rate: int, seconds: float) -> Trial:
+    """Beam's query ``query`` on SparkStructuredRunner at ``rate`` events/s."""
+    from apache_beam.options.pipeline_options import PipelineOptions, TypeOptions
+    from apache_beam.testing.benchmarks.nexmark import nexmark_util
+    from pyspark.sql import SparkSession
+
+    from beam_spark_runner.io import ReadFromSparkStream
+
+    nexmark_util.setup_coder()
+    panes = tempfile.mkdtemp(prefix="bench-streaming-panes-")
+    options = PipelineOptions(
+        [
+            "--runner=SparkStructuredRunner",
+            "--spark_master=local[2]",
+            f"--spark_trigger_interval={TRIGGER_SECONDS}",
+        ]
+    )
+    options.view_as(TypeOptions).allow_unsafe_triggers = True  # q11's trigger, as Beam's launcher
+    pipeline = beam.Pipeline(options=options)
+    module = importlib.import_module(f"apache_beam.testing.benchmarks.nexmark.queries.query{query}")
+    events = (
+        pipeline
+        | ReadFromSparkStream("rate", options={"rowsPerSecond": rate, "numPartitions": 2})
+        | "Event" >> beam.Map(_event)
+    )
+    output = module.load(events, dict(nexmark.QUERY_ARGS), pipeline.options)
+    _ = output | "Sink" >> beam.ParDo(_Panes(panes) if query in WINDOWED else _Drop())
+    result = pipeline.run()
+    error = None
+    try:
+        time.sleep(seconds)
+        spark = SparkSession.builder.getOrCreate()
+        (running,) = spark.streams.active
+        batches = _progress_batches(running)
+    except Exception as caught:  # noqa: BLE001 - reported in the table
+        batches, error = [], f"{type(caught).__name__}: {caught}"
+    finally:
+        result.cancel()
+    latencies = [
+        float(line) for path in glob.glob(f"{panes}/*.txt") for line in open(path).read().split()
+    ]
+    return Trial("ours", query, rate, batches, latencies, error)
+
+
+def run_pyspark(query: int, rate: int, seconds: float) -> Trial:
+    """The hand-written PySpark Structured Streaming query at ``rate`` events/s."""
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    spark = SparkSession.builder.getOrCreate()
+    source = (
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", rate)
+        .option("numPartitions", 2)
+        .load()
+    )
+    frame = nexmark.event_columns(source.select(F.col("value").alias("id")))
+    bids = frame.where(F.col("kind") == 2)
+    if query == 0:
+        out = frame
+    elif query == 1:
+        out = bids.select("auction", "bidder", (F.col("price") * nexmark.USD_TO_EURO).alias("p"))
+    elif query == 2:
+        out = bids.where(F.col("auction") % nexmark.QUERY_ARGS["auction_skip"] == 0).select(
+            "auction", "price"
+        )
+    else:
+        return Trial("pyspark", query, rate, [], error="not hand-written yet")
+    checkpoint = tempfile.mkdtemp(prefix="bench-streaming-checkpoint-")
+    running = (
+        out.writeStream.format("noop")
+        .option("checkpointLocation", checkpoint)
+        .trigger(processingTime=f"{TRIGGER_SECONDS} seconds")
+        .start()
+    )
+    try:
+        time.sleep(seconds)
+        return Trial("pyspark", query, rate, _progress_batches(running))
+    finally:
+        running.stop()
+
+
+RUNNERS = {"ours": run_ours, "pyspark": run_pyspark}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs every (query, runner, rate) trial, prints and saves the table."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--queries", default="0,1,2,5,11")
+    parser.add_argument("--rates", default="1000,2000,4000,8000")
+    parser.add_argument("--runners", default="ours,pyspark")
+    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--output", default="benchmarks/results/streaming.json")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    trials = []
+    for query in (int(q) for q in args.queries.split(",")):
+        for rate in (int(r) for r in args.rates.split(",")):
+            for runner in args.runners.split(","):
+                if runner == "pyspark" and query not in STATELESS:
+                    continue
+                trial = RUNNERS[runner](query, rate, args.seconds)
+                trials.append(trial)
+                _LOGGER.info("%s", json.dumps(trial.summary()))
+    os.makedirs(os.path.dirname(args.output) or ".", exist_ok=True)
+    with open(args.output, "w") as out:
+        json.dump([t.summary() for t in trials], out, indent=1)
+    print(markdown_table(trials))
+    return 0
+
+
+def markdown_table(trials: Sequence[Trial]) -> str:
+    """The trials as a Markdown table."""
+    lines = [
+        "| query | runner | events/s | keeps up | batches | median batch s | last batch s "
+        "| pane latency p50 s | p99 s |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for t in trials:
+        s = t.summary()
+        lines.append(
+            f"| q{t.query} | {t.runner} | {t.rate} | "
+            f"{'yes' if s['keeps_up'] else ('error: ' + s['error'] if s['error'] else 'no')} | "
+            f"{s['batches']} | {s['median_batch_s']} | {s['last_batch_s']} | "
+            f"{s['latency_p50_s'] if s['latency_p50_s'] is not None else '-'} | "
+            f"{s['latency_p99_s'] if s['latency_p99_s'] is not None else '-'} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,39 @@
+"""The streaming benchmark's pure parts: when a trial keeps up, percentiles, the table."""
+
+from __future__ import annotations
+
+from benchmarks.streaming import Trial, highest_kept_up, keeps_up, markdown_table, percentile
+
+
+def test_steady_micro_batches_keep_up_and_growing_ones_do_not() -> None:
+    assert keeps_up([1.2, 1.0, 1.1, 0.9, 1.0, 1.1, 1.0, 1.2, 0.9])
+    # Each batch holds the rows that arrived during the last: a backlog grows.
+    assert not keeps_up([1.0, 1.3, 1.7, 2.2, 2.9, 3.8, 4.9, 6.4, 8.3])
+    # Steady but too slow to call it streaming.
+    assert not keeps_up([12.0] * 9)
+    assert not keeps_up([1.0] * 5)  # too few to tell
+
+
+def test_percentiles_are_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 50.0
+    assert percentile(values, 99) == 99.0
+    assert percentile([3.0], 99) == 3.0
+    assert percentile([], 50) is None
+
+
+def test_the_highest_rate_kept_up_with_and_the_table() -> None:
+    steady = [(1000, 1.0)] * 9
+    growing = [(1000, d) for d in (1.0, 1.3, 1.7, 2.2, 2.9, 3.8, 4.9, 6.4, 8.3)]
+    trials = [
+        Trial("ours", 5, 1000, steady, latencies=[1.5, 2.5]),
+        Trial("ours", 5, 2000, steady),
+        Trial("ours", 5, 4000, growing),
+        Trial("pyspark", 0, 1000, [], error="boom"),
+    ]
+    assert highest_kept_up(trials, "ours", 5) == 2000
+    assert highest_kept_up(trials, "pyspark", 0) is None
+    table = markdown_table(trials).splitlines()
+    assert table[2] == "| q5 | ours | 1000 | yes | 9 | 1.0 | 1.0 | 1.5 | 2.5 |"
+    assert table[4].startswith("| q5 | ours | 4000 | no |")
+    assert "error: boom" in table[5]
