@@ -244,7 +244,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runners", default="ours,pyspark")
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--output", default="benchmarks/results/streaming.json")
+    parser.add_argument(
+        "--chart", nargs="+", metavar="JSON", help="only draw the chart of saved runs' JSON"
+    )
     args = parser.parse_args(argv)
+    if args.chart:
+        rows = [row for path in args.chart for row in json.load(open(path))]
+        chart(rows, os.path.splitext(args.output)[0] + ".png")
+        return 0
     logging.basicConfig(level=logging.INFO)
     trials = []
     for query in (int(q) for q in args.queries.split(",")):
@@ -259,7 +266,67 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.output, "w") as out:
         json.dump([t.summary() for t in trials], out, indent=1)
     print(markdown_table(trials))
+    chart([t.summary() for t in trials], os.path.splitext(args.output)[0] + ".png")
     return 0
+
+
+def chart(summaries: Sequence[dict[str, Any]], path: str) -> bool:
+    """Per query, the highest rate each runner kept up with (bars, log scale); and per
+    windowed query, our panes' latency p50 and p99 at the highest rate it kept up with (or
+    its lowest rate). From ``Trial.summary()`` rows, so also from a saved run's JSON.
+    False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        _LOGGER.warning("matplotlib is not installed: no chart (pip install matplotlib)")
+        return False
+
+    def best(runner: str, query: int) -> int:
+        kept = [r["rate"] for r in summaries if (r["runner"], r["query"]) == (runner, query)]
+        return max((r for r in kept if _kept(summaries, runner, query, r)), default=0)
+
+    queries = sorted({r["query"] for r in summaries})
+    runners = sorted({r["runner"] for r in summaries})
+    figure, (rates, latency) = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / max(1, len(runners))
+    for i, runner in enumerate(runners):
+        positions = [q + i * width for q in range(len(queries))]
+        rates.bar(positions, [best(runner, q) for q in queries], width, label=runner)
+    rates.set_xticks([q + width * (len(runners) - 1) / 2 for q in range(len(queries))])
+    rates.set_xticklabels([f"q{q}" for q in queries])
+    rates.set_yscale("log")
+    rates.set_ylabel("highest events/s kept up with")
+    rates.legend()
+    windowed = [q for q in queries if q in WINDOWED]
+    for offset, key in ((0.0, "latency_p50_s"), (0.4, "latency_p99_s")):
+        values = []
+        for q in windowed:
+            rows = sorted(
+                (r for r in summaries if (r["runner"], r["query"]) == ("ours", q)),
+                key=lambda r: (not r["keeps_up"], -r["rate"] if r["keeps_up"] else r["rate"]),
+            )
+            values.append((rows[0][key] or 0) if rows else 0)
+        latency.bar([i + offset for i in range(len(windowed))], values, 0.4, label=key[8:11])
+    latency.axhline(2 * TRIGGER_SECONDS, linestyle="--", color="grey", label="2 trigger intervals")
+    latency.set_xticks([i + 0.2 for i in range(len(windowed))])
+    latency.set_xticklabels([f"q{q}" for q in windowed])
+    latency.set_ylabel("ours: pane latency past window end, s")
+    latency.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return True
+
+
+def _kept(summaries: Sequence[dict[str, Any]], runner: str, query: int, rate: int) -> bool:
+    return any(
+        r["keeps_up"]
+        for r in summaries
+        if (r["runner"], r["query"], r["rate"]) == (runner, query, rate)
+    )
 
 
 def markdown_table(trials: Sequence[Trial]) -> str:

@@ -37,3 +37,21 @@ def test_the_highest_rate_kept_up_with_and_the_table() -> None:
     assert table[2] == "| q5 | ours | 1000 | yes | 9 | 1.0 | 1.0 | 1.5 | 2.5 |"
     assert table[4].startswith("| q5 | ours | 4000 | no |")
     assert "error: boom" in table[5]
+
+
+def test_the_chart_is_drawn(tmp_path: object) -> None:
+    import pytest
+
+    pytest.importorskip("matplotlib")
+    from pathlib import Path
+
+    from benchmarks.streaming import chart
+
+    path = Path(str(tmp_path)) / "chart.png"
+    trials = [
+        Trial("ours", 5, 500, [(500, 1.0)] * 9, latencies=[1.5, 2.5]),
+        Trial("ours", 0, 2000, [(2000, 1.0)] * 9),
+        Trial("pyspark", 0, 8000, [(8000, 0.2)] * 9),
+    ]
+    assert chart([t.summary() for t in trials], str(path))
+    assert path.stat().st_size > 1000
