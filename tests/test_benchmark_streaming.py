@@ -55,3 +55,19 @@ def test_the_chart_is_drawn(tmp_path: object) -> None:
     ]
     assert chart([t.summary() for t in trials], str(path))
     assert path.stat().st_size > 1000
+
+
+def test_pane_latencies_leave_out_windows_that_ended_while_it_warmed_up(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from benchmarks.streaming import pane_latencies
+
+    directory = Path(str(tmp_path))
+    (directory / "1.txt").write_text("100.0 130.0\n110.0 111.5\n")
+    (directory / "2.txt").write_text("120.0 122.0\n")
+    assert sorted(pane_latencies(str(directory), warm=105.0)) == [1.5, 2.0]
+
+
+def test_direct_runner_keeps_up_when_it_ends_soon_after_its_last_event() -> None:
+    assert Trial("direct", 0, 1000, [], overrun=2.0).keeps_up
+    assert not Trial("direct", 0, 1000, [], overrun=30.0).keeps_up
