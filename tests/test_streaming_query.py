@@ -45,3 +45,21 @@ def test_the_error_it_raises_instead_is_short_and_reads_as_an_interruption_to_sp
     message = str(QueryInterrupted(7))
     assert len(message) < 300 and "micro-batch 7" in message
     assert SPARK_PROXY_ERROR.search(message)
+
+
+def test_py4j_does_not_log_a_stop_as_an_error(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from beam_spark_runner.streaming.query import _quiet_interruptions
+
+    _quiet_interruptions()
+    _quiet_interruptions()  # once is enough, twice is harmless
+    logger = logging.getLogger("py4j.clientserver")
+    with caplog.at_level(logging.ERROR, logger="py4j.clientserver"):
+        for error in (QueryInterrupted(3), ValueError("a real failure")):
+            try:
+                raise error
+            except Exception:
+                logger.exception("There was an exception while executing the Python Proxy")
+    assert "a real failure" in caplog.text
+    assert "QueryInterrupted" not in caplog.text

@@ -229,6 +229,28 @@ class QueryInterrupted(RuntimeError):
         )
 
 
+class _DropInterruptions(logging.Filter):
+    """Drops Py4J's ERROR record of a ``QueryInterrupted`` (a stop, not a failure).
+
+    Py4J logs every exception a Python callback (``foreachBatch``) raises, with its
+    traceback; a query stopped mid-batch is not an error to report.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, QueryInterrupted)
+
+
+_PY4J_CALLBACK_LOGGER = "py4j.clientserver"
+
+
+def _quiet_interruptions() -> None:
+    """Installs ``_DropInterruptions`` on Py4J's callback logger, once."""
+    logger = logging.getLogger(_PY4J_CALLBACK_LOGGER)
+    if not any(isinstance(f, _DropInterruptions) for f in logger.filters):
+        logger.addFilter(_DropInterruptions())
+
+
 class _SinkWatch:
     """The driver's view of the sink: the latest watermark of each producer reaching it."""
 
@@ -408,6 +430,7 @@ def start_query(
     broadcasts = plan_broadcasts(plan)
     topology = plan_topology(plan, context.parallelism, broadcasts)
     _ensure_state_store(spark)
+    _quiet_interruptions()
     owned_checkpoint = checkpoint_location is None
     checkpoint = checkpoint_location or tempfile.mkdtemp(prefix="beam-spark-checkpoint-")
     watch = _SinkWatch(topology, sinks.logs)
