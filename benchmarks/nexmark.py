@@ -522,11 +522,12 @@ def sql_events(spark: SparkSession, total: int, partitions: int) -> DataFrame:
     return event_columns(spark.range(0, total, 1, partitions))
 
 
-def event_columns(frame: DataFrame) -> DataFrame:
-    """The events whose numbers are ``frame``'s ``id`` column, as ``sql_events`` has them.
+def event_columns(frame: DataFrame, keep: tuple[str, ...] = ()) -> DataFrame:
+    """The events whose numbers are ``frame``'s ``id`` column, as ``sql_events`` has them,
+    plus ``frame``'s columns named in ``keep``, unchanged.
 
     A streaming DataFrame works too (the streaming benchmark numbers Spark's ``rate``
-    source's rows so).
+    source's rows so, and keeps its ``timestamp`` as the event time).
     """
     from pyspark.sql import functions as F
 
@@ -539,6 +540,7 @@ def event_columns(frame: DataFrame) -> DataFrame:
         (n / EPOCH).cast("long").alias("epoch"),
         (n % EPOCH).alias("offset"),
         ((n * F.lit(_K1) + F.lit(_C1)) % F.lit(_M32)).alias("h1"),
+        *keep,
     )
     frame = frame.withColumn("h2", (F.col("h1") * F.lit(_K2) + 1) % F.lit(_M32))
     frame = frame.withColumn("h3", (F.col("h2") * F.lit(_K2) + 1) % F.lit(_M32))
@@ -561,6 +563,7 @@ def event_columns(frame: DataFrame) -> DataFrame:
         (F.lit(Q3_CATEGORY) + h3 % 5).alias("category"),
         (F.lit(FIRST_ID) + h1 % (epoch * 3 + 3)).alias("auction"),
         (F.lit(100) + h3 % 100_000).alias("price"),
+        *keep,
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks.streaming import Trial, highest_kept_up, keeps_up, markdown_table, percentile
 
 
@@ -71,3 +73,73 @@ def test_pane_latencies_leave_out_windows_that_ended_while_it_warmed_up(tmp_path
 def test_direct_runner_keeps_up_when_it_ends_soon_after_its_last_event() -> None:
     assert Trial("direct", 0, 1000, [], overrun=2.0).keeps_up
     assert not Trial("direct", 0, 1000, [], overrun=30.0).keeps_up
+
+
+def test_the_rate_search_tries_every_other_rate_then_the_one_below_the_first_failure() -> None:
+    from benchmarks.streaming import search_rates
+
+    rates = [250, 500, 1000, 2000, 4000, 8000, 16000]
+
+    def tried(highest: int) -> list[int]:
+        attempts: list[int] = []
+
+        def attempt(rate: int) -> bool:
+            attempts.append(rate)
+            return rate <= highest
+
+        search_rates(rates, attempt)
+        return attempts
+
+    assert tried(2000) == [250, 1000, 4000, 2000]
+    assert tried(1000) == [250, 1000, 4000, 2000]
+    assert tried(100) == [250]
+    assert tried(300) == [250, 1000, 500]
+    # Kept up with every one tried: the last rate is tried too.
+    assert tried(10**6) == [250, 1000, 4000, 16000]
+    assert tried(10000) == [250, 1000, 4000, 16000, 8000]
+
+
+@pytest.mark.parametrize("query", [1, 2, 5, 7, 8, 11])
+def test_the_hand_written_structured_streaming_queries_give_beams_results(query: int) -> None:
+    """Each query of :func:`pyspark_query` over a batch frame of events, their event times
+    the generator's (``nexmark.millis``), gives the plain-Python reference's results (which
+    match Beam's queries on FnApiRunner: test_benchmark_nexmark)."""
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    from benchmarks import nexmark
+    from benchmarks.streaming import pyspark_query
+
+    total = 25_000
+    spark = SparkSession.builder.master("local[2]").getOrCreate()
+    numbered = spark.range(0, total, 1, 2).withColumn(
+        "t", F.timestamp_millis(F.lit(nexmark.BASE_TIME_MS) + F.col("id"))
+    )
+    rows = pyspark_query(query, nexmark.event_columns(numbered, keep=("t",))).collect()
+    fingerprint = {
+        1: lambda r: int(r.p),
+        2: lambda r: r.auction + r.price,
+        5: lambda r: r.top.auction * 100_000 + r.top["count"],
+        7: lambda r: r.bid.auction * 1_000_003 + r.bid.bidder * 1_009 + r.bid.price,
+        8: lambda r: r.person_id * 10_000 + r.reserve,
+        11: lambda r: r.bidder * 1_000_000 + r["count"] * r["count"],
+    }[query]
+    expected = nexmark.python_query(query, nexmark.events(0, total)) if query > 2 else None
+    if expected is None:  # q1, q2: the RDD versions' reference
+        items = list(nexmark.events(0, total))
+        expected_prints = sorted(
+            nexmark.FINGERPRINTS[query](out) for out in _stateless_reference(query, items)
+        )
+    else:
+        expected_prints = sorted(nexmark.FINGERPRINTS[query](out) for out in expected)
+    assert expected_prints, "the reference has results to compare"
+    assert sorted(fingerprint(r) for r in rows) == expected_prints
+
+
+def _stateless_reference(query: int, items: list[object]) -> list[object]:
+    from benchmarks import nexmark
+
+    bids = [b for b in items if nexmark._is_bid(b)]
+    if query == 1:
+        return [nexmark._to_euro(b) for b in bids]
+    return [nexmark._q2_project(b) for b in bids if nexmark._q2_keep(b)]
