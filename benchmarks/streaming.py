@@ -3,7 +3,8 @@
     .venv/bin/python -m benchmarks.streaming [--queries 0,1,2,5,7,8,11]
         [--rates 250,500,1000,...] [--seconds 40] [--runners ours,pyspark,direct]
 
-Each trial runs one query at one event rate for ``--seconds`` on ``local[2]``:
+Each trial runs one query at one event rate on ``local[2]``, for ``--seconds`` after its first
+micro-batch (Python workers start then):
 
 * ``ours``: Beam's own ``queryN.load`` on SparkStructuredRunner, its events from Spark's
   ``rate`` source (``ReadFromSparkStream``: event ``n`` is the rate source's ``value``, its
@@ -61,7 +62,9 @@ if TYPE_CHECKING:
 
 _LOGGER = logging.getLogger(__name__)
 
-TRIGGER_SECONDS = 1.0
+# The micro-batch interval of both Structured Streaming queries (--trigger): above what a
+# micro-batch of ours costs with no data (1.1-1.4 s on a quiet machine, docs/architecture.md).
+TRIGGER_SECONDS = 2.0
 # A micro-batch slower than this is not keeping up, whatever its trend.
 MAX_BATCH_SECONDS = 10.0
 # DirectRunner keeps up when it ends at most this long after its last event was due.
@@ -70,6 +73,8 @@ MAX_OVERRUN_SECONDS = 5.0
 WARM_UP_SECONDS = 5.0
 # DirectRunner's generator: a PeriodicImpulse tick this often, each emitting the events due.
 TICK_SECONDS = 0.1
+# A trial whose first micro-batch has not completed after this long fails.
+STARTUP_LIMIT_SECONDS = 180.0
 WINDOWED = (5, 7, 8, 11)
 
 
@@ -86,6 +91,8 @@ class Trial:
     error: str | None = None
     # DirectRunner (no micro-batches): how long after its events' last due time it ended.
     overrun: float | None = None
+    # The micro-batch interval, seconds.
+    trigger: float = TRIGGER_SECONDS
 
     @property
     def keeps_up(self) -> bool:
@@ -95,7 +102,7 @@ class Trial:
             return False
         if self.overrun is not None:
             return self.overrun <= MAX_OVERRUN_SECONDS
-        return keeps_up([d for _, d in self.batches])
+        return keeps_up([d for _, d in self.batches], self.trigger)
 
     def summary(self) -> dict[str, Any]:
         """The trial as one JSON-able row."""
@@ -115,17 +122,18 @@ class Trial:
             "panes": len(self.latencies),
             "overrun_s": None if self.overrun is None else round(self.overrun, 1),
             "error": self.error,
+            "trigger_s": self.trigger,
         }
 
 
-def keeps_up(durations: Sequence[float]) -> bool:
+def keeps_up(durations: Sequence[float], trigger: float = TRIGGER_SECONDS) -> bool:
     """Steady micro-batches: the last third no slower than the middle third by > 25 %."""
     if len(durations) < 6:
         return False
     third = len(durations) // 3
     middle = statistics.mean(durations[third : 2 * third])
     last = statistics.mean(durations[2 * third :])
-    return last <= 1.25 * max(middle, TRIGGER_SECONDS) and last <= MAX_BATCH_SECONDS
+    return last <= 1.25 * max(middle, trigger) and last <= MAX_BATCH_SECONDS
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -164,6 +172,26 @@ def _first_batch_end(query: Any) -> float:
     return started.timestamp() + first["durationMs"]["triggerExecution"] / 1000
 
 
+def _after_first_batch(active: Callable[[], Sequence[Any]], seconds: float) -> Any:
+    """The one running query, once it has run ``seconds`` past its first micro-batch (which
+    starts Python workers and opens state stores: tens of seconds on a loaded machine, so
+    the trial's length is counted from its end). Fails after ``STARTUP_LIMIT_SECONDS``
+    without a first micro-batch."""
+    deadline = time.time() + STARTUP_LIMIT_SECONDS
+    while True:
+        queries = active()
+        if len(queries) == 1 and queries[0].recentProgress:
+            break
+        if time.time() > deadline:
+            raise TimeoutError(
+                f"no micro-batch completed in {STARTUP_LIMIT_SECONDS} s "
+                f"({len(queries)} queries running)"
+            )
+        time.sleep(0.5)
+    time.sleep(seconds)
+    return queries[0]
+
+
 def _progress_batches(query: Any, skip: int = 2) -> list[tuple[int, float]]:
     """(rows, seconds) per micro-batch from Spark's progress, the first ``skip`` left out
     (Python workers start, state stores open)."""
@@ -199,7 +227,7 @@ def _event(row: Any) -> Any:
     return nexmark.event(int(row.value))
 
 
-def run_ours(query: int, rate: int, seconds: float) -> Trial:
+def run_ours(query: int, rate: int, seconds: float, trigger: float = TRIGGER_SECONDS) -> Trial:
     """Beam's query ``query`` on SparkStructuredRunner at ``rate`` events/s."""
     from apache_beam.options.pipeline_options import PipelineOptions, TypeOptions
     from apache_beam.testing.benchmarks.nexmark import nexmark_util
@@ -213,7 +241,7 @@ def run_ours(query: int, rate: int, seconds: float) -> Trial:
         [
             "--runner=SparkStructuredRunner",
             "--spark_master=local[2]",
-            f"--spark_trigger_interval={TRIGGER_SECONDS}",
+            f"--spark_trigger_interval={trigger}",
         ]
     )
     options.view_as(TypeOptions).allow_unsafe_triggers = True  # q11's trigger, as Beam's launcher
@@ -230,16 +258,15 @@ def run_ours(query: int, rate: int, seconds: float) -> Trial:
     error = None
     warm = float("inf")
     try:
-        time.sleep(seconds)
         spark = SparkSession.builder.getOrCreate()
-        (running,) = spark.streams.active
+        running = _after_first_batch(lambda: spark.streams.active, seconds)
         batches = _progress_batches(running)
         warm = _first_batch_end(running) + WARM_UP_SECONDS
     except Exception as caught:  # noqa: BLE001 - reported in the table
         batches, error = [], f"{type(caught).__name__}: {caught}"
     finally:
         result.cancel()
-    return Trial("ours", query, rate, batches, pane_latencies(panes, warm), error)
+    return Trial("ours", query, rate, batches, pane_latencies(panes, warm), error, trigger=trigger)
 
 
 def pyspark_query(query: int, events: DataFrame) -> DataFrame:
@@ -305,7 +332,7 @@ def pyspark_query(query: int, events: DataFrame) -> DataFrame:
     raise ValueError(f"no PySpark Structured Streaming version of Nexmark query {query}")
 
 
-def run_pyspark(query: int, rate: int, seconds: float) -> Trial:
+def run_pyspark(query: int, rate: int, seconds: float, trigger: float = TRIGGER_SECONDS) -> Trial:
     """The hand-written PySpark Structured Streaming query at ``rate`` events/s."""
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
@@ -329,12 +356,13 @@ def run_pyspark(query: int, rate: int, seconds: float) -> Trial:
 
     writer = out.writeStream.option("checkpointLocation", checkpoint)
     writer = writer.foreachBatch(record) if query in WINDOWED else writer.format("noop")
-    running = writer.trigger(processingTime=f"{TRIGGER_SECONDS} seconds").start()
+    running = writer.trigger(processingTime=f"{trigger} seconds").start()
     try:
-        time.sleep(seconds)
+        _after_first_batch(lambda: [running], seconds)
         warm = _first_batch_end(running) + WARM_UP_SECONDS
         latencies = [written - end for end, written in list(ends) if end >= warm]
-        return Trial("pyspark", query, rate, _progress_batches(running), latencies)
+        batches = _progress_batches(running)
+        return Trial("pyspark", query, rate, batches, latencies, trigger=trigger)
     finally:
         running.stop()
 
@@ -363,7 +391,7 @@ def _tick_events(tick: float, rate: int, start: float) -> Any:
         yield TimestampedValue(nexmark.event(n), float(tick) + (n - first) / rate)
 
 
-def run_direct(query: int, rate: int, seconds: float) -> Trial:
+def run_direct(query: int, rate: int, seconds: float, trigger: float = TRIGGER_SECONDS) -> Trial:
     """Beam's query ``query`` on DirectRunner in streaming: a PeriodicImpulse ticks every
     ``TICK_SECONDS`` and emits the events due by then; it keeps up when it ends soon after
     the last tick."""
@@ -404,6 +432,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rates", default=",".join(str(250 * 2**k) for k in range(12)))
     parser.add_argument("--runners", default="ours,pyspark,direct")
     parser.add_argument("--seconds", type=float, default=40)
+    parser.add_argument(
+        "--trigger", type=float, default=TRIGGER_SECONDS, help="micro-batch interval, seconds"
+    )
     parser.add_argument("--output", default="benchmarks/results/streaming.json")
     parser.add_argument(
         "--chart", nargs="+", metavar="JSON", help="only draw the chart of saved runs' JSON"
@@ -420,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         for runner in args.runners.split(","):
 
             def attempt(rate: int, runner: str = runner, query: int = query) -> bool:
-                trial = RUNNERS[runner](query, rate, args.seconds)
+                trial = RUNNERS[runner](query, rate, args.seconds, args.trigger)
                 trials.append(trial)
                 _LOGGER.info("%s", json.dumps(trial.summary()))
                 return trial.keeps_up
@@ -474,7 +505,8 @@ def chart(summaries: Sequence[dict[str, Any]], path: str) -> bool:
             )
             values.append((rows[0][key] or 0) if rows else 0)
         latency.bar([i + offset for i in range(len(windowed))], values, 0.4, label=key[8:11])
-    latency.axhline(2 * TRIGGER_SECONDS, linestyle="--", color="grey", label="2 trigger intervals")
+    trigger = max((r.get("trigger_s") or TRIGGER_SECONDS) for r in summaries)
+    latency.axhline(2 * trigger, linestyle="--", color="grey", label="2 trigger intervals")
     latency.set_xticks([i + 0.2 for i in range(len(windowed))])
     latency.set_xticklabels([f"q{q}" for q in windowed])
     latency.set_ylabel("ours: pane latency past window end, s")
