@@ -75,28 +75,32 @@ def test_direct_runner_keeps_up_when_it_ends_soon_after_its_last_event() -> None
     assert not Trial("direct", 0, 1000, [], overrun=30.0).keeps_up
 
 
-def test_the_rate_search_tries_every_other_rate_then_the_one_below_the_first_failure() -> None:
+def test_the_rate_search_tries_every_other_rate_then_the_one_next_to_the_boundary() -> None:
     from benchmarks.streaming import search_rates
 
-    rates = [250, 500, 1000, 2000, 4000, 8000, 16000]
+    rates = [250, 500, 1000, 2000, 4000, 8000, 16000, 32000]
 
-    def tried(highest: int) -> list[int]:
+    def tried(highest: int, start: int = 4) -> list[int]:
         attempts: list[int] = []
 
         def attempt(rate: int) -> bool:
             attempts.append(rate)
             return rate <= highest
 
-        search_rates(rates, attempt)
+        search_rates(rates, attempt, start)
         return attempts
 
-    assert tried(2000) == [250, 1000, 4000, 2000]
-    assert tried(1000) == [250, 1000, 4000, 2000]
-    assert tried(100) == [250]
-    assert tried(300) == [250, 1000, 500]
-    # Kept up with every one tried: the last rate is tried too.
-    assert tried(10**6) == [250, 1000, 4000, 16000]
-    assert tried(10000) == [250, 1000, 4000, 16000, 8000]
+    assert tried(8000) == [4000, 16000, 8000]
+    assert tried(16000) == [4000, 16000, 32000]
+    assert tried(4000) == [4000, 16000, 8000]
+    # Not at the start: downwards every other rate, then the one above.
+    assert tried(2000) == [4000, 1000, 2000]
+    assert tried(1000) == [4000, 1000, 2000]
+    assert tried(300) == [4000, 1000, 250, 500]
+    assert tried(100) == [4000, 1000, 250]
+    # Kept up with every one tried: the top of the ladder is tried too.
+    assert tried(10**6) == [4000, 16000, 32000]
+    assert tried(10**6, start=0) == [250, 1000, 4000, 16000, 32000]
 
 
 @pytest.mark.parametrize("query", [1, 2, 5, 7, 8, 11])
