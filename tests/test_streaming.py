@@ -142,8 +142,51 @@ def _processing_time(pipeline: beam.Pipeline) -> Any:
     )
 
 
+class _FlushOnProcessingTime(beam.DoFn):  # type: ignore[misc]
+    """Buffers a key's values until a processing-time timer at 5 s (timers in processing
+    time are set on absolute times; a TestStream's clock starts at 0)."""
+
+    BUFFER = userstate.BagStateSpec("buffer", VarIntCoder())
+    FLUSH = userstate.TimerSpec("flush", userstate.TimeDomain.REAL_TIME)
+
+    def process(
+        self,
+        kv: Any,
+        buffer: Any = beam.DoFn.StateParam(BUFFER),
+        flush: Any = beam.DoFn.TimerParam(FLUSH),
+    ) -> None:
+        if not list(buffer.read()):
+            flush.set(5)
+        buffer.add(kv[1])
+
+    @userstate.on_timer(FLUSH)
+    def on_flush(
+        self,
+        buffer: Any = beam.DoFn.StateParam(BUFFER),
+        key: Any = beam.DoFn.KeyParam,
+    ) -> Any:
+        yield key, sorted(buffer.read())
+        buffer.clear()
+
+
+def _processing_time_timer(pipeline: beam.Pipeline) -> Any:
+    # The runner's clock is the TestStream's (from 0, as DirectRunner's test clock): the
+    # timer at 5 s must fire in the second micro-batch, which has no input, so 1 and 2 leave
+    # before 3 arrives. Fired any later, they would leave together with 3.
+    stream = (
+        ScriptedStream()
+        .add_elements([("k", 1), ("k", 2)])
+        .advance_processing_time(6)
+        .add_elements([("k", 3)])
+        .advance_watermark_to_infinity()
+    )
+    return pipeline | stream | beam.ParDo(_FlushOnProcessingTime())
+
+
 @pytest.mark.parametrize(
-    "build", [_late_data, _sessions, _processing_time], ids=lambda b: b.__name__.strip("_")
+    "build",
+    [_late_data, _sessions, _processing_time, _processing_time_timer],
+    ids=lambda b: b.__name__.strip("_"),
 )
 def test_the_same_panes_as_direct_runner(build: Callable[[beam.Pipeline], Any]) -> None:
     expected = _direct_output(build)
