@@ -454,7 +454,14 @@ def main(argv: list[str] | None = None) -> int:
         rows = [row for path in args.chart for row in json.load(open(path))]
         chart(rows, os.path.splitext(args.output)[0] + ".png")
         return 0
-    logging.basicConfig(level=logging.INFO)
+    # Beam sets the root logger to WARNING when imported: the trials report on a handler
+    # of their own.
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s bench-streaming %(message)s"))
+    _LOGGER.addHandler(handler)
+    _LOGGER.setLevel(logging.INFO)
+    _LOGGER.propagate = False
+    os.makedirs(os.path.dirname(args.output) or ".", exist_ok=True)
     trials: list[Trial] = []
     rates = sorted(int(r) for r in args.rates.split(","))
     for query in (int(q) for q in args.queries.split(",")):
@@ -464,12 +471,11 @@ def main(argv: list[str] | None = None) -> int:
                 trial = RUNNERS[runner](query, rate, args.seconds, args.trigger)
                 trials.append(trial)
                 _LOGGER.info("%s", json.dumps(trial.summary()))
+                with open(args.output, "w") as out:  # after each trial: a long run may stop
+                    json.dump([t.summary() for t in trials], out, indent=1)
                 return trial.keeps_up
 
             search_rates(rates, attempt, rates.index(min(rates, key=lambda r: abs(r - 4000))))
-    os.makedirs(os.path.dirname(args.output) or ".", exist_ok=True)
-    with open(args.output, "w") as out:
-        json.dump([t.summary() for t in trials], out, indent=1)
     print(markdown_table(trials))
     chart([t.summary() for t in trials], os.path.splitext(args.output)[0] + ".png")
     return 0
