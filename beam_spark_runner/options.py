@@ -84,6 +84,19 @@ class SparkRunnerOptions(PipelineOptions):
             ),
         )
         parser.add_argument(
+            "--spark_batched_steps",
+            choices=("on", "off"),
+            default="on",
+            help=(
+                "Run a fused stage's stateless steps (Map, FlatMap, Filter, MapTuple, "
+                "FlatMapTuple, WindowInto with Beam's standard window functions, DoFns whose "
+                "process takes only the element, timestamp or window) step by step over each "
+                "batch instead of element by element through Beam's bundle processor; other "
+                "steps keep the bundle processor. 'off' runs every step in the bundle "
+                "processor, for A/B runs or as a way out. Default: on."
+            ),
+        )
+        parser.add_argument(
             "--spark_trigger_interval",
             type=float,
             default=None,
@@ -115,6 +128,7 @@ class SparkSettings:
     log_level: str
     drain: bool = False
     state_backed_iterables: bool = False
+    batched_steps: bool = True
     trigger_interval: float = 0.0
     checkpoint_location: str | None = None
 
@@ -183,6 +197,7 @@ def spark_settings(options: PipelineOptions) -> SparkSettings:
         log_level=log_level,
         drain=bool(spark_options.spark_drain),
         state_backed_iterables=bool(spark_options.spark_state_backed_iterables),
+        batched_steps=spark_options.spark_batched_steps != "off",
         trigger_interval=trigger_interval or 0.0,
         checkpoint_location=spark_options.spark_checkpoint_location,
     )

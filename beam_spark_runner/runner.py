@@ -174,6 +174,7 @@ class SparkStructuredRunner(PipelineRunner):
             proto,
             is_drain=settings.drain,
             use_state_iterables=settings.state_backed_iterables,
+            batched_steps=settings.batched_steps,
             streaming=True,
         )
         check_streaming_plan(plan)
@@ -229,6 +230,7 @@ class SparkStructuredRunner(PipelineRunner):
             proto,
             is_drain=settings.drain,
             use_state_iterables=settings.state_backed_iterables,
+            batched_steps=settings.batched_steps,
         )
         check_plan(plan, translator_for)
         spark, _ = obtain_session(settings)

@@ -1,0 +1,515 @@
+"""The batched path: a fused stage's stateless steps run step by step over a whole batch.
+
+Beam's bundle processor moves each element through the stage's operation chain, with a
+counter update, a size sample and a receiver call per element and step. Steps that need
+nothing per element from the runner — Map, FlatMap, Filter, MapTuple/FlatMapTuple (Beam's
+``CallableWrapperDoFn``), ``WindowInto`` with Beam's standard window functions, and user
+DoFns whose ``process`` takes only the element, or with timestamp or window parameters — run
+here instead, one step at a time over the batch's decoded windowed values:
+
+* each step is Beam's own ``DoFnRunner`` (``WindowInto``: the DoFn Beam's bundle processor
+  runs for it), so outputs keep or get their timestamps, windows and panes exactly as Beam
+  gives them; a Map/FlatMap/Filter whose callable takes only the element is called
+  directly (Beam's ``SimpleInvoker`` semantics: ``wv.with_value(output)``), any output that
+  is a ``WindowedValue``, ``TimestampedValue`` or ``TaggedOutput`` going through Beam's
+  output handler;
+* each step gets ``setup`` once, ``start_bundle``/``finish_bundle`` per batch (finish
+  outputs included, downstream of the step's other outputs, as in Beam) and ``teardown``
+  when the stage worker is torn down; its own metrics container (user metrics land under
+  its step), and Beam's element counts and sampled sizes per PCollection;
+* an error is Beam's: the user's exception, its message ending in
+  ``[while running '<step>']``.
+
+What qualifies is decided once per stage worker from the process bundle descriptor
+(:func:`plan_batched_steps`): the steps reachable from the stage's input through qualifying
+steps only, with at most one PCollection (the *hand-off*) read by a step that does not
+qualify. The hand-off's elements are encoded and fed to the bundle processor, which runs the
+rest of the stage from a descriptor without the batched steps. Outputs of batched steps
+bound for the stage's outputs are encoded here directly.
+
+Known difference: the steps of a batch run one after the other, not interleaved element by
+element, so a DoFn that mutates its input or output after emitting it, or steps sharing
+mutable globals, may see other values than on Beam's path (Beam forbids such mutation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from beam_spark_runner import beam_internals as bi
+
+_LOGGER = logging.getLogger(__name__)
+
+DATA_INPUT_URN = "beam:runner:source:v1"
+DATA_OUTPUT_URN = "beam:runner:sink:v1"
+WINDOW_INTO_URN = "beam:transform:window_into:v1"
+PAR_DO_URN = "beam:transform:pardo:v1"
+
+# Element sizes sampled per PCollection and batch (the first ones, then evenly spaced), for
+# Beam's sampled-byte-size metric.
+_SIZE_SAMPLES = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+    """One batched step: a qualifying transform of the descriptor."""
+
+    transform_id: str
+    step_name: str
+    input_pcollection: str
+    output_pcollection: str
+    # Builds a fresh DoFn instance and its windowing (a new instance after each teardown).
+    make_dofn: Callable[[], tuple[Any, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchedPlan:
+    """What runs batched in a stage, and the descriptor of the rest."""
+
+    input_coder_id: str
+    input_pcollection: str
+    steps: tuple[StepSpec, ...]
+    # Data output transform id -> (its input PCollection, its windowed coder id).
+    direct_outputs: dict[str, tuple[str, str]]
+    # The PCollection handed to the bundle processor, and its hand-off coder id.
+    handoff: tuple[str, str] | None
+    # Names this stage worker's hand-off (beam_internals.hand_off).
+    token: str
+    # The descriptor for the rest of the stage (None: everything runs batched).
+    remainder: Any
+    # PCollection id -> its windowed coder id, for sampled sizes.
+    coder_ids: dict[str, str]
+    # A copy of the descriptor holding every coder above.
+    coders: Any
+
+
+def _consumers(descriptor: Any) -> dict[str, list[str]]:
+    consumers: dict[str, list[str]] = {}
+    for transform_id, transform in descriptor.transforms.items():
+        for pcollection in transform.inputs.values():
+            consumers.setdefault(pcollection, []).append(transform_id)
+    return consumers
+
+
+def _windowed_coder_id(descriptor: Any, pcollection_id: str) -> str:
+    """A windowed-value coder id for the PCollection, added to ``descriptor`` if needed."""
+    pcollection = descriptor.pcollections[pcollection_id]
+    strategy = descriptor.windowing_strategies[pcollection.windowing_strategy_id]
+    coder_id = f"batched_windowed_{pcollection.coder_id}_{strategy.window_coder_id}"
+    if coder_id not in descriptor.coders:
+        coder = descriptor.coders[coder_id]
+        coder.spec.urn = bi.WINDOWED_VALUE_CODER_URN
+        coder.component_coder_ids.extend([pcollection.coder_id, strategy.window_coder_id])
+    return coder_id
+
+
+def _step_spec(descriptor: Any, context: Any, transform_id: str) -> StepSpec | str:
+    """The step for a transform, or why it does not qualify."""
+    transform = descriptor.transforms[transform_id]
+    if len(transform.inputs) != 1 or len(transform.outputs) != 1:
+        return "not one input and one output"
+    (input_pcollection,) = transform.inputs.values()
+    (output_pcollection,) = transform.outputs.values()
+    input_windowing = bi.windowing_from_proto(
+        descriptor.windowing_strategies[
+            descriptor.pcollections[input_pcollection].windowing_strategy_id
+        ],
+        context,
+    )
+    urn = transform.spec.urn
+    if urn == WINDOW_INTO_URN:
+        windowing = bi.windowing_from_proto(
+            bi.beam_runner_api_pb2.WindowingStrategy.FromString(transform.spec.payload), context
+        )
+        if not bi.is_standard_window_fn(windowing.windowfn):
+            return f"a custom window function {type(windowing.windowfn).__name__}"
+
+        def make_window_into() -> tuple[Any, Any]:
+            return bi.window_into_dofn(windowing), input_windowing
+
+        make = make_window_into
+    elif urn == PAR_DO_URN:
+        payload = bi.proto_utils.parse_Bytes(
+            transform.spec.payload, bi.beam_runner_api_pb2.ParDoPayload
+        )
+        if (
+            payload.side_inputs
+            or payload.state_specs
+            or payload.timer_family_specs
+            or payload.restriction_coder_id
+            or payload.requests_finalization
+            or payload.requires_time_sorted_input
+            or payload.on_window_expiration_timer_family_spec
+        ):
+            return "side inputs, state, timers, a restriction or finalization"
+        info = bi.pickled_dofn_info(payload)
+        if info is None:
+            return f"a DoFn of {payload.do_fn.urn}"
+        dofn, args, kwargs, side_inputs, windowing = info
+        reason = bi.unbatchable_dofn_reason(dofn, args, kwargs, side_inputs)
+        if reason is not None:
+            return reason
+        step_windowing = windowing or input_windowing
+
+        def make_pardo() -> tuple[Any, Any]:
+            fresh = bi.pickled_dofn_info(payload)
+            if fresh is None:  # pragma: no cover - checked when planned
+                raise ValueError(f"{transform.unique_name}: the DoFn is no longer readable")
+            return fresh[0], step_windowing
+
+        make = make_pardo
+    else:
+        return f"a transform of {urn}"
+    return StepSpec(
+        transform_id=transform_id,
+        step_name=transform.unique_name,
+        input_pcollection=input_pcollection,
+        output_pcollection=output_pcollection,
+        make_dofn=make,
+    )
+
+
+def plan_batched_steps(
+    descriptor: Any, input_transform_id: str, token: str = "batched"
+) -> BatchedPlan | None:
+    """The batched part of a stage, or None when no step of it qualifies.
+
+    Walks from the stage's input: a PCollection whose readers all qualify (or are the
+    stage's outputs) is processed batched; one read by a step that does not qualify is the
+    hand-off, and everything from there runs in the bundle processor. A stage that would
+    need two hand-offs runs as before, unbatched. ``token`` names the stage worker's
+    hand-off (see ``beam_internals.HandoffCoder``).
+    """
+    context = bi.PipelineContext(descriptor)
+    consumers = _consumers(descriptor)
+    input_transform = descriptor.transforms[input_transform_id]
+    if input_transform.spec.urn != DATA_INPUT_URN or len(input_transform.outputs) != 1:
+        return None
+    (input_pcollection,) = input_transform.outputs.values()
+    input_coder_id = bi.remote_grpc_port(input_transform.spec.payload).coder_id
+    steps: list[StepSpec] = []
+    direct_outputs: dict[str, tuple[str, str]] = {}
+    handoffs: list[str] = []
+    pending = [input_pcollection]
+    while pending:
+        pcollection = pending.pop(0)
+        readers = consumers.get(pcollection, [])
+        specs: list[StepSpec] = []
+        outputs: dict[str, tuple[str, str]] = {}
+        reasons: list[str] = []
+        for reader in readers:
+            transform = descriptor.transforms[reader]
+            if transform.spec.urn == DATA_OUTPUT_URN:
+                coder_id = bi.remote_grpc_port(transform.spec.payload).coder_id
+                outputs[reader] = (pcollection, coder_id)
+                continue
+            spec = _step_spec(descriptor, context, reader)
+            if isinstance(spec, str):
+                reasons.append(f"{transform.unique_name}: {spec}")
+            else:
+                specs.append(spec)
+        if reasons:
+            _LOGGER.debug("Not batched: %s", "; ".join(reasons))
+            handoffs.append(pcollection)
+            continue
+        steps.extend(specs)
+        direct_outputs.update(outputs)
+        pending.extend(spec.output_pcollection for spec in specs)
+    if not steps or len(handoffs) > 1:
+        return None
+    remainder = None
+    handoff = None
+    sized = bi.beam_fn_api_pb2.ProcessBundleDescriptor()
+    sized.CopyFrom(descriptor)
+    coder_ids = {
+        pcollection: _windowed_coder_id(sized, pcollection)
+        for pcollection in {input_pcollection, *handoffs, *(s.output_pcollection for s in steps)}
+    }
+    if handoffs:
+        remainder = bi.beam_fn_api_pb2.ProcessBundleDescriptor()
+        remainder.CopyFrom(descriptor)
+        (handoff_pcollection,) = handoffs
+        handoff_coder_id = f"batched_handoff_{handoff_pcollection}"
+        remainder.coders[handoff_coder_id].CopyFrom(
+            bi.handoff_coder_proto(token, sized, coder_ids[handoff_pcollection])
+        )
+        handoff = (handoff_pcollection, handoff_coder_id)
+        for spec in steps:
+            del remainder.transforms[spec.transform_id]
+        for transform_id in direct_outputs:
+            del remainder.transforms[transform_id]
+        data_input = remainder.transforms[input_transform_id]
+        (tag,) = data_input.outputs
+        data_input.outputs[tag] = handoff_pcollection
+        port = bi.remote_grpc_port(data_input.spec.payload)
+        port.coder_id = handoff[1]
+        data_input.spec.payload = port.SerializeToString()
+    return BatchedPlan(
+        input_coder_id=input_coder_id,
+        input_pcollection=input_pcollection,
+        steps=tuple(steps),
+        direct_outputs=direct_outputs,
+        handoff=handoff,
+        token=token,
+        remainder=remainder,
+        coder_ids=coder_ids,
+        coders=sized,
+    )
+
+
+def _nanos_to_ms(nanos: int) -> int:
+    return nanos // 1_000_000
+
+
+class _Step:
+    """One batched step in a stage worker: Beam's DoFnRunner, its metrics and timings."""
+
+    def __init__(self, spec: StepSpec, sampler: Any) -> None:
+        self.spec = spec
+        self.receiver = bi.ListReceiver()
+        self.container = bi.metrics_container(spec.step_name)
+        self.states = [
+            bi.scoped_state(sampler, spec.step_name, spec.transform_id, name, self.container)
+            for name in ("start", "process", "finish")
+        ]
+        self.runner: Any = None
+        # Map/FlatMap/Filter whose callable takes only the element: called directly.
+        self.simple_process: Callable[[Any], Any] | None = None
+        self.handler: Any = None
+        self.nanos = [0, 0, 0]
+
+    def set_up(self) -> None:
+        dofn, windowing = self.spec.make_dofn()
+        self.runner = bi.dofn_runner(
+            dofn, windowing, self.receiver, self.spec.step_name, self.spec.transform_id
+        )
+        if bi.is_simple_callable(dofn):
+            self.simple_process = dofn.process
+            self.handler = bi.simple_output_handler(windowing, self.receiver)
+        with self.states[0]:
+            self.runner.setup()
+
+    def tear_down(self) -> None:
+        runner, self.runner = self.runner, None
+        self.simple_process = self.handler = None
+        if runner is not None:
+            with self.states[2]:
+                runner.teardown()
+
+    def start(self) -> None:
+        self.receiver.values = []
+        began = time.perf_counter_ns()
+        with self.states[0]:
+            self.runner.start()
+        self.nanos[0] += time.perf_counter_ns() - began
+
+    def run(self, values: list[Any]) -> list[Any]:
+        """Processes ``values`` and finishes the bundle; returns the step's outputs."""
+        began = time.perf_counter_ns()
+        with self.states[1]:
+            if self.simple_process is not None:
+                self._run_simple(values)
+            else:
+                process = self.runner.process
+                for windowed_value in values:
+                    process(windowed_value)
+        finishing = time.perf_counter_ns()
+        self.nanos[1] += finishing - began
+        with self.states[2]:
+            self.runner.finish()
+        self.nanos[2] += time.perf_counter_ns() - finishing
+        outputs, self.receiver.values = self.receiver.values, []
+        return outputs
+
+    def _run_simple(self, values: list[Any]) -> None:
+        """Beam's ``SimpleInvoker`` and output handler, without a call per output."""
+        process = self.simple_process
+        assert process is not None
+        handle = self.handler.handle_process_outputs
+        special = bi.special_output_types()
+        out = self.receiver.values
+        append = out.append
+        windowed_value = None
+        try:
+            for windowed_value in values:
+                results = process(windowed_value.value)
+                if results is None:
+                    continue
+                for result in results:
+                    if isinstance(result, special):
+                        handle(windowed_value, (result,))
+                    else:
+                        append(windowed_value.with_value(result))
+        except BaseException as error:  # noqa: BLE001 - re-raised naming the step, as Beam
+            bi.reraise_augmented(self.runner, error, windowed_value)
+            raise
+
+    def monitoring_infos(self) -> list[Any]:
+        """The step's user metrics and timings since the last call (then reset)."""
+        infos = bi.user_monitoring_infos(self.container, self.spec.transform_id)
+        infos.extend(
+            bi.execution_time_monitoring_infos(
+                self.spec.transform_id, *(_nanos_to_ms(n) for n in self.nanos)
+            )
+        )
+        self.container.reset()
+        self.nanos = [0, 0, 0]
+        return infos
+
+
+def _encode(impl: Any, values: list[Any]) -> tuple[bytes, list[int]]:
+    """Encodes windowed values as the data plane does; the bytes and each element's end."""
+    out = bi.create_OutputStream()
+    ends: list[int] = []
+    encode = impl.encode_to_stream
+    size = out.size
+    end = ends.append
+    for value in values:
+        encode(value, out, True)
+        end(size())
+    return out.get(), ends
+
+
+def _sampled_sizes(impl: Any, values: list[Any]) -> tuple[int, int, int, int]:
+    """(sum, count, min, max) of the sizes of a sample of ``values`` (Beam samples too)."""
+    count = len(values)
+    if count <= _SIZE_SAMPLES:
+        indexes: list[int] = list(range(count))
+    else:
+        head = _SIZE_SAMPLES // 2
+        step = (count - head) / (_SIZE_SAMPLES - head)
+        indexes = list(range(head)) + [
+            head + int(i * step) for i in range(_SIZE_SAMPLES - head)
+        ]
+    sizes = [impl.estimate_size(values[i]) for i in indexes]
+    if not sizes:
+        return 0, 0, 0, 0
+    return sum(sizes), len(sizes), min(sizes), max(sizes)
+
+
+@dataclasses.dataclass
+class BatchResult:
+    """What a batch gave: encoded stage outputs, the hand-off's input, monitoring infos."""
+
+    # Data output transform id -> (encoded elements, each element's end).
+    outputs: dict[str, tuple[bytes, list[int]]]
+    # The encoded elements for the bundle processor (None: no hand-off).
+    handoff: bytes | None
+    monitoring_infos: list[Any]
+
+
+class BatchedSteps:
+    """The batched steps of one stage worker (see the module docstring).
+
+    DoFns are set up before their first batch, torn down with the stage worker, when the
+    process is idle (``tear_down_if_idle``) and after a failed batch (Beam discards a failed
+    bundle's processor too), and set up anew from the descriptor when needed again.
+    """
+
+    def __init__(self, plan: BatchedPlan, display_name: str) -> None:
+        self.plan = plan
+        self.display_name = display_name
+        coders = bi.PipelineContext(plan.coders).coders
+        self._input = coders[plan.input_coder_id].get_impl()
+        self._outputs = {
+            transform_id: (pcollection, coders[coder_id].get_impl())
+            for transform_id, (pcollection, coder_id) in plan.direct_outputs.items()
+        }
+        self._handoff = plan.handoff[0] if plan.handoff else None
+        self._sizes = {p: coders[c].get_impl() for p, c in plan.coder_ids.items()}
+        self._sampler = bi.state_sampler(display_name)
+        self._steps = [_Step(spec, self._sampler) for spec in plan.steps]
+        self._lock = threading.Lock()
+        self._set_up = False
+        self.last_used = 0.0
+
+    @property
+    def step_names(self) -> list[str]:
+        """The batched steps' names, in the order they run."""
+        return [spec.step_name for spec in self.plan.steps]
+
+    def run(self, data: bytes) -> BatchResult:
+        """Runs the batched steps over one batch of encoded elements (one bundle)."""
+        with self._lock:
+            previous = bi.get_current_tracker()
+            bi.set_current_tracker(self._sampler)
+            collections: dict[str, list[Any]] = {}
+            try:
+                if not self._set_up:
+                    self._set_up = True
+                    for step in self._steps:
+                        step.set_up()
+                collections[self.plan.input_pcollection] = list(self._input.decode_all(data))
+                # Beam starts a bundle's operations downstream first, finishes upstream first.
+                for step in reversed(self._steps):
+                    step.start()
+                for step in self._steps:
+                    collections[step.spec.output_pcollection] = step.run(
+                        collections[step.spec.input_pcollection]
+                    )
+            except BaseException:
+                bi.record_failed_bundle_monitoring_infos(self._monitoring_infos(collections))
+                self._tear_down_locked("a batch failed")
+                raise
+            finally:
+                bi.set_current_tracker(previous)
+                self.last_used = time.time()
+            outputs = {
+                transform_id: _encode(impl, collections[pcollection])
+                for transform_id, (pcollection, impl) in self._outputs.items()
+            }
+            handoff = None
+            if self._handoff is not None:
+                handoff = bi.hand_off(self.plan.token, collections[self._handoff])
+            return BatchResult(outputs, handoff, self._monitoring_infos(collections))
+
+    def _monitoring_infos(self, collections: dict[str, list[Any]]) -> list[Any]:
+        """Per step and PCollection, as Beam's operations report them for a bundle.
+
+        The hand-off PCollection is counted by the bundle processor's data input.
+        """
+        infos: list[Any] = []
+        for step in self._steps:
+            infos.extend(step.monitoring_infos())
+        for pcollection, values in collections.items():
+            if pcollection == self._handoff:
+                continue
+            sizes = _sampled_sizes(self._sizes[pcollection], values)
+            infos.extend(bi.pcollection_monitoring_infos(pcollection, len(values), sizes))
+        return infos
+
+    def _tear_down_locked(self, why: str) -> int:
+        if not self._set_up:
+            return 0
+        self._set_up = False
+        _LOGGER.debug("Tearing down the batched steps of %s (%s)", self.display_name, why)
+        for step in self._steps:
+            try:
+                step.tear_down()
+            except Exception:  # noqa: BLE001 - as Beam: a teardown error fails nothing else
+                _LOGGER.exception("Teardown of %s failed", step.spec.step_name)
+        return 1
+
+    def tear_down(self, why: str) -> None:
+        """Tears down the steps' DoFns (a batch running meanwhile finishes first)."""
+        with self._lock:
+            self._tear_down_locked(why)
+
+    def tear_down_if_idle(self, now: float, idle_seconds: float) -> int:
+        """Tears down the DoFns if no batch ran for ``idle_seconds``; 1 if it did, else 0.
+
+        A batch running now is never touched.
+        """
+        if not self._lock.acquire(blocking=False):
+            return 0
+        try:
+            if now - self.last_used < idle_seconds:
+                return 0
+            return self._tear_down_locked("idle")
+        finally:
+            self._lock.release()
