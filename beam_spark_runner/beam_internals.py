@@ -760,8 +760,8 @@ def simple_output_handler(windowing: Any, receiver: ListReceiver) -> Any:
 
 def special_output_types() -> tuple[type, ...]:
     """Outputs of ``process`` that Beam does not simply give the input's windowing."""
-    from apache_beam.transforms.window import TimestampedValue
     from apache_beam.pvalue import TaggedOutput
+    from apache_beam.transforms.window import TimestampedValue
 
     return (WindowedValue, TimestampedValue, TaggedOutput)
 

@@ -27,6 +27,7 @@ from stage_specs import stage_spec
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.errors import StageExecutionError
 from beam_spark_runner.execution.batched_steps import plan_batched_steps
+from beam_spark_runner.execution.side_inputs import side_input_state_entries
 from beam_spark_runner.execution.stage_worker import (
     ELEMENT,
     StageSpec,
@@ -35,7 +36,6 @@ from beam_spark_runner.execution.stage_worker import (
     tear_down_stage_workers,
 )
 from beam_spark_runner.metrics import TaskMetrics
-from beam_spark_runner.execution.side_inputs import side_input_state_entries
 from beam_spark_runner.planning import Plan, PlannedStage, build_plan
 
 _RUNS = itertools.count()
@@ -111,31 +111,41 @@ STEPS: dict[str, Callable[[Any], Any]] = {
     "flat_map_tuple": lambda pc: (
         pc | beam.Map(lambda x: (x, x % 3)) | beam.FlatMapTuple(lambda a, b: [a] * b)
     ),
-    "timestamped_outputs": lambda pc: pc
-    | beam.FlatMap(lambda x: [window.TimestampedValue(x, 1000 - x), x]),
+    "timestamped_outputs": lambda pc: (
+        pc | beam.FlatMap(lambda x: [window.TimestampedValue(x, 1000 - x), x])
+    ),
     "dofn_params": lambda pc: pc | beam.ParDo(WithParams()),
-    "map_params": lambda pc: pc
-    | beam.Map(lambda x, t=beam.DoFn.TimestampParam: (x, int(t.micros))),
+    "map_params": lambda pc: (
+        pc | beam.Map(lambda x, t=beam.DoFn.TimestampParam: (x, int(t.micros)))
+    ),
     "bundle_outputs": lambda pc: pc | beam.ParDo(BundleOutputs()),
-    "global_windows": lambda pc: pc
-    | beam.WindowInto(window.FixedWindows(10))
-    | "Global" >> beam.WindowInto(window.GlobalWindows())
-    | beam.ParDo(WithParams()),
-    "fixed_windows": lambda pc: pc
-    | beam.WindowInto(window.FixedWindows(10))
-    | beam.ParDo(WithParams()),
-    "sliding_windows": lambda pc: pc
-    | beam.WindowInto(window.SlidingWindows(15, 5))
-    | beam.Map(lambda x: x + 1)
-    | beam.ParDo(WithParams()),
-    "sessions": lambda pc: pc
-    | beam.WindowInto(window.Sessions(4))
-    | beam.Map(lambda x, w=beam.DoFn.WindowParam: (x, repr(w))),
+    "global_windows": lambda pc: (
+        pc
+        | beam.WindowInto(window.FixedWindows(10))
+        | "Global" >> beam.WindowInto(window.GlobalWindows())
+        | beam.ParDo(WithParams())
+    ),
+    "fixed_windows": lambda pc: (
+        pc | beam.WindowInto(window.FixedWindows(10)) | beam.ParDo(WithParams())
+    ),
+    "sliding_windows": lambda pc: (
+        pc
+        | beam.WindowInto(window.SlidingWindows(15, 5))
+        | beam.Map(lambda x: x + 1)
+        | beam.ParDo(WithParams())
+    ),
+    "sessions": lambda pc: (
+        pc
+        | beam.WindowInto(window.Sessions(4))
+        | beam.Map(lambda x, w=beam.DoFn.WindowParam: (x, repr(w)))
+    ),
     # Steps the batched path hands to the bundle processor.
-    "side_input": lambda pc: pc
-    | beam.Map(lambda x: x + 1)
-    | beam.Map(lambda x, n: x + n, beam.pvalue.AsSingleton(pc.pipeline | beam.Create([5])))
-    | beam.Map(_counted),
+    "side_input": lambda pc: (
+        pc
+        | beam.Map(lambda x: x + 1)
+        | beam.Map(lambda x, n: x + n, beam.pvalue.AsSingleton(pc.pipeline | beam.Create([5])))
+        | beam.Map(_counted)
+    ),
     "pane_param": lambda pc: pc | beam.Map(lambda x: x + 1) | beam.ParDo(PaneReader()),
 }
 

@@ -383,9 +383,7 @@ def _sampled_sizes(impl: Any, values: list[Any]) -> tuple[int, int, int, int]:
     else:
         head = _SIZE_SAMPLES // 2
         step = (count - head) / (_SIZE_SAMPLES - head)
-        indexes = list(range(head)) + [
-            head + int(i * step) for i in range(_SIZE_SAMPLES - head)
-        ]
+        indexes = list(range(head)) + [head + int(i * step) for i in range(_SIZE_SAMPLES - head)]
     sizes = [impl.estimate_size(values[i]) for i in indexes]
     if not sizes:
         return 0, 0, 0, 0

@@ -411,7 +411,9 @@ def _batched_steps(spec: StageSpec, descriptor: Any) -> BatchedSteps | None:
         or spec.state_backed_input_coder_id
     ):
         return None
-    plan = plan_batched_steps(descriptor, spec.input_transform_id, f"{spec.cache_key}/{os.getpid()}")
+    plan = plan_batched_steps(
+        descriptor, spec.input_transform_id, f"{spec.cache_key}/{os.getpid()}"
+    )
     if plan is None:
         return None
     batched = BatchedSteps(plan, spec.display_name)
@@ -474,8 +476,9 @@ def _shut_down(workers: Iterable[StageWorker], why: str) -> None:
         _LOGGER.debug("Tearing down stage %s (%s)", worker.spec.display_name, why)
         try:
             worker.worker.bundle_processor_cache.shutdown()
-            if getattr(worker, "batched", None) is not None:
-                worker.batched.tear_down(why)
+            batched = getattr(worker, "batched", None)
+            if batched is not None:
+                batched.tear_down(why)
         except Exception:  # noqa: BLE001 - a teardown error must not fail other work
             _LOGGER.exception("Teardown of stage %s failed", worker.spec.display_name)
 
