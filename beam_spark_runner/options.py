@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -9,6 +10,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 SPARK_LOG_LEVELS = ("ALL", "DEBUG", "ERROR", "FATAL", "INFO", "OFF", "TRACE", "WARN")
 DEFAULT_MASTER = "local[*]"
+# The default of --spark_batched_steps, for running whole suites with the path on or off.
+BATCHED_STEPS_ENV = "BEAM_SPARK_BATCHED_STEPS"
 
 # Spark master URLs the runner accepts, with an example of each for error messages.
 _MASTER_FORMS: tuple[tuple[str, str], ...] = (
@@ -86,14 +89,15 @@ class SparkRunnerOptions(PipelineOptions):
         parser.add_argument(
             "--spark_batched_steps",
             choices=("on", "off"),
-            default="on",
+            default=os.environ.get(BATCHED_STEPS_ENV, "on"),
             help=(
                 "Run a fused stage's stateless steps (Map, FlatMap, Filter, MapTuple, "
                 "FlatMapTuple, WindowInto with Beam's standard window functions, DoFns whose "
                 "process takes only the element, timestamp or window) step by step over each "
                 "batch instead of element by element through Beam's bundle processor; other "
                 "steps keep the bundle processor. 'off' runs every step in the bundle "
-                "processor, for A/B runs or as a way out. Default: on."
+                "processor, for A/B runs or as a way out. Default: on, or the environment "
+                f"variable {BATCHED_STEPS_ENV} (on or off)."
             ),
         )
         parser.add_argument(
