@@ -917,3 +917,39 @@ def hand_off(token: str, values: list[Any]) -> bytes:
     """Queues ``values`` for the hand-off coder of ``token``; the bytes to feed its input."""
     _HANDOFF_VALUES[token] = collections.deque(values)
     return b"\x00" * len(values)
+
+
+def _code_key(function: Any) -> tuple[Any, ...] | None:
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return None
+    return (code.co_code, code.co_names, code.co_freevars, code.co_filename, code.co_firstlineno)
+
+
+@functools.cache
+def _wrapper_codes() -> dict[tuple[Any, ...] | None, str]:
+    """The code of the functions Beam's ``Map`` and ``Filter`` wrap a plain callable in."""
+    from apache_beam.transforms import core
+
+    def probe(x: Any) -> Any:
+        return x
+
+    return {
+        _code_key(core.Map(probe).fn._fn): "map",  # noqa: SLF001 - Beam internal
+        _code_key(core.Filter(probe).fn._fn): "filter",  # noqa: SLF001 - Beam internal
+    }
+
+
+def wrapped_callable(dofn: Any) -> tuple[str, Callable[[Any], Any]] | None:
+    """("map" or "filter", the user's callable) of a plain ``Map``/``Filter``, else None.
+
+    Beam wraps the callable of ``Map(fn)`` as ``lambda x: [fn(x)]`` and of ``Filter(fn)`` as
+    ``lambda x, *a, **k: [x] if fn(x, *a, **k) else []``: recognised by their code (the
+    same Beam made them), the callable is the closure's ``fn``.
+    """
+    wrapper = getattr(dofn, "_fn", None)
+    kind = _wrapper_codes().get(_code_key(wrapper))
+    if kind is None or wrapper is None or wrapper.__closure__ is None:
+        return None
+    (cell,) = wrapper.__closure__
+    return kind, cell.cell_contents
