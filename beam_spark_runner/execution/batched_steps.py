@@ -35,6 +35,7 @@ mutable globals, may see other values than on Beam's path (Beam forbids such mut
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import itertools
 import logging
@@ -473,8 +474,7 @@ class _Batch:
             stream, ends = self.outputs[transform_id]
             _encode_into(steps._outputs[transform_id][1], values, stream, ends)
         for step in steps._readers.get(pcollection, ()):
-            output = step.spec.output_pcollection
-            step.process(values, lambda outputs, output=output: self.emit(output, outputs))
+            step.process(values, functools.partial(self.emit, step.spec.output_pcollection))
 
 
 def _encode_into(impl: Any, values: list[Any], out: Any, ends: list[int]) -> None:
