@@ -106,7 +106,7 @@ def stage_mode(elements: int, runs: int) -> dict[str, list[float]]:
         "off": dataclasses.replace(chain, batched_steps=False, run_id="bench-off"),
     }
     times: dict[str, list[float]] = {name: [] for name in variants}
-    for name, spec in variants.items():  # warm-up: builds the workers, sets DoFns up
+    for spec in variants.values():  # warm-up: builds the workers, sets DoFns up
         _cpu_seconds(spec, batch)
     for _ in range(runs):
         for name, spec in variants.items():
