@@ -114,6 +114,13 @@ STEPS: dict[str, Callable[[Any], Any]] = {
     "timestamped_outputs": lambda pc: (
         pc | beam.FlatMap(lambda x: [window.TimestampedValue(x, 1000 - x), x])
     ),
+    "timestamped_map": lambda pc: (
+        pc
+        | beam.Map(lambda x: window.TimestampedValue(x, x * 2) if x % 2 else x)
+        | beam.Filter(lambda x: x % 3 != 0)
+        | beam.WindowInto(window.FixedWindows(5))
+        | beam.ParDo(WithParams())
+    ),
     "dofn_params": lambda pc: pc | beam.ParDo(WithParams()),
     "map_params": lambda pc: (
         pc | beam.Map(lambda x, t=beam.DoFn.TimestampParam: (x, int(t.micros)))
