@@ -661,7 +661,11 @@ def unbatchable_dofn_reason(dofn: Any, args: Any, kwargs: Any, side_inputs: Any)
     ):
         if method.args or method.defaults:
             return "a lifecycle method takes parameters"
-    if any(signature.get_setup_contexts()) or any(signature.get_bundle_contexts()):
+    contexts = [
+        getattr(signature, name, lambda: ())()
+        for name in ("get_setup_contexts", "get_bundle_contexts")  # Beam 2.70+
+    ]
+    if any(any(found) for found in contexts):
         return "setup or bundle contexts"
     return None
 
@@ -849,8 +853,18 @@ def remote_grpc_port(payload: bytes) -> beam_fn_api_pb2.RemoteGrpcPort:
     return beam_fn_api_pb2.RemoteGrpcPort.FromString(payload)
 
 
-# Windowed values a batch hands to the bundle processor, per hand-off token.
-_HANDOFF_VALUES: dict[str, collections.deque[Any]] = {}
+class _HandoffValues(threading.local):
+    """Windowed values a batch hands to the bundle processor, per hand-off token.
+
+    Per thread: the bundle processor decodes its input in the thread that asked for the
+    bundle (``SdkWorker.do_instruction``), right after the batch queued it.
+    """
+
+    def __init__(self) -> None:
+        self.queues: dict[str, collections.deque[Any]] = {}
+
+
+_HANDOFF_VALUES = _HandoffValues()
 
 
 class _HandoffCoderImpl(coder_impl.StreamCoderImpl):  # type: ignore[misc]
@@ -865,7 +879,7 @@ class _HandoffCoderImpl(coder_impl.StreamCoderImpl):  # type: ignore[misc]
 
     def decode_from_stream(self, stream: Any, nested: bool) -> Any:
         stream.read_byte()
-        return _HANDOFF_VALUES[self._token].popleft()
+        return _HANDOFF_VALUES.queues[self._token].popleft()
 
     def estimate_size(self, value: Any, nested: bool = False) -> int:
         return self._windowed.estimate_size(value, nested)  # type: ignore[no-any-return]
@@ -915,7 +929,7 @@ def handoff_coder_proto(
 
 def hand_off(token: str, values: list[Any]) -> bytes:
     """Queues ``values`` for the hand-off coder of ``token``; the bytes to feed its input."""
-    _HANDOFF_VALUES[token] = collections.deque(values)
+    _HANDOFF_VALUES.queues[token] = collections.deque(values)
     return b"\x00" * len(values)
 
 
