@@ -7,7 +7,9 @@ Two measurements, each interleaved run by run between the path on and off, media
   ``StageWorker`` over 4 seeds that expand to ``--elements`` elements (half pass the
   Filter); CPU seconds of this process per run (``time.process_time``).
 * ``--mode pipeline``: the same chain as a whole pipeline on a warm ``local[2]`` session,
-  ending in a ``Count.Globally``, wall seconds from building the pipeline to
+  ending in a ``Count.Globally`` (``--sink count``: its precombine runs in the bundle
+  processor, after the hand-off) or with the chain's last Map (``--sink none``: the stage
+  runs batched throughout), wall seconds from building the pipeline to
   ``wait_until_finish()``.
 
     .venv/bin/python -m benchmarks.batched_steps --mode stage --runs 9
@@ -22,7 +24,6 @@ import logging
 import os
 import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
 import apache_beam as beam
@@ -117,7 +118,7 @@ def stage_mode(elements: int, runs: int) -> dict[str, list[float]]:
     return times
 
 
-def _pipeline_seconds(elements: int, batched: str) -> float:
+def _pipeline_seconds(elements: int, batched: str, sink: str) -> float:
     started = time.perf_counter()
     options = PipelineOptions(
         [
@@ -127,21 +128,21 @@ def _pipeline_seconds(elements: int, batched: str) -> float:
         ]
     )
     p = beam.Pipeline(options=options)
-    _ = _chain(p | beam.Create(list(range(SEEDS))), elements // SEEDS) | (
-        beam.combiners.Count.Globally()
-    )
+    chain = _chain(p | beam.Create(list(range(SEEDS))), elements // SEEDS)
+    if sink == "count":
+        _ = chain | beam.combiners.Count.Globally()
     p.run().wait_until_finish()
     return time.perf_counter() - started
 
 
-def pipeline_mode(elements: int, runs: int) -> dict[str, list[float]]:
+def pipeline_mode(elements: int, runs: int, sink: str) -> dict[str, list[float]]:
     """Wall seconds per pipeline run, path on and off, interleaved on one warm session."""
     times: dict[str, list[float]] = {"on": [], "off": []}
     for name in times:
-        _pipeline_seconds(elements, name)
+        _pipeline_seconds(elements, name, sink)
     for _ in range(runs):
         for name in times:
-            seconds = _pipeline_seconds(elements, name)
+            seconds = _pipeline_seconds(elements, name, sink)
             times[name].append(seconds)
             _LOGGER.info("%s: %.3f s", name, seconds)
     return times
@@ -153,17 +154,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mode", choices=("stage", "pipeline"), default="stage")
     parser.add_argument("--elements", type=int, default=200_000)
     parser.add_argument("--runs", type=int, default=9)
+    parser.add_argument(
+        "--sink",
+        choices=("count", "none"),
+        default="count",
+        help="pipeline mode: end in Count.Globally, or with the chain's last Map",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     for name in ("py4j", "apache_beam", "beam_spark_runner"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    run: Callable[[int, int], dict[str, list[float]]] = (
-        stage_mode if args.mode == "stage" else pipeline_mode
-    )
     load = os.getloadavg()
-    times = run(args.elements, args.runs)
+    if args.mode == "stage":
+        times = stage_mode(args.elements, args.runs)
+    else:
+        times = pipeline_mode(args.elements, args.runs, args.sink)
     unit = "CPU s" if args.mode == "stage" else "s"
-    print(f"{args.mode}, {args.elements} elements, {args.runs} runs each, load {load[0]:.1f}")
+    sink = f", sink {args.sink}" if args.mode == "pipeline" else ""
+    print(f"{args.mode}{sink}, {args.elements} elements, {args.runs} runs each, load {load[0]:.1f}")
     for name, values in times.items():
         print(
             f"  batched {name:>3}: median {statistics.median(values):.3f} {unit} "
