@@ -6,7 +6,8 @@ is built once per stage and process and reused across tasks: Beam's ``SdkWorker`
 bundle processor cache, fed through :class:`ArrowDataChannel`, with side inputs and user
 state served by a state backend (``execution.state``). Each input Arrow batch of a stateless
 stage is one Beam bundle; a stateful stage runs whole keys at a time and fires their timers
-(``execution.timers``).
+(``execution.timers``). A stage's stateless steps may run batched before the bundle
+processor (``execution.batched_steps``, ``--spark_batched_steps``).
 """
 
 from __future__ import annotations
