@@ -227,9 +227,15 @@ def _comparable_metrics(infos: list[Any], descriptor: Any) -> dict[Any, Any]:
 
 
 def _compare(kind: str) -> tuple[list[bytes], dict[Any, Any], StageSpec]:
+    return _compare_with(STEPS[kind], kind)
+
+
+def _compare_with(
+    build: Callable[[Any], Any], kind: str
+) -> tuple[list[bytes], dict[Any, Any], StageSpec]:
     run = next(_RUNS)
-    on = _stage(STEPS[kind], f"batched-on-{kind}-{run}", True)
-    off = _stage(STEPS[kind], f"batched-off-{kind}-{run}", False)
+    on = _stage(build, f"batched-on-{kind}-{run}", True)
+    off = _stage(build, f"batched-off-{kind}-{run}", False)
     on_elements, on_metrics = _run(on)
     off_elements, off_metrics = _run(off)
     assert on_elements == off_elements
@@ -256,6 +262,24 @@ def test_user_metrics_land_under_their_step() -> None:
     _, metrics, _ = _compare("dofn_params")
     counters = {key[1]: value for key, value in metrics.items() if key[-1] == "seen"}
     assert counters == {"ParDo(WithParams)": 2 * ELEMENTS}
+    tear_down_stage_workers()
+
+
+def _fan_out(pc: Any) -> Any:
+    doubled = pc | "Double" >> beam.Map(lambda x: x * 2)
+    _ = doubled | "Side" >> beam.Map(lambda x: (1, x)) | "SideGroup" >> beam.GroupByKey()
+    return (
+        doubled | "Plus" >> beam.Map(lambda x: x + 1),
+        pc | "Minus" >> beam.Map(lambda x: -x),
+    ) | beam.Flatten()
+
+
+def test_a_stage_with_branches_gives_the_same_outputs() -> None:
+    elements, _, spec = _compare_with(_fan_out, "fan_out")
+    assert len(elements) == 3 * ELEMENTS * 2
+    batched = stage_worker(spec).batched
+    assert batched is not None and batched.plan.remainder is None
+    assert len(batched.step_names) == 5
     tear_down_stage_workers()
 
 
