@@ -842,6 +842,21 @@ def execution_time_monitoring_infos(
     ]
 
 
+def read_index_monitoring_info(transform_id: str, index: int) -> Any:
+    """The data input's read index (elements read), as its operation reports it."""
+    return monitoring_infos.int64_counter(
+        monitoring_infos.DATA_CHANNEL_READ_INDEX, index, ptransform=transform_id
+    )
+
+
+def is_read_index_info(info: Any, transform_id: str) -> bool:
+    """Whether ``info`` is the read index of the data input ``transform_id``."""
+    return bool(
+        info.urn == monitoring_infos.DATA_CHANNEL_READ_INDEX
+        and info.labels.get(monitoring_infos.PTRANSFORM_LABEL) == transform_id
+    )
+
+
 def record_failed_bundle_monitoring_infos(infos: list[Any]) -> None:
     """Keeps the metrics of a batch that failed, for the failing task's attempted metrics."""
     with _failed_bundle_lock:

@@ -167,6 +167,17 @@ def _parse_conf(entries: list[str] | None) -> dict[str, str]:
     return conf
 
 
+def batched_steps(settings: SparkSettings) -> bool:
+    """Whether stages run their stateless steps batched.
+
+    Not with ``--spark_state_backed_iterables``: that option is for elements too large to
+    hold many of in memory, and the batched path holds a chunk of a step's outputs at once
+    where Beam's path holds one (Beam's ``test_gbk_many_values`` checks that a FlatMap's
+    generated values are consumed as they are made).
+    """
+    return settings.batched_steps and not settings.state_backed_iterables
+
+
 def spark_settings(options: PipelineOptions) -> SparkSettings:
     """Reads and validates the runner's options; raises ValueError naming what is allowed."""
     from apache_beam.options.pipeline_options import GoogleCloudOptions

@@ -214,6 +214,12 @@ def _comparable_metrics(infos: list[Any], descriptor: Any) -> dict[Any, Any]:
     for info in infos:
         if info.urn == bi.monitoring_infos.ELEMENT_COUNT_URN:
             key = ("count", info.labels["PCOLLECTION"])
+        elif info.urn in TIME_URNS:
+            # Times differ run by run: only which steps report them must be the same.
+            totals[("time", info.urn, info.labels["PTRANSFORM"])] = True
+            continue
+        elif info.urn == bi.monitoring_infos.DATA_CHANNEL_READ_INDEX:
+            key = ("read index", info.labels["PTRANSFORM"])
         elif bi.is_user_monitoring_info(info):
             key = (info.urn, info.labels.get("PTRANSFORM"), info.labels.get("NAME"))
         else:
@@ -224,6 +230,16 @@ def _comparable_metrics(infos: list[Any], descriptor: Any) -> dict[Any, Any]:
         else:
             totals[key] = (totals.get(key) or ()) + ((value.sum, value.count),)
     return dict(totals)
+
+
+TIME_URNS = frozenset(
+    [
+        bi.monitoring_infos.START_BUNDLE_MSECS_URN,
+        bi.monitoring_infos.PROCESS_BUNDLE_MSECS_URN,
+        bi.monitoring_infos.FINISH_BUNDLE_MSECS_URN,
+        bi.monitoring_infos.TOTAL_MSECS_URN,
+    ]
+)
 
 
 def _compare(kind: str) -> tuple[list[bytes], dict[Any, Any], StageSpec]:

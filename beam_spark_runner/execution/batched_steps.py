@@ -74,6 +74,7 @@ class StepSpec:
 class BatchedPlan:
     """What runs batched in a stage, and the descriptor of the rest."""
 
+    input_transform_id: str
     input_coder_id: str
     input_pcollection: str
     steps: tuple[StepSpec, ...]
@@ -253,6 +254,7 @@ def plan_batched_steps(
         port.coder_id = handoff[1]
         data_input.spec.payload = port.SerializeToString()
     return BatchedPlan(
+        input_transform_id=input_transform_id,
         input_coder_id=input_coder_id,
         input_pcollection=input_pcollection,
         steps=tuple(steps),
@@ -450,6 +452,10 @@ class _Batch:
         self.counts = dict.fromkeys(steps.plan.coder_ids, 0)
         self.sizes: dict[str, list[int]] = {p: [] for p in steps.plan.coder_ids}
         self.handoff: list[Any] = []
+        # Nanoseconds spent decoding the input and encoding each output.
+        self.io_nanos = dict.fromkeys(
+            [steps.plan.input_transform_id, *steps.plan.direct_outputs], 0
+        )
         self.outputs: dict[str, tuple[Any, list[int]]] = {
             transform_id: (bi.create_OutputStream(), [])
             for transform_id in steps.plan.direct_outputs
@@ -472,7 +478,9 @@ class _Batch:
             self.handoff.extend(values)
         for transform_id in steps._outputs_of.get(pcollection, ()):
             stream, ends = self.outputs[transform_id]
+            began = time.perf_counter_ns()
             _encode_into(steps._outputs[transform_id][1], values, stream, ends)
+            self.io_nanos[transform_id] += time.perf_counter_ns() - began
         for step in steps._readers.get(pcollection, ()):
             step.process(values, functools.partial(self.emit, step.spec.output_pcollection))
 
@@ -560,7 +568,13 @@ class BatchedSteps:
                 for step in reversed(self._steps):
                     step.start()
                 values = self._input.decode_all(data)
-                while chunk := list(itertools.islice(values, _CHUNK)):
+                input_id = self.plan.input_transform_id
+                while True:
+                    began = time.perf_counter_ns()
+                    chunk = list(itertools.islice(values, _CHUNK))
+                    batch.io_nanos[input_id] += time.perf_counter_ns() - began
+                    if not chunk:
+                        break
                     batch.emit(self.plan.input_pcollection, chunk)
                 for step in self._steps:
                     batch.emit(step.spec.output_pcollection, step.finish())
@@ -590,6 +604,13 @@ class BatchedSteps:
         infos: list[Any] = []
         for step in self._steps:
             infos.extend(step.monitoring_infos())
+        # The data input and outputs are operations of Beam's too: their times (decoding,
+        # encoding), and the input's read index (the stage worker drops the one the bundle
+        # processor reports for the hand-off).
+        for transform_id, nanos in batch.io_nanos.items():
+            infos.extend(bi.execution_time_monitoring_infos(transform_id, 0, nanos // 10**6, 0))
+        read = batch.counts[self.plan.input_pcollection]
+        infos.append(bi.read_index_monitoring_info(self.plan.input_transform_id, read))
         for pcollection, count in batch.counts.items():
             if pcollection == self._handoff:
                 continue

@@ -242,6 +242,7 @@ class StageWorker:
         ``batched`` (a bundle of the stage's input, not of residuals or timers), the
         stage's batched steps run first and hand their output to the bundle processor.
         """
+        handed_off = False
         if batched and self.batched is not None and isinstance(data, bytes) and not timers:
             result = self.batched.run(data)
             for transform_id, chunk in result.outputs.items():
@@ -250,6 +251,7 @@ class StageWorker:
             if result.handoff is None:
                 return []
             data = result.handoff
+            handed_off = True
         instruction_id = self._instruction_id()
         if data:
             data = self._with_state_backed_iterables(data)
@@ -281,7 +283,12 @@ class StageWorker:
             for family_key, encoded in written_timers.items():
                 pending.add_written(family_key, encoded)
         result = response.process_bundle
-        metrics.extend(result.monitoring_infos)
+        infos = result.monitoring_infos
+        if handed_off:
+            # The batch reported how many elements the stage read, not the hand-off's count.
+            input_id = self.spec.input_transform_id
+            infos = [i for i in infos if not bi.is_read_index_info(i, input_id)]
+        metrics.extend(infos)
         if result.requires_finalization:
             self.unfinalized.append(instruction_id)
         return list(result.residual_roots)
