@@ -96,7 +96,8 @@ class SparkRunnerOptions(PipelineOptions):
                 "process takes only the element, timestamp or window) step by step over each "
                 "batch instead of element by element through Beam's bundle processor; other "
                 "steps keep the bundle processor. 'off' runs every step in the bundle "
-                "processor, for A/B runs or as a way out. Default: on, or the environment "
+                "processor, for A/B runs or as a way out. --spark_state_backed_iterables "
+                "turns it off. Default: on, or the environment "
                 f"variable {BATCHED_STEPS_ENV} (on or off)."
             ),
         )
