@@ -16,6 +16,7 @@ import gc
 import inspect
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
@@ -588,13 +589,20 @@ def _batchable_params() -> tuple[Any, ...]:
 
 
 class ListReceiver(runners_common.Receiver):  # type: ignore[misc]
-    """A Beam receiver that appends every windowed value it receives to ``values``."""
+    """A Beam receiver that appends every windowed value it receives to ``values``.
+
+    Once ``values`` holds ``limit`` values, it calls ``full`` (which takes them).
+    """
 
     def __init__(self) -> None:
         self.values: list[WindowedValue] = []
+        self.limit = sys.maxsize
+        self.full: Callable[[], None] | None = None
 
     def receive(self, windowed_value: WindowedValue) -> None:
         self.values.append(windowed_value)
+        if len(self.values) >= self.limit and self.full is not None:
+            self.full()
 
 
 class _NullReceiver(runners_common.Receiver):  # type: ignore[misc]

@@ -374,3 +374,44 @@ def test_each_step_gets_its_lifecycle_calls() -> None:
     assert stage_worker(spec).batched is not None
     tear_down_stage_workers()
     assert LIFECYCLE == ["setup"] + ["start", "finish"] * 3 + ["teardown"]
+
+
+class Counted:
+    """Counts its live instances, and the most ever alive at once."""
+
+    live = 0
+    most = 0
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        Counted.live += 1
+        Counted.most = max(Counted.most, Counted.live)
+
+    def __del__(self) -> None:
+        Counted.live -= 1
+
+
+class ManyCounted(beam.DoFn):
+    def process(self, element: int, ts: Any = beam.DoFn.TimestampParam) -> Iterator[Any]:
+        if element == 0:
+            for i in range(5000):
+                yield Counted(i)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        lambda pc: pc | beam.FlatMap(lambda x: (Counted(i) for i in range(5000)) if x == 0 else []),
+        lambda pc: pc | beam.ParDo(ManyCounted()),
+    ],
+    ids=["flat_map_generator", "dofn_generator"],
+)
+def test_a_generators_outputs_go_on_a_chunk_at_a_time(kind: Callable[[Any], Any]) -> None:
+    Counted.most = Counted.live = 0
+    spec = _stage(lambda pc: kind(pc) | beam.Map(lambda c: c.n), f"lazy-{next(_RUNS)}", True)
+    elements, _ = _run(spec, bundles=1)
+    assert len(elements) == 5000
+    assert stage_worker(spec).batched is not None
+    # Beam's path holds one at a time; the batched path a chunk or so (256), not all.
+    assert Counted.most <= 600
+    tear_down_stage_workers()

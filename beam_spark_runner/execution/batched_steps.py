@@ -39,6 +39,7 @@ import functools
 import gc
 import itertools
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -335,16 +336,19 @@ class _Step:
             sink(outputs)
             began = time.perf_counter_ns()
 
-        with self.states[1]:
-            if self.simple_process is not None:
-                self._run_simple(values, flush)
-            else:
-                process = self.runner.process
-                receiver = self.receiver
-                for windowed_value in values:
-                    process(windowed_value)
-                    if len(receiver.values) >= _CHUNK:
-                        flush()
+        # A DoFn's outputs (and those of Beam's output handler) go on as they fill a chunk,
+        # even while the DoFn is still iterating over one element's outputs.
+        self.receiver.full, self.receiver.limit = flush, _CHUNK
+        try:
+            with self.states[1]:
+                if self.simple_process is not None:
+                    self._run_simple(values, flush)
+                else:
+                    process = self.runner.process
+                    for windowed_value in values:
+                        process(windowed_value)
+        finally:
+            self.receiver.full, self.receiver.limit = None, sys.maxsize
         self.nanos[1] += time.perf_counter_ns() - began
         outputs, self.receiver.values = self.receiver.values, []
         sink(outputs)
@@ -416,20 +420,28 @@ class _Step:
         process = self.simple_process
         assert process is not None
         receiver = self.receiver
-        out = receiver.values
         for windowed_value in values:
             results = process(windowed_value.value)
             if results is None:
                 continue
-            if type(results) is not list:
-                results = list(results)
-            if self._plain(results):
-                out.extend(map(windowed_value.with_value, results))
+            if type(results) is list:
+                self._extend(windowed_value, results)
             else:
-                self._handle_each([windowed_value] * len(results), results)
-            if len(out) >= _CHUNK:
+                # An iterator (a generator, a range) is read a chunk at a time, not whole.
+                iterator = iter(results)
+                while piece := list(itertools.islice(iterator, _CHUNK)):
+                    self._extend(windowed_value, piece)
+                    if len(receiver.values) >= _CHUNK:
+                        flush()
+            if len(receiver.values) >= _CHUNK:
                 flush()
-                out = receiver.values
+
+    def _extend(self, windowed_value: Any, results: list[Any]) -> None:
+        """One element's outputs, with its windowing (or through Beam's handler)."""
+        if self._plain(results):
+            self.receiver.values.extend(map(windowed_value.with_value, results))
+        else:
+            self._handle_each([windowed_value] * len(results), results)
 
     def monitoring_infos(self) -> list[Any]:
         """The step's user metrics and timings since the last call (then reset)."""
