@@ -26,7 +26,7 @@ from stage_specs import stage_spec
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.errors import StageExecutionError
-from beam_spark_runner.execution.batched_steps import plan_batched_steps
+from beam_spark_runner.execution.batched_plan import plan_batched_steps
 from beam_spark_runner.execution.side_inputs import side_input_state_entries
 from beam_spark_runner.execution.stage_worker import (
     ELEMENT,

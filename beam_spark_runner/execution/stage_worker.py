@@ -34,7 +34,8 @@ from beam_spark_runner import beam_globals, worker_logs, worker_warnings
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import KeyExtractor, packed_bytes, split_packed
 from beam_spark_runner.errors import StageExecutionError
-from beam_spark_runner.execution.batched_steps import BatchedSteps, plan_batched_steps
+from beam_spark_runner.execution.batched_plan import plan_batched_steps
+from beam_spark_runner.execution.batched_steps import BatchedSteps
 from beam_spark_runner.execution.data_channel import ArrowDataChannel, ArrowDataChannelFactory
 from beam_spark_runner.execution.key_runs import complete_key_groups, pack_by_key
 from beam_spark_runner.execution.state import InMemoryStateBackend, StateBackend
