@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import time
 import typing
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -33,6 +34,7 @@ from beam_spark_runner.execution.stage_worker import (
     StageSpec,
     run_stage,
     stage_worker,
+    tear_down_idle_dofns,
     tear_down_stage_workers,
 )
 from beam_spark_runner.metrics import TaskMetrics
@@ -415,3 +417,14 @@ def test_a_generators_outputs_go_on_a_chunk_at_a_time(kind: Callable[[Any], Any]
     # Beam's path holds one at a time; the batched path a chunk or so (256), not all.
     assert Counted.most <= 600
     tear_down_stage_workers()
+
+
+def test_idle_batched_dofns_are_torn_down_and_set_up_again() -> None:
+    LIFECYCLE.clear()
+    spec = _stage(lambda pc: pc | beam.ParDo(Lifecycle()), f"idle-{next(_RUNS)}", True)
+    _run(spec, bundles=1)
+    assert tear_down_idle_dofns(time.time() + 60) >= 1
+    assert LIFECYCLE == ["setup", "start", "finish", "teardown"]
+    _run(spec, bundles=1)  # a fresh instance
+    tear_down_stage_workers()
+    assert LIFECYCLE == ["setup", "start", "finish", "teardown"] * 2
