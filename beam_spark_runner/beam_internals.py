@@ -10,11 +10,13 @@ A Beam upgrade that moves them is fixed here, and ``pyproject.toml`` pins the te
 
 from __future__ import annotations
 
+import collections
 import functools
 import gc
 import inspect
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
@@ -567,3 +569,424 @@ def read_test_stream_service(
         stub = beam_interactive_api_pb2_grpc.TestStreamServiceStub(channel)
         request = beam_interactive_api_pb2.EventsRequest(output_ids=output_ids)
         return list(stub.Events(request, timeout=timeout))
+
+
+# --- The batched path for stateless steps (execution/batched_steps.py) ---------------------
+
+_STANDARD_WINDOW_FNS = (
+    window.GlobalWindows,
+    window.FixedWindows,
+    window.SlidingWindows,
+    window.Sessions,
+)
+
+
+def _batchable_params() -> tuple[Any, ...]:
+    """What a DoFn may ask for besides its element for the batched path to run it."""
+    from apache_beam.transforms import core
+
+    return (core.DoFn.TimestampParam, core.DoFn.WindowParam)
+
+
+class ListReceiver(runners_common.Receiver):  # type: ignore[misc]
+    """A Beam receiver that appends every windowed value it receives to ``values``.
+
+    Once ``values`` holds ``limit`` values, it calls ``full`` (which takes them).
+    """
+
+    def __init__(self) -> None:
+        self.values: list[WindowedValue] = []
+        self.limit = sys.maxsize
+        self.full: Callable[[], None] | None = None
+
+    def receive(self, windowed_value: WindowedValue) -> None:
+        self.values.append(windowed_value)
+        if len(self.values) >= self.limit and self.full is not None:
+            self.full()
+
+
+class _NullReceiver(runners_common.Receiver):  # type: ignore[misc]
+    def receive(self, windowed_value: WindowedValue) -> None:
+        """Drops the value: an output tag nobody reads, as Beam's ``_TaggedReceivers``."""
+
+
+class _MainOnlyReceivers(dict):  # type: ignore[type-arg]
+    """Tagged receivers of a one-output step: unknown tags go nowhere, as in Beam."""
+
+    def __missing__(self, tag: Any) -> Any:
+        return _NullReceiver()
+
+
+def pickled_dofn_info(payload: beam_runner_api_pb2.ParDoPayload) -> tuple[Any, ...] | None:
+    """A ParDo's (dofn, args, kwargs, side-input tags, windowing), if a pickled Python DoFn."""
+    if payload.do_fn.urn != python_urns.PICKLED_DOFN_INFO:
+        return None
+    return tuple(pickler.loads(payload.do_fn.payload))
+
+
+def unbatchable_dofn_reason(dofn: Any, args: Any, kwargs: Any, side_inputs: Any) -> str | None:
+    """Why the batched path cannot run ``dofn`` (None: it can).
+
+    It can run Beam's ``CallableWrapperDoFn`` (Map, FlatMap, Filter, MapTuple,
+    FlatMapTuple) and user DoFns whose ``process`` takes the element and, as keyword
+    defaults, only ``TimestampParam`` or ``WindowParam``; no extra arguments, side inputs,
+    state, timers, restrictions, batched ``process_batch`` or lifecycle parameters. Beam's
+    own other DoFns (and wrappers such as the runtime type check's) keep the bundle processor.
+    """
+    from apache_beam.transforms import core
+
+    if args or kwargs or side_inputs:
+        return "extra arguments or side inputs"
+    if not isinstance(dofn, core.DoFn):
+        return "not a DoFn"
+    if type(dofn) is not core.CallableWrapperDoFn and type(dofn).__module__.startswith(
+        "apache_beam."
+    ):
+        return f"Beam's own {type(dofn).__name__}"
+    try:
+        signature = runners_common.DoFnSignature(dofn)
+    except Exception as error:  # noqa: BLE001 - the bundle processor will say what is wrong
+        return f"no signature ({error})"
+    if signature.is_splittable_dofn() or signature.is_stateful_dofn():
+        return "splittable or stateful"
+    if getattr(dofn, "_process_batch_defined", False) or getattr(
+        signature.process_method.method_value, "_beam_yields_batches", False
+    ):
+        return "processes batches"
+    process = signature.process_method
+    # Without parameters Beam calls process(element) whatever its signature (SimpleInvoker).
+    if process.defaults and len(process.args) - len(process.defaults) != 1:
+        return "process takes other arguments than the element"
+    allowed = _batchable_params()
+    # Unpickled parameters are copies: compare as Beam does (by the parameter's id).
+    if any(not any(p == d for p in allowed) for d in process.defaults):
+        return "process takes parameters other than timestamp and window"
+    for method in (
+        signature.setup_lifecycle_method,
+        signature.start_bundle_method,
+        signature.finish_bundle_method,
+        signature.teardown_lifecycle_method,
+    ):
+        if method.args or method.defaults:
+            return "a lifecycle method takes parameters"
+    contexts = [
+        getattr(signature, name, lambda: ())()
+        for name in ("get_setup_contexts", "get_bundle_contexts")  # Beam 2.70+
+    ]
+    if any(any(found) for found in contexts):
+        return "setup or bundle contexts"
+    return None
+
+
+def is_simple_callable(dofn: Any) -> bool:
+    """Whether ``dofn`` is a Map/FlatMap/Filter whose callable takes only the element.
+
+    Beam runs those with its ``SimpleInvoker``: ``process(element)``, each output with the
+    input's timestamp, windows and pane unless it is a ``WindowedValue``, a
+    ``TimestampedValue`` or a ``TaggedOutput``.
+    """
+    from apache_beam.transforms import core
+
+    if type(dofn) is not core.CallableWrapperDoFn:
+        return False
+    return not runners_common.DoFnSignature(dofn).process_method.defaults
+
+
+def windowing_from_proto(
+    strategy: beam_runner_api_pb2.WindowingStrategy, context: PipelineContext
+) -> Any:
+    """Beam's ``Windowing`` of a windowing strategy proto."""
+    from apache_beam.transforms import core
+
+    return core.Windowing.from_runner_api(strategy, context)
+
+
+def is_standard_window_fn(window_fn: Any) -> bool:
+    """Global, fixed, sliding or session windows (exactly Beam's classes)."""
+    return type(window_fn) in _STANDARD_WINDOW_FNS
+
+
+def window_into_dofn(windowing: Any) -> Any:
+    """The DoFn Beam's bundle processor runs for ``WindowInto`` (``create_assign_windows``).
+
+    The same code: each window of the element is assigned anew (an element in several
+    windows is processed once per window, as Beam's ``PerWindowInvoker`` does), and the
+    output has no pane.
+    """
+    import apache_beam as beam
+
+    class WindowIntoDoFn(beam.DoFn):  # type: ignore[misc]
+        def __init__(self, windowing: Any) -> None:
+            self.windowing = windowing
+
+        def process(
+            self,
+            element: Any,
+            timestamp: Any = beam.DoFn.TimestampParam,
+            window: Any = beam.DoFn.WindowParam,
+        ) -> Iterator[WindowedValue]:
+            new_windows = self.windowing.windowfn.assign(
+                beam.transforms.window.WindowFn.AssignContext(
+                    timestamp, element=element, window=window
+                )
+            )
+            yield WindowedValue(element, timestamp, new_windows)
+
+    return WindowIntoDoFn(windowing)
+
+
+def dofn_runner(
+    dofn: Any, windowing: Any, receiver: ListReceiver, step_name: str, transform_id: str
+) -> Any:
+    """Beam's ``DoFnRunner`` for a one-output step writing to ``receiver``.
+
+    Built as Beam's ``DoOperation`` builds it (the main output and its tag go to the
+    receiver, other tags nowhere), so ``process``, ``start``, ``finish``, ``setup`` and
+    ``teardown`` behave as in the bundle processor, errors naming the step included.
+    """
+    from apache_beam.utils.counters import CounterFactory
+
+    state = runners_common.DoFnState(CounterFactory())
+    state.step_name = step_name
+    receivers = _MainOnlyReceivers({None: receiver})
+    return runners_common.DoFnRunner(
+        dofn,
+        [],
+        {},
+        [],
+        windowing,
+        tagged_receivers=receivers,
+        step_name=step_name,
+        state=state,
+        transform_id=transform_id,
+        operation_name=step_name,
+    )
+
+
+def simple_output_handler(windowing: Any, receiver: ListReceiver) -> Any:
+    """Beam's output handler of a ``CallableWrapperDoFn`` writing to ``receiver``."""
+    return runners_common._OutputHandler(  # noqa: SLF001 - Beam internal
+        windowing.windowfn, receiver, _MainOnlyReceivers({None: receiver}), None, None, False, False
+    )
+
+
+def special_output_types() -> tuple[type, ...]:
+    """Outputs of ``process`` that Beam does not simply give the input's windowing."""
+    from apache_beam.pvalue import TaggedOutput
+    from apache_beam.transforms.window import TimestampedValue
+
+    return (WindowedValue, TimestampedValue, TaggedOutput)
+
+
+def reraise_augmented(runner: Any, error: BaseException, windowed_value: Any) -> None:
+    """Re-raises ``error`` as Beam's ``DoFnRunner`` does: the message names the step."""
+    runner._reraise_augmented(error, windowed_value)  # noqa: SLF001 - Beam internal
+
+
+def metrics_container(step_name: str) -> Any:
+    """A fresh metrics container for one step (Beam's ``MetricsContainer``)."""
+    from apache_beam.metrics.execution import MetricsContainer
+
+    return MetricsContainer(step_name)
+
+
+def state_sampler(name: str) -> Any:
+    """A state sampler that is never started: it only tells user code its step's metrics."""
+    from apache_beam.utils.counters import CounterFactory
+
+    return statesampler.StateSampler(name, CounterFactory())
+
+
+def scoped_state(
+    sampler: Any, step_name: str, transform_id: str, state_name: str, container: Any
+) -> Any:
+    """The sampler state of one step's ``state_name`` (start, process, finish)."""
+    return sampler.scoped_state(
+        runners_common.NameContext(step_name, transform_id),
+        state_name,
+        metrics_container=container,
+    )
+
+
+get_current_tracker = statesampler.get_current_tracker
+set_current_tracker = statesampler.set_current_tracker
+
+
+def user_monitoring_infos(container: Any, transform_id: str) -> list[Any]:
+    """A step's user metrics as monitoring infos, as Beam's operations report them."""
+    return list(container.to_runner_api_monitoring_infos(transform_id).values())
+
+
+def pcollection_monitoring_infos(
+    pcollection_id: str, count: int, sizes: tuple[int, int, int, int]
+) -> list[Any]:
+    """Element count and sampled byte size (sum, count, min, max) of one PCollection."""
+    from apache_beam.metrics.cells import DistributionData
+
+    return [
+        monitoring_infos.int64_counter(
+            monitoring_infos.ELEMENT_COUNT_URN, count, pcollection=pcollection_id
+        ),
+        monitoring_infos.int64_distribution(
+            monitoring_infos.SAMPLED_BYTE_SIZE_URN,
+            DistributionData(*sizes),
+            pcollection=pcollection_id,
+        ),
+    ]
+
+
+def execution_time_monitoring_infos(
+    transform_id: str, start_ms: int, process_ms: int, finish_ms: int
+) -> list[Any]:
+    """A step's start, process, finish and total milliseconds, as Beam's operations report."""
+    return [
+        monitoring_infos.int64_counter(urn, value, ptransform=transform_id)
+        for urn, value in (
+            (monitoring_infos.START_BUNDLE_MSECS_URN, start_ms),
+            (monitoring_infos.PROCESS_BUNDLE_MSECS_URN, process_ms),
+            (monitoring_infos.FINISH_BUNDLE_MSECS_URN, finish_ms),
+            (monitoring_infos.TOTAL_MSECS_URN, start_ms + process_ms + finish_ms),
+        )
+    ]
+
+
+def read_index_monitoring_info(transform_id: str, index: int) -> Any:
+    """The data input's read index (elements read), as its operation reports it."""
+    return monitoring_infos.int64_counter(
+        monitoring_infos.DATA_CHANNEL_READ_INDEX, index, ptransform=transform_id
+    )
+
+
+def is_read_index_info(info: Any, transform_id: str) -> bool:
+    """Whether ``info`` is the read index of the data input ``transform_id``."""
+    return bool(
+        info.urn == monitoring_infos.DATA_CHANNEL_READ_INDEX
+        and info.labels.get(monitoring_infos.PTRANSFORM_LABEL) == transform_id
+    )
+
+
+def record_failed_bundle_monitoring_infos(infos: list[Any]) -> None:
+    """Keeps the metrics of a batch that failed, for the failing task's attempted metrics."""
+    with _failed_bundle_lock:
+        _failed_bundle_infos.extend(infos)
+
+
+def remote_grpc_port(payload: bytes) -> beam_fn_api_pb2.RemoteGrpcPort:
+    """The data-plane port of a data input or output transform (its coder id)."""
+    return beam_fn_api_pb2.RemoteGrpcPort.FromString(payload)
+
+
+class _HandoffValues(threading.local):
+    """Windowed values a batch hands to the bundle processor, per hand-off token.
+
+    Per thread: the bundle processor decodes its input in the thread that asked for the
+    bundle (``SdkWorker.do_instruction``), right after the batch queued it.
+    """
+
+    def __init__(self) -> None:
+        self.queues: dict[str, collections.deque[Any]] = {}
+
+
+_HANDOFF_VALUES = _HandoffValues()
+
+
+class _HandoffCoderImpl(coder_impl.StreamCoderImpl):  # type: ignore[misc]
+    """Decodes each one-byte element as the next value handed off under its token."""
+
+    def __init__(self, token: str, windowed_impl: Any) -> None:
+        self._token = token
+        self._windowed = windowed_impl
+
+    def encode_to_stream(self, value: Any, stream: Any, nested: bool) -> None:
+        self._windowed.encode_to_stream(value, stream, nested)
+
+    def decode_from_stream(self, stream: Any, nested: bool) -> Any:
+        stream.read_byte()
+        return _HANDOFF_VALUES.queues[self._token].popleft()
+
+    def estimate_size(self, value: Any, nested: bool = False) -> int:
+        return self._windowed.estimate_size(value, nested)  # type: ignore[no-any-return]
+
+    def get_estimated_size_and_observables(self, value: Any, nested: bool = False) -> Any:
+        return self._windowed.get_estimated_size_and_observables(value, nested)
+
+
+class HandoffCoder(coders.Coder):  # type: ignore[misc]
+    """The coder of a stage's hand-off from its batched steps to the bundle processor.
+
+    The batched steps' output is not encoded: each element is one byte on the data plane,
+    and the bundle processor's data input reads the windowed value itself (see
+    :func:`hand_off`). So nothing is lost that an encoding would lose (timestamps finer
+    than Beam's millisecond encoding) and nothing is encoded twice. Sizes are estimated
+    with the PCollection's windowed coder.
+    """
+
+    def __init__(self, token: str, windowed_coder: Any) -> None:
+        self._token = token
+        self._windowed_coder = windowed_coder
+
+    def _create_impl(self) -> Any:
+        return _HandoffCoderImpl(self._token, self._windowed_coder.get_impl())
+
+    def is_deterministic(self) -> bool:
+        return False
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            type(other) is HandoffCoder
+            and other._token == self._token
+            and other._windowed_coder == self._windowed_coder
+        )
+
+    def __hash__(self) -> int:
+        return hash((type(self), self._token))
+
+
+def handoff_coder_proto(
+    token: str, descriptor: beam_fn_api_pb2.ProcessBundleDescriptor, windowed_coder_id: str
+) -> beam_runner_api_pb2.Coder:
+    """The proto of a :class:`HandoffCoder` for a windowed coder of ``descriptor``."""
+    windowed = PipelineContext(descriptor).coders[windowed_coder_id]
+    return HandoffCoder(token, windowed).to_runner_api(PipelineContext())  # type: ignore[no-any-return]
+
+
+def hand_off(token: str, values: list[Any]) -> bytes:
+    """Queues ``values`` for the hand-off coder of ``token``; the bytes to feed its input."""
+    _HANDOFF_VALUES.queues[token] = collections.deque(values)
+    return b"\x00" * len(values)
+
+
+def _code_key(function: Any) -> tuple[Any, ...] | None:
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return None
+    return (code.co_code, code.co_names, code.co_freevars, code.co_filename, code.co_firstlineno)
+
+
+@functools.cache
+def _wrapper_codes() -> dict[tuple[Any, ...] | None, str]:
+    """The code of the functions Beam's ``Map`` and ``Filter`` wrap a plain callable in."""
+    from apache_beam.transforms import core
+
+    def probe(x: Any) -> Any:
+        return x
+
+    return {
+        _code_key(core.Map(probe).fn._fn): "map",  # noqa: SLF001 - Beam internal
+        _code_key(core.Filter(probe).fn._fn): "filter",  # noqa: SLF001 - Beam internal
+    }
+
+
+def wrapped_callable(dofn: Any) -> tuple[str, Callable[[Any], Any]] | None:
+    """("map" or "filter", the user's callable) of a plain ``Map``/``Filter``, else None.
+
+    Beam wraps the callable of ``Map(fn)`` as ``lambda x: [fn(x)]`` and of ``Filter(fn)`` as
+    ``lambda x, *a, **k: [x] if fn(x, *a, **k) else []``: recognised by their code (the
+    same Beam made them), the callable is the closure's ``fn``.
+    """
+    wrapper = getattr(dofn, "_fn", None)
+    kind = _wrapper_codes().get(_code_key(wrapper))
+    if kind is None or wrapper is None or wrapper.__closure__ is None:
+        return None
+    (cell,) = wrapper.__closure__
+    return kind, cell.cell_contents

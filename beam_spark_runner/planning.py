@@ -179,6 +179,8 @@ class Plan:
     safe_coders: dict[str, str]
     # Group buffer id -> the value-only coder its writers use (value_only_group_coders).
     group_input_coders: dict[bytes, str] = dataclasses.field(default_factory=dict)
+    # Stages run their stateless steps batched (--spark_batched_steps).
+    batched_steps: bool = True
 
     def is_keyed(self, buffer_id: bytes) -> bool:
         """Whether the buffer's writers must compute each element's key.
@@ -709,8 +711,12 @@ def build_plan(
     is_drain: bool = False,
     use_state_iterables: bool = False,
     streaming: bool = False,
+    batched_steps: bool = True,
 ) -> Plan:
     """Fuses the pipeline and wires stages to buffers (the flags: see create_stages).
+
+    ``batched_steps``: the stages' workers run stateless steps batched
+    (``execution.batched_steps``).
 
     A streaming run keeps Beam's windowed-value coders into every GroupByKey: its trigger
     driver holds the watermark by the elements' timestamps.
@@ -744,4 +750,5 @@ def build_plan(
         data_channel_coders=dict(context.data_channel_coders),
         safe_coders=dict(context.safe_coders),
         group_input_coders=group_coders,
+        batched_steps=batched_steps,
     )

@@ -24,7 +24,7 @@ from beam_spark_runner.capabilities import (
 from beam_spark_runner.errors import PipelineExecutionError, UnsupportedFeatureError
 from beam_spark_runner.job import run_plan
 from beam_spark_runner.native_create import NativeCreateOverride
-from beam_spark_runner.options import spark_settings
+from beam_spark_runner.options import batched_steps, spark_settings
 from beam_spark_runner.planning import build_plan
 from beam_spark_runner.result import SparkPipelineResult
 from beam_spark_runner.session import obtain_session, share_driver_path
@@ -174,6 +174,7 @@ class SparkStructuredRunner(PipelineRunner):
             proto,
             is_drain=settings.drain,
             use_state_iterables=settings.state_backed_iterables,
+            batched_steps=batched_steps(settings),
             streaming=True,
         )
         check_streaming_plan(plan)
@@ -229,6 +230,7 @@ class SparkStructuredRunner(PipelineRunner):
             proto,
             is_drain=settings.drain,
             use_state_iterables=settings.state_backed_iterables,
+            batched_steps=batched_steps(settings),
         )
         check_plan(plan, translator_for)
         spark, _ = obtain_session(settings)

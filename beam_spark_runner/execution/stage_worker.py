@@ -6,7 +6,8 @@ is built once per stage and process and reused across tasks: Beam's ``SdkWorker`
 bundle processor cache, fed through :class:`ArrowDataChannel`, with side inputs and user
 state served by a state backend (``execution.state``). Each input Arrow batch of a stateless
 stage is one Beam bundle; a stateful stage runs whole keys at a time and fires their timers
-(``execution.timers``).
+(``execution.timers``). A stage's stateless steps may run batched before the bundle
+processor (``execution.batched_steps``, ``--spark_batched_steps``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from beam_spark_runner import beam_globals, worker_logs, worker_warnings
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import KeyExtractor, packed_bytes, split_packed
 from beam_spark_runner.errors import StageExecutionError
+from beam_spark_runner.execution.batched_plan import plan_batched_steps
+from beam_spark_runner.execution.batched_steps import BatchedSteps
 from beam_spark_runner.execution.data_channel import ArrowDataChannel, ArrowDataChannelFactory
 from beam_spark_runner.execution.key_runs import complete_key_groups, pack_by_key
 from beam_spark_runner.execution.state import InMemoryStateBackend, StateBackend
@@ -91,6 +94,8 @@ class StageSpec:
     # are byte ranges of the files, and this is the encoding of a line's windowed value up
     # to its length.
     text_read_header: bytes | None = None
+    # Run the stage's stateless steps batched (execution.batched_steps; --spark_batched_steps).
+    batched_steps: bool = True
 
     @functools.cached_property
     def cache_key(self) -> str:
@@ -161,6 +166,10 @@ class StageWorker:
         bi.set_bundle_sampling_period(BUNDLE_SAMPLING_PERIOD_MS)
         self.spec = spec
         self.descriptor = bi.beam_fn_api_pb2.ProcessBundleDescriptor.FromString(spec.descriptor)
+        self.batched = _batched_steps(spec, self.descriptor)
+        if self.batched is not None and self.batched.plan.remainder is not None:
+            # The bundle processor runs the rest of the stage, from the hand-off on.
+            self.descriptor = self.batched.plan.remainder
         self.channel = ArrowDataChannel()
         self.state: StateBackend = InMemoryStateBackend(
             spec.side_input_state.value if spec.side_input_state is not None else ()
@@ -226,11 +235,24 @@ class StageWorker:
         metrics: TaskMetrics,
         timers: dict[TimerFamilyId, bytes] | None = None,
         pending: PendingTimers | None = None,
+        batched: bool = False,
     ) -> list[Any]:
         """Runs one bundle over ``data`` and ``timers``; returns its SDF residuals.
 
-        Timers the bundle sets go into ``pending`` (stateful stages only).
+        Timers the bundle sets go into ``pending`` (stateful stages only). With
+        ``batched`` (a bundle of the stage's input, not of residuals or timers), the
+        stage's batched steps run first and hand their output to the bundle processor.
         """
+        handed_off = False
+        if batched and self.batched is not None and isinstance(data, bytes) and not timers:
+            result = self.batched.run(data)
+            for transform_id, chunk in result.outputs.items():
+                outputs.data[self.output_index[transform_id]].append(chunk)
+            metrics.extend(result.monitoring_infos)
+            if result.handoff is None:
+                return []
+            data = result.handoff
+            handed_off = True
         instruction_id = self._instruction_id()
         if data:
             data = self._with_state_backed_iterables(data)
@@ -262,7 +284,12 @@ class StageWorker:
             for family_key, encoded in written_timers.items():
                 pending.add_written(family_key, encoded)
         result = response.process_bundle
-        metrics.extend(result.monitoring_infos)
+        infos = result.monitoring_infos
+        if handed_off:
+            # The batch reported how many elements the stage read, not the hand-off's count.
+            input_id = self.spec.input_transform_id
+            infos = [i for i in infos if not bi.is_read_index_info(i, input_id)]
+        metrics.extend(infos)
         if result.requires_finalization:
             self.unfinalized.append(instruction_id)
         return list(result.residual_roots)
@@ -310,7 +337,7 @@ class StageWorker:
         SDF sees its bundle finalized before its residual resumes.
         """
         outputs = BundleOutputs(len(self.spec.outputs))
-        residuals = self._run_once(data, outputs, metrics, timers, pending)
+        residuals = self._run_once(data, outputs, metrics, timers, pending, batched=True)
         yield outputs
         while residuals:
             delay = max(
@@ -331,7 +358,7 @@ class StageWorker:
         state and resumes them in a later micro-batch, once their requested delay passed.
         """
         outputs = BundleOutputs(len(self.spec.outputs))
-        residuals = self._run_once(data, outputs, metrics)
+        residuals = self._run_once(data, outputs, metrics, batched=True)
         return outputs, residuals
 
     def process_with_timers(
@@ -378,6 +405,34 @@ class StageWorker:
             )
         finally:
             self.state.release_user_state()
+
+
+def _batched_steps(spec: StageSpec, descriptor: Any) -> BatchedSteps | None:
+    """The stage's batched steps, if the path is on and the stage has any.
+
+    Stateful stages (whole keys, timers), native text reads and state-backed iterables
+    keep the bundle processor for everything.
+    """
+    if (
+        not spec.batched_steps
+        or spec.stateful
+        or spec.text_read_header is not None
+        or spec.state_backed_input_coder_id
+    ):
+        return None
+    plan = plan_batched_steps(
+        descriptor, spec.input_transform_id, f"{spec.cache_key}/{os.getpid()}"
+    )
+    if plan is None:
+        return None
+    batched = BatchedSteps(plan, spec.display_name)
+    _LOGGER.debug(
+        "Stage %s: batched steps %s, %s",
+        spec.display_name,
+        batched.step_names,
+        "the rest in the bundle processor" if plan.remainder is not None else "no others",
+    )
+    return batched
 
 
 _WORKERS: collections.OrderedDict[str, StageWorker] = collections.OrderedDict()
@@ -430,6 +485,9 @@ def _shut_down(workers: Iterable[StageWorker], why: str) -> None:
         _LOGGER.debug("Tearing down stage %s (%s)", worker.spec.display_name, why)
         try:
             worker.worker.bundle_processor_cache.shutdown()
+            batched = getattr(worker, "batched", None)
+            if batched is not None:
+                batched.tear_down(why)
         except Exception:  # noqa: BLE001 - a teardown error must not fail other work
             _LOGGER.exception("Teardown of stage %s failed", worker.spec.display_name)
 
@@ -452,14 +510,16 @@ def tear_down_idle_dofns(now: float, idle_seconds: float = _IDLE_TEARDOWN_SECOND
     """
     with _lifecycle_lock():
         stages = [(w.worker.bundle_processor_cache, w.spec.display_name) for w in _WORKERS.values()]
+        batched = [b for w in _WORKERS.values() if (b := getattr(w, "batched", None)) is not None]
         last_used = _LIFECYCLE.last_used
     caches = [cache for cache, _ in stages]
     if any(bi.bundle_processors_busy(c) for c in caches):
         return 0
     bundle_times = [t for c in caches for t in list(c.last_access_times.values())]
-    if now - max([last_used, *bundle_times]) < idle_seconds:
+    batch_times = [b.last_used for b in batched]
+    if now - max([last_used, *bundle_times, *batch_times]) < idle_seconds:
         return 0
-    torn_down = 0
+    torn_down = sum(b.tear_down_if_idle(now, idle_seconds) for b in batched)
     for cache, name in stages:
         for processors in list(cache.cached_bundle_processors.values()):
             while processors:

@@ -143,6 +143,7 @@ def stage_spec(
         state_backed_input_coder_id=_state_backed_coder(plan, node.input_coder_id),
         pickle_library=context.pickle_library,
         main_session=context.main_session,
+        batched_steps=plan.batched_steps,
         text_read_header=(
             _text_line_header(node, context)
             if plan.buffers[node.input_buffer_id].kind == TEXT_READ_BUFFER_KIND

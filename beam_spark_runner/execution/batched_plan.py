@@ -1,0 +1,235 @@
+"""Which steps of a fused stage run batched (``execution.batched_steps``), from its descriptor.
+
+Decided once per stage worker: a ParDo with one input and one output, no side inputs, state,
+timers, restriction or finalization, whose pickled DoFn the batched path can run
+(``beam_internals.unbatchable_dofn_reason``), and ``WindowInto`` with one of Beam's standard
+window functions. Walking from the stage's input, a PCollection whose readers all qualify
+(or are stage outputs) is processed batched; one read by a step that does not qualify is
+the *hand-off*, and the bundle processor runs the rest of the stage from a copy of the
+descriptor without the batched steps, whose data input reads the hand-off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from beam_spark_runner import beam_internals as bi
+
+_LOGGER = logging.getLogger(__name__)
+
+DATA_INPUT_URN = bi.DATA_INPUT_URN
+DATA_OUTPUT_URN = bi.DATA_OUTPUT_URN
+WINDOW_INTO_URN = "beam:transform:window_into:v1"
+PAR_DO_URN = "beam:transform:pardo:v1"
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+    """One batched step: a qualifying transform of the descriptor."""
+
+    transform_id: str
+    step_name: str
+    input_pcollection: str
+    output_pcollection: str
+    # Builds a fresh DoFn instance and its windowing (a new instance after each teardown).
+    make_dofn: Callable[[], tuple[Any, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchedPlan:
+    """What runs batched in a stage, and the descriptor of the rest."""
+
+    input_transform_id: str
+    input_coder_id: str
+    input_pcollection: str
+    steps: tuple[StepSpec, ...]
+    # Data output transform id -> (its input PCollection, its windowed coder id).
+    direct_outputs: dict[str, tuple[str, str]]
+    # The PCollection handed to the bundle processor, and its hand-off coder id.
+    handoff: tuple[str, str] | None
+    # Names this stage worker's hand-off (beam_internals.hand_off).
+    token: str
+    # The descriptor for the rest of the stage (None: everything runs batched).
+    remainder: Any
+    # PCollection id -> its windowed coder id, for sampled sizes.
+    coder_ids: dict[str, str]
+    # A copy of the descriptor holding every coder above.
+    coders: Any
+
+
+def _consumers(descriptor: Any) -> dict[str, list[str]]:
+    consumers: dict[str, list[str]] = {}
+    for transform_id, transform in descriptor.transforms.items():
+        for pcollection in transform.inputs.values():
+            consumers.setdefault(pcollection, []).append(transform_id)
+    return consumers
+
+
+def _windowed_coder_id(descriptor: Any, pcollection_id: str) -> str:
+    """A windowed-value coder id for the PCollection, added to ``descriptor`` if needed."""
+    pcollection = descriptor.pcollections[pcollection_id]
+    strategy = descriptor.windowing_strategies[pcollection.windowing_strategy_id]
+    coder_id = f"batched_windowed_{pcollection.coder_id}_{strategy.window_coder_id}"
+    if coder_id not in descriptor.coders:
+        coder = descriptor.coders[coder_id]
+        coder.spec.urn = bi.WINDOWED_VALUE_CODER_URN
+        coder.component_coder_ids.extend([pcollection.coder_id, strategy.window_coder_id])
+    return coder_id
+
+
+def _step_spec(descriptor: Any, context: Any, transform_id: str) -> StepSpec | str:
+    """The step for a transform, or why it does not qualify."""
+    transform = descriptor.transforms[transform_id]
+    if len(transform.inputs) != 1 or len(transform.outputs) != 1:
+        return "not one input and one output"
+    (input_pcollection,) = transform.inputs.values()
+    (output_pcollection,) = transform.outputs.values()
+    input_windowing = bi.windowing_from_proto(
+        descriptor.windowing_strategies[
+            descriptor.pcollections[input_pcollection].windowing_strategy_id
+        ],
+        context,
+    )
+    urn = transform.spec.urn
+    if urn == WINDOW_INTO_URN:
+        windowing = bi.windowing_from_proto(
+            bi.beam_runner_api_pb2.WindowingStrategy.FromString(transform.spec.payload), context
+        )
+        if not bi.is_standard_window_fn(windowing.windowfn):
+            return f"a custom window function {type(windowing.windowfn).__name__}"
+
+        def make_window_into() -> tuple[Any, Any]:
+            return bi.window_into_dofn(windowing), input_windowing
+
+        make = make_window_into
+    elif urn == PAR_DO_URN:
+        payload = bi.proto_utils.parse_Bytes(
+            transform.spec.payload, bi.beam_runner_api_pb2.ParDoPayload
+        )
+        if (
+            payload.side_inputs
+            or payload.state_specs
+            or payload.timer_family_specs
+            or payload.restriction_coder_id
+            or payload.requests_finalization
+            or payload.requires_time_sorted_input
+            or payload.on_window_expiration_timer_family_spec
+        ):
+            return "side inputs, state, timers, a restriction or finalization"
+        info = bi.pickled_dofn_info(payload)
+        if info is None:
+            return f"a DoFn of {payload.do_fn.urn}"
+        dofn, args, kwargs, side_inputs, windowing = info
+        reason = bi.unbatchable_dofn_reason(dofn, args, kwargs, side_inputs)
+        if reason is not None:
+            return reason
+        step_windowing = windowing or input_windowing
+
+        def make_pardo() -> tuple[Any, Any]:
+            fresh = bi.pickled_dofn_info(payload)
+            if fresh is None:  # pragma: no cover - checked when planned
+                raise ValueError(f"{transform.unique_name}: the DoFn is no longer readable")
+            return fresh[0], step_windowing
+
+        make = make_pardo
+    else:
+        return f"a transform of {urn}"
+    return StepSpec(
+        transform_id=transform_id,
+        step_name=transform.unique_name,
+        input_pcollection=input_pcollection,
+        output_pcollection=output_pcollection,
+        make_dofn=make,
+    )
+
+
+def plan_batched_steps(
+    descriptor: Any, input_transform_id: str, token: str = "batched"
+) -> BatchedPlan | None:
+    """The batched part of a stage, or None when no step of it qualifies.
+
+    Walks from the stage's input: a PCollection whose readers all qualify (or are the
+    stage's outputs) is processed batched; one read by a step that does not qualify is the
+    hand-off, and everything from there runs in the bundle processor. A stage that would
+    need two hand-offs runs as before, unbatched. ``token`` names the stage worker's
+    hand-off (see ``beam_internals.HandoffCoder``).
+    """
+    context = bi.PipelineContext(descriptor)
+    consumers = _consumers(descriptor)
+    input_transform = descriptor.transforms[input_transform_id]
+    if input_transform.spec.urn != DATA_INPUT_URN or len(input_transform.outputs) != 1:
+        return None
+    (input_pcollection,) = input_transform.outputs.values()
+    input_coder_id = bi.remote_grpc_port(input_transform.spec.payload).coder_id
+    steps: list[StepSpec] = []
+    direct_outputs: dict[str, tuple[str, str]] = {}
+    handoffs: list[str] = []
+    pending = [input_pcollection]
+    while pending:
+        pcollection = pending.pop(0)
+        readers = consumers.get(pcollection, [])
+        specs: list[StepSpec] = []
+        outputs: dict[str, tuple[str, str]] = {}
+        reasons: list[str] = []
+        for reader in readers:
+            transform = descriptor.transforms[reader]
+            if transform.spec.urn == DATA_OUTPUT_URN:
+                coder_id = bi.remote_grpc_port(transform.spec.payload).coder_id
+                outputs[reader] = (pcollection, coder_id)
+                continue
+            spec = _step_spec(descriptor, context, reader)
+            if isinstance(spec, str):
+                reasons.append(f"{transform.unique_name}: {spec}")
+            else:
+                specs.append(spec)
+        if reasons:
+            _LOGGER.debug("Not batched: %s", "; ".join(reasons))
+            handoffs.append(pcollection)
+            continue
+        steps.extend(specs)
+        direct_outputs.update(outputs)
+        pending.extend(spec.output_pcollection for spec in specs)
+    if not steps or len(handoffs) > 1:
+        return None
+    remainder = None
+    handoff = None
+    sized = bi.beam_fn_api_pb2.ProcessBundleDescriptor()
+    sized.CopyFrom(descriptor)
+    coder_ids = {
+        pcollection: _windowed_coder_id(sized, pcollection)
+        for pcollection in {input_pcollection, *handoffs, *(s.output_pcollection for s in steps)}
+    }
+    if handoffs:
+        remainder = bi.beam_fn_api_pb2.ProcessBundleDescriptor()
+        remainder.CopyFrom(descriptor)
+        (handoff_pcollection,) = handoffs
+        handoff_coder_id = f"batched_handoff_{handoff_pcollection}"
+        remainder.coders[handoff_coder_id].CopyFrom(
+            bi.handoff_coder_proto(token, sized, coder_ids[handoff_pcollection])
+        )
+        handoff = (handoff_pcollection, handoff_coder_id)
+        for spec in steps:
+            del remainder.transforms[spec.transform_id]
+        for transform_id in direct_outputs:
+            del remainder.transforms[transform_id]
+        data_input = remainder.transforms[input_transform_id]
+        (tag,) = data_input.outputs
+        data_input.outputs[tag] = handoff_pcollection
+        port = bi.remote_grpc_port(data_input.spec.payload)
+        port.coder_id = handoff[1]
+        data_input.spec.payload = port.SerializeToString()
+    return BatchedPlan(
+        input_transform_id=input_transform_id,
+        input_coder_id=input_coder_id,
+        input_pcollection=input_pcollection,
+        steps=tuple(steps),
+        direct_outputs=direct_outputs,
+        handoff=handoff,
+        token=token,
+        remainder=remainder,
+        coder_ids=coder_ids,
+        coders=sized,
+    )

@@ -1,0 +1,451 @@
+"""The batched path: a fused stage's stateless steps run step by step over a whole batch.
+
+Beam's bundle processor moves each element through the stage's operation chain, with a
+counter update, a size sample and a receiver call per element and step. Steps that need
+nothing per element from the runner — Map, FlatMap, Filter, MapTuple/FlatMapTuple (Beam's
+``CallableWrapperDoFn``), ``WindowInto`` with Beam's standard window functions, and user
+DoFns whose ``process`` takes only the element, or with timestamp or window parameters — run
+here instead, one step at a time over the batch's decoded windowed values:
+
+* each step is Beam's own ``DoFnRunner`` (``WindowInto``: the DoFn Beam's bundle processor
+  runs for it), so outputs keep or get their timestamps, windows and panes exactly as Beam
+  gives them; a Map/FlatMap/Filter whose callable takes only the element is called
+  directly (Beam's ``SimpleInvoker`` semantics: ``wv.with_value(output)``), any output that
+  is a ``WindowedValue``, ``TimestampedValue`` or ``TaggedOutput`` going through Beam's
+  output handler;
+* each step gets ``setup`` once, ``start_bundle``/``finish_bundle`` per batch (finish
+  outputs included, downstream of the step's other outputs, as in Beam) and ``teardown``
+  when the stage worker is torn down; its own metrics container (user metrics land under
+  its step), and Beam's element counts and sampled sizes per PCollection;
+* an error is Beam's: the user's exception, its message ending in
+  ``[while running '<step>']``.
+
+What qualifies is decided once per stage worker from the process bundle descriptor
+(:func:`plan_batched_steps`): the steps reachable from the stage's input through qualifying
+steps only, with at most one PCollection (the *hand-off*) read by a step that does not
+qualify (``execution.batched_plan``). The hand-off's elements go to the bundle processor
+without being encoded (``beam_internals.HandoffCoder``), which runs the rest of the stage
+from a descriptor without the batched steps. Outputs of batched steps bound for the stage's
+outputs are encoded here directly.
+
+Known difference: the steps of a batch run a chunk at a time, not interleaved element by
+element, so a DoFn that mutates its input or output after emitting it, or steps sharing
+mutable globals, may see other values than on Beam's path (Beam forbids such mutation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import gc
+import itertools
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.execution.batched_plan import BatchedPlan, StepSpec
+
+_LOGGER = logging.getLogger(__name__)
+
+_WITH_VALUE = bi.WindowedValue.with_value
+# Elements that go through the steps together.
+_CHUNK = 256
+
+
+def _nanos_to_ms(nanos: int) -> int:
+    return nanos // 1_000_000
+
+
+class _Step:
+    """One batched step in a stage worker: Beam's DoFnRunner, its metrics and timings."""
+
+    def __init__(self, spec: StepSpec, sampler: Any) -> None:
+        self.spec = spec
+        self.receiver = bi.ListReceiver()
+        self.container = bi.metrics_container(spec.step_name)
+        self.states = [
+            bi.scoped_state(sampler, spec.step_name, spec.transform_id, name, self.container)
+            for name in ("start", "process", "finish")
+        ]
+        self.runner: Any = None
+        # Map/FlatMap/Filter whose callable takes only the element: called directly.
+        self.simple_process: Callable[[Any], Any] | None = None
+        self.handler: Any = None
+        # "map", "filter" (Beam's wrappers of a plain callable ``fn``) or "flat_map".
+        self.kind = "flat_map"
+        self.fn: Any = None
+        # Output types that need no output handler, seen so far.
+        self.plain_types: set[type] = set()
+        self.nanos = [0, 0, 0]
+
+    def set_up(self) -> None:
+        dofn, windowing = self.spec.make_dofn()
+        self.runner = bi.dofn_runner(
+            dofn, windowing, self.receiver, self.spec.step_name, self.spec.transform_id
+        )
+        if bi.is_simple_callable(dofn):
+            self.simple_process = dofn.process
+            self.handler = bi.simple_output_handler(windowing, self.receiver)
+            wrapped = bi.wrapped_callable(dofn)
+            self.kind, self.fn = wrapped if wrapped is not None else ("flat_map", None)
+        with self.states[0]:
+            self.runner.setup()
+
+    def tear_down(self) -> None:
+        runner, self.runner = self.runner, None
+        self.simple_process = self.handler = None
+        if runner is not None:
+            with self.states[2]:
+                runner.teardown()
+
+    def start(self) -> None:
+        self.receiver.values = []
+        began = time.perf_counter_ns()
+        with self.states[0]:
+            self.runner.start()
+        self.nanos[0] += time.perf_counter_ns() - began
+
+    def process(self, values: list[Any], sink: Callable[[list[Any]], None]) -> None:
+        """Processes ``values``, handing the outputs to ``sink`` every ``_CHUNK`` or so.
+
+        A FlatMap may give many outputs per element: they go downstream in chunks, not all
+        at once. The time ``sink`` takes is not this step's.
+        """
+        began = time.perf_counter_ns()
+
+        def flush() -> None:
+            nonlocal began
+            outputs, self.receiver.values = self.receiver.values, []
+            self.nanos[1] += time.perf_counter_ns() - began
+            sink(outputs)
+            began = time.perf_counter_ns()
+
+        # A DoFn's outputs (and those of Beam's output handler) go on as they fill a chunk,
+        # even while the DoFn is still iterating over one element's outputs.
+        self.receiver.full, self.receiver.limit = flush, _CHUNK
+        try:
+            with self.states[1]:
+                if self.simple_process is not None:
+                    self._run_simple(values, flush)
+                else:
+                    process = self.runner.process
+                    for windowed_value in values:
+                        process(windowed_value)
+        finally:
+            self.receiver.full, self.receiver.limit = None, sys.maxsize
+        self.nanos[1] += time.perf_counter_ns() - began
+        outputs, self.receiver.values = self.receiver.values, []
+        sink(outputs)
+
+    def finish(self) -> list[Any]:
+        """Finishes the bundle; returns what ``finish_bundle`` output."""
+        began = time.perf_counter_ns()
+        with self.states[2]:
+            self.runner.finish()
+        self.nanos[2] += time.perf_counter_ns() - began
+        outputs, self.receiver.values = self.receiver.values, []
+        return outputs
+
+    def _run_simple(self, values: list[Any], flush: Callable[[], None]) -> None:
+        """Beam's ``SimpleInvoker`` and output handler, a chunk at a time.
+
+        Outputs that are plain values get the input's timestamp, windows and pane
+        (``with_value``); any ``WindowedValue``, ``TimestampedValue`` or ``TaggedOutput``
+        goes through Beam's output handler, as on Beam's path.
+        """
+        try:
+            if self.kind == "map":
+                self._map(values)
+            elif self.kind == "filter":
+                self._filter(values)
+            else:
+                self._flat_map(values, flush)
+        except BaseException as error:  # noqa: BLE001 - re-raised naming the step, as Beam
+            bi.reraise_augmented(self.runner, error, None)
+            raise
+
+    def _plain(self, outputs: list[Any]) -> bool:
+        """Whether no output needs Beam's output handler (checked per type, cached)."""
+        types = set(map(type, outputs))
+        if types <= self.plain_types:
+            return True
+        special = bi.special_output_types()
+        if any(issubclass(t, special) for t in types):
+            return False
+        self.plain_types |= types
+        return True
+
+    def _handle_each(self, values: list[Any], outputs: list[Any]) -> None:
+        handle = self.handler.handle_process_outputs
+        for windowed_value, output in zip(values, outputs, strict=True):
+            handle(windowed_value, (output,))
+
+    def _map(self, values: list[Any]) -> None:
+        """``Map(fn)``: Beam's ``[fn(x)]``, one output per element."""
+        fn = self.fn
+        outputs = [fn(windowed_value.value) for windowed_value in values]
+        if self._plain(outputs):
+            self.receiver.values.extend(map(_WITH_VALUE, values, outputs))
+        else:
+            self._handle_each(values, outputs)
+
+    def _filter(self, values: list[Any]) -> None:
+        """``Filter(fn)``: Beam's ``[x] if fn(x) else []``; the kept elements as they are."""
+        fn = self.fn
+        kept = [windowed_value for windowed_value in values if fn(windowed_value.value)]
+        elements = [windowed_value.value for windowed_value in kept]
+        if self._plain(elements):
+            self.receiver.values.extend(kept)
+        else:
+            self._handle_each(kept, elements)
+
+    def _flat_map(self, values: list[Any], flush: Callable[[], None]) -> None:
+        """``FlatMap``, ``MapTuple``, ``FlatMapTuple``: each element's outputs, in order."""
+        process = self.simple_process
+        assert process is not None
+        receiver = self.receiver
+        for windowed_value in values:
+            results = process(windowed_value.value)
+            if results is None:
+                continue
+            if type(results) is list:
+                self._extend(windowed_value, results)
+            else:
+                # An iterator (a generator, a range) is read a chunk at a time, not whole.
+                iterator = iter(results)
+                while piece := list(itertools.islice(iterator, _CHUNK)):
+                    self._extend(windowed_value, piece)
+                    if len(receiver.values) >= _CHUNK:
+                        flush()
+            if len(receiver.values) >= _CHUNK:
+                flush()
+
+    def _extend(self, windowed_value: Any, results: list[Any]) -> None:
+        """One element's outputs, with its windowing (or through Beam's handler)."""
+        if self._plain(results):
+            self.receiver.values.extend(map(windowed_value.with_value, results))
+        else:
+            self._handle_each([windowed_value] * len(results), results)
+
+    def monitoring_infos(self) -> list[Any]:
+        """The step's user metrics and timings since the last call (then reset)."""
+        infos = bi.user_monitoring_infos(self.container, self.spec.transform_id)
+        infos.extend(
+            bi.execution_time_monitoring_infos(
+                self.spec.transform_id, *(_nanos_to_ms(n) for n in self.nanos)
+            )
+        )
+        self.container.reset()
+        self.nanos = [0, 0, 0]
+        return infos
+
+
+class _Batch:
+    """One batch on its way through the steps: counts, sizes, outputs, the hand-off."""
+
+    def __init__(self, steps: BatchedSteps) -> None:
+        self._steps = steps
+        self.counts = dict.fromkeys(steps.plan.coder_ids, 0)
+        self.sizes: dict[str, list[int]] = {p: [] for p in steps.plan.coder_ids}
+        self.handoff: list[Any] = []
+        # Nanoseconds spent decoding the input and encoding each output.
+        self.io_nanos = dict.fromkeys(
+            [steps.plan.input_transform_id, *steps.plan.direct_outputs], 0
+        )
+        self.outputs: dict[str, tuple[Any, list[int]]] = {
+            transform_id: (bi.create_OutputStream(), [])
+            for transform_id in steps.plan.direct_outputs
+        }
+
+    def emit(self, pcollection: str, values: list[Any]) -> None:
+        """Hands ``values`` of ``pcollection`` to its readers, counted and size-sampled."""
+        if not values:
+            return
+        steps = self._steps
+        count = self.counts[pcollection]
+        self.counts[pcollection] = count + len(values)
+        sizes = self.sizes[pcollection]
+        # Beam samples the first elements, then fewer and fewer: here the first ten of the
+        # batch, then one per chunk.
+        wanted = min(len(values), 10 - len(sizes)) if len(sizes) < 10 else 1
+        estimate = steps._sizes[pcollection].estimate_size
+        sizes.extend(estimate(values[i]) for i in range(wanted))
+        if pcollection == steps._handoff:
+            self.handoff.extend(values)
+        for transform_id in steps._outputs_of.get(pcollection, ()):
+            stream, ends = self.outputs[transform_id]
+            began = time.perf_counter_ns()
+            _encode_into(steps._outputs[transform_id][1], values, stream, ends)
+            self.io_nanos[transform_id] += time.perf_counter_ns() - began
+        for step in steps._readers.get(pcollection, ()):
+            step.process(values, functools.partial(self.emit, step.spec.output_pcollection))
+
+
+def _encode_into(impl: Any, values: list[Any], out: Any, ends: list[int]) -> None:
+    """Encodes windowed values as the data plane does, noting each element's end."""
+    encode = impl.encode_to_stream
+    size = out.size
+    end = ends.append
+    for value in values:
+        encode(value, out, True)
+        end(size())
+
+
+@dataclasses.dataclass
+class BatchResult:
+    """What a batch gave: encoded stage outputs, the hand-off's input, monitoring infos."""
+
+    # Data output transform id -> (encoded elements, each element's end).
+    outputs: dict[str, tuple[bytes, list[int]]]
+    # The encoded elements for the bundle processor (None: no hand-off).
+    handoff: bytes | None
+    monitoring_infos: list[Any]
+
+
+class BatchedSteps:
+    """The batched steps of one stage worker (see the module docstring).
+
+    DoFns are set up before their first batch, torn down with the stage worker, when the
+    process is idle (``tear_down_if_idle``) and after a failed batch (Beam discards a failed
+    bundle's processor too), and set up anew from the descriptor when needed again.
+    """
+
+    def __init__(self, plan: BatchedPlan, display_name: str) -> None:
+        self.plan = plan
+        self.display_name = display_name
+        coders = bi.PipelineContext(plan.coders).coders
+        self._input = coders[plan.input_coder_id].get_impl()
+        self._outputs = {
+            transform_id: (pcollection, coders[coder_id].get_impl())
+            for transform_id, (pcollection, coder_id) in plan.direct_outputs.items()
+        }
+        self._handoff = plan.handoff[0] if plan.handoff else None
+        self._sizes = {p: coders[c].get_impl() for p, c in plan.coder_ids.items()}
+        self._sampler = bi.state_sampler(display_name)
+        self._steps = [_Step(spec, self._sampler) for spec in plan.steps]
+        self._readers: dict[str, list[_Step]] = {}
+        for step in self._steps:
+            self._readers.setdefault(step.spec.input_pcollection, []).append(step)
+        self._outputs_of: dict[str, list[str]] = {}
+        for transform_id, (pcollection, _) in plan.direct_outputs.items():
+            self._outputs_of.setdefault(pcollection, []).append(transform_id)
+        self._lock = threading.Lock()
+        self._set_up = False
+        self.last_used = 0.0
+
+    @property
+    def step_names(self) -> list[str]:
+        """The batched steps' names, in the order they run."""
+        return [spec.step_name for spec in self.plan.steps]
+
+    def run(self, data: bytes) -> BatchResult:
+        """Runs the batched steps over one batch of encoded elements (one bundle).
+
+        The batch goes through the steps a chunk at a time (``_CHUNK`` elements, outputs
+        included), so few windowed values are alive at once. Python's cyclic garbage
+        collector is paused meanwhile: Beam's operation chain frees each element before the
+        next is made, so the collector never runs there; chunks of live values make it run
+        every 700 allocations and, every so often, over the whole heap (measured: a third
+        to half of the CPU of a Map/Filter chain). Cyclic garbage user code makes in a
+        batch is collected after it.
+        """
+        with self._lock:
+            previous = bi.get_current_tracker()
+            bi.set_current_tracker(self._sampler)
+            batch = _Batch(self)
+            collecting = gc.isenabled()
+            gc.disable()
+            try:
+                if not self._set_up:
+                    self._set_up = True
+                    for step in self._steps:
+                        step.set_up()
+                # Beam starts a bundle's operations downstream first, finishes upstream first.
+                for step in reversed(self._steps):
+                    step.start()
+                values = self._input.decode_all(data)
+                input_id = self.plan.input_transform_id
+                while True:
+                    began = time.perf_counter_ns()
+                    chunk = list(itertools.islice(values, _CHUNK))
+                    batch.io_nanos[input_id] += time.perf_counter_ns() - began
+                    if not chunk:
+                        break
+                    batch.emit(self.plan.input_pcollection, chunk)
+                for step in self._steps:
+                    batch.emit(step.spec.output_pcollection, step.finish())
+            except BaseException:
+                bi.record_failed_bundle_monitoring_infos(self._monitoring_infos(batch))
+                self._tear_down_locked("a batch failed")
+                raise
+            finally:
+                if collecting:
+                    gc.enable()
+                bi.set_current_tracker(previous)
+                self.last_used = time.time()
+            handoff = None
+            if self._handoff is not None:
+                handoff = bi.hand_off(self.plan.token, batch.handoff)
+            outputs = {
+                transform_id: (stream.get(), ends)
+                for transform_id, (stream, ends) in batch.outputs.items()
+            }
+            return BatchResult(outputs, handoff, self._monitoring_infos(batch))
+
+    def _monitoring_infos(self, batch: _Batch) -> list[Any]:
+        """Per step and PCollection, as Beam's operations report them for a bundle.
+
+        The hand-off PCollection is counted by the bundle processor's data input.
+        """
+        infos: list[Any] = []
+        for step in self._steps:
+            infos.extend(step.monitoring_infos())
+        # The data input and outputs are operations of Beam's too: their times (decoding,
+        # encoding), and the input's read index (the stage worker drops the one the bundle
+        # processor reports for the hand-off).
+        for transform_id, nanos in batch.io_nanos.items():
+            infos.extend(bi.execution_time_monitoring_infos(transform_id, 0, nanos // 10**6, 0))
+        read = batch.counts[self.plan.input_pcollection]
+        infos.append(bi.read_index_monitoring_info(self.plan.input_transform_id, read))
+        for pcollection, count in batch.counts.items():
+            if pcollection == self._handoff:
+                continue
+            sizes = batch.sizes[pcollection]
+            summary = (sum(sizes), len(sizes), min(sizes), max(sizes)) if sizes else (0, 0, 0, 0)
+            infos.extend(bi.pcollection_monitoring_infos(pcollection, count, summary))
+        return infos
+
+    def _tear_down_locked(self, why: str) -> int:
+        if not self._set_up:
+            return 0
+        self._set_up = False
+        _LOGGER.debug("Tearing down the batched steps of %s (%s)", self.display_name, why)
+        for step in self._steps:
+            try:
+                step.tear_down()
+            except Exception:  # noqa: BLE001 - as Beam: a teardown error fails nothing else
+                _LOGGER.exception("Teardown of %s failed", step.spec.step_name)
+        return 1
+
+    def tear_down(self, why: str) -> None:
+        """Tears down the steps' DoFns (a batch running meanwhile finishes first)."""
+        with self._lock:
+            self._tear_down_locked(why)
+
+    def tear_down_if_idle(self, now: float, idle_seconds: float) -> int:
+        """Tears down the DoFns if no batch ran for ``idle_seconds``; 1 if it did, else 0.
+
+        A batch running now is never touched.
+        """
+        if not self._lock.acquire(blocking=False):
+            return 0
+        try:
+            if now - self.last_used < idle_seconds:
+                return 0
+            return self._tear_down_locked("idle")
+        finally:
+            self._lock.release()

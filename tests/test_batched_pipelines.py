@@ -1,0 +1,67 @@
+"""The batched path in whole pipelines on local[2]: results and metrics, path on and off."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.util import assert_that, equal_to
+from apache_beam.transforms import window
+
+SPARK_ARGS = ["--runner=SparkStructuredRunner", "--spark_master=local[2]"]
+
+
+class Tag(beam.DoFn):
+    def process(self, element: int, ts: Any = beam.DoFn.TimestampParam) -> Iterator[Any]:
+        Metrics.counter("batched", "tagged").inc()
+        yield element % 3, (element, int(ts))
+
+
+def _expected() -> list[Any]:
+    groups: dict[Any, list[Any]] = {}
+    for x in range(1, 61):
+        if x % 4 != 0:
+            groups.setdefault(((x * 10) % 3, (x * 10) // 20 * 20), []).append(x * 10)
+    return sorted((key[0], sorted(values)) for key, values in groups.items())
+
+
+def _run(batched: str) -> Any:
+    options = PipelineOptions([*SPARK_ARGS, f"--spark_batched_steps={batched}"])
+    p = beam.Pipeline(options=options)
+    grouped = (
+        p
+        | beam.Create(range(1, 61))
+        | beam.Filter(lambda x: x % 4 != 0)
+        | "Stamp" >> beam.Map(lambda x: window.TimestampedValue(x * 10, x * 10))
+        | beam.WindowInto(window.FixedWindows(20))
+        | beam.ParDo(Tag())
+        | beam.MapTuple(lambda k, v: (k, v[0]))
+        | beam.GroupByKey()
+        | beam.MapTuple(lambda k, vs: (k, sorted(vs)))
+    )
+    assert_that(grouped, equal_to(_expected()))
+    result = p.run()
+    result.wait_until_finish()
+    return result
+
+
+def test_a_pipeline_gives_the_same_results_and_metrics_with_the_path_on_and_off() -> None:
+    results = {batched: _run(batched) for batched in ("on", "off")}
+    for result in results.values():
+        (counter,) = result.metrics().query(MetricsFilter().with_name("tagged"))["counters"]
+        assert counter.key.step == "ParDo(Tag)"
+        assert counter.committed == 45
+    counts = {
+        batched: {
+            (c.key.step, str(c.key.metric.name)): c.committed
+            for c in result.monitoring_metrics().query()["counters"]
+            if "element_count" in str(c.key.metric.name)
+        }
+        for batched, result in results.items()
+    }
+    assert counts["on"] == counts["off"]
+    assert counts["on"], "no element counts"

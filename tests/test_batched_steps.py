@@ -1,0 +1,430 @@
+"""The batched path for stateless steps against Beam's bundle processor, in process.
+
+Each test plans a pipeline, runs the stage holding the steps under test through a
+``StageWorker`` with the batched path on and off, and compares the encoded outputs byte for
+byte (values, timestamps, windows, panes), the element counts and the user metrics.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import time
+import typing
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import apache_beam as beam
+import pyarrow as pa
+import pytest
+from apache_beam.metrics import Metrics
+from apache_beam.transforms import window
+from apache_beam.transforms.userstate import BagStateSpec
+from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
+from stage_specs import stage_spec
+
+from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.errors import StageExecutionError
+from beam_spark_runner.execution.batched_plan import plan_batched_steps
+from beam_spark_runner.execution.side_inputs import side_input_state_entries
+from beam_spark_runner.execution.stage_worker import (
+    ELEMENT,
+    StageSpec,
+    run_stage,
+    stage_worker,
+    tear_down_idle_dofns,
+    tear_down_stage_workers,
+)
+from beam_spark_runner.metrics import TaskMetrics
+from beam_spark_runner.planning import Plan, PlannedStage, build_plan
+
+_RUNS = itertools.count()
+ELEMENTS = 40
+
+
+class Source(beam.DoFn):
+    """Elements with distinct timestamps and panes, in the global window."""
+
+    def process(self, element: bytes) -> Iterator[WindowedValue]:
+        for i in range(ELEMENTS):
+            pane = PaneInfo(i % 2 == 0, i % 3 == 0, PaneInfoTiming.EARLY, i, -1)
+            yield WindowedValue(i, Timestamp(micros=i * 1_700_123), [window.GlobalWindow()], pane)
+
+
+class WithParams(beam.DoFn):
+    """A DoFn reading the element's timestamp and window, counting what it sees."""
+
+    def process(
+        self,
+        element: Any,
+        timestamp: Any = beam.DoFn.TimestampParam,
+        win: Any = beam.DoFn.WindowParam,
+    ) -> Iterator[Any]:
+        Metrics.counter("test", "seen").inc()
+        Metrics.distribution("test", "values").update(int(element))
+        yield element, int(timestamp.micros), repr(win)
+
+
+class BundleOutputs(beam.DoFn):
+    """Outputs from finish_bundle, after counting the bundle's elements."""
+
+    def start_bundle(self) -> None:
+        self.count = 0
+
+    def process(self, element: Any) -> Iterator[Any]:
+        self.count += 1
+        if element % 5 == 0:
+            yield element
+
+    def finish_bundle(self) -> Iterator[WindowedValue]:
+        Metrics.counter("test", "bundles").inc()
+        yield WindowedValue(-self.count, Timestamp(7), [window.GlobalWindow()])
+
+
+class Stateful(beam.DoFn):
+    BUFFER = BagStateSpec("buffer", beam.coders.VarIntCoder())
+
+    def process(self, element: Any, buffer: Any = beam.DoFn.StateParam(BUFFER)) -> Iterator[Any]:
+        buffer.add(1)
+        yield element
+
+
+class PaneReader(beam.DoFn):
+    """A DoFn with a parameter the batched path does not serve."""
+
+    def process(self, element: Any, pane: Any = beam.DoFn.PaneInfoParam) -> Iterator[Any]:
+        yield element, pane.index
+
+
+def _counted(x: int) -> int:
+    Metrics.counter("test", "mapped").inc()
+    return x * 3
+
+
+STEPS: dict[str, Callable[[Any], Any]] = {
+    "map": lambda pc: pc | beam.Map(_counted),
+    "flat_map": lambda pc: pc | beam.FlatMap(lambda x: [x] * (x % 3)),
+    "filter": lambda pc: pc | beam.Filter(lambda x: x % 4 != 1),
+    "map_tuple": lambda pc: (
+        pc | beam.Map(lambda x: (x, str(x))) | beam.MapTuple(lambda a, b: f"{b}:{a + 1}")
+    ),
+    "flat_map_tuple": lambda pc: (
+        pc | beam.Map(lambda x: (x, x % 3)) | beam.FlatMapTuple(lambda a, b: [a] * b)
+    ),
+    "timestamped_outputs": lambda pc: (
+        pc | beam.FlatMap(lambda x: [window.TimestampedValue(x, 1000 - x), x])
+    ),
+    "timestamped_map": lambda pc: (
+        pc
+        | beam.Map(lambda x: window.TimestampedValue(x, x * 2) if x % 2 else x)
+        | beam.Filter(lambda x: x % 3 != 0)
+        | beam.WindowInto(window.FixedWindows(5))
+        | beam.ParDo(WithParams())
+    ),
+    "dofn_params": lambda pc: pc | beam.ParDo(WithParams()),
+    "map_params": lambda pc: (
+        pc | beam.Map(lambda x, t=beam.DoFn.TimestampParam: (x, int(t.micros)))
+    ),
+    "bundle_outputs": lambda pc: pc | beam.ParDo(BundleOutputs()),
+    "global_windows": lambda pc: (
+        pc
+        | beam.WindowInto(window.FixedWindows(10))
+        | "Global" >> beam.WindowInto(window.GlobalWindows())
+        | beam.ParDo(WithParams())
+    ),
+    "fixed_windows": lambda pc: (
+        pc | beam.WindowInto(window.FixedWindows(10)) | beam.ParDo(WithParams())
+    ),
+    "sliding_windows": lambda pc: (
+        pc
+        | beam.WindowInto(window.SlidingWindows(15, 5))
+        | beam.Map(lambda x: x + 1)
+        | beam.ParDo(WithParams())
+    ),
+    "sessions": lambda pc: (
+        pc
+        | beam.WindowInto(window.Sessions(4))
+        | beam.Map(lambda x, w=beam.DoFn.WindowParam: (x, repr(w)))
+    ),
+    # Steps the batched path hands to the bundle processor.
+    "side_input": lambda pc: (
+        pc
+        | beam.Map(lambda x: x + 1)
+        | beam.Map(lambda x, n: x + n, beam.pvalue.AsSingleton(pc.pipeline | beam.Create([5])))
+        | beam.Map(_counted)
+    ),
+    "pane_param": lambda pc: pc | beam.Map(lambda x: x + 1) | beam.ParDo(PaneReader()),
+}
+
+
+def _stage(build: Callable[[Any], Any], run_id: str, batched: bool) -> StageSpec:
+    p = beam.Pipeline()
+    source = p | beam.Impulse() | "Source" >> beam.ParDo(Source())
+    _ = build(source) | "Key" >> beam.Map(lambda x: (0, x)) | beam.GroupByKey()
+    plan = build_plan(bi.prepare_pipeline_proto(p.to_runner_api()))
+    (stage,) = [s for s in plan.stages if any("Source" in n for n in s.user_transform_names)]
+    spec = stage_spec(plan, stage, run_id, keyed=False)
+    return dataclasses.replace(
+        spec, batched_steps=batched, side_input_state=_side_input_state(plan, stage)
+    )
+
+
+class _Broadcast(typing.NamedTuple):
+    value: list[tuple[bytes, bytes]]
+
+
+def _side_input_state(plan: Plan, stage: PlannedStage) -> _Broadcast | None:
+    """The stage's side inputs, each the single value 5, as the driver would broadcast."""
+    if not stage.side_inputs:
+        return None
+    context = bi.PipelineContext(plan.components)
+    entries: list[tuple[bytes, bytes]] = []
+    for side_input in stage.side_inputs:
+        data_channel_coder = plan.data_channel_coders[side_input.pcollection_id]
+        coder = context.coders[plan.safe_coders[data_channel_coder]]
+        sdk_coder = context.coders[data_channel_coder]
+        element = sdk_coder.encode(window.GlobalWindows.windowed_value(5))
+        entries.extend(
+            side_input_state_entries(
+                side_input.transform_id,
+                side_input.tag,
+                side_input.access_pattern_urn,
+                [element],
+                coder,
+            )
+        )
+    return _Broadcast(entries)
+
+
+def _run(spec: StageSpec, bundles: int = 2) -> tuple[list[bytes], dict[Any, Any]]:
+    """The stage's output elements and its merged metrics (name -> value)."""
+    worker = stage_worker(spec)
+    metrics = TaskMetrics()
+    elements: list[bytes] = []
+    for _ in range(bundles):
+        for outputs in worker.process(bi.ENCODED_IMPULSE_VALUE, metrics):
+            for batch in outputs.record_batches(spec.outputs, worker.key_extractors):
+                elements.extend(batch.column(ELEMENT).to_pylist())
+    return elements, _comparable_metrics(metrics.infos, worker.descriptor)
+
+
+def _comparable_metrics(infos: list[Any], descriptor: Any) -> dict[Any, Any]:
+    """Element counts per PCollection and user metrics per step, summed over bundles."""
+    totals: dict[Any, Any] = collections.defaultdict(int)
+    for info in infos:
+        if info.urn == bi.monitoring_infos.ELEMENT_COUNT_URN:
+            key = ("count", info.labels["PCOLLECTION"])
+        elif info.urn in TIME_URNS:
+            # Times differ run by run: only which steps report them must be the same.
+            totals[("time", info.urn, info.labels["PTRANSFORM"])] = True
+            continue
+        elif info.urn == bi.monitoring_infos.DATA_CHANNEL_READ_INDEX:
+            key = ("read index", info.labels["PTRANSFORM"])
+        elif bi.is_user_monitoring_info(info):
+            key = (info.urn, info.labels.get("PTRANSFORM"), info.labels.get("NAME"))
+        else:
+            continue
+        value = bi.monitoring_infos.extract_metric_result_map_value(info)
+        if isinstance(value, int):
+            totals[key] += value
+        else:
+            totals[key] = (totals.get(key) or ()) + ((value.sum, value.count),)
+    return dict(totals)
+
+
+TIME_URNS = frozenset(
+    [
+        bi.monitoring_infos.START_BUNDLE_MSECS_URN,
+        bi.monitoring_infos.PROCESS_BUNDLE_MSECS_URN,
+        bi.monitoring_infos.FINISH_BUNDLE_MSECS_URN,
+        bi.monitoring_infos.TOTAL_MSECS_URN,
+    ]
+)
+
+
+def _compare(kind: str) -> tuple[list[bytes], dict[Any, Any], StageSpec]:
+    return _compare_with(STEPS[kind], kind)
+
+
+def _compare_with(
+    build: Callable[[Any], Any], kind: str
+) -> tuple[list[bytes], dict[Any, Any], StageSpec]:
+    run = next(_RUNS)
+    on = _stage(build, f"batched-on-{kind}-{run}", True)
+    off = _stage(build, f"batched-off-{kind}-{run}", False)
+    on_elements, on_metrics = _run(on)
+    off_elements, off_metrics = _run(off)
+    assert on_elements == off_elements
+    assert on_metrics == off_metrics
+    assert on_elements, "the stage gave no output"
+    return on_elements, on_metrics, on
+
+
+BATCHED_KINDS = [k for k in STEPS if k not in ("side_input", "pane_param")]
+
+
+@pytest.mark.parametrize("kind", BATCHED_KINDS)
+def test_batched_steps_give_the_bundle_processors_bytes_and_metrics(kind: str) -> None:
+    _, metrics, spec = _compare(kind)
+    worker = stage_worker(spec)
+    assert worker.batched is not None
+    # Everything up to the GroupByKey's write runs batched: no bundle processor.
+    assert worker.batched.plan.remainder is None
+    assert any(key[0] == "count" for key in metrics)
+    tear_down_stage_workers()
+
+
+def test_user_metrics_land_under_their_step() -> None:
+    _, metrics, _ = _compare("dofn_params")
+    counters = {key[1]: value for key, value in metrics.items() if key[-1] == "seen"}
+    assert counters == {"ParDo(WithParams)": 2 * ELEMENTS}
+    tear_down_stage_workers()
+
+
+def _fan_out(pc: Any) -> Any:
+    doubled = pc | "Double" >> beam.Map(lambda x: x * 2)
+    _ = doubled | "Side" >> beam.Map(lambda x: (1, x)) | "SideGroup" >> beam.GroupByKey()
+    return (
+        doubled | "Plus" >> beam.Map(lambda x: x + 1),
+        pc | "Minus" >> beam.Map(lambda x: -x),
+    ) | beam.Flatten()
+
+
+def test_a_stage_with_branches_gives_the_same_outputs() -> None:
+    elements, _, spec = _compare_with(_fan_out, "fan_out")
+    assert len(elements) == 3 * ELEMENTS * 2
+    batched = stage_worker(spec).batched
+    assert batched is not None and batched.plan.remainder is None
+    assert len(batched.step_names) == 5
+    tear_down_stage_workers()
+
+
+@pytest.mark.parametrize("kind", ["side_input", "pane_param"])
+def test_steps_that_do_not_qualify_keep_the_bundle_processor(kind: str) -> None:
+    elements, _, spec = _compare(kind)
+    assert len(elements) == 2 * ELEMENTS
+    worker = stage_worker(spec)
+    assert worker.batched is not None
+    # The Map before the step runs batched and hands its output on.
+    assert worker.batched.plan.remainder is not None
+    assert worker.batched.step_names[0] == "Source"
+    assert len(worker.batched.step_names) == 2
+    remaining = {t.unique_name for t in worker.descriptor.transforms.values()}
+    assert "Source" not in remaining
+    tear_down_stage_workers()
+
+
+def test_a_stateful_dofn_is_never_batched() -> None:
+    p = beam.Pipeline()
+    _ = (
+        p
+        | beam.Create([(1, 2), (1, 3)])
+        | beam.ParDo(Stateful())
+        | beam.Map(lambda kv: kv)
+        | beam.GroupByKey()
+    )
+    plan = build_plan(bi.prepare_pipeline_proto(p.to_runner_api()))
+    (stage,) = [s for s in plan.stages if s.stateful]
+    batched = plan_batched_steps(stage.descriptor, stage.input_transform_id)
+    assert batched is None
+
+
+def _fail(x: int) -> int:
+    if x == 7:
+        raise ValueError(f"cannot take {x}")
+    return x
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_an_error_names_the_step_and_carries_the_users_exception(batched: bool) -> None:
+    spec = _stage(lambda pc: pc | "Fails" >> beam.Map(_fail), f"fail-{next(_RUNS)}", batched)
+    batches = [pa.RecordBatch.from_arrays([pa.array([bi.ENCODED_IMPULSE_VALUE])], [ELEMENT])]
+    with pytest.raises(StageExecutionError) as raised:
+        list(run_stage(spec, batches))
+    message = str(raised.value)
+    assert "cannot take 7" in message
+    assert "[while running 'Fails']" in message
+    tear_down_stage_workers()
+
+
+LIFECYCLE: list[str] = []
+
+
+class Lifecycle(beam.DoFn):
+    def setup(self) -> None:
+        LIFECYCLE.append("setup")
+
+    def start_bundle(self) -> None:
+        LIFECYCLE.append("start")
+
+    def process(self, element: Any) -> Iterator[Any]:
+        yield element
+
+    def finish_bundle(self) -> None:
+        LIFECYCLE.append("finish")
+
+    def teardown(self) -> None:
+        LIFECYCLE.append("teardown")
+
+
+def test_each_step_gets_its_lifecycle_calls() -> None:
+    LIFECYCLE.clear()
+    spec = _stage(lambda pc: pc | beam.ParDo(Lifecycle()), f"life-{next(_RUNS)}", True)
+    _run(spec, bundles=3)
+    assert stage_worker(spec).batched is not None
+    tear_down_stage_workers()
+    assert LIFECYCLE == ["setup"] + ["start", "finish"] * 3 + ["teardown"]
+
+
+class Counted:
+    """Counts its live instances, and the most ever alive at once."""
+
+    live = 0
+    most = 0
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        Counted.live += 1
+        Counted.most = max(Counted.most, Counted.live)
+
+    def __del__(self) -> None:
+        Counted.live -= 1
+
+
+class ManyCounted(beam.DoFn):
+    def process(self, element: int, ts: Any = beam.DoFn.TimestampParam) -> Iterator[Any]:
+        if element == 0:
+            for i in range(5000):
+                yield Counted(i)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        lambda pc: pc | beam.FlatMap(lambda x: (Counted(i) for i in range(5000)) if x == 0 else []),
+        lambda pc: pc | beam.ParDo(ManyCounted()),
+    ],
+    ids=["flat_map_generator", "dofn_generator"],
+)
+def test_a_generators_outputs_go_on_a_chunk_at_a_time(kind: Callable[[Any], Any]) -> None:
+    Counted.most = Counted.live = 0
+    spec = _stage(lambda pc: kind(pc) | beam.Map(lambda c: c.n), f"lazy-{next(_RUNS)}", True)
+    elements, _ = _run(spec, bundles=1)
+    assert len(elements) == 5000
+    assert stage_worker(spec).batched is not None
+    # Beam's path holds one at a time; the batched path a chunk or so (256), not all.
+    assert Counted.most <= 600
+    tear_down_stage_workers()
+
+
+def test_idle_batched_dofns_are_torn_down_and_set_up_again() -> None:
+    LIFECYCLE.clear()
+    spec = _stage(lambda pc: pc | beam.ParDo(Lifecycle()), f"idle-{next(_RUNS)}", True)
+    _run(spec, bundles=1)
+    assert tear_down_idle_dofns(time.time() + 60) >= 1
+    assert LIFECYCLE == ["setup", "start", "finish", "teardown"]
+    _run(spec, bundles=1)  # a fresh instance
+    tear_down_stage_workers()
+    assert LIFECYCLE == ["setup", "start", "finish", "teardown"] * 2
