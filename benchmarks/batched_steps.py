@@ -33,12 +33,12 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution.stage_worker import (
     ELEMENT,
-    OutputSpec,
     StageSpec,
     run_stage,
     tear_down_stage_workers,
 )
 from beam_spark_runner.planning import build_plan
+from tests.stage_specs import stage_spec
 
 _LOGGER = logging.getLogger(__name__)
 SEEDS = 4
@@ -59,27 +59,8 @@ def _specs(elements: int) -> tuple[StageSpec, StageSpec]:
     p = beam.Pipeline()
     _ = _chain(p | beam.Create(list(range(SEEDS))), elements // SEEDS) | beam.GroupByKey()
     plan = build_plan(bi.prepare_pipeline_proto(p.to_runner_api()))
-    specs = []
-    for stage in plan.stages[:2]:
-        specs.append(
-            StageSpec(
-                run_id="bench",
-                name=stage.name,
-                display_name=stage.display_name,
-                descriptor=stage.descriptor.SerializeToString(),
-                input_transform_id=stage.input_transform_id,
-                outputs=tuple(
-                    OutputSpec(
-                        o.transform_id,
-                        plan.safe_coders.get(o.coder_id, o.coder_id)
-                        if plan.is_keyed(o.buffer_id)
-                        else None,
-                    )
-                    for o in stage.outputs
-                ),
-            )
-        )
-    return specs[0], specs[1]
+    create, chain = (stage_spec(plan, stage, "bench") for stage in plan.stages[:2])
+    return create, chain
 
 
 def _stage_input(create: StageSpec) -> pa.RecordBatch:
