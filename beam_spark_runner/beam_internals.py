@@ -990,3 +990,37 @@ def wrapped_callable(dofn: Any) -> tuple[str, Callable[[Any], Any]] | None:
         return None
     (cell,) = wrapper.__closure__
     return kind, cell.cell_contents
+
+
+# The aggregations the runner can run as Spark aggregations (planning.native_aggregation).
+_BUILTIN_CALLABLE_AGGREGATIONS: dict[Any, str] = {sum: "sum", min: "min", max: "max"}
+
+
+def builtin_aggregation(combine_fn_spec: beam_runner_api_pb2.FunctionSpec) -> str | None:
+    """``sum``, ``min``, ``max``, ``count`` or ``mean`` for Beam's CombineFns of these, else None.
+
+    Recognised: ``CombinePerKey(sum)`` (and ``min``, ``max``: Beam's wrapper of the builtin,
+    without extra arguments), ``CountCombineFn`` (``Count.PerKey``, ``Count.PerElement``,
+    ``Count.Globally``) and ``MeanCombineFn`` (``Mean.PerKey``, ``Mean.Globally``): exactly
+    these classes, not subclasses, whose behaviour a user may have changed.
+    """
+    from apache_beam.transforms import combiners, core
+
+    if combine_fn_spec.urn != python_urns.PICKLED_COMBINE_FN:
+        return None
+    try:
+        combine_fn: Any = core.CombineFn.from_runner_api(combine_fn_spec, PipelineContext())
+    except Exception:  # noqa: BLE001 - not ours to judge: Beam's own path will report it
+        _LOGGER.debug("Could not unpickle a CombineFn", exc_info=True)
+        return None
+    kind = type(combine_fn)
+    if kind is combiners.CountCombineFn:
+        return "count"
+    if kind is combiners.MeanCombineFn:
+        return "mean"
+    if kind in (core.CallableWrapperCombineFn, core.NoSideInputsCallableWrapperCombineFn):
+        function = combine_fn._fn  # noqa: SLF001 - Beam internal
+        for builtin, name in _BUILTIN_CALLABLE_AGGREGATIONS.items():
+            if function is builtin:
+                return name
+    return None

@@ -12,6 +12,8 @@ SPARK_LOG_LEVELS = ("ALL", "DEBUG", "ERROR", "FATAL", "INFO", "OFF", "TRACE", "W
 DEFAULT_MASTER = "local[*]"
 # The default of --spark_batched_steps, for running whole suites with the path on or off.
 BATCHED_STEPS_ENV = "BEAM_SPARK_BATCHED_STEPS"
+# The default of --spark_native_combines, likewise.
+NATIVE_COMBINES_ENV = "BEAM_SPARK_NATIVE_COMBINES"
 
 # Spark master URLs the runner accepts, with an example of each for error messages.
 _MASTER_FORMS: tuple[tuple[str, str], ...] = (
@@ -102,6 +104,19 @@ class SparkRunnerOptions(PipelineOptions):
             ),
         )
         parser.add_argument(
+            "--spark_native_combines",
+            choices=("on", "off"),
+            default=os.environ.get(NATIVE_COMBINES_ENV, "on"),
+            help=(
+                "Batch runs: run a CombinePerKey (and so CombineGlobally, Count, Mean) whose "
+                "CombineFn is Beam's sum, min, max, count or mean over integers or floats, "
+                "under default windowing, as a Spark aggregation in the JVM instead of "
+                "Beam's lifted combine in Python; other combines keep Beam's path. 'off' "
+                "keeps Beam's path for every combine, for A/B runs or as a way out. Default: "
+                f"on, or the environment variable {NATIVE_COMBINES_ENV} (on or off)."
+            ),
+        )
+        parser.add_argument(
             "--spark_trigger_interval",
             type=float,
             default=None,
@@ -134,6 +149,7 @@ class SparkSettings:
     drain: bool = False
     state_backed_iterables: bool = False
     batched_steps: bool = True
+    native_combines: bool = True
     trigger_interval: float = 0.0
     checkpoint_location: str | None = None
 
@@ -214,6 +230,7 @@ def spark_settings(options: PipelineOptions) -> SparkSettings:
         drain=bool(spark_options.spark_drain),
         state_backed_iterables=bool(spark_options.spark_state_backed_iterables),
         batched_steps=spark_options.spark_batched_steps != "off",
+        native_combines=spark_options.spark_native_combines != "off",
         trigger_interval=trigger_interval or 0.0,
         checkpoint_location=spark_options.spark_checkpoint_location,
     )

@@ -12,6 +12,9 @@ data outputs. Stages talk to each other through *buffers* named by id:
   that consumes them (our phase; see :func:`native_text_reads`);
 * ``create:<transform id>``   -- the encoded values of a ``beam.Create`` the runner
   replaced (``native_create``), read by the stage that decodes them;
+* ``nativecombine:<transform id>`` -- a CombinePerKey of Beam's sum, min, max, count or
+  mean over numbers, under default windowing, run as a Spark aggregation (our phase; see
+  :func:`native_combines`): writers send each element's key and its value as a typed column;
 * ``teststream:<pcollection>`` -- one output of a TestStream, in a streaming run: the
   query's source steps through its events (``streaming.test_stream``).
 
@@ -71,6 +74,12 @@ TEST_STREAM_BUFFER_KIND = "teststream"
 SPARK_STREAM_URN = "beam:runner:spark:read_spark_stream:v1"
 SPARK_STREAM_BUFFER_KIND = "sparkstream"
 
+# A CombinePerKey the runner runs as a Spark aggregation (see native_combines); its payload
+# is a JSON NativeAggregation.
+NATIVE_COMBINE_URN = "beam:runner:spark:native_combine:v1"
+NATIVE_COMBINE_BUFFER_KIND = "nativecombine"
+COMBINE_PER_KEY_URN: str = bi.common_urns.composites.COMBINE_PER_KEY.urn
+
 # Runner transforms without inputs whose output a stage reads as its data input.
 _RUNNER_SOURCE_BUFFER_KINDS: dict[str, str] = {
     TEXT_READ_URN: TEXT_READ_BUFFER_KIND,
@@ -94,6 +103,70 @@ def encode_create_payload(encoded_values: list[bytes]) -> bytes:
 def decode_create_payload(payload: bytes) -> list[bytes]:
     """The encoded values of a ``CREATE_URN`` transform's payload."""
     return list(_create_payload_coder().decode(payload))  # type: ignore[attr-defined]
+
+
+@dataclasses.dataclass(frozen=True)
+class NativeAggregation:
+    """What a native combine computes: a function over the values of one Arrow type.
+
+    ``function`` is ``sum``, ``min``, ``max``, ``count`` or ``mean``; ``value_type`` is
+    ``int`` (Beam's ``VarIntCoder``), ``float`` (``FloatCoder``) or ``none`` (``count``
+    reads no values, whatever their coder).
+    """
+
+    function: str
+    value_type: str
+
+    def payload(self) -> bytes:
+        """The ``NATIVE_COMBINE_URN`` transform's payload."""
+        return json.dumps(dataclasses.asdict(self)).encode()
+
+    @classmethod
+    def from_payload(cls, payload: bytes) -> NativeAggregation:
+        """The aggregation a ``NATIVE_COMBINE_URN`` transform's payload names."""
+        return cls(**json.loads(payload))
+
+
+# Value coders whose values become a typed column, and the column's type.
+_TYPED_VALUE_CODERS: dict[str, str] = {
+    bi.common_urns.coders.VARINT.urn: "int",
+    bi.common_urns.coders.DOUBLE.urn: "float",
+}
+
+
+def native_aggregation(
+    transform: bi.beam_runner_api_pb2.PTransform, components: bi.beam_runner_api_pb2.Components
+) -> NativeAggregation | None:
+    """The aggregation a CombinePerKey can run as in Spark, or None to keep Beam's path.
+
+    It can where its CombineFn is Beam's ``sum``, ``min``, ``max`` (of the builtins),
+    ``CountCombineFn`` or ``MeanCombineFn`` (``bi.builtin_aggregation``), its input has
+    Beam's default windowing (the global window, the default trigger: one output per key,
+    at the end of the window), and its values are coded as integers (``VarIntCoder``) or
+    floats (``FloatCoder``), which every value then is; ``count`` takes any values.
+    """
+    if transform.spec.urn != COMBINE_PER_KEY_URN or len(transform.inputs) != 1:
+        return None
+    payload = bi.beam_runner_api_pb2.CombinePayload.FromString(transform.spec.payload)
+    function = bi.builtin_aggregation(payload.combine_fn)
+    if function is None:
+        return None
+    pcollection = components.pcollections[bi.only_element(list(transform.inputs.values()))]
+    strategies = bi.PipelineContext(components).windowing_strategies
+    if not strategies[pcollection.windowing_strategy_id].is_default():
+        return None
+    kv_coder = components.coders[pcollection.coder_id]
+    if kv_coder.spec.urn != bi.common_urns.coders.KV.urn:
+        return None
+    value_coder = components.coders[kv_coder.component_coder_ids[1]]
+    if value_coder.spec.urn == bi.common_urns.coders.LENGTH_PREFIX.urn:
+        value_coder = components.coders[value_coder.component_coder_ids[0]]
+    value_type = _TYPED_VALUE_CODERS.get(value_coder.spec.urn)
+    if function == "count":
+        return NativeAggregation(function, "none")
+    if value_type is None:
+        return None
+    return NativeAggregation(function, value_type)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,11 +258,11 @@ class Plan:
     def is_keyed(self, buffer_id: bytes) -> bool:
         """Whether the buffer's writers must compute each element's key.
 
-        They must for a GroupByKey, and for a stateful stage: Spark shuffles and sorts its
-        input by key.
+        They must for a GroupByKey, a native combine, and a stateful stage: Spark shuffles
+        (and sorts) their input by key.
         """
         buffer = self.buffers[buffer_id]
-        return buffer.kind == "group" or any(
+        return buffer.kind in ("group", NATIVE_COMBINE_BUFFER_KIND) or any(
             self.stage(reader).stateful for reader in buffer.main_readers
         )
 
@@ -223,6 +296,28 @@ def _buffer_read_stage(
             )
         ],
         downstream_side_inputs=downstream_side_inputs,
+        must_follow=must_follow,
+    )
+
+
+def _buffer_write_stage(
+    transform: bi.beam_runner_api_pb2.PTransform,
+    pcollection: str,
+    buffer_id: bytes,
+    must_follow: frozenset,
+) -> bi.Stage:
+    """A stage whose one transform writes ``pcollection`` to a runner buffer."""
+    name = transform.unique_name + "/Write"
+    return bi.Stage(
+        name,
+        [
+            bi.beam_runner_api_pb2.PTransform(
+                unique_name=name,
+                inputs={"in": pcollection},
+                spec=bi.beam_runner_api_pb2.FunctionSpec(urn=bi.DATA_OUTPUT_URN, payload=buffer_id),
+            )
+        ],
+        downstream_side_inputs=frozenset(),
         must_follow=must_follow,
     )
 
@@ -300,20 +395,7 @@ def expand_reshuffle(
             transform_id = bi.unique_name(context.components.transforms, stage.name)
             context.components.transforms[transform_id].CopyFrom(transform)
         buffer_id = bi.create_buffer_id(transform_id, kind=RESHUFFLE_BUFFER_KIND)
-        write = bi.Stage(
-            transform.unique_name + "/Write",
-            [
-                bi.beam_runner_api_pb2.PTransform(
-                    unique_name=transform.unique_name + "/Write",
-                    inputs={"in": written_pcoll},
-                    spec=bi.beam_runner_api_pb2.FunctionSpec(
-                        urn=bi.DATA_OUTPUT_URN, payload=buffer_id
-                    ),
-                )
-            ],
-            downstream_side_inputs=frozenset(),
-            must_follow=stage.must_follow,
-        )
+        write = _buffer_write_stage(transform, written_pcoll, buffer_id, stage.must_follow)
         yield write
         yield _buffer_read_stage(
             transform,
@@ -487,8 +569,58 @@ def unlift_early_timestamp_combines(
             )
 
 
-def _phases(streaming: bool = False) -> list:
+def native_combines(stages: Iterable[bi.Stage], context: bi.TransformContext) -> Iterator[bi.Stage]:
+    """Turns each CombinePerKey Spark can aggregate into a write to and a read from a buffer.
+
+    A CombinePerKey with a ``native_aggregation`` becomes a ``nativecombine:`` buffer,
+    as a GroupByKey becomes a ``group:`` buffer: its writers send each element's key (the
+    grouping key a GroupByKey's writers compute) and its value as a typed Arrow column,
+    Spark aggregates them per key in the JVM (``translators.native_combine``), and the
+    stage reading the buffer gets each key's ``KV`` in the global window, at its end, in
+    its only pane, as Beam's lifted combine gives it. Runs before Beam's
+    ``pack_combiners`` and ``lift_combiners``, which keep every other CombinePerKey.
+    """
+    components = context.components
+    for stage in stages:
+        transform = stage.transforms[0] if len(stage.transforms) == 1 else None
+        aggregation = native_aggregation(transform, components) if transform else None
+        if transform is None or aggregation is None:
+            yield stage
+            continue
+        # The input's coder is not length-prefixed, as a GroupByKey's is: the writers' worker
+        # reads its values (another reader of the same PCollection may still prefix it).
+        input_pcoll = bi.only_element(list(transform.inputs.values()))
+        # The buffer names a transform of the runner's URN, beside the user's combine.
+        transform_id = bi.unique_name(components.transforms, f"{stage.name}/Native")
+        native = components.transforms[transform_id]
+        native.CopyFrom(transform)
+        del native.subtransforms[:]
+        native.spec.CopyFrom(
+            bi.beam_runner_api_pb2.FunctionSpec(
+                urn=NATIVE_COMBINE_URN, payload=aggregation.payload()
+            )
+        )
+        buffer_id = bi.create_buffer_id(transform_id, kind=NATIVE_COMBINE_BUFFER_KIND)
+        _LOGGER.info(
+            "Running %s (%s) as a Spark aggregation",
+            transform.unique_name,
+            aggregation.function
+            + ("" if aggregation.value_type == "none" else f" of {aggregation.value_type}s"),
+        )
+        write = _buffer_write_stage(transform, input_pcoll, buffer_id, stage.must_follow)
+        yield write
+        yield _buffer_read_stage(
+            transform,
+            buffer_id,
+            stage.downstream_side_inputs,
+            frozenset([write]) | stage.must_follow,
+        )
+
+
+def _phases(streaming: bool = False, native_combine: bool = False) -> list:
     phases = bi.fn_api_runner_phases()
+    if native_combine:
+        phases.insert(phases.index(bi.translations.pack_combiners), native_combines)
     # Our Reshuffle expansion runs next to Beam's GroupByKey expansion, before fusion.
     phases.insert(phases.index(bi.translations.expand_gbk) + 1, expand_reshuffle)
     phases.insert(phases.index(expand_reshuffle) + 1, expand_runner_sources)
@@ -503,6 +635,7 @@ def create_stages(
     is_drain: bool = False,
     use_state_iterables: bool = False,
     streaming: bool = False,
+    native_combine: bool = False,
 ) -> tuple[bi.TransformContext, list[bi.Stage]]:
     """Runs Beam's graph phases (and ours) over a copy of the pipeline proto.
 
@@ -511,13 +644,15 @@ def create_stages(
     state-backed iterable coders, as in ``FnApiRunner(use_state_iterables=True)``.
     With ``streaming``, TestStreams stay runner sources (the streaming query's source
     steps through their events) and text reads keep Beam's expansion.
+    With ``native_combine`` (batch only), CombinePerKeys Spark can aggregate become
+    ``nativecombine:`` buffers (:func:`native_combines`).
     """
     pipeline_proto = copy.deepcopy(pipeline_proto)
     if not streaming:
         native_text_reads(pipeline_proto)
     return bi.create_and_optimize_stages(
         pipeline_proto,
-        phases=_phases(streaming),
+        phases=_phases(streaming, native_combine and not streaming),
         known_runner_urns=RUNNER_PRIMITIVE_URNS
         | ({TEST_STREAM_URN, SPARK_STREAM_URN} if streaming else set()),
         use_state_iterables=use_state_iterables,
@@ -580,14 +715,17 @@ def value_only_group_coders(
             if transform.spec.urn != bi.DATA_OUTPUT_URN:
                 continue
             buffer_id = transform.spec.payload
-            if buffer_id == bi.IMPULSE_BUFFER or bi.split_buffer_id(buffer_id)[0] != "group":
+            if buffer_id == bi.IMPULSE_BUFFER or bi.split_buffer_id(buffer_id)[0] not in (
+                "group",
+                NATIVE_COMBINE_BUFFER_KIND,
+            ):
                 continue
             pcoll = bi.only_element(list(transform.inputs.values()))
             writer_coders.setdefault(buffer_id, set()).add(context.data_channel_coders[pcoll])
     chosen: dict[bytes, str] = {}
     for buffer_id, coder_ids in writer_coders.items():
         group = components.transforms[bi.split_buffer_id(buffer_id)[1]]
-        if group.spec.urn != GROUP_BY_KEY_URN:
+        if group.spec.urn not in (GROUP_BY_KEY_URN, NATIVE_COMBINE_URN):
             continue
         input_id = bi.only_element(list(group.inputs.values()))
         strategy_id = components.pcollections[input_id].windowing_strategy_id
@@ -692,6 +830,8 @@ def _buffer_urn(buffer_id: bytes, components: bi.beam_runner_api_pb2.Components)
     kind, name = bi.split_buffer_id(buffer_id)
     if kind == "group":
         return components.transforms[name].spec.urn
+    if kind == NATIVE_COMBINE_BUFFER_KIND:
+        return NATIVE_COMBINE_URN
     if kind == RESHUFFLE_BUFFER_KIND:
         return RESHUFFLE_URN
     if kind == "materialize":
@@ -712,6 +852,7 @@ def build_plan(
     use_state_iterables: bool = False,
     streaming: bool = False,
     batched_steps: bool = True,
+    native_combines: bool = True,
 ) -> Plan:
     """Fuses the pipeline and wires stages to buffers (the flags: see create_stages).
 
@@ -721,7 +862,9 @@ def build_plan(
     A streaming run keeps Beam's windowed-value coders into every GroupByKey: its trigger
     driver holds the watermark by the elements' timestamps.
     """
-    context, stages = create_stages(pipeline_proto, is_drain, use_state_iterables, streaming)
+    context, stages = create_stages(
+        pipeline_proto, is_drain, use_state_iterables, streaming, native_combines
+    )
     group_coders = {} if streaming else value_only_group_coders(context, stages)
     planned = [_plan_stage(stage, context, uid, group_coders) for uid, stage in enumerate(stages)]
     buffers: dict[bytes, PlannedBuffer] = {}

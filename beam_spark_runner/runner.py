@@ -231,6 +231,7 @@ class SparkStructuredRunner(PipelineRunner):
             is_drain=settings.drain,
             use_state_iterables=settings.state_backed_iterables,
             batched_steps=batched_steps(settings),
+            native_combines=settings.native_combines,
         )
         check_plan(plan, translator_for)
         spark, _ = obtain_session(settings)

@@ -95,7 +95,7 @@ def sliceable_key_parts(safe_windowed_kv_coder: Coder) -> list[_Part] | None:
     return _key_parts(kv_coder.coders()[0])
 
 
-def _read_varints(
+def read_varints(
     buf: np.ndarray, positions: np.ndarray, max_bytes: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each position's varint: (value, size in bytes, whether it ends within max_bytes).
@@ -157,8 +157,29 @@ class KeyExtractor:
     def keys(self, data: bytes, ends: Sequence[int]) -> list[bytes]:
         """One key per element of ``data``; ``ends`` are the elements' end offsets."""
         if self._parts is not None and len(ends):
-            return self._sliced_keys(data, ends, self._parts)
+            return self._sliced_keys(data, ends, self._parts)[0]
         return self.decoded_keys(data, ends)
+
+    def keys_and_value_starts(
+        self, data: bytes, ends: Sequence[int]
+    ) -> tuple[list[bytes], np.ndarray | None, np.ndarray]:
+        """The keys, where each element's value starts, and the elements that were decoded.
+
+        The starts are None, and every element is listed as decoded, when the key coder's
+        encodings cannot be sliced; a decoded element's start is meaningless.
+        """
+        if self._parts is not None and len(ends):
+            return self._sliced_keys(data, ends, self._parts)
+        return self.decoded_keys(data, ends), None, np.arange(len(ends))
+
+    def decoded_values(self, data: bytes, ends: Sequence[int], indices: np.ndarray) -> list[object]:
+        """The values of the elements at ``indices``, decoded."""
+        values = []
+        for index in indices.tolist():
+            start = ends[index - 1] if index else 0
+            stream = bi.create_InputStream(data[start : ends[index]])
+            values.append(self._element_impl.decode_from_stream(stream, True).value[1])
+        return values
 
     def decoded_keys(self, data: bytes, ends: Sequence[int]) -> list[bytes]:
         """The keys by decoding each element and re-encoding its key (any coder)."""
@@ -171,8 +192,13 @@ class KeyExtractor:
             keys.append(encode_key(windowed.value[0]))
         return keys
 
-    def _sliced_keys(self, data: bytes, ends: Sequence[int], parts: list[_Part]) -> list[bytes]:
+    def _sliced_keys(
+        self, data: bytes, ends: Sequence[int], parts: list[_Part]
+    ) -> tuple[list[bytes], np.ndarray, np.ndarray]:
         """The keys as slices of the elements' encodings, decoding only odd elements.
+
+        Returns the keys, where each key's encoding ends in ``data`` (where the value
+        starts), and the indices of the odd elements, which were decoded.
 
         An element is sliced when its pane takes one byte, its window count is a plain
         (non-negative) count and its key lies within it; any other element is decoded. A
@@ -194,17 +220,17 @@ class KeyExtractor:
         for part in parts:
             last_part_start = position
             if part is _Part.VARINT:
-                _, size, ended = _read_varints(buf, position, _MAX_VARINT_BYTES)
+                _, size, ended = read_varints(buf, position, _MAX_VARINT_BYTES)
                 position = position + size
             else:
-                length, size, ended = _read_varints(buf, position, _MAX_LENGTH_VARINT_BYTES)
+                length, size, ended = read_varints(buf, position, _MAX_LENGTH_VARINT_BYTES)
                 position = position + size + length
             sliceable &= ended
             sliceable &= position <= element_ends
         key_ends = position
         if parts[-1] is _Part.BYTES:
             # The outer context drops the last leaf's length prefix: two segments.
-            _, prefix, _ = _read_varints(buf, last_part_start, _MAX_LENGTH_VARINT_BYTES)
+            _, prefix, _ = read_varints(buf, last_part_start, _MAX_LENGTH_VARINT_BYTES)
             segment_starts = np.stack([key_starts, last_part_start + prefix], axis=1)
             segment_lengths = np.stack(
                 [last_part_start - key_starts, key_ends - last_part_start - prefix], axis=1
@@ -218,4 +244,4 @@ class KeyExtractor:
         keys = _gather(data, segment_starts, segment_lengths)
         for index in odd.tolist():
             keys[index] = self.decoded_keys(data[starts[index] : element_ends[index]], [0])[0]
-        return keys
+        return keys, key_ends, odd

@@ -2,7 +2,7 @@
 
 After fusion a pipeline is fused stages (``beam:runner:executable_stage:v1``) joined by
 buffers that runner primitives fill: Impulse, GroupByKey, Reshuffle, Flatten, the
-native text read and the native Create. Each has
+native text read, the native Create and the native combine. Each has
 a translator here that builds its Spark DataFrame. A URN without a translator is an error
 raised while planning, before Spark starts (see :func:`translator_for`).
 """
@@ -15,6 +15,7 @@ from beam_spark_runner.translators.flatten import FlattenTranslator
 from beam_spark_runner.translators.fused_stage import FusedStageTranslator
 from beam_spark_runner.translators.group_by_key import GroupByKeyTranslator
 from beam_spark_runner.translators.impulse import ImpulseTranslator
+from beam_spark_runner.translators.native_combine import NativeCombineTranslator
 from beam_spark_runner.translators.reshuffle import ReshuffleTranslator
 from beam_spark_runner.translators.text_read import TextReadTranslator
 
@@ -24,6 +25,7 @@ TRANSLATORS: dict[str, Translator] = {
         ImpulseTranslator(),
         FlattenTranslator(),
         GroupByKeyTranslator(),
+        NativeCombineTranslator(),
         ReshuffleTranslator(),
         TextReadTranslator(),
         CreateTranslator(),

@@ -13,7 +13,14 @@ import pyarrow as pa
 
 from beam_spark_runner import beam_globals, spark_compat
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.execution.stage_worker import ELEMENT, KEY, TAG, TaskSinks
+from beam_spark_runner.execution.stage_worker import (
+    ELEMENT,
+    FLOAT_VALUE,
+    INT_VALUE,
+    KEY,
+    TAG,
+    TaskSinks,
+)
 from beam_spark_runner.planning import EXECUTABLE_STAGE_URN, Plan, PlannedBuffer
 
 if TYPE_CHECKING:
@@ -34,21 +41,30 @@ class Translator(Protocol):
 
 
 @functools.cache
-def stage_output_type() -> StructType:
+def stage_output_type(typed: bool = False) -> StructType:
     """A fused stage's output rows (``STAGE_OUTPUT_SCHEMA``), as a Spark type.
 
-    Given as a type, not a DDL string, so that ``mapInArrow`` does not ask the JVM to parse
-    it (three Py4J calls per stage).
+    ``typed``: with the typed value columns of a native combine's writers
+    (``TYPED_STAGE_OUTPUT_SCHEMA``). Given as a type, not a DDL string, so that
+    ``mapInArrow`` does not ask the JVM to parse it (three Py4J calls per stage).
     """
-    from pyspark.sql.types import BinaryType, IntegerType, StructField, StructType
-
-    return StructType(
-        [
-            StructField(TAG, IntegerType()),
-            StructField(KEY, BinaryType()),
-            StructField(ELEMENT, BinaryType()),
-        ]
+    from pyspark.sql.types import (
+        BinaryType,
+        DoubleType,
+        IntegerType,
+        LongType,
+        StructField,
+        StructType,
     )
+
+    fields = [
+        StructField(TAG, IntegerType()),
+        StructField(KEY, BinaryType()),
+        StructField(ELEMENT, BinaryType()),
+    ]
+    if typed:
+        fields += [StructField(INT_VALUE, LongType()), StructField(FLOAT_VALUE, DoubleType())]
+    return StructType(fields)
 
 
 @functools.cache
@@ -57,6 +73,20 @@ def keyed_rows_type() -> StructType:
     from pyspark.sql.types import BinaryType, StructField, StructType
 
     return StructType([StructField(KEY, BinaryType()), StructField(ELEMENT, BinaryType())])
+
+
+def coder_closure(plan: Plan, *coder_ids: str) -> bytes:
+    """A serialized ``Components`` holding these coders and the coders they are built from."""
+    components = bi.beam_runner_api_pb2.Components()
+    pending = list(coder_ids)
+    while pending:
+        current = pending.pop()
+        if current in components.coders:
+            continue
+        coder = plan.components.coders[current]
+        components.coders[current].CopyFrom(coder)
+        pending.extend(coder.component_coder_ids)
+    return components.SerializeToString()
 
 
 def spark_function_name(beam_name: str) -> str:

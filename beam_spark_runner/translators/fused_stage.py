@@ -22,27 +22,41 @@ from beam_spark_runner.execution.inline_side_inputs import (
     run_stage_with_inline_side_inputs,
     side_input_marker,
 )
+from beam_spark_runner.execution.native_combine import run_native_combined_stage
 from beam_spark_runner.execution.side_inputs import side_input_state_entries
 from beam_spark_runner.execution.stage_worker import (
     ELEMENT,
     KEY,
     OutputSpec,
     StageSpec,
+    has_typed_outputs,
     run_stage,
 )
 from beam_spark_runner.planning import (
     CREATE_BUFFER_KIND,
     EXECUTABLE_STAGE_URN,
     GROUP_BY_KEY_URN,
+    NATIVE_COMBINE_BUFFER_KIND,
+    NATIVE_COMBINE_URN,
     TEXT_READ_BUFFER_KIND,
     Plan,
     PlannedStage,
     decode_create_payload,
 )
 from beam_spark_runner.spark_compat import InlineValue, named_function
-from beam_spark_runner.translators.base import spark_function_name, stage_output_type
+from beam_spark_runner.translators.base import (
+    coder_closure,
+    spark_function_name,
+    stage_output_type,
+)
 from beam_spark_runner.translators.driver_side_inputs import compute_on_driver, driver_stage
 from beam_spark_runner.translators.group_by_key import group_spec, sorted_by_key
+from beam_spark_runner.translators.native_combine import (
+    aggregated,
+    aggregation_of,
+    combined_in_stage,
+    native_combine_spec,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -128,6 +142,11 @@ def stage_spec(
                 if plan.is_keyed(output.buffer_id)
                 else None
             ),
+            typed_value=(
+                aggregation_of(plan, plan.buffers[output.buffer_id]).value_type
+                if plan.buffers[output.buffer_id].urn == NATIVE_COMBINE_URN
+                else None
+            ),
         )
         for output in node.outputs
     )
@@ -165,11 +184,16 @@ def _literal_row_count(plan: Plan, node: PlannedStage) -> int | None:
 def _merges_combined_groups(plan: Plan, stage_name: str) -> bool:
     """Whether a stage reads a GroupByKey and merges combiner accumulators per key.
 
+    Or reads a native combine's output: the combine's aggregation ran in Spark.
+
     Such a stage (the second half of a lifted ``CombinePerKey``) does little per key, so
     running all its partitions in one task costs little.
     """
     stage = plan.stage(stage_name)
-    return plan.buffers[stage.input_buffer_id].kind == "group" and any(
+    kind = plan.buffers[stage.input_buffer_id].kind
+    if kind == NATIVE_COMBINE_BUFFER_KIND:
+        return True  # the JVM merged them: the stage writes one element per key
+    return kind == "group" and any(
         transform.spec.urn == _MERGE_ACCUMULATORS_URN
         for transform in stage.descriptor.transforms.values()
     )
@@ -207,20 +231,6 @@ def _inline_side_buffer(plan: Plan, node: PlannedStage, buffer_id: bytes) -> boo
     )
 
 
-def _coder_closure(plan: Plan, coder_id: str) -> bytes:
-    """A serialized ``Components`` holding ``coder_id`` and the coders it is built from."""
-    components = bi.beam_runner_api_pb2.Components()
-    pending = [coder_id]
-    while pending:
-        current = pending.pop()
-        if current in components.coders:
-            continue
-        coder = plan.components.coders[current]
-        components.coders[current].CopyFrom(coder)
-        pending.extend(coder.component_coder_ids)
-    return components.SerializeToString()
-
-
 class FusedStageTranslator:
     """``mapInArrow`` of the stage's input through Beam's bundle processor."""
 
@@ -232,7 +242,16 @@ class FusedStageTranslator:
         inline = reads_side_inputs_inline(plan, node)
         spec = stage_spec(node, context, None if inline else broadcast_side_inputs(node, context))
         input_buffer = plan.buffers[node.input_buffer_id]
-        if groups_in_stage(plan, node):
+        if combined_in_stage(plan, node):
+            # The combine's output elements are written in this stage's own task.
+            input_frame = aggregated(input_buffer, context)
+            body = functools.partial(
+                run_native_combined_stage,
+                native_combine_spec(input_buffer, context),
+                spec,
+                sinks=context.sinks,
+            )
+        elif groups_in_stage(plan, node):
             # One Python worker per task for the grouping and the stage (execution.grouped_stage).
             input_frame = sorted_by_key(input_buffer, context)
             body = functools.partial(
@@ -253,7 +272,7 @@ class FusedStageTranslator:
                 input_frame = input_frame.repartition(KEY).sortWithinPartitions(KEY)
             body = functools.partial(run_stage, spec, sinks=context.sinks)
         function = named_function(body, spark_function_name(node.display_name))
-        return input_frame.mapInArrow(function, stage_output_type())
+        return input_frame.mapInArrow(function, stage_output_type(has_typed_outputs(spec.outputs)))
 
     @staticmethod
     def _inline_side_inputs(
@@ -270,7 +289,7 @@ class FusedStageTranslator:
                     tag=side_input.tag,
                     access_pattern_urn=side_input.access_pattern_urn,
                     coder_id=coder_id,
-                    coder_components=_coder_closure(plan, coder_id),
+                    coder_components=coder_closure(plan, coder_id),
                 )
             )
         return tuple(side_inputs)

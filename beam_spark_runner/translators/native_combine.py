@@ -1,0 +1,151 @@
+"""Native combines: a CombinePerKey of Beam's sum, min, max, count or mean as a Spark aggregation.
+
+Planning (``planning.native_combines``) turns such a combine into a ``nativecombine:``
+buffer. Its writers send one row per element: the grouping key (as a GroupByKey's writers
+compute it) and the value in a typed column (``coders.typed_values``). Here the rows become
+``groupBy(key).agg(...)``: Spark aggregates them in the JVM, with a partial aggregation
+before its shuffle, so no Python runs per element for the combine. Then each key's row
+becomes the element Beam's lifted combine would give (``execution.native_combine``): in the
+stage that reads the combine's output, in the same task, where that stage is its only
+reader; in a ``mapInArrow`` of its own otherwise.
+
+How the aggregates match Beam's CombineFns: integer sums (and a mean's sum) are computed as
+``decimal(38, 0)``, exactly, as Python's ``sum`` is; min, max and count are exact; float
+sums may add in another order than Beam's bundles do (as any two Beam runners may). Spark
+orders NaN above every float, so a float max with a NaN is NaN and a min ignores it; Python's
+``min`` and ``max`` give one of those or the other depending on the order they see the values
+in.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.execution.native_combine import (
+    COUNT,
+    RESULT,
+    NativeCombineSpec,
+    encode_results,
+)
+from beam_spark_runner.execution.stage_worker import KEY, TAG, VALUE_COLUMNS
+from beam_spark_runner.planning import (
+    NATIVE_COMBINE_URN,
+    NativeAggregation,
+    Plan,
+    PlannedBuffer,
+    PlannedStage,
+)
+from beam_spark_runner.spark_compat import named_function
+from beam_spark_runner.translators.base import (
+    coder_closure,
+    keyed_rows_type,
+    spark_function_name,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+    from beam_spark_runner.translators.base import TranslationContext
+
+_VALUE = "value"
+
+
+def aggregation_of(plan: Plan, node: PlannedBuffer) -> NativeAggregation:
+    """What the native combine of this buffer computes."""
+    return NativeAggregation.from_payload(plan.components.transforms[node.name].spec.payload)
+
+
+def combined_in_stage(plan: Plan, node: PlannedStage) -> bool:
+    """Whether the stage writes the native combine's output elements itself.
+
+    It does where it is the combine's only reader and stateless; a combine read by more
+    than one stage, or as a side input, keeps its own DataFrame.
+    """
+    buffer = plan.buffers[node.input_buffer_id]
+    return (
+        buffer.urn == NATIVE_COMBINE_URN
+        and buffer.main_readers == [node.name]
+        and not buffer.side_readers
+        and not node.stateful
+    )
+
+
+def _aggregates(aggregation: NativeAggregation) -> list[Column]:
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import DecimalType
+
+    value = F.col(_VALUE)
+    if aggregation.function == "count":
+        return [F.count(F.lit(1)).alias(RESULT)]
+    # Python's sum of integers does not overflow: an exact decimal sum.
+    total = F.sum(value.cast(DecimalType(38, 0)) if aggregation.value_type == "int" else value)
+    if aggregation.function == "sum":
+        return [total.alias(RESULT)]
+    if aggregation.function == "mean":
+        return [total.alias(RESULT), F.count(F.lit(1)).alias(COUNT)]
+    if aggregation.function == "min":
+        return [F.min(value).alias(RESULT)]
+    if aggregation.function == "max":
+        return [F.max(value).alias(RESULT)]
+    raise ValueError(
+        f"Expected a native aggregation of sum, min, max, count or mean, found "
+        f"{aggregation.function!r}. This is a bug in SparkStructuredRunner's planning."
+    )
+
+
+def aggregated(node: PlannedBuffer, context: TranslationContext) -> DataFrame:
+    """One row per key: the key, the aggregate (``RESULT``) and, for a mean, ``COUNT``."""
+    aggregation = aggregation_of(context.plan, node)
+    frames = []
+    for stage_name, index in node.writers:
+        frame = context.stage_frame(stage_name)
+        columns = [frame[KEY]]
+        if aggregation.value_type in VALUE_COLUMNS:
+            columns.append(frame[VALUE_COLUMNS[aggregation.value_type]].alias(_VALUE))
+        frames.append(frame.filter(frame[TAG] == index).select(*columns))
+    union = context.union_frames(frames)
+    return union.groupBy(union[KEY]).agg(*_aggregates(aggregation))
+
+
+def native_combine_spec(node: PlannedBuffer, context: TranslationContext) -> NativeCombineSpec:
+    """What a task needs to turn the aggregated rows into the combine's output elements."""
+    plan = context.plan
+    transform = plan.components.transforms[node.name]
+    input_pcoll = bi.only_element(list(transform.inputs.values()))
+    output_pcoll = bi.only_element(list(transform.outputs.values()))
+    written = plan.group_input_coders.get(node.buffer_id, plan.data_channel_coders[input_pcoll])
+    output = plan.data_channel_coders[output_pcoll]
+    aggregation = aggregation_of(plan, node)
+    coder_ids = (
+        plan.safe_coders.get(written, written),
+        output,
+        plan.safe_coders.get(output, output),
+    )
+    return NativeCombineSpec(
+        run_id=context.run_id,
+        name=transform.unique_name,
+        function=aggregation.function,
+        value_type=aggregation.value_type,
+        components=coder_closure(plan, *coder_ids),
+        input_coder_id=coder_ids[0],
+        output_coder_id=coder_ids[1],
+        safe_output_coder_id=coder_ids[2],
+        pickle_library=context.pickle_library,
+        main_session=context.main_session,
+    )
+
+
+class NativeCombineTranslator:
+    """``groupBy(key).agg(...)``, then the combine's output elements."""
+
+    urn = NATIVE_COMBINE_URN
+
+    def translate(self, node: PlannedBuffer, context: TranslationContext) -> DataFrame:
+        """The (key, element) DataFrame of the combine's output."""
+        spec = native_combine_spec(node, context)
+        function = named_function(
+            functools.partial(encode_results, spec), spark_function_name(spec.name)
+        )
+        return aggregated(node, context).mapInArrow(function, keyed_rows_type())
