@@ -92,6 +92,7 @@ def _run_subprocess(
     out_dir: Path,
     suffix: str = "",
     ours_conf: tuple[str, ...] = (),  # the ours-exp runner's Spark settings
+    ours_args: tuple[str, ...] = (),  # the ours-exp runner's pipeline arguments
 ) -> list[dict[str, Any]]:
     """Runs one subprocess (one runner, one or more workloads) under the memory sampler."""
     name = f"{workloads[0]}-{runner}" if len(workloads) == 1 else f"all-{runner}"
@@ -112,6 +113,7 @@ def _run_subprocess(
     ]
     if runner == "ours-exp":
         command += [f"--ours-conf={entry}" for entry in ours_conf]
+        command += [f"--ours-arg={entry}" for entry in ours_args]
     env = dict(os.environ)
     # Spark's Python workers must import this package and use this interpreter.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -215,6 +217,14 @@ def main(argv: list[str] | None = None) -> int:
         "settings, to compare side by side with ours (repeatable; e.g. "
         "spark.sql.execution.arrow.maxRecordsPerBatch=100000)",
     )
+    parser.add_argument(
+        "--ours-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="a pipeline argument for the ours-exp runner, to compare side by side with ours "
+        "(repeatable; e.g. --ours-arg=--spark_native_combines=off)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
@@ -249,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     header["schedule"] = schedule
     if args.ours_conf:
         environment["ours-exp --spark_conf"] = " ".join(args.ours_conf)
+    if args.ours_arg:
+        environment["ours-exp arguments"] = " ".join(args.ours_arg)
     if schedule == "rounds":
         groups = [
             ([w], r, 1, f"-round{n + 1}") for n in range(runs) for w in workloads for r in runners
@@ -280,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             out_dir,
             suffix,
             tuple(args.ours_conf),
+            tuple(args.ours_arg),
         ):
             _LOGGER.info(
                 "%s on %s: %s, median %s s, peak RSS %.0f MiB",

@@ -77,6 +77,8 @@ def _run_beam(workload: str, inputs: Inputs, args: list[str], runner: Any = None
 # The ``--spark_conf KEY=VALUE`` settings of the ``ours-exp`` runner (``--ours-conf``): an
 # experiment with the runner's Spark settings, run side by side with ``ours``.
 OURS_CONF: list[str] = []
+# Pipeline arguments of the ``ours-exp`` runner (``--ours-arg``), e.g. a runner option off.
+OURS_EXTRA_ARGS: list[str] = []
 _OURS_ARGS = ["--runner=SparkStructuredRunner", f"--spark_master={SPARK_MASTER}"]
 
 
@@ -86,8 +88,9 @@ def run_ours(workload: str, inputs: Inputs) -> Summary:
 
 
 def run_ours_experiment(workload: str, inputs: Inputs) -> Summary:
-    """SparkStructuredRunner on local[2] with the ``--ours-conf`` Spark settings."""
-    return _run_beam(workload, inputs, _OURS_ARGS + [f"--spark_conf={c}" for c in OURS_CONF])
+    """SparkStructuredRunner on local[2] with the ``--ours-conf`` and ``--ours-arg`` settings."""
+    conf = [f"--spark_conf={c}" for c in OURS_CONF]
+    return _run_beam(workload, inputs, _OURS_ARGS + conf + OURS_EXTRA_ARGS)
 
 
 def run_direct(workload: str, inputs: Inputs) -> Summary:
@@ -270,8 +273,16 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="a Spark setting for the ours-exp runner's session (repeatable)",
     )
+    parser.add_argument(
+        "--ours-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="a pipeline argument for the ours-exp runner (repeatable)",
+    )
     args = parser.parse_args(argv)
     OURS_CONF[:] = args.ours_conf
+    OURS_EXTRA_ARGS[:] = args.ours_arg
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
     )
