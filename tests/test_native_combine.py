@@ -24,6 +24,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders.typed_values import TypedValueReader
 from beam_spark_runner.execution.native_combine import output_value
+from beam_spark_runner.execution.partial_aggregation import NativeOutput, PartialAggregator
 from beam_spark_runner.planning import (
     NATIVE_COMBINE_BUFFER_KIND,
     NativeAggregation,
@@ -148,10 +149,9 @@ def test_typed_values_equal_the_decoded_values(value_type, key_coder, keys, pref
         for i, value in enumerate(values)
     ]
     data, ends = _stream(coder, elements)
-    keys_read, column = TypedValueReader(coder, value_type).read(data, ends)
-    assert keys_read == [key_coder.encode(e.value[0]) for e in elements]
-    read = column.to_pylist()
-    for got, element in zip(read, elements, strict=True):
+    keys_read, read = TypedValueReader(coder, coder, value_type).read(data, ends)
+    assert keys_read.to_pylist() == [key_coder.encode(e.value[0]) for e in elements]
+    for got, element in zip(read.tolist(), elements, strict=True):
         expected = element.value[1]
         if isinstance(expected, float) and math.isnan(expected):
             assert math.isnan(got)
@@ -159,6 +159,54 @@ def test_typed_values_equal_the_decoded_values(value_type, key_coder, keys, pref
             assert got == expected and type(got) is type(expected)
             if isinstance(expected, float):
                 assert math.copysign(1.0, got) == math.copysign(1.0, expected)
+
+
+def test_the_reader_reads_values_with_the_streams_own_coder():
+    """The runner-safe coder may see a length-prefixed value as opaque bytes; the reader
+    reads it as the data channel's coder writes it."""
+    safe = _coder(STR, coders.LengthPrefixCoder(coders.BytesCoder()), True)
+    sdk = _coder(STR, coders.LengthPrefixCoder(INT), True)
+    elements = [WindowedValue(("k", v), 0, (window.GlobalWindow(),)) for v in INTS]
+    data, ends = _stream(sdk, elements)
+    _, read = TypedValueReader(safe, sdk, "int").read(data, ends)
+    assert read.tolist() == INTS
+
+
+@pytest.mark.parametrize(
+    "function, value_type, values, expected",
+    [
+        ("count", "none", None, {"a": (None, 3), "b": (None, 1)}),
+        ("sum", "int", [1, 2, 3, 4], {"a": (6, None), "b": (4, None)}),
+        ("mean", "int", [1, 2, 3, 4], {"a": (6, 3), "b": (4, 1)}),
+        ("min", "int", [5, -2, 3, 4], {"a": (-2, None), "b": (4, None)}),
+        ("max", "float", [0.5, 2.5, -1.0, 4.0], {"a": (2.5, None), "b": (4.0, None)}),
+        # Could overflow when added: one row per element, Spark adds them as decimals.
+        ("sum", "int", [2**62, 2**62, 1, 1], None),
+    ],
+)
+def test_partial_aggregates_per_key_and_bundle(function, value_type, values, expected):
+    value_coder = FLOAT if value_type == "float" else INT
+    coder = _coder(STR, value_coder, True)
+    keys = ["a", "a", "a", "b"]
+    elements = [
+        WindowedValue((k, (values or [0] * 4)[i]), 0, (window.GlobalWindow(),))
+        for i, k in enumerate(keys)
+    ]
+    data, ends = _stream(coder, elements)
+    native = NativeOutput(function, value_type, "unused")
+    batch = PartialAggregator(native, coder, coder).record_batch(3, data, ends)
+    rows = batch.to_pylist()
+    assert {row["tag"] for row in rows} == {3}
+    assert all(row["element"] is None for row in rows)
+    column = {"int": "int_value", "float": "float_value"}.get(value_type)
+    got = {
+        row["key"].decode(): (row[column] if column else None, row["value_count"]) for row in rows
+    }
+    if expected is None:  # per element
+        assert len(rows) == 4
+        assert sorted(row["int_value"] for row in rows) == sorted(values)
+    else:
+        assert got == expected
 
 
 # --- output values ----------------------------------------------------------------------

@@ -119,7 +119,7 @@ def read_varints(
     return values, sizes, done
 
 
-def _gather(data: bytes, starts: np.ndarray, lengths: np.ndarray) -> list[bytes]:
+def _gather(data: bytes, starts: np.ndarray, lengths: np.ndarray) -> pa.LargeBinaryArray:
     """``[data[s : s + n] for s, n in zip(starts, lengths)]``, copied by numpy and Arrow.
 
     ``starts`` and ``lengths`` have one row per key and one column per segment; a key is
@@ -141,7 +141,7 @@ def _gather(data: bytes, starts: np.ndarray, lengths: np.ndarray) -> list[bytes]
         count,
         [None, pa.py_buffer(key_offsets), pa.py_buffer(gathered)],
     )
-    return array.to_pylist()  # type: ignore[no-any-return]
+    return array
 
 
 class KeyExtractor:
@@ -157,20 +157,32 @@ class KeyExtractor:
     def keys(self, data: bytes, ends: Sequence[int]) -> list[bytes]:
         """One key per element of ``data``; ``ends`` are the elements' end offsets."""
         if self._parts is not None and len(ends):
-            return self._sliced_keys(data, ends, self._parts)[0]
+            keys, _, odd = self._sliced_keys(data, ends, self._parts)
+            listed: list[bytes] = keys.to_pylist()
+            for index, key in odd.items():
+                listed[index] = key
+            return listed
         return self.decoded_keys(data, ends)
 
-    def keys_and_value_starts(
+    def key_array_and_value_starts(
         self, data: bytes, ends: Sequence[int]
-    ) -> tuple[list[bytes], np.ndarray | None, np.ndarray]:
-        """The keys, where each element's value starts, and the elements that were decoded.
+    ) -> tuple[pa.Array, np.ndarray | None, np.ndarray]:
+        """The keys (a binary array), where the values start, and which elements were decoded.
 
         The starts are None, and every element is listed as decoded, when the key coder's
         encodings cannot be sliced; a decoded element's start is meaningless.
         """
-        if self._parts is not None and len(ends):
-            return self._sliced_keys(data, ends, self._parts)
-        return self.decoded_keys(data, ends), None, np.arange(len(ends))
+        if self._parts is None or not len(ends):
+            return pa.array(self.decoded_keys(data, ends), pa.binary()), None, np.arange(len(ends))
+        keys, value_starts, odd = self._sliced_keys(data, ends, self._parts)
+        if odd:
+            listed = keys.to_pylist()
+            for index, key in odd.items():
+                listed[index] = key
+            array = pa.array(listed, pa.binary())
+        else:
+            array = keys.cast(pa.binary())
+        return array, value_starts, np.fromiter(odd, dtype=np.int64, count=len(odd))
 
     def decoded_values(self, data: bytes, ends: Sequence[int], indices: np.ndarray) -> list[object]:
         """The values of the elements at ``indices``, decoded."""
@@ -194,11 +206,12 @@ class KeyExtractor:
 
     def _sliced_keys(
         self, data: bytes, ends: Sequence[int], parts: list[_Part]
-    ) -> tuple[list[bytes], np.ndarray, np.ndarray]:
+    ) -> tuple[pa.LargeBinaryArray, np.ndarray, dict[int, bytes]]:
         """The keys as slices of the elements' encodings, decoding only odd elements.
 
-        Returns the keys, where each key's encoding ends in ``data`` (where the value
-        starts), and the indices of the odd elements, which were decoded.
+        Returns the sliced keys (an odd element's is empty), where each key's encoding
+        ends in ``data`` (where the value starts), and the odd elements' decoded keys by
+        index.
 
         An element is sliced when its pane takes one byte, its window count is a plain
         (non-negative) count and its key lies within it; any other element is decoded. A
@@ -241,7 +254,8 @@ class KeyExtractor:
         odd = np.flatnonzero(~sliceable)
         if len(odd):
             segment_lengths[odd] = 0
-        keys = _gather(data, segment_starts, segment_lengths)
-        for index in odd.tolist():
-            keys[index] = self.decoded_keys(data[starts[index] : element_ends[index]], [0])[0]
-        return keys, key_ends, odd
+        decoded = {
+            index: self.decoded_keys(data[starts[index] : element_ends[index]], [0])[0]
+            for index in odd.tolist()
+        }
+        return _gather(data, segment_starts, segment_lengths), key_ends, decoded

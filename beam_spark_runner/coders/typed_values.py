@@ -1,67 +1,84 @@
-"""The values of encoded ``KV`` elements as a typed Arrow column, decoded per batch.
+"""The values of encoded ``KV`` elements as a typed column, decoded per batch.
 
-A native combine's writers (``planning.native_combines``) send Spark each element's key,
-as every writer into a shuffle does (``coders.keys``), and its value as an ``int64`` or
-``float64`` column, which Spark aggregates in the JVM. The values are read straight from
-the elements' bytes with numpy: the value starts where the key's nested encoding ends
-(``KeyExtractor.keys_and_value_starts``) and is a varint (``VarIntCoder``, which writes
-an ``int64`` as its unsigned 64-bit two's complement) or eight big-endian bytes
-(``FloatCoder``), possibly after a varint length (``LengthPrefixCoder``). An element that
-cannot be read so (its key was decoded, or its value does not end where the element
-does) is decoded with its coder.
+A native combine's writers (``planning.native_combines``) group their elements by key and
+hand Spark partial aggregates (``execution.partial_aggregation``). The keys are the
+grouping keys every writer into a shuffle computes (``coders.keys``); the values are read
+straight from the elements' bytes with numpy: a value starts where its key's nested
+encoding ends and is a varint (``VarIntCoder``, which writes an ``int64`` as its unsigned
+64-bit two's complement) or eight big-endian bytes (``FloatCoder``), possibly after a
+varint length (a ``LengthPrefixCoder`` around either). An element that cannot be read so
+(its key was decoded, or its value does not end where the element does) is decoded with
+the output's own coder.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 from apache_beam.coders import Coder, coders
 
+from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders.keys import KeyExtractor, read_varints
 
-# The Arrow type of each value type a native aggregation reads (planning.NativeAggregation).
-ARROW_TYPES: dict[str, pa.DataType] = {"int": pa.int64(), "float": pa.float64()}
+# The numpy type of each value type a native aggregation reads (planning.NativeAggregation).
+NUMPY_TYPES: dict[str, Any] = {"int": np.int64, "float": np.float64}
+_PLAIN_VALUE_CODERS: dict[str, type] = {"int": coders.VarIntCoder, "float": coders.FloatCoder}
 _MAX_VARINT_BYTES = 10
 _MAX_LENGTH_VARINT_BYTES = 5
 _DOUBLE_BYTES = 8
 
 
-def value_is_length_prefixed(safe_windowed_kv_coder: Coder) -> bool:
-    """Whether the elements' values are written after a varint length."""
-    kv_coder = cast(coders.TupleCoder, safe_windowed_kv_coder.wrapped_value_coder)  # type: ignore[attr-defined]
-    return type(kv_coder.coders()[1]) is coders.LengthPrefixCoder
+def _value_coder(windowed_kv_coder: Coder) -> Coder:
+    kv_coder = cast(coders.TupleCoder, windowed_kv_coder.wrapped_value_coder)  # type: ignore[attr-defined]
+    return kv_coder.coders()[1]
 
 
 class TypedValueReader:
-    """Reads the keys and the typed values of a stream of windowed ``KV`` elements."""
+    """Reads the keys and the typed values of a stream of windowed ``KV`` elements.
 
-    def __init__(self, safe_windowed_kv_coder: Coder, value_type: str) -> None:
-        if value_type not in ARROW_TYPES:
+    ``safe_coder`` is the runner-safe coder the keys are computed with; ``coder`` the
+    stream's own (the data channel's), which says how the values are written.
+    """
+
+    def __init__(self, safe_coder: Coder, coder: Coder, value_type: str) -> None:
+        value_coder = _value_coder(coder)
+        self._prefixed = type(value_coder) is coders.LengthPrefixCoder
+        if self._prefixed:
+            value_coder = value_coder.value_coder()  # type: ignore[attr-defined]
+        plain = _PLAIN_VALUE_CODERS.get(value_type)
+        if plain is None or type(value_coder) is not plain:
             raise ValueError(
-                f"Expected a value type among {sorted(ARROW_TYPES)}, found {value_type!r}"
+                f"Expected {value_type} values coded with {plain.__name__ if plain else '?'}, "
+                f"found {value_coder!r}. This is a bug in SparkStructuredRunner's planning."
             )
         self.value_type = value_type
-        self._keys = KeyExtractor(safe_windowed_kv_coder)
-        self._prefixed = value_is_length_prefixed(safe_windowed_kv_coder)
+        self._keys = KeyExtractor(safe_coder)
+        self._element_impl = coder.get_impl()
 
-    def read(self, data: bytes, ends: Sequence[int]) -> tuple[list[bytes], pa.Array]:
-        """Each element's key (as ``KeyExtractor.keys``) and its value, as an Arrow array."""
-        keys, starts, decoded = self._keys.keys_and_value_starts(data, ends)
-        count = len(ends)
+    def read(self, data: bytes, ends: Sequence[int]) -> tuple[pa.Array, np.ndarray]:
+        """Each element's key (as ``KeyExtractor.keys``, a binary array) and its value."""
+        keys, starts, decoded = self._keys.key_array_and_value_starts(data, ends)
         if starts is None:
-            values = np.zeros(count, dtype=np.float64 if self.value_type == "float" else np.int64)
+            values = np.zeros(len(ends), dtype=NUMPY_TYPES[self.value_type])
             odd = decoded
         else:
             values, readable = self._read_values(data, ends, starts)
             readable[decoded] = False
             odd = np.flatnonzero(~readable)
         if len(odd):
-            python_values = self._keys.decoded_values(data, ends, odd)
-            values[odd] = np.asarray(python_values, dtype=values.dtype)
-        return keys, pa.array(values, type=ARROW_TYPES[self.value_type])
+            values[odd] = np.asarray(self._decoded_values(data, ends, odd), dtype=values.dtype)
+        return keys, values
+
+    def _decoded_values(self, data: bytes, ends: Sequence[int], indices: np.ndarray) -> list[Any]:
+        values = []
+        for index in indices.tolist():
+            start = ends[index - 1] if index else 0
+            stream = bi.create_InputStream(data[start : ends[index]])
+            values.append(self._element_impl.decode_from_stream(stream, True).value[1])
+        return values
 
     def _read_values(
         self, data: bytes, ends: Sequence[int], starts: np.ndarray

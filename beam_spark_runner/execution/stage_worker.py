@@ -33,12 +33,16 @@ import pyarrow as pa
 from beam_spark_runner import beam_globals, worker_logs, worker_warnings
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import KeyExtractor, packed_bytes, split_packed
-from beam_spark_runner.coders.typed_values import TypedValueReader
 from beam_spark_runner.errors import StageExecutionError
 from beam_spark_runner.execution.batched_plan import plan_batched_steps
 from beam_spark_runner.execution.batched_steps import BatchedSteps
 from beam_spark_runner.execution.data_channel import ArrowDataChannel, ArrowDataChannelFactory
 from beam_spark_runner.execution.key_runs import complete_key_groups, pack_by_key
+from beam_spark_runner.execution.partial_aggregation import (
+    TYPED_STAGE_OUTPUT_SCHEMA,
+    NativeOutput,
+    PartialAggregator,
+)
 from beam_spark_runner.execution.state import InMemoryStateBackend, StateBackend
 from beam_spark_runner.execution.text_read import TextInput, TextRange
 from beam_spark_runner.execution.timers import PendingTimers, TimerFamilyId, timer_families
@@ -52,14 +56,6 @@ ELEMENT = "element"
 STAGE_OUTPUT_SCHEMA = pa.schema(
     [pa.field(TAG, pa.int32()), pa.field(KEY, pa.binary()), pa.field(ELEMENT, pa.binary())]
 )
-# A stage writing a native combine's buffer (planning.native_combines) sends its elements'
-# values as typed columns, beside the usual three; its other outputs leave them null.
-INT_VALUE = "int_value"
-FLOAT_VALUE = "float_value"
-TYPED_STAGE_OUTPUT_SCHEMA = STAGE_OUTPUT_SCHEMA.append(pa.field(INT_VALUE, pa.int64())).append(
-    pa.field(FLOAT_VALUE, pa.float64())
-)
-VALUE_COLUMNS: dict[str, str] = {"int": INT_VALUE, "float": FLOAT_VALUE}
 
 # An SDF may ask to be resumed after a delay; in batch the runner waits, up to this long.
 _MAX_RESUME_DELAY_SECONDS = 5.0
@@ -76,15 +72,14 @@ class OutputSpec:
     transform_id: str
     # The runner-safe windowed coder id, when the output feeds a GroupByKey.
     key_coder_id: str | None
-    # For a native combine's buffer: the type of its values' column ("int", "float"), or
-    # "none" for a count, which needs only keys. Its rows are one element each, keyed, with
-    # no encoded element: Spark aggregates the column (translators.native_combine).
-    typed_value: str | None = None
+    # For a native combine's buffer: what it aggregates. Its rows are partial aggregates
+    # per key and bundle, in typed columns (execution.partial_aggregation).
+    native: NativeOutput | None = None
 
 
 def has_typed_outputs(outputs: tuple[OutputSpec, ...]) -> bool:
-    """Whether a stage's output rows have the typed value columns."""
-    return any(output.typed_value is not None for output in outputs)
+    """Whether a stage's output rows have the typed columns of native combines."""
+    return any(output.native is not None for output in outputs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,17 +127,17 @@ class BundleOutputs:
         self,
         outputs: tuple[OutputSpec, ...],
         key_extractors: dict[int, KeyExtractor],
-        value_readers: dict[int, TypedValueReader] | None = None,
+        aggregators: dict[int, PartialAggregator] | None = None,
     ) -> Iterator[pa.RecordBatch]:
-        """Arrow batches in the stage output layout (tag, key, element[, typed values])."""
+        """Arrow batches in the stage output layout (tag, key, element[, typed columns])."""
         typed = has_typed_outputs(outputs)
         for index, chunks in enumerate(self.data):
             extractor = key_extractors.get(index)
-            if outputs[index].typed_value is not None and extractor is not None:
-                reader = (value_readers or {}).get(index)
+            aggregator = (aggregators or {}).get(index)
+            if aggregator is not None:
                 for data, ends in chunks:
                     if ends:
-                        yield _typed_batch(index, data, ends, extractor, reader)
+                        yield aggregator.record_batch(index, data, ends)
                 continue
             for data, ends in chunks:
                 if not ends:
@@ -168,41 +163,11 @@ class BundleOutputs:
                         columns += [
                             pa.nulls(len(array), pa.int64()),
                             pa.nulls(len(array), pa.float64()),
+                            pa.nulls(len(array), pa.int64()),
                         ]
                     yield pa.RecordBatch.from_arrays(
                         columns, schema=TYPED_STAGE_OUTPUT_SCHEMA if typed else STAGE_OUTPUT_SCHEMA
                     )
-
-
-def _typed_batch(
-    index: int,
-    data: bytes,
-    ends: list[int],
-    extractor: KeyExtractor,
-    reader: TypedValueReader | None,
-) -> pa.RecordBatch:
-    """One native combine row per element: its key and its value in its type's column."""
-    if reader is None:  # a count: keys only
-        keys, values = extractor.keys(data, ends), None
-    else:
-        keys, values = reader.read(data, ends)
-    count = len(keys)
-    columns: dict[str, pa.Array] = {
-        INT_VALUE: pa.nulls(count, pa.int64()),
-        FLOAT_VALUE: pa.nulls(count, pa.float64()),
-    }
-    if reader is not None and values is not None:
-        columns[VALUE_COLUMNS[reader.value_type]] = values
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array(np.full(count, index, dtype=np.int32)),
-            pa.array(keys, type=pa.binary()),
-            pa.nulls(count, pa.binary()),
-            columns[INT_VALUE],
-            columns[FLOAT_VALUE],
-        ],
-        schema=TYPED_STAGE_OUTPUT_SCHEMA,
-    )
 
 
 def _side_input_cache_tokens(descriptor: Any, token: str) -> list[Any]:
@@ -264,10 +229,14 @@ class StageWorker:
             for index, output in enumerate(spec.outputs)
             if output.key_coder_id
         }
-        self.value_readers = {
-            index: TypedValueReader(context.coders[output.key_coder_id], output.typed_value)
+        self.aggregators = {
+            index: PartialAggregator(
+                output.native,
+                context.coders[output.key_coder_id],
+                context.coders[output.native.coder_id],
+            )
             for index, output in enumerate(spec.outputs)
-            if output.key_coder_id and output.typed_value in VALUE_COLUMNS
+            if output.key_coder_id and output.native is not None
         }
         self.output_index = {o.transform_id: i for i, o in enumerate(spec.outputs)}
         # Bundles that asked for finalization, finalized once their output is with Spark.
@@ -726,7 +695,7 @@ def run_stage(
                 if outputs is None:
                     break
                 yield from outputs.record_batches(
-                    spec.outputs, worker.key_extractors, worker.value_readers
+                    spec.outputs, worker.key_extractors, worker.aggregators
                 )
                 # Spark has taken the bundle's output: its finalization may run now.
                 with recording(sinks):

@@ -13,14 +13,8 @@ import pyarrow as pa
 
 from beam_spark_runner import beam_globals, spark_compat
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.execution.stage_worker import (
-    ELEMENT,
-    FLOAT_VALUE,
-    INT_VALUE,
-    KEY,
-    TAG,
-    TaskSinks,
-)
+from beam_spark_runner.execution.partial_aggregation import FLOAT_VALUE, INT_VALUE, VALUE_COUNT
+from beam_spark_runner.execution.stage_worker import ELEMENT, KEY, TAG, TaskSinks
 from beam_spark_runner.planning import EXECUTABLE_STAGE_URN, Plan, PlannedBuffer
 
 if TYPE_CHECKING:
@@ -63,7 +57,11 @@ def stage_output_type(typed: bool = False) -> StructType:
         StructField(ELEMENT, BinaryType()),
     ]
     if typed:
-        fields += [StructField(INT_VALUE, LongType()), StructField(FLOAT_VALUE, DoubleType())]
+        fields += [
+            StructField(INT_VALUE, LongType()),
+            StructField(FLOAT_VALUE, DoubleType()),
+            StructField(VALUE_COUNT, LongType()),
+        ]
     return StructType(fields)
 
 

@@ -37,7 +37,6 @@ from beam_spark_runner.planning import (
     EXECUTABLE_STAGE_URN,
     GROUP_BY_KEY_URN,
     NATIVE_COMBINE_BUFFER_KIND,
-    NATIVE_COMBINE_URN,
     TEXT_READ_BUFFER_KIND,
     Plan,
     PlannedStage,
@@ -53,9 +52,9 @@ from beam_spark_runner.translators.driver_side_inputs import compute_on_driver, 
 from beam_spark_runner.translators.group_by_key import group_spec, sorted_by_key
 from beam_spark_runner.translators.native_combine import (
     aggregated,
-    aggregation_of,
     combined_in_stage,
     native_combine_spec,
+    native_output,
 )
 
 if TYPE_CHECKING:
@@ -142,11 +141,7 @@ def stage_spec(
                 if plan.is_keyed(output.buffer_id)
                 else None
             ),
-            typed_value=(
-                aggregation_of(plan, plan.buffers[output.buffer_id]).value_type
-                if plan.buffers[output.buffer_id].urn == NATIVE_COMBINE_URN
-                else None
-            ),
+            native=native_output(plan, plan.buffers[output.buffer_id], output.coder_id),
         )
         for output in node.outputs
     )

@@ -29,7 +29,12 @@ from beam_spark_runner.execution.native_combine import (
     NativeCombineSpec,
     encode_results,
 )
-from beam_spark_runner.execution.stage_worker import KEY, TAG, VALUE_COLUMNS
+from beam_spark_runner.execution.partial_aggregation import (
+    VALUE_COLUMNS,
+    VALUE_COUNT,
+    NativeOutput,
+)
+from beam_spark_runner.execution.stage_worker import KEY, TAG
 from beam_spark_runner.planning import (
     NATIVE_COMBINE_URN,
     NativeAggregation,
@@ -72,19 +77,29 @@ def combined_in_stage(plan: Plan, node: PlannedStage) -> bool:
     )
 
 
+def native_output(plan: Plan, buffer: PlannedBuffer, coder_id: str) -> NativeOutput | None:
+    """What a stage output writing to ``buffer`` with ``coder_id`` aggregates, if native."""
+    if buffer.urn != NATIVE_COMBINE_URN:
+        return None
+    aggregation = aggregation_of(plan, buffer)
+    return NativeOutput(aggregation.function, aggregation.value_type, coder_id)
+
+
 def _aggregates(aggregation: NativeAggregation) -> list[Column]:
+    """Spark's merge of the writers' partial aggregates (execution.partial_aggregation)."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import DecimalType
 
     value = F.col(_VALUE)
+    counts = F.sum(F.col(VALUE_COUNT))
     if aggregation.function == "count":
-        return [F.count(F.lit(1)).alias(RESULT)]
+        return [counts.alias(RESULT)]
     # Python's sum of integers does not overflow: an exact decimal sum.
     total = F.sum(value.cast(DecimalType(38, 0)) if aggregation.value_type == "int" else value)
     if aggregation.function == "sum":
         return [total.alias(RESULT)]
     if aggregation.function == "mean":
-        return [total.alias(RESULT), F.count(F.lit(1)).alias(COUNT)]
+        return [total.alias(RESULT), counts.alias(COUNT)]
     if aggregation.function == "min":
         return [F.min(value).alias(RESULT)]
     if aggregation.function == "max":
@@ -101,7 +116,7 @@ def aggregated(node: PlannedBuffer, context: TranslationContext) -> DataFrame:
     frames = []
     for stage_name, index in node.writers:
         frame = context.stage_frame(stage_name)
-        columns = [frame[KEY]]
+        columns = [frame[KEY], frame[VALUE_COUNT]]
         if aggregation.value_type in VALUE_COLUMNS:
             columns.append(frame[VALUE_COLUMNS[aggregation.value_type]].alias(_VALUE))
         frames.append(frame.filter(frame[TAG] == index).select(*columns))
