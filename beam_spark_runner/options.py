@@ -106,14 +106,16 @@ class SparkRunnerOptions(PipelineOptions):
         parser.add_argument(
             "--spark_native_combines",
             choices=("on", "off"),
-            default=os.environ.get(NATIVE_COMBINES_ENV, "on"),
+            default=os.environ.get(NATIVE_COMBINES_ENV, "off"),
             help=(
                 "Batch runs: run a CombinePerKey (and so CombineGlobally, Count, Mean) whose "
                 "CombineFn is Beam's sum, min, max, count or mean over integers or floats, "
-                "under default windowing, as a Spark aggregation in the JVM instead of "
-                "Beam's lifted combine in Python; other combines keep Beam's path. 'off' "
-                "keeps Beam's path for every combine, for A/B runs or as a way out. Default: "
-                f"on, or the environment variable {NATIVE_COMBINES_ENV} (on or off)."
+                "under default windowing, as partial aggregates per bundle in Arrow merged by "
+                "a Spark aggregation in the JVM, instead of Beam's lifted combine; other "
+                "combines keep Beam's path. Default: off (Beam's lifted combine), which is "
+                "faster today: the writers still encode every element (see "
+                "docs/performance.md). Or the environment "
+                f"variable {NATIVE_COMBINES_ENV} (on or off)."
             ),
         )
         parser.add_argument(
@@ -149,7 +151,7 @@ class SparkSettings:
     drain: bool = False
     state_backed_iterables: bool = False
     batched_steps: bool = True
-    native_combines: bool = True
+    native_combines: bool = False
     trigger_interval: float = 0.0
     checkpoint_location: str | None = None
 
@@ -230,7 +232,7 @@ def spark_settings(options: PipelineOptions) -> SparkSettings:
         drain=bool(spark_options.spark_drain),
         state_backed_iterables=bool(spark_options.spark_state_backed_iterables),
         batched_steps=spark_options.spark_batched_steps != "off",
-        native_combines=spark_options.spark_native_combines != "off",
+        native_combines=spark_options.spark_native_combines == "on",
         trigger_interval=trigger_interval or 0.0,
         checkpoint_location=spark_options.spark_checkpoint_location,
     )

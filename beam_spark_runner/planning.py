@@ -852,7 +852,7 @@ def build_plan(
     use_state_iterables: bool = False,
     streaming: bool = False,
     batched_steps: bool = True,
-    native_combines: bool = True,
+    native_combines: bool = False,
 ) -> Plan:
     """Fuses the pipeline and wires stages to buffers (the flags: see create_stages).
 

@@ -48,7 +48,7 @@ def _native(plan) -> dict[str, NativeAggregation]:
     return found
 
 
-def _plan(build, native_combines: bool = True):
+def _plan(build, native_combines: bool):
     pipeline = beam.Pipeline()
     build(pipeline)
     return build_plan(pipeline.to_runner_api(), native_combines=native_combines)
@@ -78,7 +78,7 @@ def _combines(pipeline: beam.Pipeline) -> None:
 
 
 def test_builtin_combines_over_numbers_are_planned_natively():
-    native = _native(_plan(_combines))
+    native = _native(_plan(_combines, native_combines=True))
     assert native == {
         "Sum": NativeAggregation("sum", "int"),
         "Min": NativeAggregation("min", "int"),
@@ -94,9 +94,17 @@ def test_the_option_off_keeps_every_combine_on_beams_path():
     assert _native(_plan(_combines, native_combines=False)) == {}
 
 
+def test_the_option_is_off_by_default(monkeypatch):
+    from beam_spark_runner.options import NATIVE_COMBINES_ENV, spark_settings
+
+    monkeypatch.delenv(NATIVE_COMBINES_ENV, raising=False)
+    assert not spark_settings(PipelineOptions([])).native_combines
+    assert spark_settings(PipelineOptions(["--spark_native_combines=on"])).native_combines
+
+
 def test_bundle_processor_coders_of_the_writers_are_value_only():
     """A native combine's writers send values only, as into a default-windowed GroupByKey."""
-    plan = _plan(_combines)
+    plan = _plan(_combines, native_combines=True)
     native_buffers = [b for b in plan.buffers.values() if b.kind == NATIVE_COMBINE_BUFFER_KIND]
     assert native_buffers
     for buffer in native_buffers:
