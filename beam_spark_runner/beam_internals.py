@@ -628,15 +628,25 @@ def unbatchable_dofn_reason(dofn: Any, args: Any, kwargs: Any, side_inputs: Any)
     """Why the batched path cannot run ``dofn`` (None: it can).
 
     It can run Beam's ``CallableWrapperDoFn`` (Map, FlatMap, Filter, MapTuple,
-    FlatMapTuple) and user DoFns whose ``process`` takes the element and, as keyword
-    defaults, only ``TimestampParam`` or ``WindowParam``; no extra arguments, side inputs,
-    state, timers, restrictions, batched ``process_batch`` or lifecycle parameters. Beam's
-    own other DoFns (and wrappers such as the runtime type check's) keep the bundle processor.
+    FlatMapTuple), with extra arguments that are plain values (``Map(fn, 3, k=v)``), and
+    user DoFns whose ``process`` takes the element and, as keyword defaults, only
+    ``TimestampParam`` or ``WindowParam``; no side inputs, DoFn parameters passed as
+    arguments, state, timers, restrictions, batched ``process_batch`` or lifecycle
+    parameters. Beam's own other DoFns (and wrappers such as the runtime type check's)
+    keep the bundle processor.
     """
     from apache_beam.transforms import core
 
-    if args or kwargs or side_inputs:
-        return "extra arguments or side inputs"
+    if side_inputs:
+        return "side inputs"
+    if args or kwargs:
+        if type(dofn) is not core.CallableWrapperDoFn:
+            return "a DoFn with extra arguments"
+        from apache_beam.internal.util import ArgumentPlaceholder
+
+        special = (core._DoFnParam, ArgumentPlaceholder)  # noqa: SLF001 - Beam internal
+        if any(isinstance(a, special) for a in (*args, *kwargs.values())):
+            return "side inputs or DoFn parameters passed as arguments"
     if not isinstance(dofn, core.DoFn):
         return "not a DoFn"
     if type(dofn) is not core.CallableWrapperDoFn and type(dofn).__module__.startswith(
@@ -736,7 +746,13 @@ def window_into_dofn(windowing: Any) -> Any:
 
 
 def dofn_runner(
-    dofn: Any, windowing: Any, receiver: ListReceiver, step_name: str, transform_id: str
+    dofn: Any,
+    windowing: Any,
+    receiver: ListReceiver,
+    step_name: str,
+    transform_id: str,
+    args: tuple[Any, ...] = (),
+    kwargs: Mapping[str, Any] | None = None,
 ) -> Any:
     """Beam's ``DoFnRunner`` for a one-output step writing to ``receiver``.
 
@@ -751,8 +767,8 @@ def dofn_runner(
     receivers = _MainOnlyReceivers({None: receiver})
     return runners_common.DoFnRunner(
         dofn,
-        [],
-        {},
+        list(args),
+        dict(kwargs or {}),
         [],
         windowing,
         tagged_receivers=receivers,

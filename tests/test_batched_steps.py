@@ -127,6 +127,13 @@ STEPS: dict[str, Callable[[Any], Any]] = {
     "map_params": lambda pc: (
         pc | beam.Map(lambda x, t=beam.DoFn.TimestampParam: (x, int(t.micros)))
     ),
+    "extra_arguments": lambda pc: (
+        pc
+        | beam.Map(lambda x, n, m: x * n + m, 3, m=1)
+        | beam.FlatMap(lambda x, times: [x] * (x % times), times=3)
+        | beam.Filter(lambda x, odd: x % 2 == odd, 1)
+        | beam.Map(lambda x, k: x + k, k=5)
+    ),
     "bundle_outputs": lambda pc: pc | beam.ParDo(BundleOutputs()),
     "global_windows": lambda pc: (
         pc

@@ -34,8 +34,9 @@ class StepSpec:
     step_name: str
     input_pcollection: str
     output_pcollection: str
-    # Builds a fresh DoFn instance and its windowing (a new instance after each teardown).
-    make_dofn: Callable[[], tuple[Any, Any]]
+    # Builds a fresh DoFn instance, its windowing and its extra arguments (Map(fn, *args,
+    # **kwargs): plain values), a new instance after each teardown.
+    make_dofn: Callable[[], tuple[Any, Any, tuple[Any, ...], dict[str, Any]]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,8 +102,8 @@ def _step_spec(descriptor: Any, context: Any, transform_id: str) -> StepSpec | s
         if not bi.is_standard_window_fn(windowing.windowfn):
             return f"a custom window function {type(windowing.windowfn).__name__}"
 
-        def make_window_into() -> tuple[Any, Any]:
-            return bi.window_into_dofn(windowing), input_windowing
+        def make_window_into() -> tuple[Any, Any, tuple[Any, ...], dict[str, Any]]:
+            return bi.window_into_dofn(windowing), input_windowing, (), {}
 
         make = make_window_into
     elif urn == PAR_DO_URN:
@@ -128,11 +129,11 @@ def _step_spec(descriptor: Any, context: Any, transform_id: str) -> StepSpec | s
             return reason
         step_windowing = windowing or input_windowing
 
-        def make_pardo() -> tuple[Any, Any]:
+        def make_pardo() -> tuple[Any, Any, tuple[Any, ...], dict[str, Any]]:
             fresh = bi.pickled_dofn_info(payload)
             if fresh is None:  # pragma: no cover - checked when planned
                 raise ValueError(f"{transform.unique_name}: the DoFn is no longer readable")
-            return fresh[0], step_windowing
+            return fresh[0], step_windowing, tuple(fresh[1] or ()), dict(fresh[2] or {})
 
         make = make_pardo
     else:

@@ -60,6 +60,15 @@ def _nanos_to_ms(nanos: int) -> int:
     return nanos // 1_000_000
 
 
+def _with_arguments(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Callable[[Any], Any]:
+    """``fn`` called with the element, then the step's extra arguments (as Beam calls it)."""
+    if not args and not kwargs:
+        return fn
+    return lambda element: fn(element, *args, **kwargs)
+
+
 class _Step:
     """One batched step in a stage worker: Beam's DoFnRunner, its metrics and timings."""
 
@@ -83,15 +92,23 @@ class _Step:
         self.nanos = [0, 0, 0]
 
     def set_up(self) -> None:
-        dofn, windowing = self.spec.make_dofn()
+        dofn, windowing, args, kwargs = self.spec.make_dofn()
         self.runner = bi.dofn_runner(
-            dofn, windowing, self.receiver, self.spec.step_name, self.spec.transform_id
+            dofn,
+            windowing,
+            self.receiver,
+            self.spec.step_name,
+            self.spec.transform_id,
+            args,
+            kwargs,
         )
         if bi.is_simple_callable(dofn):
-            self.simple_process = dofn.process
+            self.simple_process = _with_arguments(dofn.process, args, kwargs)
             self.handler = bi.simple_output_handler(windowing, self.receiver)
             wrapped = bi.wrapped_callable(dofn)
             self.kind, self.fn = wrapped if wrapped is not None else ("flat_map", None)
+            if self.fn is not None:
+                self.fn = _with_arguments(self.fn, args, kwargs)
         with self.states[0]:
             self.runner.setup()
 
