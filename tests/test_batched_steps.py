@@ -103,6 +103,16 @@ def _counted(x: int) -> int:
     return x * 3
 
 
+def _three_maps(pc: Any) -> Any:
+    """Three steps: with the source, enough to run batched before a hand-off."""
+    return (
+        pc
+        | "One" >> beam.Map(lambda x: x + 1)
+        | "Two" >> beam.Map(lambda x: x - 1)
+        | "Three" >> beam.Map(lambda x: x + 1)
+    )
+
+
 STEPS: dict[str, Callable[[Any], Any]] = {
     "map": lambda pc: pc | beam.Map(_counted),
     "flat_map": lambda pc: pc | beam.FlatMap(lambda x: [x] * (x % 3)),
@@ -157,12 +167,12 @@ STEPS: dict[str, Callable[[Any], Any]] = {
     ),
     # Steps the batched path hands to the bundle processor.
     "side_input": lambda pc: (
-        pc
-        | beam.Map(lambda x: x + 1)
+        _three_maps(pc)
         | beam.Map(lambda x, n: x + n, beam.pvalue.AsSingleton(pc.pipeline | beam.Create([5])))
         | beam.Map(_counted)
     ),
-    "pane_param": lambda pc: pc | beam.Map(lambda x: x + 1) | beam.ParDo(PaneReader()),
+    "pane_param": lambda pc: _three_maps(pc) | beam.ParDo(PaneReader()),
+    "short_chain": lambda pc: pc | beam.Map(lambda x: x + 1) | beam.ParDo(PaneReader()),
 }
 
 
@@ -269,7 +279,7 @@ def _compare_with(
     return on_elements, on_metrics, on
 
 
-BATCHED_KINDS = [k for k in STEPS if k not in ("side_input", "pane_param")]
+BATCHED_KINDS = [k for k in STEPS if k not in ("side_input", "pane_param", "short_chain")]
 
 
 @pytest.mark.parametrize("kind", BATCHED_KINDS)
@@ -314,12 +324,19 @@ def test_steps_that_do_not_qualify_keep_the_bundle_processor(kind: str) -> None:
     assert len(elements) == 2 * ELEMENTS
     worker = stage_worker(spec)
     assert worker.batched is not None
-    # The Map before the step runs batched and hands its output on.
+    # The steps before it run batched and hand their output on.
     assert worker.batched.plan.remainder is not None
-    assert worker.batched.step_names[0] == "Source"
-    assert len(worker.batched.step_names) == 2
+    assert worker.batched.step_names == ["Source", "One", "Two", "Three"]
     remaining = {t.unique_name for t in worker.descriptor.transforms.values()}
     assert "Source" not in remaining
+    tear_down_stage_workers()
+
+
+def test_a_hand_off_after_a_short_chain_keeps_the_bundle_processor() -> None:
+    """A hand-off costs more than a few batched steps save (MIN_STEPS_BEFORE_HANDOFF)."""
+    elements, _, spec = _compare("short_chain")
+    assert len(elements) == 2 * ELEMENTS
+    assert stage_worker(spec).batched is None
     tear_down_stage_workers()
 
 

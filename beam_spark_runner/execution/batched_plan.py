@@ -147,6 +147,14 @@ def _step_spec(descriptor: Any, context: Any, transform_id: str) -> StepSpec | s
     )
 
 
+# A stage that hands elements to the bundle processor runs batched only with at least this
+# many batched steps before the hand-off. Measured (docs/performance.md, 2026-11-25): the
+# hand-off costs ~1.5 µs per element in the bundle processor's data input, about what three
+# steps save; a FlatMap batched before a precombine made CombinePerKey 2.4x slower, where
+# six steps before Count.Globally's precombine made it 1.16x faster.
+MIN_STEPS_BEFORE_HANDOFF = 4
+
+
 def plan_batched_steps(
     descriptor: Any, input_transform_id: str, token: str = "batched"
 ) -> BatchedPlan | None:
@@ -155,7 +163,8 @@ def plan_batched_steps(
     Walks from the stage's input: a PCollection whose readers all qualify (or are the
     stage's outputs) is processed batched; one read by a step that does not qualify is the
     hand-off, and everything from there runs in the bundle processor. A stage that would
-    need two hand-offs runs as before, unbatched. ``token`` names the stage worker's
+    need two hand-offs, or a hand-off after fewer than ``MIN_STEPS_BEFORE_HANDOFF`` steps,
+    runs as before, unbatched. ``token`` names the stage worker's
     hand-off (see ``beam_internals.HandoffCoder``).
     """
     context = bi.PipelineContext(descriptor)
@@ -194,6 +203,9 @@ def plan_batched_steps(
         direct_outputs.update(outputs)
         pending.extend(spec.output_pcollection for spec in specs)
     if not steps or len(handoffs) > 1:
+        return None
+    if handoffs and len(steps) < MIN_STEPS_BEFORE_HANDOFF:
+        # Handing each element to the bundle processor costs more than a few steps save.
         return None
     remainder = None
     handoff = None
