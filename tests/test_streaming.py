@@ -418,17 +418,23 @@ def test_continuous_file_matching_reads_files_that_arrive_while_it_runs(tmp_path
     options = PipelineOptions(
         ["--runner=SparkStructuredRunner", f"--spark_master={SPARK_TEST_MASTER}", "--streaming"]
     )
-    with beam.Pipeline(options=options) as pipeline:
-        lines = (
-            pipeline
-            | fileio.MatchContinuously(
-                str(inbox / "*.txt"), interval=2, stop_timestamp=time.time() + 45
-            )
-            | beam.Map(lambda metadata: metadata.path)
-            | beam.Map(_note_first, str(seen))
-            | fileio.ReadMatches()
-            | beam.FlatMap(
-                lambda f: [(Path(f.metadata.path).name, line) for line in f.read_utf8().split()]
-            )
+    pipeline = beam.Pipeline(options=options)
+    lines = (
+        pipeline
+        | fileio.MatchContinuously(
+            str(inbox / "*.txt"), interval=2, stop_timestamp=time.time() + 45
         )
-        assert_that(lines, equal_to([("a.txt", "x"), ("a.txt", "y"), ("b.txt", "z")]))
+        | beam.Map(lambda metadata: metadata.path)
+        | beam.Map(_note_first, str(seen))
+        | fileio.ReadMatches()
+        | beam.FlatMap(
+            lambda f: [(Path(f.metadata.path).name, line) for line in f.read_utf8().split()]
+        )
+    )
+    assert_that(lines, equal_to([("a.txt", "x"), ("a.txt", "y"), ("b.txt", "z")]))
+    result = pipeline.run()
+    # The match stops 45 s after it starts; a query still running long after has hung.
+    state = result.wait_until_finish(duration=300_000)
+    if state != PipelineState.DONE:
+        result.cancel()
+        pytest.fail(f"Expected the query to end DONE after its stop timestamp, found {state}")
