@@ -184,15 +184,6 @@ class KeyExtractor:
             array = keys.cast(pa.binary())
         return array, value_starts, np.fromiter(odd, dtype=np.int64, count=len(odd))
 
-    def decoded_values(self, data: bytes, ends: Sequence[int], indices: np.ndarray) -> list[object]:
-        """The values of the elements at ``indices``, decoded."""
-        values = []
-        for index in indices.tolist():
-            start = ends[index - 1] if index else 0
-            stream = bi.create_InputStream(data[start : ends[index]])
-            values.append(self._element_impl.decode_from_stream(stream, True).value[1])
-        return values
-
     def decoded_keys(self, data: bytes, ends: Sequence[int]) -> list[bytes]:
         """The keys by decoding each element and re-encoding its key (any coder)."""
         stream = bi.create_InputStream(data)
