@@ -400,7 +400,32 @@ def _note_first(path: str, marker: str) -> str:
     return path
 
 
-def test_continuous_file_matching_reads_files_that_arrive_while_it_runs(tmp_path: Path) -> None:
+def test_continuous_file_matching_reads_files_that_arrive_while_it_runs(
+    tmp_path: Path, run_python: Callable[..., Any]
+) -> None:
+    """In an interpreter of its own, with its own Spark session.
+
+    Run in the test suite's long-lived process, after the rest of the suite, its query
+    kept running past its stop timestamp without ending (three full runs of the suite on
+    2026-11-25, also without that day's changes to the batched path); never when run
+    alone, under CPU load, or after its own module. An open bug, noted on issue 12.
+    """
+    root = Path(__file__).resolve().parent.parent
+    done = run_python(
+        [
+            "-c",
+            "from pathlib import Path; "
+            "from tests.test_streaming import continuous_file_matching; "
+            f"continuous_file_matching(Path({str(tmp_path)!r}))",
+        ],
+        timeout=480,
+        cwd=root,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+
+
+def continuous_file_matching(tmp_path: Path) -> None:
+    """``MatchContinuously`` reads a file there at the start and one dropped while it runs."""
     from apache_beam.io import fileio
 
     inbox = tmp_path / "inbox"
@@ -437,4 +462,6 @@ def test_continuous_file_matching_reads_files_that_arrive_while_it_runs(tmp_path
     state = result.wait_until_finish(duration=300_000)
     if state != PipelineState.DONE:
         result.cancel()
-        pytest.fail(f"Expected the query to end DONE after its stop timestamp, found {state}")
+        raise AssertionError(
+            f"Expected the query to end DONE after its stop timestamp, found {state}"
+        )
