@@ -322,6 +322,26 @@ def _buffer_write_stage(
     )
 
 
+def _through_buffer(
+    stage: bi.Stage,
+    transform: bi.beam_runner_api_pb2.PTransform,
+    pcollection: str,
+    buffer_id: bytes,
+) -> Iterator[bi.Stage]:
+    """``stage`` as a write of ``pcollection`` to a runner buffer and a read from it.
+
+    The read gives ``transform``'s outputs.
+    """
+    write = _buffer_write_stage(transform, pcollection, buffer_id, stage.must_follow)
+    yield write
+    yield _buffer_read_stage(
+        transform,
+        buffer_id,
+        stage.downstream_side_inputs,
+        frozenset([write]) | stage.must_follow,
+    )
+
+
 def _reshuffled_input(
     transform: bi.beam_runner_api_pb2.PTransform, components: bi.beam_runner_api_pb2.Components
 ) -> str:
@@ -395,14 +415,7 @@ def expand_reshuffle(
             transform_id = bi.unique_name(context.components.transforms, stage.name)
             context.components.transforms[transform_id].CopyFrom(transform)
         buffer_id = bi.create_buffer_id(transform_id, kind=RESHUFFLE_BUFFER_KIND)
-        write = _buffer_write_stage(transform, written_pcoll, buffer_id, stage.must_follow)
-        yield write
-        yield _buffer_read_stage(
-            transform,
-            buffer_id,
-            stage.downstream_side_inputs,
-            frozenset([write]) | stage.must_follow,
-        )
+        yield from _through_buffer(stage, transform, written_pcoll, buffer_id)
 
 
 def _side_input_pcollections(components: bi.beam_runner_api_pb2.Components) -> set[str]:
@@ -607,14 +620,7 @@ def native_combines(stages: Iterable[bi.Stage], context: bi.TransformContext) ->
             aggregation.function
             + ("" if aggregation.value_type == "none" else f" of {aggregation.value_type}s"),
         )
-        write = _buffer_write_stage(transform, input_pcoll, buffer_id, stage.must_follow)
-        yield write
-        yield _buffer_read_stage(
-            transform,
-            buffer_id,
-            stage.downstream_side_inputs,
-            frozenset([write]) | stage.must_follow,
-        )
+        yield from _through_buffer(stage, transform, input_pcoll, buffer_id)
 
 
 def _phases(streaming: bool = False, native_combine: bool = False) -> list:

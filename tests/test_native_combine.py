@@ -30,6 +30,7 @@ from beam_spark_runner.planning import (
     NativeAggregation,
     build_plan,
 )
+from tests.test_keys import encode as _encoded
 
 INT = coders.VarIntCoder()
 FLOAT = coders.FloatCoder()
@@ -119,16 +120,6 @@ INTS = [0, 1, 63, 64, 127, 128, 300, 2**31, 2**63 - 1, -1, -300, -(2**63)]
 FLOATS = [0.0, -0.0, 1.5, -2.25, 1e308, 5e-324, math.inf, -math.inf, math.nan]
 
 
-def _stream(coder, elements):
-    impl = coder.get_impl()
-    out = bi.create_OutputStream()
-    ends = []
-    for element in elements:
-        impl.encode_to_stream(element, out, True)
-        ends.append(out.size())
-    return out.get(), ends
-
-
 def _coder(key_coder, value_coder, value_only: bool):
     kv = coders.TupleCoder([key_coder, value_coder])
     if value_only:
@@ -156,7 +147,7 @@ def test_typed_values_equal_the_decoded_values(value_type, key_coder, keys, pref
         WindowedValue((keys[i % len(keys)], value), 0, (window.GlobalWindow(),))
         for i, value in enumerate(values)
     ]
-    data, ends = _stream(coder, elements)
+    data, ends = _encoded(coder, elements)
     keys_read, read = TypedValueReader(coder, coder, value_type).read(data, ends)
     assert keys_read.to_pylist() == [key_coder.encode(e.value[0]) for e in elements]
     for got, element in zip(read.tolist(), elements, strict=True):
@@ -175,7 +166,7 @@ def test_the_reader_reads_values_with_the_streams_own_coder():
     safe = _coder(STR, coders.LengthPrefixCoder(coders.BytesCoder()), True)
     sdk = _coder(STR, coders.LengthPrefixCoder(INT), True)
     elements = [WindowedValue(("k", v), 0, (window.GlobalWindow(),)) for v in INTS]
-    data, ends = _stream(sdk, elements)
+    data, ends = _encoded(sdk, elements)
     _, read = TypedValueReader(safe, sdk, "int").read(data, ends)
     assert read.tolist() == INTS
 
@@ -200,7 +191,7 @@ def test_partial_aggregates_per_key_and_bundle(function, value_type, values, exp
         WindowedValue((k, (values or [0] * 4)[i]), 0, (window.GlobalWindow(),))
         for i, k in enumerate(keys)
     ]
-    data, ends = _stream(coder, elements)
+    data, ends = _encoded(coder, elements)
     native = NativeOutput(function, value_type, "unused")
     batch = PartialAggregator(native, coder, coder).record_batch(3, data, ends)
     rows = batch.to_pylist()

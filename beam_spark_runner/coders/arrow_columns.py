@@ -17,6 +17,15 @@ from apache_beam.coders import Coder
 
 from beam_spark_runner import beam_internals as bi
 
+# The columns of a fused stage's output rows: which output (tag), the grouping key where
+# the next step groups by key, and the encoded element(s).
+TAG = "tag"
+KEY = "key"
+ELEMENT = "element"
+STAGE_OUTPUT_SCHEMA = pa.schema(
+    [pa.field(TAG, pa.int32()), pa.field(KEY, pa.binary()), pa.field(ELEMENT, pa.binary())]
+)
+
 # Arrow ``binary`` uses 32-bit offsets: a single array holds under 2 GiB of data.
 MAX_ARRAY_BYTES = 1 << 30
 

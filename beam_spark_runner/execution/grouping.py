@@ -54,6 +54,25 @@ _PANE_OFFSET = 12
 _GLOBAL_HEADER_BYTES = 13
 
 
+def at_end_of_global_window() -> Any:
+    """``value -> WindowedValue`` in the global window, at its end, in its one on-time pane.
+
+    What a key's output is under default windowing, as Beam's ``GroupingBuffer.partition``
+    builds it (and so the merge and extract steps of a lifted combine after it).
+    """
+    return window.GlobalWindows.windowed_value(
+        None,
+        timestamp=window.GlobalWindow().max_timestamp(),
+        pane_info=bi.PaneInfo(
+            is_first=True,
+            is_last=True,
+            timing=bi.PaneInfoTiming.ON_TIME,
+            index=0,
+            nonspeculative_index=0,
+        ),
+    ).with_value
+
+
 @dataclasses.dataclass(frozen=True)
 class GroupSpec:
     """What a grouping task needs: coders and windowing, shipped as Components bytes."""
@@ -113,18 +132,7 @@ class _Grouper:
             key_coder, value_coder = self.pre_coder.wrapped_value_coder.coders()
             self._key_impl = key_coder.get_impl()
             self._value_impl = value_coder.get_impl()
-            # As GroupingBuffer.partition builds it.
-            self._globally_window = window.GlobalWindows.windowed_value(
-                None,
-                timestamp=window.GlobalWindow().max_timestamp(),
-                pane_info=bi.PaneInfo(
-                    is_first=True,
-                    is_last=True,
-                    timing=bi.PaneInfoTiming.ON_TIME,
-                    index=0,
-                    nonspeculative_index=0,
-                ),
-            ).with_value
+            self._globally_window = at_end_of_global_window()
 
     def group(self, elements: bytes) -> bytes:
         """The grouped output of one key's elements (as Beam's GroupingBuffer gives it)."""

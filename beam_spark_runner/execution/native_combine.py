@@ -14,20 +14,17 @@ from __future__ import annotations
 
 import dataclasses
 import decimal
-import functools
-import hashlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
 from apache_beam.coders import coders
-from apache_beam.transforms import window
 
 from beam_spark_runner import beam_globals
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import split_packed
+from beam_spark_runner.execution.grouping import GROUPED_SCHEMA, at_end_of_global_window
 from beam_spark_runner.execution.stage_worker import (
-    ELEMENT,
     KEY,
     NO_SINKS,
     StageSpec,
@@ -40,7 +37,6 @@ RESULT = "result"
 COUNT = "count"
 # Keys per output batch, as grouping hands out (execution.grouped_stage.BUNDLE_KEYS).
 _BATCH_KEYS = 10_000
-GROUPED_SCHEMA = pa.schema([pa.field(KEY, pa.binary()), pa.field(ELEMENT, pa.binary())])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,12 +58,6 @@ class NativeCombineSpec:
     safe_output_coder_id: str
     pickle_library: str = beam_globals.DEFAULT_PICKLE_LIBRARY
     main_session: Any = None
-
-    @functools.cached_property
-    def cache_key(self) -> str:
-        """Identifies what was shipped, so a worker never reuses another spec's coders."""
-        digest = hashlib.sha1(self.components, usedforsecurity=False).hexdigest()
-        return f"{self.run_id}/{self.name}/{digest}"
 
 
 def output_value(function: str, value_type: str, result: Any, count: Any = None) -> Any:
@@ -99,18 +89,7 @@ class _Encoder:
             coders.TupleCoder([safe_key_coder, output.wrapped_value_coder.coders()[1]]),
             output.window_coder,
         ).get_impl()
-        # As GroupingBuffer.partition builds it (execution.grouping does the same).
-        self._in_global_window = window.GlobalWindows.windowed_value(
-            None,
-            timestamp=window.GlobalWindow().max_timestamp(),
-            pane_info=bi.PaneInfo(
-                is_first=True,
-                is_last=True,
-                timing=bi.PaneInfoTiming.ON_TIME,
-                index=0,
-                nonspeculative_index=0,
-            ),
-        ).with_value
+        self._in_global_window = at_end_of_global_window()
         self._spec = spec
 
     def batches(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

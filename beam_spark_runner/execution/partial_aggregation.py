@@ -29,25 +29,18 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.coders import Coder
 
+from beam_spark_runner.coders.arrow_columns import KEY, STAGE_OUTPUT_SCHEMA
 from beam_spark_runner.coders.keys import KeyExtractor
 from beam_spark_runner.coders.typed_values import TypedValueReader
 
-TAG = "tag"
-KEY = "key"
-ELEMENT = "element"
 INT_VALUE = "int_value"
 FLOAT_VALUE = "float_value"
 VALUE_COUNT = "value_count"
 VALUE_COLUMNS: dict[str, str] = {"int": INT_VALUE, "float": FLOAT_VALUE}
-TYPED_STAGE_OUTPUT_SCHEMA = pa.schema(
-    [
-        pa.field(TAG, pa.int32()),
-        pa.field(KEY, pa.binary()),
-        pa.field(ELEMENT, pa.binary()),
-        pa.field(INT_VALUE, pa.int64()),
-        pa.field(FLOAT_VALUE, pa.float64()),
-        pa.field(VALUE_COUNT, pa.int64()),
-    ]
+TYPED_STAGE_OUTPUT_SCHEMA = (
+    STAGE_OUTPUT_SCHEMA.append(pa.field(INT_VALUE, pa.int64()))
+    .append(pa.field(FLOAT_VALUE, pa.float64()))
+    .append(pa.field(VALUE_COUNT, pa.int64()))
 )
 _VALUE = "value"
 
@@ -69,16 +62,18 @@ class PartialAggregator:
 
     def __init__(self, native: NativeOutput, safe_coder: Coder, coder: Coder) -> None:
         self.native = native
-        self._keys = KeyExtractor(safe_coder)
         self._reader = (
             TypedValueReader(safe_coder, coder, native.value_type)
             if native.value_type in VALUE_COLUMNS
             else None
         )
+        # A count reads keys only.
+        self._keys = KeyExtractor(safe_coder) if self._reader is None else None
 
     def record_batch(self, tag: int, data: bytes, ends: Sequence[int]) -> pa.RecordBatch:
         """The partial aggregates of one output stream, in the typed output layout."""
         if self._reader is None:
+            assert self._keys is not None
             keys = self._keys.key_array_and_value_starts(data, ends)[0]
             grouped = pa.table({KEY: keys}).group_by(KEY).aggregate([([], "count_all")])
             return _rows(tag, grouped[KEY], None, None, grouped["count_all"])

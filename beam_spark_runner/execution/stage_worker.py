@@ -33,6 +33,8 @@ import pyarrow as pa
 from beam_spark_runner import beam_globals, worker_logs, worker_warnings
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import KeyExtractor, packed_bytes, split_packed
+from beam_spark_runner.coders.arrow_columns import ELEMENT, KEY, STAGE_OUTPUT_SCHEMA
+from beam_spark_runner.coders.arrow_columns import TAG as TAG  # re-exported: the stage's layout
 from beam_spark_runner.errors import StageExecutionError
 from beam_spark_runner.execution.batched_plan import plan_batched_steps
 from beam_spark_runner.execution.batched_steps import BatchedSteps
@@ -50,12 +52,6 @@ from beam_spark_runner.metrics import TaskMetrics, task_metrics
 
 _LOGGER = logging.getLogger(__name__)
 
-TAG = "tag"
-KEY = "key"
-ELEMENT = "element"
-STAGE_OUTPUT_SCHEMA = pa.schema(
-    [pa.field(TAG, pa.int32()), pa.field(KEY, pa.binary()), pa.field(ELEMENT, pa.binary())]
-)
 
 # An SDF may ask to be resumed after a delay; in batch the runner waits, up to this long.
 _MAX_RESUME_DELAY_SECONDS = 5.0

@@ -13,8 +13,9 @@ import pyarrow as pa
 
 from beam_spark_runner import beam_globals, spark_compat
 from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.coders.arrow_columns import ELEMENT, KEY, TAG
 from beam_spark_runner.execution.partial_aggregation import FLOAT_VALUE, INT_VALUE, VALUE_COUNT
-from beam_spark_runner.execution.stage_worker import ELEMENT, KEY, TAG, TaskSinks
+from beam_spark_runner.execution.stage_worker import TaskSinks
 from beam_spark_runner.planning import EXECUTABLE_STAGE_URN, Plan, PlannedBuffer
 
 if TYPE_CHECKING:

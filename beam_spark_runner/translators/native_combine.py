@@ -23,6 +23,7 @@ import functools
 from typing import TYPE_CHECKING
 
 from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.coders.arrow_columns import KEY, TAG
 from beam_spark_runner.execution.native_combine import (
     COUNT,
     RESULT,
@@ -34,7 +35,6 @@ from beam_spark_runner.execution.partial_aggregation import (
     VALUE_COUNT,
     NativeOutput,
 )
-from beam_spark_runner.execution.stage_worker import KEY, TAG
 from beam_spark_runner.planning import (
     NATIVE_COMBINE_URN,
     NativeAggregation,
