@@ -206,6 +206,71 @@ def test_rows_become_elements_at_their_event_time_and_a_watermark_behind_the_lat
     assert list(convert([_orders([], [])])) == []
 
 
+def _converter(pipeline: beam.Pipeline) -> Any:
+    from beam_spark_runner.streaming.query import plan_topology
+    from beam_spark_runner.streaming.spark_sources import RowsToElements, spark_stream_roots
+
+    plan = _plan(pipeline)
+    (root,) = spark_stream_roots(plan)
+    coder = bi.PipelineContext(plan.components).coders[root.coder_id]
+    return RowsToElements(root.name, root.producer, plan_topology(plan, 2), root.spec, coder)
+
+
+@needs_streaming
+def test_rows_encoded_column_wise_equal_rows_encoded_one_by_one(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The routed batches are the same whether the read's rows are encoded a column at a
+    time (``coders.row_columns``) or element by element with Beam's coder (the way for
+    columns it cannot encode, and after its first rows disagree with Beam's)."""
+    from beam_spark_runner.coders.row_columns import RowColumnsEncoder
+
+    batches = [_orders(list(range(40)), [f"u{i % 7}" if i % 5 else None for i in range(40)])]
+    pipeline, _ = _pipeline()
+    column_wise = _converter(pipeline)
+    assert column_wise._columns.encoder is not None
+    expected = [b.to_pylist() for b in column_wise.convert(batches)]
+    assert column_wise._columns.checked and column_wise._columns.encoder is not None
+
+    monkeypatch.setattr(RowColumnsEncoder, "for_coder", classmethod(lambda cls, coder: None))
+    one_by_one = _converter(pipeline)
+    assert [b.to_pylist() for b in one_by_one.convert(batches)] == expected
+
+    monkeypatch.undo()
+    monkeypatch.setattr(RowColumnsEncoder, "agrees", lambda self, *args: False)
+    disagreeing = _converter(pipeline)
+    with caplog.at_level("WARNING"):
+        assert [b.to_pylist() for b in disagreeing.convert(batches)] == expected
+    assert disagreeing._columns.encoder is None
+    assert "'Orders': its rows are encoded one by one" in caplog.text
+
+
+@needs_streaming
+def test_columns_the_column_wise_encoding_does_not_take_are_encoded_one_by_one() -> None:
+    pipeline = beam.Pipeline(options=PipelineOptions(["--streaming"]))
+    _ = pipeline | "Ledger" >> ReadFromSparkStream(
+        "json", "day DATE, amount DECIMAL(10, 2), ts TIMESTAMP", path="/x", timestamp_column="ts"
+    )
+    convert = _converter(pipeline)
+    assert convert._columns.encoder is None
+    batch = pa.RecordBatch.from_arrays(
+        [
+            pa.array([datetime.date(2026, 1, 2), None], pa.date32()),
+            pa.array([decimal.Decimal("1.25"), None], pa.decimal128(10, 2)),
+            pa.array([T0, T0 + 7], pa.timestamp("us", tz="UTC")),
+        ],
+        names=["day", "amount", "ts"],
+    )
+    from beam_spark_runner.streaming import rows as routed
+
+    rows = [r for b in convert.convert([batch]) for r in b.to_pylist()]
+    elements = [convert.coder.decode(r[routed.ELEMENT]) for r in rows if r[routed.ELEMENT]]
+    assert [tuple(e.value) for e in elements] == [
+        (datetime.date(2026, 1, 2), decimal.Decimal("1.25"), Timestamp(micros=T0)),
+        (None, None, Timestamp(micros=T0 + 7)),
+    ]
+
+
 @needs_streaming
 def test_a_row_without_an_event_time_fails_naming_the_read_and_column() -> None:
     from beam_spark_runner.streaming.query import plan_topology

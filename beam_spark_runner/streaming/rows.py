@@ -20,6 +20,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 
 from beam_spark_runner.streaming.topology import SINK, Node, Topology
@@ -102,6 +103,49 @@ def element_row(topology: Topology, target: int, key: bytes | None, element: byt
     node = topology.nodes[target]
     shard = shard_of(key if key is not None else element, topology.shards) if node.stateful else 0
     return (target, shard, key, element, None, None, None, 0)
+
+
+def element_batch(
+    topology: Topology,
+    target: int,
+    elements: pa.Array,
+    keys: pa.Array | None = None,
+    port: int = 0,
+    shard: int | None = None,
+) -> pa.RecordBatch:
+    """A column of elements (and their keys) addressed to ``target``.
+
+    Each as ``element_row`` addresses it; ``shard`` overrides the shard (a side input's
+    copy for each shard).
+    """
+    count = len(elements)
+    node = topology.nodes[target]
+    if shard is not None:
+        shards = np.full(count, shard, dtype=np.int32)
+    elif node.stateful:
+        keyed = [None] * count if keys is None else keys.to_pylist()
+        shards = np.array(
+            [
+                shard_of(k if k is not None else e, topology.shards)
+                for k, e in zip(keyed, elements.to_pylist(), strict=True)
+            ],
+            dtype=np.int32,
+        )
+    else:
+        shards = np.zeros(count, dtype=np.int32)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(np.full(count, target, dtype=np.int32)),
+            pa.array(shards),
+            pa.nulls(count, pa.binary()) if keys is None else keys.cast(pa.binary()),
+            elements.cast(pa.binary()),
+            pa.nulls(count, pa.string()),
+            pa.nulls(count, pa.int64()),
+            pa.nulls(count, pa.int64()),
+            pa.array(np.full(count, port, dtype=np.int32)),
+        ],
+        schema=ROUTED_SCHEMA,
+    )
 
 
 def output_rows(

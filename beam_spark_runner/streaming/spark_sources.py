@@ -17,15 +17,17 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import logging
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.coders.row_columns import RowColumnsEncoder
 from beam_spark_runner.errors import SparkRunnerError
 from beam_spark_runner.io.spark_stream import TIMESTAMP_TYPES, SparkStreamSpec
 from beam_spark_runner.planning import SPARK_STREAM_BUFFER_KIND, SPARK_STREAM_URN, Plan
@@ -37,6 +39,10 @@ from beam_spark_runner.translators.base import spark_function_name
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+_LOGGER = logging.getLogger(__name__)
+# The rows of a read's first batch encoded both ways, to check the column-wise encoding.
+_PROBE_ROWS = 16
 
 
 class SparkStreamError(SparkRunnerError, RuntimeError):
@@ -94,19 +100,18 @@ class RowsToElements:
             if type(field.dataType).__name__ in TIMESTAMP_TYPES
         )
 
+    @functools.cached_property
+    def _columns(self) -> _ColumnEncoding:
+        return _ColumnEncoding(RowColumnsEncoder.for_coder(self.coder))
+
     def convert(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """The body of the read's ``mapInArrow`` (see the module doc)."""
         targets = self.topology.roots[self.producer]
         event_time = self.spec.schema.names.index(self.spec.timestamp_column)
-        encode = self.coder.get_impl().encode_nested
         latest: int | None = None
         for batch in batches:
             if not batch.num_rows:
                 continue
-            columns = [
-                _timestamps(column) if i in self._timestamp_columns else column.to_pylist()
-                for i, column in enumerate(batch.columns)
-            ]
             times = _micros(batch.column(event_time))
             if times.null_count:
                 raise SparkStreamError(
@@ -115,21 +120,58 @@ class RowsToElements:
                     f"{times.null_count} row(s) where it is null. Filter them out or fill "
                     "the column in the source."
                 )
-            out: list[routed.Row] = []
-            for values, micros in zip(zip(*columns, strict=True), times.to_pylist(), strict=True):
-                element = encode(
-                    GlobalWindows.windowed_value(self._row_class(*values), Timestamp(micros=micros))
-                )
-                out.extend(routed.element_row(self.topology, t, None, element) for t in targets)
-            newest = pc.max(times).as_py()
+            micros = times.to_numpy().astype(np.int64)
+            elements = self._encode(batch, micros)
+            for target in targets:
+                yield routed.element_batch(self.topology, target, elements)
+            newest = int(micros.max())
             latest = newest if latest is None else max(latest, newest)
-            yield routed.to_batch(out)
         if latest is not None:
             watermark = max(MIN_MICROS, latest - self.spec.watermark_delay_micros)
             marker = Marker(self.producer, watermark, MIN_MICROS)
             yield routed.to_batch(
                 row for t in targets for row in routed.marker_rows(self.topology, t, marker)
             )
+
+    def _encode(self, batch: pa.RecordBatch, micros: np.ndarray) -> pa.Array:
+        """The rows as Beam-encoded elements: column-wise once checked, else one by one."""
+        columns = self._columns
+        if columns.encoder is not None and not columns.checked:
+            probe = batch.slice(0, _PROBE_ROWS)
+            expected = self._encode_rows(probe, micros[:_PROBE_ROWS])
+            if not columns.encoder.agrees(probe, micros[:_PROBE_ROWS], expected):
+                _LOGGER.warning(
+                    "ReadFromSparkStream '%s': its rows are encoded one by one (the "
+                    "column-wise encoding did not give Beam's bytes for its first rows).",
+                    self.name,
+                )
+                columns.encoder = None
+            columns.checked = True
+        if columns.encoder is not None:
+            return columns.encoder.encode(batch, micros)
+        return pa.array(self._encode_rows(batch, micros), pa.binary())
+
+    def _encode_rows(self, batch: pa.RecordBatch, micros: np.ndarray) -> list[bytes]:
+        encode = self.coder.get_impl().encode_nested
+        values = [
+            _timestamps(column) if i in self._timestamp_columns else column.to_pylist()
+            for i, column in enumerate(batch.columns)
+        ]
+        return [
+            encode(GlobalWindows.windowed_value(self._row_class(*row), Timestamp(micros=m)))
+            for row, m in zip(zip(*values, strict=True), micros.tolist(), strict=True)
+        ]
+
+
+class _ColumnEncoding:
+    """A read's column-wise encoder (None: one element at a time).
+
+    ``checked``: whether its first rows were checked against Beam's own encoding.
+    """
+
+    def __init__(self, encoder: RowColumnsEncoder | None) -> None:
+        self.encoder = encoder
+        self.checked = False
 
 
 def _micros(column: pa.Array) -> pa.Array:
