@@ -23,6 +23,7 @@ from beam_spark_runner.capabilities import (
 )
 from beam_spark_runner.errors import PipelineExecutionError, UnsupportedFeatureError
 from beam_spark_runner.job import run_plan
+from beam_spark_runner.match_continuously import start_match_continuously_now
 from beam_spark_runner.native_create import NativeCreateOverride
 from beam_spark_runner.options import batched_steps, spark_settings
 from beam_spark_runner.planning import build_plan
@@ -93,6 +94,9 @@ class SparkStructuredRunner(PipelineRunner):
         # The pipeline's pickler before to_runner_api pickles its DoFns: another pipeline
         # constructed since this one may have set Beam's process-wide pickler.
         beam_globals.apply(beam_globals.pickle_library(options))
+        # A MatchContinuously without a start time would start when Beam's fileio was
+        # imported, which may be long ago in this process, and poll past its stop time.
+        start_match_continuously_now(pipeline)
         debug = options.view_as(pipeline_options.DebugOptions)
         experiments = debug.experiments or []
         if "beam_fn_api" not in experiments:
