@@ -37,6 +37,11 @@ from apache_beam.utils.timestamp import MAX_TIMESTAMP, Timestamp
 from beam_spark_runner import beam_globals
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution.grouping import GroupSpec
+from beam_spark_runner.streaming.default_trigger import (
+    DefaultTriggerDriver,
+    DefaultTriggerState,
+)
+from beam_spark_runner.streaming.default_trigger import applies as default_trigger_applies
 from beam_spark_runner.streaming.rows import (
     ELEMENT,
     KEY,
@@ -107,7 +112,10 @@ def encode_shard_state(shard: ShardState) -> bytes:
     """The shard's state as one state-store value (cloudpickle: windows may be user types)."""
     from pyspark import cloudpickle
 
-    keys = {k: (v.key, _plain(v.state)) for k, v in shard.keys.items()}
+    keys = {
+        k: (v.key, v.state if isinstance(v.state, DefaultTriggerState) else _plain(v.state))
+        for k, v in shard.keys.items()
+    }
     return cloudpickle.dumps((shard.watermarks, keys))  # type: ignore[no-any-return]
 
 
@@ -117,14 +125,23 @@ def decode_shard_state(data: bytes) -> ShardState:
 
     watermarks, keys = pickle.loads(data)
     return ShardState(
-        watermarks, {k: KeyState(key, _restored(plain)) for k, (key, plain) in keys.items()}
+        watermarks,
+        {
+            k: KeyState(key, plain if isinstance(plain, DefaultTriggerState) else _restored(plain))
+            for k, (key, plain) in keys.items()
+        },
     )
 
 
 class StreamingGrouper:
-    """One GroupByKey's coders and trigger driver, built once per worker process."""
+    """One GroupByKey's coders and trigger driver, built once per worker process.
 
-    def __init__(self, spec: GroupSpec) -> None:
+    Under the default trigger over non-merging windows the driver is the runner's
+    ``DefaultTriggerDriver`` (the same panes, a fraction of the Python); otherwise it is
+    Beam's ``GeneralTriggerDriver``. ``beam_driver`` forces Beam's (tests compare them).
+    """
+
+    def __init__(self, spec: GroupSpec, beam_driver: bool = False) -> None:
         beam_globals.enter_run(spec.run_id, spec.pickle_library, spec.main_session)
         context = bi.PipelineContext(bi.beam_runner_api_pb2.Components.FromString(spec.components))
         self.name = spec.name
@@ -133,6 +150,11 @@ class StreamingGrouper:
         self.windowing = context.windowing_strategies[spec.windowing_strategy_id]
         self.clock = _Clock(0)
         self.driver = trigger.create_trigger_driver(self.windowing, clock=self.clock)
+        self.default: DefaultTriggerDriver | None = (
+            DefaultTriggerDriver(self.windowing)
+            if not beam_driver and default_trigger_applies(self.windowing)
+            else None
+        )
         self.allowed_lateness = self.windowing.allowed_lateness
 
     def process(
@@ -154,9 +176,11 @@ class StreamingGrouper:
             values = list(self.pre_impl.decode_all(b"".join(cells)))
             key_state = shard.keys.get(key_bytes)
             if key_state is None:
-                key_state = KeyState(values[0].value[0], bi.trigger_state())
+                new_state = DefaultTriggerState() if self.default else bi.trigger_state()
+                key_state = KeyState(values[0].value[0], new_state)
                 shard.keys[key_bytes] = key_state
-            panes = self.driver.process_elements(
+            driver = self.default or self.driver
+            panes = driver.process_elements(
                 key_state.state,
                 [wv.with_value(wv.value[1]) for wv in values],
                 output_watermark,
@@ -171,6 +195,11 @@ class StreamingGrouper:
 
     def _fire_timers(self, shard: ShardState) -> Iterator[Any]:
         watermark = Timestamp(micros=shard.watermarks.input_watermark)
+        if self.default is not None:  # its timers never set timers: one round
+            for key_bytes, key_state in shard.keys.items():
+                for pane in self.default.fire_timers(key_state.state, watermark):
+                    yield key_bytes, key_state.key, pane
+            return
         done = shard.watermarks.input_watermark >= MAX_MICROS
         processing_time = MAX_TIMESTAMP if done else Timestamp(micros=self.clock.micros)
         for _ in range(_MAX_TIMER_ROUNDS):
@@ -205,13 +234,21 @@ class StreamingGrouper:
 
         for key_bytes in list(shard.keys):
             state = shard.keys[key_bytes].state
+            if self.default is not None:
+                self.default.forget_expired(state, expired)
+                if not state:
+                    del shard.keys[key_bytes]
+                continue
             bi.forget_expired_windows(state, expired)
             if bi.trigger_state_is_empty(state):
                 del shard.keys[key_bytes]
 
     def hold(self, shard: ShardState) -> int:
         """The earliest watermark hold of the shard's keys (microseconds)."""
-        holds = [k.state.get_earliest_hold() for k in shard.keys.values()]
+        holds = [
+            self.default.earliest_hold(k.state) if self.default else k.state.get_earliest_hold()
+            for k in shard.keys.values()
+        ]
         return min((h.micros for h in holds), default=MAX_MICROS)
 
     def encode(self, key: Any, pane: Any) -> bytes:

@@ -1,0 +1,126 @@
+"""The runner's default-trigger panes equal Beam's ``GeneralTriggerDriver``'s.
+
+``streaming.default_trigger`` stands in for Beam's driver under the default trigger over
+non-merging windows. Each case feeds the same random micro-batches (several keys, elements
+on time, late, exactly at window ends, watermarks landing on window ends, then +inf) to a
+GroupByKey shard driven each way, and compares every pane (key, values, timestamp, window,
+pane info), the shard's output watermark, the keys it keeps, and its state after a round
+trip through the state store.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import apache_beam as beam
+import pytest
+from apache_beam.transforms import trigger, window
+from apache_beam.transforms.window import TimestampCombiner
+from apache_beam.utils.timestamp import MAX_TIMESTAMP, Timestamp
+from apache_beam.utils.windowed_value import WindowedValue
+
+from beam_spark_runner.streaming import grouping
+from beam_spark_runner.streaming.default_trigger import DefaultTriggerState, applies
+from beam_spark_runner.streaming.watermarks import MAX_MICROS, Marker, WatermarkState
+from tests.test_streaming_grouping import _Shard
+
+SECOND = 1_000_000
+DISCARDING = trigger.AccumulationMode.DISCARDING
+ACCUMULATING = trigger.AccumulationMode.ACCUMULATING
+
+CASES = {
+    "fixed": dict(windowfn=window.FixedWindows(10)),
+    "sliding": dict(windowfn=window.SlidingWindows(10, 5)),
+    "fixed-lateness": dict(windowfn=window.FixedWindows(10), allowed_lateness=7),
+    "sliding-lateness-accumulating": dict(
+        windowfn=window.SlidingWindows(10, 5), allowed_lateness=12, accumulation_mode=ACCUMULATING
+    ),
+    "fixed-earliest": dict(
+        windowfn=window.FixedWindows(10), timestamp_combiner=TimestampCombiner.OUTPUT_AT_EARLIEST
+    ),
+    "sliding-latest-lateness": dict(
+        windowfn=window.SlidingWindows(10, 5),
+        timestamp_combiner=TimestampCombiner.OUTPUT_AT_LATEST,
+        allowed_lateness=5,
+    ),
+}
+
+
+def _into(case: dict[str, Any]) -> beam.WindowInto:
+    args = dict(case)
+    return beam.WindowInto(args.pop("windowfn"), **args)
+
+
+def _pane(key_bytes: bytes, key: Any, pane: WindowedValue) -> tuple[Any, ...]:
+    return (key_bytes, key, list(pane.value), pane.timestamp, pane.windows, pane.pane_info)
+
+
+class _Run:
+    """One shard of the GroupByKey, with Beam's driver or the runner's."""
+
+    def __init__(self, shard: _Shard, beam_driver: bool) -> None:
+        self.grouper = grouping.StreamingGrouper(shard.spec, beam_driver=beam_driver)
+        self.state = grouping.ShardState(WatermarkState(expected=shard.node.expected))
+        self.source = shard.source
+
+    def batch(self, cells: dict[bytes, list[bytes]], watermark: int) -> tuple[list[Any], int]:
+        marker = Marker(self.source, watermark, 0)
+        panes = [_pane(*p) for p in self.grouper.process(self.state, cells, [marker])]
+        output = self.state.watermarks.output(self.grouper.hold(self.state))
+        # Through the state store, as between micro-batches.
+        self.state = grouping.decode_shard_state(grouping.encode_shard_state(self.state))
+        return panes, output
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_same_panes_holds_and_state_as_beams_driver(name: str, seed: int) -> None:
+    into = _into(CASES[name])
+    shard = _Shard(into)
+    ours, beams = _Run(shard, beam_driver=False), _Run(shard, beam_driver=True)
+    assert ours.grouper.default is not None and beams.grouper.default is None
+    windowfn = into.windowing.windowfn
+    encode = ours.grouper.pre_impl.encode_nested
+    rng = random.Random(seed)
+    watermark = 0
+    for _ in range(30):
+        cells: dict[bytes, list[bytes]] = {}
+        for _ in range(rng.randrange(0, 8)):
+            key = rng.choice(["a", "b", "c"])
+            # Around the watermark: some late, some exactly at a window's end or start.
+            at = max(0, watermark + rng.choice([-12, -5, 0, 1, 5, 9, 13]) * SECOND)
+            at += rng.choice([0, 0, -1, 1, 500_000])
+            at = max(0, at)
+            ts = Timestamp(micros=at)
+            windows = windowfn.assign(window.WindowFn.AssignContext(ts))
+            value = WindowedValue((key, rng.randrange(100)), ts, windows)
+            cells.setdefault(key.encode(), []).append(encode(value))
+        step = rng.choice([0, 1, 5, 3, 10]) * SECOND + rng.choice([0, 0, -1, 1])
+        watermark = max(watermark, watermark + step)
+        assert ours.batch(cells, watermark) == beams.batch(cells, watermark)
+        assert set(ours.state.keys) == set(beams.state.keys)
+    final = ours.batch({}, MAX_MICROS), beams.batch({}, MAX_MICROS)
+    assert final[0] == final[1]
+    assert not ours.state.keys and not beams.state.keys
+    assert all(isinstance(k.state, DefaultTriggerState) for k in ours.state.keys.values())
+
+
+def test_it_stands_in_only_for_the_default_trigger_over_windows_that_do_not_merge() -> None:
+    assert applies(_into(CASES["sliding"]).windowing)
+    assert not applies(beam.WindowInto(window.Sessions(10)).windowing)
+    assert not applies(
+        beam.WindowInto(
+            window.FixedWindows(10),
+            trigger=trigger.AfterWatermark(early=trigger.AfterCount(2)),
+            accumulation_mode=DISCARDING,
+        ).windowing
+    )
+    assert not applies(
+        beam.WindowInto(
+            window.GlobalWindows(),
+            trigger=trigger.Repeatedly(trigger.AfterCount(1)),
+            accumulation_mode=DISCARDING,
+        ).windowing
+    )
+    assert MAX_TIMESTAMP.micros >= MAX_MICROS
