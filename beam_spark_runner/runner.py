@@ -22,8 +22,8 @@ from beam_spark_runner.capabilities import (
     unbounded_pcollections,
 )
 from beam_spark_runner.errors import PipelineExecutionError, UnsupportedFeatureError
-from beam_spark_runner.job import run_plan
 from beam_spark_runner.io.match_continuously import start_match_continuously_now
+from beam_spark_runner.job import run_plan
 from beam_spark_runner.native_create import NativeCreateOverride
 from beam_spark_runner.options import batched_steps, spark_settings
 from beam_spark_runner.planning import build_plan
