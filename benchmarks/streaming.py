@@ -77,6 +77,7 @@ TICK_SECONDS = 0.1
 # A trial whose first micro-batch has not completed after this long fails.
 STARTUP_LIMIT_SECONDS = 180.0
 WINDOWED = (5, 7, 8, 11)
+_STATE_STORE_PROVIDER = "spark.sql.streaming.stateStore.providerClass"
 
 
 @dataclasses.dataclass
@@ -338,7 +339,14 @@ def run_pyspark(query: int, rate: int, seconds: float, trigger: float = TRIGGER_
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    spark = SparkSession.builder.getOrCreate()
+    from beam_spark_runner.streaming.query import ROCKSDB_PROVIDER
+
+    # The session ours runs on: local[2], a shuffle partition per core (Spark's default of
+    # 200 makes every stateful micro-batch run 200 tasks) and RocksDB state. Whichever
+    # runner's trial creates the session, both get the same settings.
+    spark = SparkSession.builder.master("local[2]").getOrCreate()
+    spark.conf.set("spark.sql.shuffle.partitions", str(spark.sparkContext.defaultParallelism))
+    spark.conf.set(_STATE_STORE_PROVIDER, ROCKSDB_PROVIDER)
     source = (
         spark.readStream.format("rate")
         .option("rowsPerSecond", rate)
