@@ -5,9 +5,11 @@ Spark calls the level's processor once per (node, shard) with that micro-batch's
 Every shard gets every producer's marker every batch, so it runs every batch. For a
 GroupByKey shard it:
 
-1. runs each key's new elements through Beam's streaming ``GeneralTriggerDriver`` against
-   the shard's *previous* input watermark (late data is dropped where Beam drops it:
-   behind a window's end plus the allowed lateness);
+1. runs each key's new elements through Beam's streaming ``GeneralTriggerDriver`` (under
+   the default trigger over non-merging windows, the runner's ``DefaultTriggerDriver``,
+   which gives the same panes: ``streaming.default_trigger``) against the shard's
+   *previous* input watermark (late data is dropped where Beam drops it: behind a
+   window's end plus the allowed lateness);
 2. advances the input watermark from the markers (the minimum over the producers it
    expects) and the runner's processing time;
 3. fires the timers now due, key by key in timestamp order, until none are (a firing may
