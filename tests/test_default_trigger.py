@@ -124,3 +124,37 @@ def test_it_stands_in_only_for_the_default_trigger_over_windows_that_do_not_merg
         ).windowing
     )
     assert MAX_TIMESTAMP.micros >= MAX_MICROS
+
+
+def test_keys_a_checkpoint_holds_in_beams_state_stay_with_beams_driver() -> None:
+    """A shard restored from a checkpoint written with Beam's driver (an earlier runner
+    version) goes on: its keys stay with Beam's driver, new keys get the runner's."""
+    shard = _Shard(_into(CASES["sliding-lateness-accumulating"]))
+    windowfn = window.SlidingWindows(10, 5)
+    old, reference = _Run(shard, beam_driver=True), _Run(shard, beam_driver=True)
+    encode = old.grouper.pre_impl.encode_nested
+
+    def cells(keys: str, at: int) -> dict[bytes, list[bytes]]:
+        ts = Timestamp(micros=at)
+        windows = windowfn.assign(window.WindowFn.AssignContext(ts))
+        return {k.encode(): [encode(WindowedValue((k, at), ts, windows))] for k in keys}
+
+    for at in (1, 3):
+        assert old.batch(cells("ab", at * SECOND), 0) == reference.batch(
+            cells("ab", at * SECOND), 0
+        )
+    upgraded = _Run(shard, beam_driver=False)
+    upgraded.state = old.state
+    batches = [(cells("bc", 4 * SECOND), 2 * SECOND), (cells("c", 12 * SECOND), 11 * SECOND)]
+    for new_cells, watermark in [*batches, ({}, MAX_MICROS)]:
+        (panes, output), (expected, expected_output) = (
+            upgraded.batch(new_cells, watermark),
+            reference.batch(new_cells, watermark),
+        )
+        # Each key's panes in order (keys of the two kinds fire in two passes).
+        assert sorted(panes, key=lambda p: p[0]) == sorted(expected, key=lambda p: p[0])
+        assert output == expected_output
+        kinds = {k: type(v.state).__name__ for k, v in upgraded.state.keys.items()}
+        assert kinds.get(b"c") in (None, "DefaultTriggerState")
+        assert kinds.get(b"a") in (None, "InMemoryUnmergedState")
+    assert not upgraded.state.keys

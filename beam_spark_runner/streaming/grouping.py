@@ -181,7 +181,7 @@ class StreamingGrouper:
                 new_state = DefaultTriggerState() if self.default else bi.trigger_state()
                 key_state = KeyState(values[0].value[0], new_state)
                 shard.keys[key_bytes] = key_state
-            driver = self.default or self.driver
+            driver = self._driver_of(key_state)
             panes = driver.process_elements(
                 key_state.state,
                 [wv.with_value(wv.value[1]) for wv in values],
@@ -195,18 +195,32 @@ class StreamingGrouper:
         yield from self._fire_timers(shard)
         self._collect_garbage(shard)
 
+    def _driver_of(self, key_state: KeyState) -> Any:
+        """The driver of a key's state.
+
+        A key whose state Beam's driver wrote (a checkpoint of an earlier runner version)
+        stays with Beam's driver; new keys get the default one.
+        """
+        if isinstance(key_state.state, DefaultTriggerState):
+            assert self.default is not None, "default-trigger state under another trigger"
+            return self.default
+        return self.driver
+
     def _fire_timers(self, shard: ShardState) -> Iterator[Any]:
         watermark = Timestamp(micros=shard.watermarks.input_watermark)
-        if self.default is not None:  # its timers never set timers: one round
-            for key_bytes, key_state in shard.keys.items():
-                for pane in self.default.fire_timers(key_state.state, watermark):
+        beams = {}
+        for key_bytes, key_state in shard.keys.items():
+            if isinstance(key_state.state, DefaultTriggerState):
+                # Its firings never set timers: one round.
+                for pane in self._driver_of(key_state).fire_timers(key_state.state, watermark):
                     yield key_bytes, key_state.key, pane
-            return
+            else:
+                beams[key_bytes] = key_state
         done = shard.watermarks.input_watermark >= MAX_MICROS
         processing_time = MAX_TIMESTAMP if done else Timestamp(micros=self.clock.micros)
         for _ in range(_MAX_TIMER_ROUNDS):
             fired = False
-            for key_bytes, key_state in shard.keys.items():
+            for key_bytes, key_state in beams.items():
                 expired, _ = key_state.state.get_timers(
                     clear=True, watermark=watermark, processing_time=processing_time
                 )
@@ -236,8 +250,8 @@ class StreamingGrouper:
 
         for key_bytes in list(shard.keys):
             state = shard.keys[key_bytes].state
-            if self.default is not None:
-                self.default.forget_expired(state, expired)
+            if isinstance(state, DefaultTriggerState):
+                DefaultTriggerDriver.forget_expired(state, expired)
                 if not state:
                     del shard.keys[key_bytes]
                 continue
@@ -248,7 +262,9 @@ class StreamingGrouper:
     def hold(self, shard: ShardState) -> int:
         """The earliest watermark hold of the shard's keys (microseconds)."""
         holds = [
-            self.default.earliest_hold(k.state) if self.default else k.state.get_earliest_hold()
+            DefaultTriggerDriver.earliest_hold(k.state)
+            if isinstance(k.state, DefaultTriggerState)
+            else k.state.get_earliest_hold()
             for k in shard.keys.values()
         ]
         return min((h.micros for h in holds), default=MAX_MICROS)
