@@ -77,7 +77,6 @@ TICK_SECONDS = 0.1
 # A trial whose first micro-batch has not completed after this long fails.
 STARTUP_LIMIT_SECONDS = 180.0
 WINDOWED = (5, 7, 8, 11)
-_STATE_STORE_PROVIDER = "spark.sql.streaming.stateStore.providerClass"
 
 
 @dataclasses.dataclass
@@ -340,7 +339,7 @@ def run_pyspark(query: int, rate: int, seconds: float, trigger: float = TRIGGER_
     from pyspark.sql import functions as F
 
     from beam_spark_runner.session import local_driver_memory
-    from beam_spark_runner.streaming.query import ROCKSDB_PROVIDER
+    from beam_spark_runner.streaming.query import ROCKSDB_PROVIDER, STATE_STORE_PROVIDER_CONF
 
     # The session ours runs on: local[2], its driver heap (Spark's default of 1 GiB ran
     # out at 256 000 events/s on q7), a shuffle partition per core (Spark's default of 200
@@ -352,7 +351,7 @@ def run_pyspark(query: int, rate: int, seconds: float, trigger: float = TRIGGER_
         .getOrCreate()
     )
     spark.conf.set("spark.sql.shuffle.partitions", str(spark.sparkContext.defaultParallelism))
-    spark.conf.set(_STATE_STORE_PROVIDER, ROCKSDB_PROVIDER)
+    spark.conf.set(STATE_STORE_PROVIDER_CONF, ROCKSDB_PROVIDER)
     source = (
         spark.readStream.format("rate")
         .option("rowsPerSecond", rate)

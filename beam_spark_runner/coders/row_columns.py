@@ -139,7 +139,7 @@ def _length_prefixed_column(column: pa.Array, valid: np.ndarray) -> Pieces:
 
 def _micros_instant_column(column: pa.Array, valid: np.ndarray) -> Pieces:
     """A ``Timestamp`` field: a nested row (seconds, micros) of two non-null varints."""
-    micros = micros_of(column.filter(pa.array(valid)))
+    micros = timestamp_micros(column.filter(pa.array(valid))).to_numpy().astype(np.int64)
     seconds, rest = np.divmod(micros, 1_000_000)
     header = Pieces.constant(b"\x02\x00", len(micros))
     return join_pieces([header, varints(seconds), varints(rest)]).spread(valid)
@@ -151,11 +151,11 @@ def join_pieces(pieces: Sequence[Pieces]) -> Pieces:
     return Pieces(np.diff(offsets), data)
 
 
-def micros_of(column: pa.Array) -> np.ndarray:
-    """A TIMESTAMP column (no nulls) as integer microseconds since the epoch."""
+def timestamp_micros(column: pa.Array) -> pa.Array:
+    """A TIMESTAMP column as integer microseconds since the epoch (nulls stay null)."""
     if column.type.unit != "us":
         column = column.cast(pa.timestamp("us", tz=column.type.tz))
-    return column.cast(pa.int64()).to_numpy().astype(np.int64)
+    return column.cast(pa.int64())
 
 
 _FieldEncoder = Callable[[pa.Array, np.ndarray], Pieces]

@@ -73,7 +73,7 @@ if TYPE_CHECKING:
 _LOGGER = logging.getLogger(__name__)
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-_PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
+STATE_STORE_PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
 _ROOT_KINDS = ("impulse", TEST_STREAM_BUFFER_KIND, SPARK_STREAM_BUFFER_KIND)
 # How often the driver logs a running query's progress.
 _PROGRESS_SECONDS = 5.0
@@ -305,10 +305,10 @@ def _last_batch(query: Any) -> int:
 
 
 def _ensure_state_store(spark: SparkSession) -> None:
-    current = spark.conf.get(_PROVIDER_CONF, None)
+    current = spark.conf.get(STATE_STORE_PROVIDER_CONF, None)
     if current != ROCKSDB_PROVIDER:
         _LOGGER.info("Streaming state store: %s (was %s)", ROCKSDB_PROVIDER, current)
-        spark.conf.set(_PROVIDER_CONF, ROCKSDB_PROVIDER)
+        spark.conf.set(STATE_STORE_PROVIDER_CONF, ROCKSDB_PROVIDER)
 
 
 def _source_plan(plan: Plan, topology: Topology) -> SourcePlan:

@@ -105,30 +105,12 @@ def element_row(topology: Topology, target: int, key: bytes | None, element: byt
     return (target, shard, key, element, None, None, None, 0)
 
 
-def element_batch(
-    topology: Topology,
-    target: int,
-    elements: pa.Array,
-    keys: pa.Array | None = None,
-    port: int = 0,
-    shard: int | None = None,
-) -> pa.RecordBatch:
-    """A column of elements (and their keys) addressed to ``target``.
-
-    Each as ``element_row`` addresses it; ``shard`` overrides the shard (a side input's
-    copy for each shard).
-    """
+def element_batch(topology: Topology, target: int, elements: pa.Array) -> pa.RecordBatch:
+    """A column of unkeyed elements addressed to ``target``, each as ``element_row`` would."""
     count = len(elements)
-    node = topology.nodes[target]
-    if shard is not None:
-        shards = np.full(count, shard, dtype=np.int32)
-    elif node.stateful:
-        keyed = [None] * count if keys is None else keys.to_pylist()
+    if topology.nodes[target].stateful:
         shards = np.array(
-            [
-                shard_of(k if k is not None else e, topology.shards)
-                for k, e in zip(keyed, elements.to_pylist(), strict=True)
-            ],
+            [shard_of(element, topology.shards) for element in elements.to_pylist()],
             dtype=np.int32,
         )
     else:
@@ -137,12 +119,12 @@ def element_batch(
         [
             pa.array(np.full(count, target, dtype=np.int32)),
             pa.array(shards),
-            pa.nulls(count, pa.binary()) if keys is None else keys.cast(pa.binary()),
+            pa.nulls(count, pa.binary()),
             elements.cast(pa.binary()),
             pa.nulls(count, pa.string()),
             pa.nulls(count, pa.int64()),
             pa.nulls(count, pa.int64()),
-            pa.array(np.full(count, port, dtype=np.int32)),
+            pa.array(np.zeros(count, dtype=np.int32)),
         ],
         schema=ROUTED_SCHEMA,
     )

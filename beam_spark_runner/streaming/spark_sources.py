@@ -27,7 +27,7 @@ from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.coders.row_columns import RowColumnsEncoder
+from beam_spark_runner.coders.row_columns import RowColumnsEncoder, timestamp_micros
 from beam_spark_runner.errors import SparkRunnerError
 from beam_spark_runner.io.spark_stream import TIMESTAMP_TYPES, SparkStreamSpec
 from beam_spark_runner.planning import SPARK_STREAM_BUFFER_KIND, SPARK_STREAM_URN, Plan
@@ -112,7 +112,7 @@ class RowsToElements:
         for batch in batches:
             if not batch.num_rows:
                 continue
-            times = _micros(batch.column(event_time))
+            times = timestamp_micros(batch.column(event_time))
             if times.null_count:
                 raise SparkStreamError(
                     f"ReadFromSparkStream '{self.name}': expected every row to have an event "
@@ -174,16 +174,10 @@ class _ColumnEncoding:
         self.checked = False
 
 
-def _micros(column: pa.Array) -> pa.Array:
-    """A TIMESTAMP column as integer microseconds since the epoch (UTC)."""
-    unit = column.type
-    if unit.unit != "us":
-        column = column.cast(pa.timestamp("us", tz=unit.tz))
-    return column.cast(pa.int64())
-
-
 def _timestamps(column: pa.Array) -> list[Timestamp | None]:
-    return [None if m is None else Timestamp(micros=m) for m in _micros(column).to_pylist()]
+    return [
+        None if m is None else Timestamp(micros=m) for m in timestamp_micros(column).to_pylist()
+    ]
 
 
 def read_frame(
