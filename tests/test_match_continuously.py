@@ -11,6 +11,7 @@ the pipeline.
 from __future__ import annotations
 
 import inspect
+import math
 import time
 from typing import Any
 
@@ -76,16 +77,32 @@ def _transforms(pipeline: beam.Pipeline) -> list[Any]:
     return finder.transforms
 
 
-def _watch_polls(pipeline: beam.Pipeline) -> int:
-    """How many polls the pipeline's Watch makes before it stops (Beam's budget)."""
+def _polls(pipeline: beam.Pipeline) -> int:
+    """How many polls the pipeline's file matching makes before it stops.
+
+    Newer Beam expands a deduplicating ``MatchContinuously`` into a ``Watch`` whose DoFn
+    carries its poll budget; Beam 2.69 (the oldest line we support) into a
+    ``PeriodicImpulse`` firing once per interval from its start to its stop timestamp.
+    """
+    transforms = _transforms(pipeline)
     budgets = [
-        transform.fn._termination._max_polls  # noqa: SLF001 - what the Watch DoFn runs with
-        for transform in _transforms(pipeline)
+        int(transform.fn._termination._max_polls)  # noqa: SLF001 - what the Watch DoFn runs with
+        for transform in transforms
         if isinstance(transform, beam.ParDo)
         and hasattr(getattr(transform.fn, "_termination", None), "_max_polls")
     ]
+    if not budgets:
+        budgets = [
+            math.ceil(
+                (Timestamp.of(impulse.stop_ts) - Timestamp.of(impulse.start_ts)).micros
+                / 1e6
+                / impulse.interval
+            )
+            for impulse in transforms
+            if isinstance(impulse, PeriodicImpulse)
+        ]
     assert len(budgets) == 1, budgets
-    return int(budgets[0])
+    return budgets[0]
 
 
 def test_a_match_without_start_time_polls_only_until_its_stop_time(
@@ -96,10 +113,10 @@ def test_a_match_without_start_time_polls_only_until_its_stop_time(
         str(tmp_path / "*.txt"), interval=2, stop_timestamp=time.time() + 45
     )
     # Beam's expansion, built with the import-time start: 10.75 minutes of polls.
-    assert _watch_polls(pipeline) > (IMPORTED_AGO + 45) / 2
+    assert _polls(pipeline) > (IMPORTED_AGO + 45) / 2
     _run_until_prepared(pipeline)
     # Started when the pipeline ran: 45 s of polls every 2 s.
-    assert _watch_polls(pipeline) in (23, 24)
+    assert _polls(pipeline) in (23, 24)
     (match,) = [t for t in _transforms(pipeline) if isinstance(t, fileio.MatchContinuously)]
     assert abs(float(match.start_ts) - time.time()) < 30
 
@@ -127,7 +144,7 @@ def test_an_explicit_start_time_is_kept(tmp_path: Any, fileio_imported_long_ago:
         str(tmp_path / "*.txt"), interval=2, start_timestamp=start, stop_timestamp=now + 40
     )
     _run_until_prepared(pipeline)
-    assert _watch_polls(pipeline) == 50
+    assert _polls(pipeline) == 50
     (match,) = [t for t in _transforms(pipeline) if isinstance(t, fileio.MatchContinuously)]
     assert match.start_ts is start
 
