@@ -190,7 +190,9 @@ def test_rows_become_elements_at_their_event_time_and_a_watermark_behind_the_lat
     elements = [r for r in out if r[routed.ELEMENT] is not None]
     markers = [r for r in out if r[routed.ELEMENT] is None]
     assert {r[routed.TARGET] for r in out} == {reader}
-    decoded = [coder.decode(r[routed.ELEMENT]) for r in elements]
+    # The task's elements travel packed: one row per target and run.
+    assert len(elements) == 2
+    decoded = [v for r in elements for v in coder.get_impl().decode_all(r[routed.ELEMENT])]
     at = [Timestamp(micros=T0 + s * 1_000_000) for s in (5, 3, 4)]
     assert [(tuple(v.value), v.timestamp, v.windows) for v in decoded] == [
         (("ann", at[0], 0.0), at[0], (GlobalWindow(),)),
@@ -264,7 +266,8 @@ def test_columns_the_column_wise_encoding_does_not_take_are_encoded_one_by_one()
     from beam_spark_runner.streaming import rows as routed
 
     rows = [r for b in convert.convert([batch]) for r in b.to_pylist()]
-    elements = [convert.coder.decode(r[routed.ELEMENT]) for r in rows if r[routed.ELEMENT]]
+    impl = convert.coder.get_impl()
+    elements = [e for r in rows if r[routed.ELEMENT] for e in impl.decode_all(r[routed.ELEMENT])]
     assert [tuple(e.value) for e in elements] == [
         (datetime.date(2026, 1, 2), decimal.Decimal("1.25"), Timestamp(micros=T0)),
         (None, None, Timestamp(micros=T0 + 7)),

@@ -6,7 +6,7 @@ a GroupByKey's shard runs ``grouping.run_group_shard``, a stateful DoFn's shard
 ``stateful.run_stateful_shard``, an unbounded splittable DoFn's shard
 ``splittable.run_splittable_shard``, a stage with side inputs
 ``side_inputs.run_side_input_shard``, each with its state as one value in the state store (one
-read and one write per shard and batch).
+read and one write per shard and batch). Its rows out are packed (``rows.packed``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from beam_spark_runner.streaming.grouping import (
     encode_shard_state,
     run_group_shard,
 )
-from beam_spark_runner.streaming.rows import Row, routed_row
+from beam_spark_runner.streaming.rows import Row, packed, routed_row
 from beam_spark_runner.streaming.side_inputs import (
     SideInputShardState,
     SideInputStageSpec,
@@ -77,7 +77,7 @@ class LevelProcessor(StatefulProcessor):  # type: ignore[misc]
         with recording(self.sinks):
             out = self._run_shard(target, shard, rows)
         make_row = routed_row()
-        for row in out:
+        for row in packed(out):
             yield make_row(*row)
 
     def _run_shard(self, target: int, shard: int, rows: Iterator[Any]) -> list[Row]:

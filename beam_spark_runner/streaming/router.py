@@ -6,7 +6,7 @@ in plan order, and addresses each output to the nodes that read it: a stage of t
 router gets it at once, a later one as a row. A marker addressed to one of its stages is
 passed to every reader of that stage (a stateless stage holds nothing: its output
 watermark is its input watermark), or to the sink if nobody reads it. Rows addressed to
-later steps pass through untouched.
+later steps pass through untouched. Its rows out are packed (``rows.packed``).
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def run_router(
                 else:
                     out.extend(routed.marker_rows(topology, target, marker))
     if out:
-        yield routed.to_batch(out)
+        yield routed.to_batch(routed.packed(out))
 
 
 def router_stage_order(topology: Topology, router: int) -> list[int]:

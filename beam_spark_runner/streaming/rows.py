@@ -7,6 +7,10 @@ addressed to it without looking inside:
 * ``shard``    the shard of a stateful target (a stable hash of the key), else 0;
 * ``key``      the element's grouping key (runner-safe encoding), for stateful targets;
 * ``element``  Beam-encoded elements (one or several concatenated), null for a marker;
+  elements bound for the same target, shard, key and port travel packed in one row
+  (``packed``): every reader reads a cell as a run of elements, and a row costs far more
+  than its bytes (PySpark's ``transformWithState`` converts each row's columns one value
+  at a time);
 * ``producer`` ``watermark`` ``ptime``  a marker: who says it, its output watermark and the
   runner's processing time of the micro-batch, in microseconds; null for elements;
 * ``port``     0 for a main-input element, n for one of the target's n-th side input (sent
@@ -53,6 +57,10 @@ ROUTED_SCHEMA = pa.schema(
 
 # A row as a tuple in ROUTED_SCHEMA's column order.
 Row = tuple[int, int, "bytes | None", "bytes | None", "str | None", "int | None", "int | None", int]
+
+# The most bytes of elements ``packed`` puts in one row (a run is cut after the element
+# that reaches it).
+PACKED_CELL_BYTES = 1 << 20
 
 
 @functools.cache
@@ -106,21 +114,23 @@ def element_row(topology: Topology, target: int, key: bytes | None, element: byt
 
 
 def element_batch(topology: Topology, target: int, elements: pa.Array) -> pa.RecordBatch:
-    """A column of unkeyed elements addressed to ``target``, each as ``element_row`` would."""
-    count = len(elements)
+    """A column of unkeyed elements addressed to ``target``, packed.
+
+    Each is addressed as ``element_row`` would; one row per shard and run of up to
+    ``PACKED_CELL_BYTES``.
+    """
     if topology.nodes[target].stateful:
-        shards = np.array(
-            [shard_of(element, topology.shards) for element in elements.to_pylist()],
-            dtype=np.int32,
+        return to_batch(
+            packed(element_row(topology, target, None, e) for e in elements.to_pylist())
         )
-    else:
-        shards = np.zeros(count, dtype=np.int32)
+    cells = _runs(elements.cast(pa.binary()))
+    count = len(cells)
     return pa.RecordBatch.from_arrays(
         [
             pa.array(np.full(count, target, dtype=np.int32)),
-            pa.array(shards),
+            pa.array(np.zeros(count, dtype=np.int32)),
             pa.nulls(count, pa.binary()),
-            elements.cast(pa.binary()),
+            pa.array(cells, pa.binary()),
             pa.nulls(count, pa.string()),
             pa.nulls(count, pa.int64()),
             pa.nulls(count, pa.int64()),
@@ -128,6 +138,63 @@ def element_batch(topology: Topology, target: int, elements: pa.Array) -> pa.Rec
         ],
         schema=ROUTED_SCHEMA,
     )
+
+
+def _runs(elements: pa.BinaryArray) -> list[bytes]:
+    """The elements of an Arrow column concatenated, in runs of about ``PACKED_CELL_BYTES``.
+
+    Their bytes are contiguous in the column's data buffer: no copy per element.
+    """
+    if elements.null_count:
+        raise ValueError(f"expected encoded elements, found {elements.null_count} null(s)")
+    offsets = np.frombuffer(elements.buffers()[1], dtype=np.int32)[
+        elements.offset : elements.offset + len(elements) + 1
+    ]
+    data = elements.buffers()[2]
+    cells: list[bytes] = []
+    start = 0
+    while start < len(elements):
+        # The first element boundary at or past a cell's worth of bytes from ``start``.
+        end = int(np.searchsorted(offsets, offsets[start] + PACKED_CELL_BYTES, side="left"))
+        end = min(max(end, start + 1), len(elements))
+        cells.append(data[int(offsets[start]) : int(offsets[end])].to_pybytes())
+        start = end
+    return cells
+
+
+def packed(rows: Iterable[Row]) -> list[Row]:
+    """``rows`` with the elements of each target, shard, key and port in one row.
+
+    The elements are concatenated in their order; a run is cut once it reaches
+    ``PACKED_CELL_BYTES``. Markers are kept as they are, after the elements.
+    """
+    runs: dict[tuple[int, int, bytes | None, int], list[bytes]] = {}
+    sizes: dict[tuple[int, int, bytes | None, int], int] = {}
+    out: list[Row] = []
+    markers: list[Row] = []
+    for row in rows:
+        element = row[3]
+        if element is None:
+            markers.append(row)
+            continue
+        address = (row[0], row[1], row[2], row[7])
+        run = runs.get(address)
+        if run is None:
+            run = runs[address] = []
+            sizes[address] = 0
+        run.append(element)
+        sizes[address] += len(element)
+        if sizes[address] >= PACKED_CELL_BYTES:
+            out.append(_packed_row(address, runs.pop(address)))
+    out.extend(_packed_row(address, run) for address, run in runs.items())
+    out.extend(markers)
+    return out
+
+
+def _packed_row(address: tuple[int, int, bytes | None, int], run: list[bytes]) -> Row:
+    target, shard, key, port = address
+    element = run[0] if len(run) == 1 else b"".join(run)
+    return (target, shard, key, element, None, None, None, port)
 
 
 def output_rows(

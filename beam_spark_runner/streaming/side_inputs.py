@@ -25,7 +25,7 @@ import dataclasses
 import functools
 import hashlib
 import pickle
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from beam_spark_runner import beam_globals
@@ -42,6 +42,7 @@ from beam_spark_runner.streaming.stateful import routed_outputs, run_user_code
 from beam_spark_runner.streaming.topology import Node, Topology
 from beam_spark_runner.streaming.watermarks import (
     MAX_MICROS,
+    MIN_MICROS,
     Marker,
     WatermarkState,
     input_watermark,
@@ -75,8 +76,9 @@ class SideInputShardState:
 
     watermarks: WatermarkState
     sides: list[list[bytes]]
-    # (encoded main element, its timestamp in microseconds)
-    waiting: list[tuple[bytes, int]] = dataclasses.field(default_factory=list)
+    # (encoded main element, its timestamp in microseconds, its needs: ``_Coders.needs``).
+    # A checkpoint written before the needs were kept has (element, timestamp) pairs.
+    waiting: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)
 
     def encode(self) -> bytes:
         """One state-store value."""
@@ -101,6 +103,43 @@ class _Coders:
             bi.window_mapping_fn(bi.beam_runner_api_pb2.FunctionSpec.FromString(s.window_mapping))
             for s in spec.side_inputs
         ]
+        self._needs: dict[tuple[Any, ...], tuple[int, ...]] = {}
+
+    def needs(self, windows: Iterable[Any]) -> tuple[int, ...]:
+        """Per side input, the watermark it must reach for an element in ``windows``.
+
+        That is the latest end (max timestamp, microseconds) of the side-input windows
+        they map to.
+
+        Elements share a few windows: the mapping runs once per window set (the cache is
+        emptied when it holds more than ``_NEEDS_CACHED``).
+        """
+        windows = tuple(windows)
+        needs = self._needs.get(windows)
+        if needs is None:
+            needs = tuple(
+                max((mapping(w).max_timestamp().micros for w in windows), default=MIN_MICROS)
+                for mapping in self.mappings
+            )
+            if len(self._needs) >= _NEEDS_CACHED:
+                self._needs.clear()
+            self._needs[windows] = needs
+        return needs
+
+    def main_elements(self, data: bytes) -> Iterator[tuple[bytes, int, tuple[int, ...]]]:
+        """The main elements packed in ``data``: each one's bytes, timestamp and needs."""
+        impl = self.input_impl
+        stream = bi.create_InputStream(data)
+        total = len(data)
+        start = 0
+        while stream.size() > 0:
+            value = impl.decode_from_stream(stream, True)
+            end = total - stream.size()
+            yield data[start:end], value.timestamp.micros, self.needs(value.windows)
+            start = end
+
+
+_NEEDS_CACHED = 4096
 
 
 @functools.lru_cache(maxsize=64)
@@ -108,14 +147,12 @@ def _coders(spec: SideInputStageSpec) -> _Coders:
     return _Coders(spec)
 
 
-def _ready(coders: _Coders, windows: Iterable[Any], side_watermarks: list[int]) -> bool:
-    for mapping, watermark in zip(coders.mappings, side_watermarks, strict=True):
-        if watermark >= MAX_MICROS:
-            continue
-        for window in windows:
-            if mapping(window).max_timestamp().micros > watermark:
-                return False
-    return True
+def _ready(needs: tuple[int, ...], side_watermarks: list[int]) -> bool:
+    """Whether every side input an element reads is final for its windows."""
+    return all(
+        watermark >= MAX_MICROS or need <= watermark
+        for need, watermark in zip(needs, side_watermarks, strict=True)
+    )
 
 
 def run_side_input_shard(
@@ -141,21 +178,20 @@ def run_side_input_shard(
         elif row[PORT]:
             state.sides[row[PORT] - 1].append(bytes(row[ELEMENT]))
         else:
-            for value in coders.input_impl.decode_all(bytes(row[ELEMENT])):
-                encoded = coders.input_impl.encode_nested(value)
-                state.waiting.append((encoded, value.timestamp.micros))
+            state.waiting.extend(coders.main_elements(bytes(row[ELEMENT])))
     watermarks = state.watermarks
     watermarks.advance(markers)
     producers = watermarks.producers
     side_watermarks = [input_watermark(e, producers) for e in node.side_expected]
     ready: list[bytes] = []
-    waiting: list[tuple[bytes, int]] = []
-    for encoded, at in state.waiting:
-        windows = coders.input_impl.decode_nested(encoded).windows
-        if _ready(coders, windows, side_watermarks):
-            ready.append(encoded)
+    waiting: list[tuple[Any, ...]] = []
+    for entry in state.waiting:
+        if len(entry) == 2:  # from an older checkpoint
+            entry = (*entry, coders.needs(coders.input_impl.decode_nested(entry[0]).windows))
+        if _ready(entry[2], side_watermarks):
+            ready.append(entry[0])
         else:
-            waiting.append((encoded, at))
+            waiting.append(entry)
     state.waiting = waiting
     out: list[Row] = []
     if ready:
@@ -178,7 +214,7 @@ def run_side_input_shard(
             outputs = run_user_code(spec.stage, lambda: list(worker.process(data, metrics)))
         worker.finalize_bundles()
         out = routed_outputs(topology, node, spec.stage, worker, outputs)
-    hold = min((at for _, at in waiting), default=MAX_MICROS)
+    hold = min((entry[1] for entry in waiting), default=MAX_MICROS)
     main = input_watermark(node.main_expected, producers)
     output = watermarks.output(hold, main)
     out.extend(routed_marker(topology, node, shard, output, watermarks.processing_time))

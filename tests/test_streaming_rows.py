@@ -1,0 +1,105 @@
+"""Routed rows: elements bound for the same place travel packed, and unpack to the same run.
+
+A routed row costs far more than its bytes (PySpark's ``transformWithState`` converts each
+row's columns one value at a time), so routers, levels and sources pack the elements of a
+target, shard, key and port into one row; every reader reads a cell as a run of elements.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from beam_spark_runner.streaming import rows as routed
+from beam_spark_runner.streaming.topology import Node, Topology
+from beam_spark_runner.streaming.watermarks import Marker
+
+SHARDS = 3
+
+
+def _topology() -> Topology:
+    stateless = Node(0, "stateless", "stage", False, 0, ((1, 2),))
+    stateful = Node(1, "stateful", "stage", True, 1, ((),))
+    last = Node(2, "last", "stage", False, 1, ((),))
+    return Topology((stateless, stateful, last), {"root": (0,)}, 2, SHARDS, frozenset())
+
+
+def _runs(rows: list[routed.Row]) -> dict[tuple[object, ...], list[bytes]]:
+    """Each address's elements (one byte string per element: they are 2 bytes long)."""
+    runs: dict[tuple[object, ...], list[bytes]] = {}
+    for target, shard, key, element, *_, port in rows:
+        if element is not None:
+            cells = runs.setdefault((target, shard, key, port), [])
+            cells.extend(element[i : i + 2] for i in range(0, len(element), 2))
+    return runs
+
+
+def _element(i: int) -> bytes:
+    return i.to_bytes(2, "big")
+
+
+def test_packed_rows_hold_each_addresses_elements_in_order_and_keep_the_markers() -> None:
+    topology = _topology()
+    rows: list[routed.Row] = []
+    for i in range(30):
+        key = b"k%d" % (i % 2)
+        rows.append(routed.element_row(topology, 1, key, _element(i)))
+        rows.append(routed.element_row(topology, 2, None, _element(i)))
+        if i % 10 == 0:
+            rows.extend(routed.side_element_rows(topology, 1, 1, _element(100 + i)))
+    markers = list(routed.marker_rows(topology, 1, Marker("p", 5, 7)))
+    packed = routed.packed([*rows[:7], *markers, *rows[7:]])
+
+    assert _runs(packed) == _runs(rows)
+    # One row per address: 2 keys of node 1, node 2, a side-input row per shard of node 1.
+    elements = [r for r in packed if r[3] is not None]
+    assert len(elements) == len(_runs(rows)) == 2 + 1 + SHARDS
+    assert packed[len(elements) :] == markers
+
+
+def test_a_run_is_cut_once_it_reaches_the_cell_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(routed, "PACKED_CELL_BYTES", 7)
+    topology = _topology()
+    rows = [routed.element_row(topology, 2, None, _element(i)) for i in range(10)]
+    packed = routed.packed(rows)
+    # Cut after the element that reaches 7 bytes: 4 elements (8 bytes) a row.
+    assert [len(r[3] or b"") for r in packed] == [8, 8, 4]
+    assert _runs(packed) == _runs(rows)
+
+
+@pytest.mark.parametrize("offset", [0, 3])
+def test_an_element_batch_for_a_stateless_target_packs_runs_of_whole_elements(
+    monkeypatch: pytest.MonkeyPatch, offset: int
+) -> None:
+    monkeypatch.setattr(routed, "PACKED_CELL_BYTES", 5)
+    elements = [b"a" * (i % 4 + 1) for i in range(20)]
+    column = pa.array(elements, pa.binary()).slice(offset)
+    batch = routed.element_batch(_topology(), 2, column)
+    cells = batch.column(routed.ELEMENT).to_pylist()
+    assert b"".join(cells) == b"".join(elements[offset:])
+    assert len(cells) < len(elements) - offset
+    # Each cell ends at an element boundary, at the first one at or past 5 bytes.
+    boundaries = {0}
+    total = 0
+    for element in elements[offset:]:
+        total += len(element)
+        boundaries.add(total)
+    total = 0
+    for cell in cells:
+        total += len(cell)
+        assert total in boundaries
+        assert len(cell) >= 5 or total == len(b"".join(elements[offset:]))
+    assert set(batch.column(routed.TARGET).to_pylist()) == {2}
+    assert set(batch.column(routed.SHARD).to_pylist()) == {0}
+
+
+def test_an_element_batch_for_a_stateful_target_packs_per_shard() -> None:
+    elements = [_element(i) for i in range(40)]
+    batch = routed.element_batch(_topology(), 1, pa.array(elements, pa.binary()))
+    rows = [tuple(r.values()) for r in batch.to_pylist()]
+    assert len(rows) == SHARDS
+    expected: dict[tuple[object, ...], list[bytes]] = {}
+    for element in elements:
+        shard = routed.shard_of(element, SHARDS)
+        expected.setdefault((1, shard, None, 0), []).append(element)
+    assert _runs(rows) == expected  # type: ignore[arg-type]
