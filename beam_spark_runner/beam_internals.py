@@ -726,6 +726,9 @@ def window_into_dofn(windowing: Any) -> Any:
     import apache_beam as beam
 
     class WindowIntoDoFn(beam.DoFn):  # type: ignore[misc]
+        # What ``window_assigner`` looks for (the class is pickled by value: no identity).
+        runner_window_into = True
+
         def __init__(self, windowing: Any) -> None:
             self.windowing = windowing
 
@@ -743,6 +746,60 @@ def window_into_dofn(windowing: Any) -> Any:
             yield WindowedValue(element, timestamp, new_windows)
 
     return WindowIntoDoFn(windowing)
+
+
+_ASSIGNED_CACHED = 4096
+
+
+def window_assigner(dofn: Any) -> Callable[[Any], list[Any]] | None:
+    """The new windows ``window_into_dofn``'s DoFn gives an element, by its timestamp.
+
+    For Beam's ``FixedWindows``, ``SlidingWindows`` and ``GlobalWindows`` (exactly those
+    classes), what ``assign`` returns depends on the timestamp only through a key that
+    integer arithmetic gives (the window's start; for sliding windows the first start and
+    how many windows, as Beam's ``range`` counts them): Beam's own ``assign`` runs once per
+    key, and each element gets a new list of the same windows. None for any other DoFn or
+    window function.
+    """
+    if not getattr(type(dofn), "runner_window_into", False):
+        return None
+    window_fn = dofn.windowing.windowfn
+    kind = type(window_fn)
+    key: Callable[[int], Any]
+    if kind is window.FixedWindows:
+        size, offset = window_fn.size.micros, window_fn.offset.micros
+
+        def key(micros: int) -> Any:
+            return micros - (micros - offset) % size
+
+    elif kind is window.SlidingWindows:
+        size, period = window_fn.size.micros, window_fn.period.micros
+        offset = window_fn.offset.micros
+
+        def key(micros: int) -> Any:
+            start = micros - (micros - offset) % period
+            return start, len(range(start, micros - size, -period))
+
+    elif kind is window.GlobalWindows:
+
+        def key(micros: int) -> Any:
+            return None
+
+    else:
+        return None
+    assign = window_fn.assign
+    context = window.WindowFn.AssignContext
+    cache: dict[Any, tuple[Any, ...]] = {}
+
+    def windows(timestamp: Any) -> list[Any]:
+        found = cache.get(key(timestamp.micros))
+        if found is None:
+            if len(cache) >= _ASSIGNED_CACHED:
+                cache.clear()
+            found = cache[key(timestamp.micros)] = tuple(assign(context(timestamp)))
+        return list(found)
+
+    return windows
 
 
 def dofn_runner(

@@ -160,6 +160,14 @@ STEPS: dict[str, Callable[[Any], Any]] = {
         | beam.Map(lambda x: x + 1)
         | beam.ParDo(WithParams())
     ),
+    # Windows from a cache (``bi.window_assigner``); after sliding windows each element is
+    # in several, which the second ``WindowInto`` runs through Beam's DoFnRunner.
+    "uneven_sliding_then_fixed": lambda pc: (
+        pc
+        | beam.WindowInto(window.SlidingWindows(10, 3, offset=1))
+        | "Fixed" >> beam.WindowInto(window.FixedWindows(7, offset=2))
+        | beam.ParDo(WithParams())
+    ),
     "sessions": lambda pc: (
         pc
         | beam.WindowInto(window.Sessions(4))
@@ -452,3 +460,33 @@ def test_idle_batched_dofns_are_torn_down_and_set_up_again() -> None:
     _run(spec, bundles=1)  # a fresh instance
     tear_down_stage_workers()
     assert LIFECYCLE == ["setup", "start", "finish", "teardown"] * 2
+
+
+@pytest.mark.parametrize(
+    "window_fn",
+    [
+        window.FixedWindows(10),
+        window.FixedWindows(7, offset=2),
+        window.SlidingWindows(10, 3, offset=1),
+        window.SlidingWindows(15, 5),
+        window.GlobalWindows(),
+    ],
+    ids=["fixed", "fixed_with_offset", "sliding_uneven", "sliding", "global"],
+)
+def test_window_assigner_gives_what_beams_assign_gives(window_fn: Any) -> None:
+    """The cached windows equal Beam's ``assign`` for every timestamp, negative ones too."""
+    windowing = beam.transforms.core.Windowing(window_fn)
+    assign = bi.window_assigner(bi.window_into_dofn(windowing))
+    assert assign is not None
+    for micros in range(-25_000_000, 25_000_000, 250_001):
+        timestamp = Timestamp(micros=micros)
+        expected = window_fn.assign(window.WindowFn.AssignContext(timestamp))
+        got = assign(timestamp)
+        assert got == expected, micros
+        assert type(got) is type(expected)
+
+
+def test_window_assigner_takes_only_the_runners_window_into_and_standard_windows() -> None:
+    assert bi.window_assigner(WithParams()) is None
+    sessions = beam.transforms.core.Windowing(window.Sessions(4))
+    assert bi.window_assigner(bi.window_into_dofn(sessions)) is None

@@ -23,8 +23,9 @@ from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.planning import GROUP_BY_KEY_URN, build_plan
 from beam_spark_runner.spark_compat import pyspark_version
 from beam_spark_runner.streaming import grouping
+from beam_spark_runner.streaming import rows as routed
 from beam_spark_runner.streaming.check import STREAMING_SPARK
-from beam_spark_runner.streaming.rows import ELEMENT, KEY, PRODUCER, PTIME, WATERMARK
+from beam_spark_runner.streaming.rows import ELEMENT, KEY, PORT, PRODUCER, PTIME, WATERMARK
 from beam_spark_runner.streaming.topology import SINK, Node, Topology
 from beam_spark_runner.translators.group_by_key import group_spec
 
@@ -72,15 +73,23 @@ class _Shard:
         self, elements: list[tuple[Any, int, IntervalWindow]], watermark: float, now: float = 0
     ) -> tuple[list[WindowedValue], int]:
         """One micro-batch: the panes that fired and the shard's output watermark (µs)."""
-        rows: list[dict[str, Any]] = [
-            {
-                KEY: b"k",
-                ELEMENT: self.grouper.pre_impl.encode_nested(
+        # As a router sends them: packed in a keyed run.
+        element_rows = [
+            routed.element_row(
+                self.topology,
+                self.node.index,
+                b"k",
+                self.grouper.pre_impl.encode_nested(
                     WindowedValue(("k", value), Timestamp(at), [w])
                 ),
-            }
+            )
             for value, at, w in elements
         ]
+        rows: list[dict[str, Any]] = [
+            dict(zip(routed.ROUTED_SCHEMA.names, row, strict=True))
+            for row in routed.packed(element_rows, self.topology)
+        ]
+        assert len(rows) <= 1
         rows.append(
             {
                 KEY: None,
@@ -88,6 +97,7 @@ class _Shard:
                 PRODUCER: self.source,
                 WATERMARK: int(watermark * SECOND),
                 PTIME: int(now * SECOND),
+                PORT: 0,
             }
         )
         self.state, out = grouping.run_group_shard(

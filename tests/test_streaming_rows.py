@@ -2,7 +2,8 @@
 
 A routed row costs far more than its bytes (PySpark's ``transformWithState`` converts each
 row's columns one value at a time), so routers, levels and sources pack the elements of a
-target, shard, key and port into one row; every reader reads a cell as a run of elements.
+target, shard and port into one row; every reader reads a cell as a run of elements, a
+GroupByKey's shard a keyed run as (key, element) pairs.
 """
 
 from __future__ import annotations
@@ -11,26 +12,35 @@ import pyarrow as pa
 import pytest
 
 from beam_spark_runner.streaming import rows as routed
-from beam_spark_runner.streaming.topology import Node, Topology
+from beam_spark_runner.streaming.topology import GROUP, STAGE, Node, Topology
 from beam_spark_runner.streaming.watermarks import Marker
 
 SHARDS = 3
 
 
 def _topology() -> Topology:
-    stateless = Node(0, "stateless", "stage", False, 0, ((1, 2),))
-    stateful = Node(1, "stateful", "stage", True, 1, ((),))
-    last = Node(2, "last", "stage", False, 1, ((),))
-    return Topology((stateless, stateful, last), {"root": (0,)}, 2, SHARDS, frozenset())
+    stateless = Node(0, "stateless", STAGE, False, 0, ((1, 2, 3),))
+    stateful = Node(1, "stateful", STAGE, True, 1, ((),))
+    last = Node(2, "last", STAGE, False, 1, ((),))
+    group = Node(3, "group", GROUP, True, 1, ((),))
+    return Topology((stateless, stateful, last, group), {"root": (0,)}, 2, SHARDS, frozenset())
 
 
-def _runs(rows: list[routed.Row]) -> dict[tuple[object, ...], list[bytes]]:
-    """Each address's elements (one byte string per element: they are 2 bytes long)."""
-    runs: dict[tuple[object, ...], list[bytes]] = {}
+def _runs(rows: list[routed.Row]) -> dict[tuple[object, ...], list[tuple[bytes | None, bytes]]]:
+    """Each target, shard and port's (key, element) pairs in order (elements are 2 bytes
+    long; a keyed run's pairs are under port 0; only a GroupByKey's keys are kept)."""
+    runs: dict[tuple[object, ...], list[tuple[bytes | None, bytes]]] = {}
     for target, shard, key, element, *_, port in rows:
-        if element is not None:
-            cells = runs.setdefault((target, shard, key, port), [])
-            cells.extend(element[i : i + 2] for i in range(0, len(element), 2))
+        if element is None:
+            continue
+        if port == routed.KEYED_RUN:
+            pairs = list(routed.keyed_run_elements(element))
+            port = 0
+        else:
+            if target != 3:
+                key = None
+            pairs = [(key, element[i : i + 2]) for i in range(0, len(element), 2)]
+        runs.setdefault((target, shard, port), []).extend(pairs)
     return runs
 
 
@@ -42,18 +52,24 @@ def test_packed_rows_hold_each_addresses_elements_in_order_and_keep_the_markers(
     topology = _topology()
     rows: list[routed.Row] = []
     for i in range(30):
-        key = b"k%d" % (i % 2)
+        key = b"k%d" % (i % 5)
         rows.append(routed.element_row(topology, 1, key, _element(i)))
         rows.append(routed.element_row(topology, 2, None, _element(i)))
+        rows.append(routed.element_row(topology, 3, key, _element(i)))
         if i % 10 == 0:
             rows.extend(routed.side_element_rows(topology, 1, 1, _element(100 + i)))
     markers = list(routed.marker_rows(topology, 1, Marker("p", 5, 7)))
-    packed = routed.packed([*rows[:7], *markers, *rows[7:]])
+    packed = routed.packed([*rows[:7], *markers, *rows[7:]], topology)
 
     assert _runs(packed) == _runs(rows)
-    # One row per address: 2 keys of node 1, node 2, a side-input row per shard of node 1.
+    # One row per target, shard and port: whatever the keys.
     elements = [r for r in packed if r[3] is not None]
-    assert len(elements) == len(_runs(rows)) == 2 + 1 + SHARDS
+    assert len(elements) == len(_runs(rows))
+    assert len({(r[0], r[1], r[7]) for r in elements}) == len(elements)
+    assert all(r[2] is None for r in elements)
+    # A GroupByKey's elements travel with their keys, the others' without.
+    assert {r[7] for r in elements if r[0] == 3} == {routed.KEYED_RUN}
+    assert {r[7] for r in elements if r[0] != 3} == {0, 1}
     assert packed[len(elements) :] == markers
 
 
@@ -61,7 +77,7 @@ def test_a_run_is_cut_once_it_reaches_the_cell_size(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(routed, "PACKED_CELL_BYTES", 7)
     topology = _topology()
     rows = [routed.element_row(topology, 2, None, _element(i)) for i in range(10)]
-    packed = routed.packed(rows)
+    packed = routed.packed(rows, topology)
     # Cut after the element that reaches 7 bytes: 4 elements (8 bytes) a row.
     assert [len(r[3] or b"") for r in packed] == [8, 8, 4]
     assert _runs(packed) == _runs(rows)
@@ -98,8 +114,8 @@ def test_an_element_batch_for_a_stateful_target_packs_per_shard() -> None:
     batch = routed.element_batch(_topology(), 1, pa.array(elements, pa.binary()))
     rows = [tuple(r.values()) for r in batch.to_pylist()]
     assert len(rows) == SHARDS
-    expected: dict[tuple[object, ...], list[bytes]] = {}
+    expected: dict[tuple[object, ...], list[tuple[bytes | None, bytes]]] = {}
     for element in elements:
         shard = routed.shard_of(element, SHARDS)
-        expected.setdefault((1, shard, None, 0), []).append(element)
+        expected.setdefault((1, shard, 0), []).append((None, element))
     assert _runs(rows) == expected  # type: ignore[arg-type]

@@ -81,6 +81,9 @@ class _Step:
             for name in ("start", "process", "finish")
         ]
         self.runner: Any = None
+        # ``WindowInto`` with Beam's fixed, sliding or global windows: the new windows of
+        # an element in one window, by its timestamp (``bi.window_assigner``).
+        self.assign: Callable[[Any], Any] | None = None
         # Map/FlatMap/Filter whose callable takes only the element: called directly.
         self.simple_process: Callable[[Any], Any] | None = None
         self.handler: Any = None
@@ -102,6 +105,7 @@ class _Step:
             args,
             kwargs,
         )
+        self.assign = bi.window_assigner(dofn)
         if bi.is_simple_callable(dofn):
             self.simple_process = _with_arguments(dofn.process, args, kwargs)
             self.handler = bi.simple_output_handler(windowing, self.receiver)
@@ -114,7 +118,7 @@ class _Step:
 
     def tear_down(self) -> None:
         runner, self.runner = self.runner, None
-        self.simple_process = self.handler = None
+        self.simple_process = self.handler = self.assign = None
         if runner is not None:
             with self.states[2]:
                 runner.teardown()
@@ -146,7 +150,9 @@ class _Step:
         self.receiver.full, self.receiver.limit = flush, _CHUNK
         try:
             with self.states[1]:
-                if self.simple_process is not None:
+                if self.assign is not None:
+                    self._window_into(values)
+                elif self.simple_process is not None:
                     self._run_simple(values, flush)
                 else:
                     process = self.runner.process
@@ -166,6 +172,25 @@ class _Step:
         self.nanos[2] += time.perf_counter_ns() - began
         outputs, self.receiver.values = self.receiver.values, []
         return outputs
+
+    def _window_into(self, values: list[Any]) -> None:
+        """``WindowInto``: what Beam's ``WindowIntoDoFn`` outputs, windows from a cache.
+
+        An element in one window becomes ``WindowedValue(value, timestamp, new windows)``
+        (no pane), as the DoFn yields it; any other goes through Beam's DoFnRunner (one
+        output per window).
+        """
+        assign = self.assign
+        assert assign is not None
+        make = bi.WindowedValue
+        for windowed_value in values:
+            if len(windowed_value.windows) == 1:
+                timestamp = windowed_value.timestamp
+                self.receiver.values.append(
+                    make(windowed_value.value, timestamp, assign(timestamp))
+                )
+            else:
+                self.runner.process(windowed_value)
 
     def _run_simple(self, values: list[Any], flush: Callable[[], None]) -> None:
         """Beam's ``SimpleInvoker`` and output handler, a chunk at a time.

@@ -47,7 +47,10 @@ from beam_spark_runner.streaming.default_trigger import applies as default_trigg
 from beam_spark_runner.streaming.rows import (
     ELEMENT,
     KEY,
+    KEYED_RUN,
+    PORT,
     Row,
+    keyed_run_elements,
     marker_of,
     output_rows,
     routed_marker,
@@ -304,10 +307,13 @@ def run_group_shard(
     elements: dict[bytes, list[bytes]] = collections.defaultdict(list)
     markers = []
     for row in rows:
-        if row[ELEMENT] is not None:
-            elements[bytes(row[KEY])].append(bytes(row[ELEMENT]))
-        else:
+        if row[ELEMENT] is None:
             markers.append(marker_of(row))
+        elif row[PORT] == KEYED_RUN:
+            for key, element in keyed_run_elements(bytes(row[ELEMENT])):
+                elements[key].append(element)
+        else:
+            elements[bytes(row[KEY])].append(bytes(row[ELEMENT]))
     grouper = streaming_grouper(spec)
     out: list[Row] = []
     # The grouping key goes along: a stateful reader shards by it.

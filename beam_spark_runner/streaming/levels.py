@@ -77,7 +77,7 @@ class LevelProcessor(StatefulProcessor):  # type: ignore[misc]
         with recording(self.sinks):
             out = self._run_shard(target, shard, rows)
         make_row = routed_row()
-        for row in packed(out):
+        for row in packed(out, self.topology):
             yield make_row(*row)
 
     def _run_shard(self, target: int, shard: int, rows: Iterator[Any]) -> list[Row]:

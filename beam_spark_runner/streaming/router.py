@@ -97,7 +97,7 @@ def run_router(
                 else:
                     out.extend(routed.marker_rows(topology, target, marker))
     if out:
-        yield routed.to_batch(routed.packed(out))
+        yield routed.to_batch(routed.packed(out, topology))
 
 
 def router_stage_order(topology: Topology, router: int) -> list[int]:

@@ -7,19 +7,21 @@ addressed to it without looking inside:
 * ``shard``    the shard of a stateful target (a stable hash of the key), else 0;
 * ``key``      the element's grouping key (runner-safe encoding), for stateful targets;
 * ``element``  Beam-encoded elements (one or several concatenated), null for a marker;
-  elements bound for the same target, shard, key and port travel packed in one row
+  elements bound for the same target, shard and port travel packed in one row
   (``packed``): every reader reads a cell as a run of elements, and a row costs far more
   than its bytes (PySpark's ``transformWithState`` converts each row's columns one value
-  at a time);
+  at a time). A GroupByKey's shard needs each element's key: its elements travel as a
+  *keyed run* (port ``KEYED_RUN``, no key; each element framed with its key);
 * ``producer`` ``watermark`` ``ptime``  a marker: who says it, its output watermark and the
   runner's processing time of the micro-batch, in microseconds; null for elements;
 * ``port``     0 for a main-input element, n for one of the target's n-th side input (sent
-  to every shard of the target).
+  to every shard of the target), ``KEYED_RUN`` for a keyed run.
 """
 
 from __future__ import annotations
 
 import functools
+import struct
 import zlib
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from beam_spark_runner.streaming.topology import SINK, Node, Topology
+from beam_spark_runner.streaming.topology import GROUP, SINK, Node, Topology
 from beam_spark_runner.streaming.watermarks import Marker, producer_id
 
 if TYPE_CHECKING:
@@ -61,6 +63,11 @@ Row = tuple[int, int, "bytes | None", "bytes | None", "str | None", "int | None"
 # The most bytes of elements ``packed`` puts in one row (a run is cut after the element
 # that reaches it).
 PACKED_CELL_BYTES = 1 << 20
+
+# The port of a keyed run: a GroupByKey shard's elements, each framed with its key
+# (``_FRAME``: the key's and the element's lengths, then the key, then the element).
+KEYED_RUN = -1
+_FRAME = struct.Struct(">II")
 
 
 @functools.cache
@@ -121,7 +128,7 @@ def element_batch(topology: Topology, target: int, elements: pa.Array) -> pa.Rec
     """
     if topology.nodes[target].stateful:
         return to_batch(
-            packed(element_row(topology, target, None, e) for e in elements.to_pylist())
+            packed((element_row(topology, target, None, e) for e in elements.to_pylist()), topology)
         )
     cells = _runs(elements.cast(pa.binary()))
     count = len(cells)
@@ -162,22 +169,33 @@ def _runs(elements: pa.BinaryArray) -> list[bytes]:
     return cells
 
 
-def packed(rows: Iterable[Row]) -> list[Row]:
-    """``rows`` with the elements of each target, shard, key and port in one row.
+def packed(rows: Iterable[Row], topology: Topology) -> list[Row]:
+    """``rows`` with the elements of each target, shard and port in one row.
 
     The elements are concatenated in their order; a run is cut once it reaches
-    ``PACKED_CELL_BYTES``. Markers are kept as they are, after the elements.
+    ``PACKED_CELL_BYTES``. Only a GroupByKey's shard reads the key column (a stateful
+    stage's elements carry their keys; the key chose the shard): a GroupByKey's elements
+    are packed as a keyed run (``keyed_run_elements`` reads one back), the others' without
+    their keys.
+    Markers are kept as they are, after the elements.
     """
-    runs: dict[tuple[int, int, bytes | None, int], list[bytes]] = {}
-    sizes: dict[tuple[int, int, bytes | None, int], int] = {}
+    runs: dict[tuple[int, int, int], list[bytes]] = {}
+    sizes: dict[tuple[int, int, int], int] = {}
+    grouped = {node.index for node in topology.nodes if node.kind == GROUP}
+    frame = _FRAME.pack
     out: list[Row] = []
     markers: list[Row] = []
     for row in rows:
-        element = row[3]
+        target, shard, key, element = row[0], row[1], row[2], row[3]
         if element is None:
             markers.append(row)
             continue
-        address = (row[0], row[1], row[2], row[7])
+        port = row[7]
+        if port == 0 and target in grouped:
+            assert key is not None, "a GroupByKey's element without its key"
+            element = frame(len(key), len(element)) + key + element
+            port = KEYED_RUN
+        address = (target, shard, port)
         run = runs.get(address)
         if run is None:
             run = runs[address] = []
@@ -191,10 +209,23 @@ def packed(rows: Iterable[Row]) -> list[Row]:
     return out
 
 
-def _packed_row(address: tuple[int, int, bytes | None, int], run: list[bytes]) -> Row:
-    target, shard, key, port = address
+def _packed_row(address: tuple[int, int, int], run: list[bytes]) -> Row:
+    target, shard, port = address
     element = run[0] if len(run) == 1 else b"".join(run)
-    return (target, shard, key, element, None, None, None, port)
+    return (target, shard, None, element, None, None, None, port)
+
+
+def keyed_run_elements(run: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """The (key, element) pairs of a keyed run, in order."""
+    unpack = _FRAME.unpack_from
+    position, end = 0, len(run)
+    while position < end:
+        key_length, element_length = unpack(run, position)
+        position += _FRAME.size
+        key_end = position + key_length
+        element_end = key_end + element_length
+        yield run[position:key_end], run[key_end:element_end]
+        position = element_end
 
 
 def output_rows(
