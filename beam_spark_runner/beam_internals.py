@@ -624,6 +624,11 @@ def pickled_dofn_info(payload: beam_runner_api_pb2.ParDoPayload) -> tuple[Any, .
     return tuple(pickler.loads(payload.do_fn.payload))
 
 
+# Packages of Beam that hold user code Beam ships (its examples and benchmarks, such as
+# Nexmark's DoFns), not its machinery: their DoFns are judged as a user's are.
+_BEAM_USER_CODE_PACKAGES = ("apache_beam.examples.", "apache_beam.testing.benchmarks.")
+
+
 def unbatchable_dofn_reason(dofn: Any, args: Any, kwargs: Any, side_inputs: Any) -> str | None:
     """Why the batched path cannot run ``dofn`` (None: it can).
 
@@ -633,7 +638,8 @@ def unbatchable_dofn_reason(dofn: Any, args: Any, kwargs: Any, side_inputs: Any)
     ``TimestampParam`` or ``WindowParam``; no side inputs, DoFn parameters passed as
     arguments, state, timers, restrictions, batched ``process_batch`` or lifecycle
     parameters. Beam's own other DoFns (and wrappers such as the runtime type check's)
-    keep the bundle processor.
+    keep the bundle processor, except those of its examples and benchmarks (user code
+    that Beam ships).
     """
     from apache_beam.transforms import core
 
@@ -649,8 +655,11 @@ def unbatchable_dofn_reason(dofn: Any, args: Any, kwargs: Any, side_inputs: Any)
             return "side inputs or DoFn parameters passed as arguments"
     if not isinstance(dofn, core.DoFn):
         return "not a DoFn"
-    if type(dofn) is not core.CallableWrapperDoFn and type(dofn).__module__.startswith(
-        "apache_beam."
+    module = type(dofn).__module__
+    if (
+        type(dofn) is not core.CallableWrapperDoFn
+        and module.startswith("apache_beam.")
+        and not module.startswith(_BEAM_USER_CODE_PACKAGES)
     ):
         return f"Beam's own {type(dofn).__name__}"
     try:

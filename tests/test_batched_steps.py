@@ -490,3 +490,15 @@ def test_window_assigner_takes_only_the_runners_window_into_and_standard_windows
     assert bi.window_assigner(WithParams()) is None
     sessions = beam.transforms.core.Windowing(window.Sessions(4))
     assert bi.window_assigner(bi.window_into_dofn(sessions)) is None
+
+
+def test_beams_machinery_keeps_the_bundle_processor_its_shipped_user_code_does_not() -> None:
+    """Beam's own DoFns keep the bundle processor, but DoFns of its examples and benchmarks
+    (user code Beam ships: Nexmark's) are judged as a user's are."""
+    from apache_beam.testing.benchmarks.nexmark.queries import nexmark_query_util
+    from apache_beam.transforms.util import WithSharedKey
+
+    nexmark = nexmark_query_util.AuctionBySellerFn()
+    assert bi.unbatchable_dofn_reason(nexmark, (), {}, []) is None
+    # A DoFn of Beam's transforms whose signature would otherwise qualify.
+    assert bi.unbatchable_dofn_reason(WithSharedKey(), (), {}, []) == "Beam's own WithSharedKey"
