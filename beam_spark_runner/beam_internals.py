@@ -757,6 +757,28 @@ def window_into_dofn(windowing: Any) -> Any:
     return WindowIntoDoFn(windowing)
 
 
+def flatten_dofn() -> Any:
+    """The DoFn the batched path runs for a Flatten of one input inside a fused stage.
+
+    Beam's ``FlattenOperation`` passes each windowed value on as it is; so does the batched
+    path for a DoFn of this class (``runner_flatten``), without calling it.
+    """
+    import apache_beam as beam
+
+    class FlattenDoFn(beam.DoFn):  # type: ignore[misc]
+        runner_flatten = True
+
+        def process(
+            self,
+            element: Any,
+            timestamp: Any = beam.DoFn.TimestampParam,
+            window: Any = beam.DoFn.WindowParam,
+        ) -> Iterator[WindowedValue]:
+            yield WindowedValue(element, timestamp, (window,))
+
+    return FlattenDoFn()
+
+
 _ASSIGNED_CACHED = 4096
 
 

@@ -168,6 +168,16 @@ STEPS: dict[str, Callable[[Any], Any]] = {
         | "Fixed" >> beam.WindowInto(window.FixedWindows(7, offset=2))
         | beam.ParDo(WithParams())
     ),
+    # Inputs of other coders than the Flatten's output: Beam's fusion gives each input a
+    # transcode in the stage.
+    "flatten": lambda pc: (
+        (
+            pc | "Odd" >> beam.Filter(lambda x: x % 2),
+            pc | "Tens" >> beam.Map(lambda x: str(x * 10)).with_output_types(str),
+        )
+        | beam.Flatten()
+        | beam.Map(lambda x: f"{x}!")
+    ),
     "sessions": lambda pc: (
         pc
         | beam.WindowInto(window.Sessions(4))
@@ -502,3 +512,11 @@ def test_beams_machinery_keeps_the_bundle_processor_its_shipped_user_code_does_n
     assert bi.unbatchable_dofn_reason(nexmark, (), {}, []) is None
     # A DoFn of Beam's transforms whose signature would otherwise qualify.
     assert bi.unbatchable_dofn_reason(WithSharedKey(), (), {}, []) == "Beam's own WithSharedKey"
+
+
+def test_a_flatten_inside_the_stage_runs_batched() -> None:
+    _, _, spec = _compare("flatten")
+    batched = stage_worker(spec).batched
+    assert batched is not None and batched.plan.remainder is None
+    assert any("Flatten/Transcode" in name for name in batched.step_names)
+    tear_down_stage_workers()

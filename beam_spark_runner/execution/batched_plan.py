@@ -2,11 +2,12 @@
 
 Decided once per stage worker: a ParDo with one input and one output, no side inputs, state,
 timers, restriction or finalization, whose pickled DoFn the batched path can run
-(``beam_internals.unbatchable_dofn_reason``), and ``WindowInto`` with one of Beam's standard
-window functions. Walking from the stage's input, a PCollection whose readers all qualify
-(or are stage outputs) is processed batched; one read by a step that does not qualify is
-the *hand-off*, and the bundle processor runs the rest of the stage from a copy of the
-descriptor without the batched steps, whose data input reads the hand-off.
+(``beam_internals.unbatchable_dofn_reason``), ``WindowInto`` with one of Beam's standard
+window functions, and a Flatten of one input (each element passed on as it is). Walking
+from the stage's input, a PCollection whose readers all qualify (or are stage outputs) is
+processed batched; one read by a step that does not qualify is the *hand-off*, and the
+bundle processor runs the rest of the stage from a copy of the descriptor without the
+batched steps, whose data input reads the hand-off.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ _LOGGER = logging.getLogger(__name__)
 DATA_INPUT_URN = bi.DATA_INPUT_URN
 DATA_OUTPUT_URN = bi.DATA_OUTPUT_URN
 WINDOW_INTO_URN = "beam:transform:window_into:v1"
+FLATTEN_URN = "beam:transform:flatten:v1"
 PAR_DO_URN = "beam:transform:pardo:v1"
 
 
@@ -106,6 +108,13 @@ def _step_spec(descriptor: Any, context: Any, transform_id: str) -> StepSpec | s
             return bi.window_into_dofn(windowing), input_windowing, (), {}
 
         make = make_window_into
+    elif urn == FLATTEN_URN:
+        # One input inside the stage (Beam's fusion gives each input its own transcode).
+
+        def make_flatten() -> tuple[Any, Any, tuple[Any, ...], dict[str, Any]]:
+            return bi.flatten_dofn(), input_windowing, (), {}
+
+        make = make_flatten
     elif urn == PAR_DO_URN:
         payload = bi.proto_utils.parse_Bytes(
             transform.spec.payload, bi.beam_runner_api_pb2.ParDoPayload

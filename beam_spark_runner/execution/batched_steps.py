@@ -84,6 +84,8 @@ class _Step:
         # ``WindowInto`` with Beam's fixed, sliding or global windows: the new windows of
         # an element in one window, by its timestamp (``bi.window_assigner``).
         self.assign: Callable[[Any], Any] | None = None
+        # A Flatten of one input: each windowed value passed on as it is.
+        self.passes = False
         # Map/FlatMap/Filter whose callable takes only the element: called directly.
         self.simple_process: Callable[[Any], Any] | None = None
         self.handler: Any = None
@@ -106,6 +108,7 @@ class _Step:
             kwargs,
         )
         self.assign = bi.window_assigner(dofn)
+        self.passes = bool(getattr(type(dofn), "runner_flatten", False))
         if bi.is_simple_callable(dofn):
             self.simple_process = _with_arguments(dofn.process, args, kwargs)
             self.handler = bi.simple_output_handler(windowing, self.receiver)
@@ -150,7 +153,9 @@ class _Step:
         self.receiver.full, self.receiver.limit = flush, _CHUNK
         try:
             with self.states[1]:
-                if self.assign is not None:
+                if self.passes:
+                    self.receiver.values.extend(values)
+                elif self.assign is not None:
                     self._window_into(values)
                 elif self.simple_process is not None:
                     self._run_simple(values, flush)
