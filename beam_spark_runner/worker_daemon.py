@@ -9,6 +9,7 @@ sessions it creates; the worker code itself is PySpark's.
 
 from __future__ import annotations
 
+import gc
 import logging
 
 
@@ -31,4 +32,8 @@ from beam_spark_runner import beam_internals  # noqa: E402
 if __name__ == "__main__":
     # Found once here (a search of the heap) rather than in every forked worker.
     beam_internals.type_pickle_caches()
+    # PySpark's daemon runs a full garbage collection after every task of a reused worker;
+    # what the imports above allocated lives as long as the process: frozen, those
+    # collections no longer walk it (nor write to its pages, shared with every fork).
+    gc.freeze()
     manager()
