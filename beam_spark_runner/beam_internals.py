@@ -768,13 +768,8 @@ def flatten_dofn() -> Any:
     class FlattenDoFn(beam.DoFn):  # type: ignore[misc]
         runner_flatten = True
 
-        def process(
-            self,
-            element: Any,
-            timestamp: Any = beam.DoFn.TimestampParam,
-            window: Any = beam.DoFn.WindowParam,
-        ) -> Iterator[WindowedValue]:
-            yield WindowedValue(element, timestamp, (window,))
+        def process(self, element: Any) -> Iterator[Any]:
+            yield element  # its timestamp, windows and pane kept, as Beam's output handler does
 
     return FlattenDoFn()
 
