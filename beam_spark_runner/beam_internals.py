@@ -818,11 +818,12 @@ def window_assigner(dofn: Any) -> Callable[[Any], list[Any]] | None:
     cache: dict[Any, tuple[Any, ...]] = {}
 
     def windows(timestamp: Any) -> list[Any]:
-        found = cache.get(key(timestamp.micros))
+        at = key(timestamp.micros)
+        found = cache.get(at)
         if found is None:
             if len(cache) >= _ASSIGNED_CACHED:
                 cache.clear()
-            found = cache[key(timestamp.micros)] = tuple(assign(context(timestamp)))
+            found = cache[at] = tuple(assign(context(timestamp)))
         return list(found)
 
     return windows

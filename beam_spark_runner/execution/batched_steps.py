@@ -122,6 +122,7 @@ class _Step:
     def tear_down(self) -> None:
         runner, self.runner = self.runner, None
         self.simple_process = self.handler = self.assign = None
+        self.passes = False
         if runner is not None:
             with self.states[2]:
                 runner.teardown()

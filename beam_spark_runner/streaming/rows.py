@@ -176,8 +176,7 @@ def packed(rows: Iterable[Row], topology: Topology) -> list[Row]:
     ``PACKED_CELL_BYTES``. Only a GroupByKey's shard reads the key column (a stateful
     stage's elements carry their keys; the key chose the shard): a GroupByKey's elements
     are packed as a keyed run (``keyed_run_elements`` reads one back), the others' without
-    their keys.
-    Markers are kept as they are, after the elements.
+    their keys. Markers are kept as they are, after the elements.
     """
     runs: dict[tuple[int, int, int], list[bytes]] = {}
     sizes: dict[tuple[int, int, int], int] = {}
