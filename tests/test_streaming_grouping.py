@@ -42,7 +42,7 @@ SECOND = 1_000_000
 class _Shard:
     """One shard of the pipeline's only GroupByKey, fed micro-batch by micro-batch."""
 
-    def __init__(self, windowing: beam.WindowInto) -> None:
+    def __init__(self, windowing: beam.WindowInto, store: bool = False) -> None:
         from beam_spark_runner.streaming.query import plan_topology  # needs PySpark 4.1+
 
         pipeline = beam.Pipeline(options=PipelineOptions(["--streaming"]))
@@ -67,23 +67,30 @@ class _Shard:
         self.spec = group_spec(buffer, context)  # type: ignore[arg-type]
         self.grouper = grouping.streaming_grouper(self.spec)
         self.state: grouping.ShardState | None = None
+        # Whether the state goes through the state store's encoding between batches.
+        self.store = store
         (self.source,) = self.node.expected
 
     def batch(
-        self, elements: list[tuple[Any, int, IntervalWindow]], watermark: float, now: float = 0
+        self, elements: list[tuple[Any, ...]], watermark: float, now: float = 0
     ) -> tuple[list[WindowedValue], int]:
-        """One micro-batch: the panes that fired and the shard's output watermark (µs)."""
+        """One micro-batch: the panes that fired and the shard's output watermark (µs).
+
+        Elements are (value, event time, window) of key ``"k"``, or (key, value, event
+        time, window).
+        """
+        keyed = [e if len(e) == 4 else ("k", *e) for e in elements]
         # As a router sends them: packed in a keyed run.
         element_rows = [
             routed.element_row(
                 self.topology,
                 self.node.index,
-                b"k",
+                key.encode(),
                 self.grouper.pre_impl.encode_nested(
-                    WindowedValue(("k", value), Timestamp(at), [w])
+                    WindowedValue((key, value), Timestamp(at), [w])
                 ),
             )
-            for value, at, w in elements
+            for key, value, at, w in keyed
         ]
         rows: list[dict[str, Any]] = [
             dict(zip(routed.ROUTED_SCHEMA.names, row, strict=True))
@@ -100,6 +107,8 @@ class _Shard:
                 PORT: 0,
             }
         )
+        if self.store and self.state is not None:
+            self.state = grouping.decode_shard_state(grouping.encode_shard_state(self.state))
         self.state, out = grouping.run_group_shard(
             self.topology, self.node, 0, self.spec, self.state, rows
         )
@@ -210,3 +219,84 @@ def test_state_survives_the_state_store_round_trip(fixed: _Shard) -> None:
     assert _values(panes) == [("k", [1, 2], w)]
     # Fired and past its garbage-collection time: the key is forgotten.
     assert fixed.state.keys == {}
+
+
+def test_a_key_with_nothing_due_is_not_decoded_and_still_holds_the_watermark() -> None:
+    shard = _Shard(
+        beam.WindowInto(
+            window.FixedWindows(10), timestamp_combiner=TimestampCombiner.OUTPUT_AT_EARLIEST
+        ),
+        store=True,
+    )
+    a, b = IntervalWindow(0, 10), IntervalWindow(20, 30)
+    shard.batch([("a", 1, 1, a), ("b", 2, 21, b)], watermark=0)
+    panes, out = shard.batch([("a", 3, 2, a)], watermark=25)
+    assert _values(panes) == [("a", [1, 3], a)]
+    assert shard.state is not None
+    # "a" fired and was forgotten; "b" had no element and nothing due, so it stayed encoded,
+    # and its pane's hold (21 s) still holds the output watermark.
+    assert shard.state.keys == {}
+    assert list(shard.state.blobs) == [b"b"]
+    assert out == 21 * SECOND - 1
+    panes, out = shard.batch([], watermark=31)
+    assert _values(panes) == [("b", [2], b)]
+    assert out == 31 * SECOND
+    assert shard.state.blobs == {}
+
+
+def test_a_shard_written_in_the_layout_before_is_read() -> None:
+    from pyspark import cloudpickle
+
+    shard = _Shard(beam.WindowInto(window.FixedWindows(10)))
+    w = IntervalWindow(0, 10)
+    shard.batch([(1, 1, w)], watermark=5)
+    assert shard.state is not None
+    # As the runner wrote it before per-key blobs: one pickle of every key, holds as
+    # timestamps.
+    (state,) = (v.state for v in shard.state.keys.values())
+    for panes in state.values():
+        panes.holds = [Timestamp(micros=h) for h in panes.holds]
+    old = cloudpickle.dumps(
+        (
+            shard.state.watermarks,
+            {k: (v.key, v.state) for k, v in shard.state.keys.items()},
+        )
+    )
+    shard.state = grouping.decode_shard_state(old)
+    shard.store = True
+    assert _values(shard.batch([(2, 2, w)], watermark=8)[0]) == []
+    panes, _ = shard.batch([], watermark=12)
+    assert _values(panes) == [("k", [1, 2], w)]
+
+
+def test_key_state_of_a_type_pickle_cannot_find_falls_back_to_cloudpickle() -> None:
+    import pickle
+
+    class Local:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+    with pytest.raises((pickle.PicklingError, AttributeError)):
+        pickle.dumps(Local(1))
+    restored = pickle.loads(grouping._dumps(("key", [Local(7)])))
+    assert restored[0] == "key"
+    assert restored[1][0].n == 7
+
+
+def test_a_keys_windows_survive_their_plain_form() -> None:
+    from beam_spark_runner.streaming.default_trigger import (
+        DefaultTriggerState,
+        WindowPanes,
+        plain_state,
+        restored_state,
+    )
+
+    state = DefaultTriggerState()
+    state[IntervalWindow(-5, 5)] = WindowPanes([1, "x"], [4_999_999], 1, 0, True)
+    state[window.GlobalWindow()] = WindowPanes([None], [], 0, 0, False)
+    restored = restored_state(plain_state(state))
+    assert restored == state
+    assert list(restored) == list(state)  # the order windows came in
+    # Keys share one window object per window.
+    again = restored_state(plain_state(state))
+    assert next(iter(again)) is next(iter(restored))

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import gc
 import itertools
 import logging
 import sys
@@ -47,6 +46,7 @@ from collections.abc import Callable
 from typing import Any
 
 from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.execution import collector
 from beam_spark_runner.execution.batched_plan import BatchedPlan, StepSpec
 
 _LOGGER = logging.getLogger(__name__)
@@ -394,45 +394,40 @@ class BatchedSteps:
         """Runs the batched steps over one batch of encoded elements (one bundle).
 
         The batch goes through the steps a chunk at a time (``_CHUNK`` elements, outputs
-        included), so few windowed values are alive at once. Python's cyclic garbage
-        collector is paused meanwhile: Beam's operation chain frees each element before the
-        next is made, so the collector never runs there; chunks of live values make it run
-        every 700 allocations and, every so often, over the whole heap (measured: a third
-        to half of the CPU of a Map/Filter chain). Cyclic garbage user code makes in a
-        batch is collected after it.
+        included), so few windowed values are alive at once, with Python's cyclic garbage
+        collector paused (``execution.collector``: Beam's operation chain frees each element
+        before the next is made, so the collector never runs there).
         """
         with self._lock:
             previous = bi.get_current_tracker()
             bi.set_current_tracker(self._sampler)
             batch = _Batch(self)
-            collecting = gc.isenabled()
-            gc.disable()
             try:
-                if not self._set_up:
-                    self._set_up = True
+                with collector.paused():
+                    if not self._set_up:
+                        self._set_up = True
+                        for step in self._steps:
+                            step.set_up()
+                    # Beam starts a bundle's operations downstream first, finishes upstream
+                    # first.
+                    for step in reversed(self._steps):
+                        step.start()
+                    values = self._input.decode_all(data)
+                    input_id = self.plan.input_transform_id
+                    while True:
+                        began = time.perf_counter_ns()
+                        chunk = list(itertools.islice(values, _CHUNK))
+                        batch.io_nanos[input_id] += time.perf_counter_ns() - began
+                        if not chunk:
+                            break
+                        batch.emit(self.plan.input_pcollection, chunk)
                     for step in self._steps:
-                        step.set_up()
-                # Beam starts a bundle's operations downstream first, finishes upstream first.
-                for step in reversed(self._steps):
-                    step.start()
-                values = self._input.decode_all(data)
-                input_id = self.plan.input_transform_id
-                while True:
-                    began = time.perf_counter_ns()
-                    chunk = list(itertools.islice(values, _CHUNK))
-                    batch.io_nanos[input_id] += time.perf_counter_ns() - began
-                    if not chunk:
-                        break
-                    batch.emit(self.plan.input_pcollection, chunk)
-                for step in self._steps:
-                    batch.emit(step.spec.output_pcollection, step.finish())
+                        batch.emit(step.spec.output_pcollection, step.finish())
             except BaseException:
                 bi.record_failed_bundle_monitoring_infos(self._monitoring_infos(batch))
                 self._tear_down_locked("a batch failed")
                 raise
             finally:
-                if collecting:
-                    gc.enable()
                 bi.set_current_tracker(previous)
                 self.last_used = time.time()
             handoff = None

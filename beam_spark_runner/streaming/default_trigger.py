@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from apache_beam.transforms import trigger
-from apache_beam.transforms.window import NonMergingWindowFn, TimestampCombiner
-from apache_beam.utils.timestamp import MAX_TIMESTAMP, TIME_GRANULARITY, Timestamp
+from apache_beam.transforms.window import IntervalWindow, NonMergingWindowFn, TimestampCombiner
+from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, TIME_GRANULARITY, Timestamp
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
 
 
@@ -33,7 +33,7 @@ class WindowPanes:
     """One window of one key: what Beam's driver keeps under the window's state tags."""
 
     values: list[Any] = dataclasses.field(default_factory=list)  # ELEMENTS
-    holds: list[Timestamp] = dataclasses.field(default_factory=list)  # WATERMARK_HOLD
+    holds: list[int] = dataclasses.field(default_factory=list)  # WATERMARK_HOLD, micros
     fired: int = 0  # INDEX: panes emitted
     nonspeculative: int = 0  # NONSPECULATIVE_INDEX: on-time and late panes emitted
     timer: bool = False  # the watermark timer at the window's end is set
@@ -86,7 +86,7 @@ class DefaultTriggerDriver:
                 ),
             )
             if output_time is not None:
-                panes.holds.append(output_time)
+                panes.holds.append(output_time.micros)
             panes.values.extend(value for value, _ in elements)
             panes.timer = True
             if input_watermark >= window.end:
@@ -122,7 +122,7 @@ class DefaultTriggerDriver:
         values = list(panes.values)
         if self.discarding:
             panes.values = []
-        timestamp = self.combiner.combine_all(panes.holds)
+        timestamp = self.combiner.combine_all([Timestamp(micros=h) for h in panes.holds])
         if timestamp is None:
             timestamp = window.max_timestamp()
         elif not output_watermark < window.end:  # the default trigger has an on-time pane
@@ -136,7 +136,72 @@ class DefaultTriggerDriver:
             del state[window]
 
     @staticmethod
+    def next_visit(state: DefaultTriggerState, allowed_lateness: int) -> int:
+        """The input watermark (micros) at which the key next has work.
+
+        That is a window's end-of-window timer to fire, or a window past its end plus
+        ``allowed_lateness`` to forget.
+        """
+        return min(
+            (
+                window.end.micros if panes.timer else window.end.micros + allowed_lateness + 1
+                for window, panes in state.items()
+            ),
+            default=MIN_TIMESTAMP.micros,
+        )
+
+    @staticmethod
     def earliest_hold(state: DefaultTriggerState) -> Timestamp:
         """As Beam's ``InMemoryUnmergedState.get_earliest_hold``."""
         holds = [min(panes.holds) for panes in state.values() if panes.holds]
-        return min(holds) - TIME_GRANULARITY if holds else MAX_TIMESTAMP
+        return Timestamp(micros=min(holds)) - TIME_GRANULARITY if holds else MAX_TIMESTAMP
+
+
+# Windows rebuilt from their bounds, shared by every key that decodes them (bounded: the
+# windows of a stream move on).
+_WINDOWS: dict[tuple[int, int], IntervalWindow] = {}
+_MAX_WINDOWS = 4096
+
+
+def plain_state(state: DefaultTriggerState) -> list[tuple[Any, ...]]:
+    """A key's windows as plain values for its state-store blob.
+
+    An ``IntervalWindow`` becomes its bounds (micros); other windows stay as they are.
+    """
+    return [
+        (
+            (window.start.micros, window.end.micros) if type(window) is IntervalWindow else window,
+            panes.values,
+            panes.holds,
+            panes.fired,
+            panes.nonspeculative,
+            panes.timer,
+        )
+        for window, panes in state.items()
+    ]
+
+
+def restored_state(plain: list[tuple[Any, ...]]) -> DefaultTriggerState:
+    """The state :func:`plain_state` gave, with one window object per window."""
+    state = DefaultTriggerState()
+    for token, values, holds, fired, nonspeculative, timer in plain:
+        if type(token) is tuple:
+            window = _WINDOWS.get(token)
+            if window is None:
+                if len(_WINDOWS) >= _MAX_WINDOWS:
+                    _WINDOWS.clear()
+                start, end = token
+                window = _WINDOWS[token] = IntervalWindow(
+                    Timestamp(micros=start), Timestamp(micros=end)
+                )
+        else:
+            window = token
+        state[window] = WindowPanes(values, holds, fired, nonspeculative, timer)
+    return state
+
+
+def upgraded_state(state: DefaultTriggerState) -> DefaultTriggerState:
+    """A state pickled whole by an earlier runner version, whose holds were ``Timestamp``s."""
+    for panes in state.values():
+        panes.holds = [h.micros if isinstance(h, Timestamp) else h for h in panes.holds]
+    return state

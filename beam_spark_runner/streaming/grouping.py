@@ -42,6 +42,9 @@ from beam_spark_runner.execution.grouping import GroupSpec
 from beam_spark_runner.streaming.default_trigger import (
     DefaultTriggerDriver,
     DefaultTriggerState,
+    plain_state,
+    restored_state,
+    upgraded_state,
 )
 from beam_spark_runner.streaming.default_trigger import applies as default_trigger_applies
 from beam_spark_runner.streaming.rows import (
@@ -58,6 +61,7 @@ from beam_spark_runner.streaming.rows import (
 from beam_spark_runner.streaming.topology import Node, Topology
 from beam_spark_runner.streaming.watermarks import (
     MAX_MICROS,
+    MIN_MICROS,
     Marker,
     WatermarkState,
 )
@@ -86,12 +90,65 @@ class KeyState:
     state: Any  # trigger.InMemoryUnmergedState
 
 
+# Each key's state is its own pickle inside the shard's value; the value is a tuple tagged
+# with this layout (an untagged pair is the layout before it: every key in one pickle).
+_LAYOUT = "beam-spark-gbk-keys-v2"
+# The visit time of a key Beam's general driver holds: every micro-batch.
+_ALWAYS = MIN_MICROS
+
+
 @dataclasses.dataclass
 class ShardState:
-    """Everything one GroupByKey shard keeps between micro-batches."""
+    """Everything one GroupByKey shard keeps between micro-batches.
+
+    ``blobs`` has every key of the shard, in the order keys first came, each as its own
+    encoded state; ``keys`` the keys decoded in this micro-batch, whose blobs are stale
+    until the shard is encoded. A micro-batch decodes only the keys it has elements for
+    and the keys due a visit: ``visits`` says, per key, the input watermark at which it
+    next has work (a window to fire or to forget; ``_ALWAYS`` for a key under Beam's
+    general driver), and ``holds`` its earliest watermark hold, so a key with nothing to
+    do costs a comparison, not a decode and an encode.
+    """
 
     watermarks: WatermarkState
     keys: dict[bytes, KeyState] = dataclasses.field(default_factory=dict)
+    blobs: dict[bytes, bytes] = dataclasses.field(default_factory=dict)
+    visits: dict[bytes, int] = dataclasses.field(default_factory=dict)
+    holds: dict[bytes, int] = dataclasses.field(default_factory=dict)
+
+    def key_state(self, key_bytes: bytes) -> KeyState | None:
+        """The key's state, decoded on first use; None for a key the shard does not hold."""
+        loaded = self.keys.get(key_bytes)
+        if loaded is None:
+            blob = self.blobs.get(key_bytes)
+            if blob is None:
+                return None
+            loaded = self.keys[key_bytes] = _decode_key(blob)
+        return loaded
+
+    def add(self, key_bytes: bytes, key_state: KeyState) -> None:
+        """A key new to the shard."""
+        self.keys[key_bytes] = key_state
+        self.blobs[key_bytes] = b""  # its place in the order; encoded with the shard
+
+    def remove(self, key_bytes: bytes) -> None:
+        """Forgets a key with nothing left."""
+        del self.keys[key_bytes]
+        del self.blobs[key_bytes]
+        self.visits.pop(key_bytes, None)
+        self.holds.pop(key_bytes, None)
+
+    def load_due(self, watermark: int) -> None:
+        """Decodes every key with work once the input watermark is ``watermark``."""
+        for key_bytes in [k for k, due in self.visits.items() if due <= watermark]:
+            self.key_state(key_bytes)
+
+    def loaded(self) -> list[tuple[bytes, KeyState]]:
+        """The decoded keys, in the order keys first came to the shard."""
+        keys = self.keys
+        if len(keys) == len(self.blobs):
+            return [(k, keys[k]) for k in self.blobs]
+        return [(k, keys[k]) for k in self.blobs if k in keys]
 
 
 def _plain(state: Any) -> tuple[dict, dict, dict]:
@@ -113,29 +170,77 @@ def _restored(plain: tuple[dict, dict, dict]) -> Any:
     return state
 
 
-def encode_shard_state(shard: ShardState) -> bytes:
-    """The shard's state as one state-store value (cloudpickle: windows may be user types)."""
-    from pyspark import cloudpickle
+def _dumps(value: Any) -> bytes:
+    """Python's C pickle, or cloudpickle where it cannot.
 
-    keys = {
-        k: (v.key, v.state if isinstance(v.state, DefaultTriggerState) else _plain(v.state))
-        for k, v in shard.keys.items()
-    }
-    return cloudpickle.dumps((shard.watermarks, keys))  # type: ignore[no-any-return]
+    cloudpickle pickles by value what plain pickle cannot find by name: keys, values or
+    windows of a type defined in a script or a function.
+    """
+    import pickle
+
+    try:
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        from pyspark import cloudpickle
+
+        return cloudpickle.dumps(value)  # type: ignore[no-any-return]
+
+
+# A key's blob says which driver's state it holds.
+_DEFAULT_DRIVER, _BEAM_DRIVER = 0, 1
+
+
+def _encode_key(key_state: KeyState) -> bytes:
+    state = key_state.state
+    if isinstance(state, DefaultTriggerState):
+        return _dumps((key_state.key, _DEFAULT_DRIVER, plain_state(state)))
+    return _dumps((key_state.key, _BEAM_DRIVER, _plain(state)))
+
+
+def _decode_key(blob: bytes) -> KeyState:
+    import pickle
+
+    key, driver, plain = pickle.loads(blob)
+    return KeyState(key, restored_state(plain) if driver == _DEFAULT_DRIVER else _restored(plain))
+
+
+def encode_shard_state(shard: ShardState) -> bytes:
+    """The shard's state as one state-store value.
+
+    Its decoded keys are encoded again; the others keep the blobs they came with.
+    """
+    import pickle
+
+    blobs = dict(shard.blobs)
+    for key_bytes, key_state in shard.keys.items():
+        blobs[key_bytes] = _encode_key(key_state)
+    return pickle.dumps(
+        (_LAYOUT, shard.watermarks, blobs, shard.visits, shard.holds),
+        protocol=pickle.HIGHEST_PROTOCOL,
+    )
 
 
 def decode_shard_state(data: bytes) -> ShardState:
-    """The shard state ``encode_shard_state`` wrote."""
+    """The shard state ``encode_shard_state`` wrote, no key decoded yet.
+
+    A value of the layout before it (every key in one pickle) comes back with every key
+    decoded, and is written in the new layout at the end of its micro-batch.
+    """
     import pickle
 
-    watermarks, keys = pickle.loads(data)
-    return ShardState(
-        watermarks,
-        {
-            k: KeyState(key, plain if isinstance(plain, DefaultTriggerState) else _restored(plain))
-            for k, (key, plain) in keys.items()
-        },
-    )
+    value = pickle.loads(data)
+    if value[0] == _LAYOUT:
+        _, watermarks, blobs, visits, holds = value
+        return ShardState(watermarks, {}, blobs, visits, holds)
+    watermarks, keys = value
+    shard = ShardState(watermarks)
+    for key_bytes, (key, plain) in keys.items():
+        state = (
+            upgraded_state(plain) if isinstance(plain, DefaultTriggerState) else _restored(plain)
+        )
+        shard.add(key_bytes, KeyState(key, state))
+        shard.visits[key_bytes] = _ALWAYS  # settled at the end of the first micro-batch
+    return shard
 
 
 class StreamingGrouper:
@@ -179,11 +284,11 @@ class StreamingGrouper:
         output_watermark = Timestamp(micros=watermarks.output_watermark)
         for key_bytes, cells in elements.items():
             values = list(self.pre_impl.decode_all(b"".join(cells)))
-            key_state = shard.keys.get(key_bytes)
+            key_state = shard.key_state(key_bytes)
             if key_state is None:
                 new_state = DefaultTriggerState() if self.default else bi.trigger_state()
                 key_state = KeyState(values[0].value[0], new_state)
-                shard.keys[key_bytes] = key_state
+                shard.add(key_bytes, key_state)
             driver = self._driver_of(key_state)
             panes = driver.process_elements(
                 key_state.state,
@@ -195,8 +300,10 @@ class StreamingGrouper:
                 yield key_bytes, key_state.key, pane
         watermarks.advance(markers)
         self.clock.micros = watermarks.processing_time
+        shard.load_due(watermarks.input_watermark)
         yield from self._fire_timers(shard)
         self._collect_garbage(shard)
+        self._settle(shard)
 
     def _driver_of(self, key_state: KeyState) -> Any:
         """The driver of a key's state.
@@ -212,7 +319,7 @@ class StreamingGrouper:
     def _fire_timers(self, shard: ShardState) -> Iterator[Any]:
         watermark = Timestamp(micros=shard.watermarks.input_watermark)
         beams = {}
-        for key_bytes, key_state in shard.keys.items():
+        for key_bytes, key_state in shard.loaded():
             if isinstance(key_state.state, DefaultTriggerState):
                 # Its firings never set timers: one round.
                 for pane in self._driver_of(key_state).fire_timers(key_state.state, watermark):
@@ -256,21 +363,31 @@ class StreamingGrouper:
             if isinstance(state, DefaultTriggerState):
                 DefaultTriggerDriver.forget_expired(state, expired)
                 if not state:
-                    del shard.keys[key_bytes]
+                    shard.remove(key_bytes)
                 continue
             bi.forget_expired_windows(state, expired)
             if bi.trigger_state_is_empty(state):
-                del shard.keys[key_bytes]
+                shard.remove(key_bytes)
+
+    def _settle(self, shard: ShardState) -> None:
+        """Records each decoded key's next visit and earliest hold."""
+        lateness = self.allowed_lateness.micros
+        for key_bytes, key_state in shard.keys.items():
+            state = key_state.state
+            if isinstance(state, DefaultTriggerState):
+                shard.visits[key_bytes] = DefaultTriggerDriver.next_visit(state, lateness)
+                hold = DefaultTriggerDriver.earliest_hold(state)
+            else:
+                shard.visits[key_bytes] = _ALWAYS
+                hold = state.get_earliest_hold()
+            if hold < MAX_TIMESTAMP:
+                shard.holds[key_bytes] = hold.micros
+            else:
+                shard.holds.pop(key_bytes, None)
 
     def hold(self, shard: ShardState) -> int:
         """The earliest watermark hold of the shard's keys (microseconds)."""
-        holds = [
-            DefaultTriggerDriver.earliest_hold(k.state)
-            if isinstance(k.state, DefaultTriggerState)
-            else k.state.get_earliest_hold()
-            for k in shard.keys.values()
-        ]
-        return min((h.micros for h in holds), default=MAX_MICROS)
+        return min(shard.holds.values(), default=MAX_MICROS)
 
     def encode(self, key: Any, pane: Any) -> bytes:
         """A pane as the GroupByKey's output element: ``KV<K, Iterable<V>>``."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
+from beam_spark_runner.execution import collector
 from beam_spark_runner.execution.grouping import GroupSpec
 from beam_spark_runner.execution.stage_worker import StageSpec, TaskSinks, recording
 from beam_spark_runner.streaming.grouping import (
@@ -86,11 +87,14 @@ class LevelProcessor(StatefulProcessor):  # type: ignore[misc]
         previous = self._state.get() if self._state.exists() else None
         encoded = bytes(previous[0]) if previous else None
         if target in self.groups:
-            group_state = decode_shard_state(encoded) if encoded else None
-            group_state, out = run_group_shard(
-                self.topology, node, shard, self.groups[target], group_state, rows
-            )
-            self._state.update((encode_shard_state(group_state),))
+            # It decodes keys' states, keeps them while it runs and encodes them again (no
+            # user code runs here).
+            with collector.paused():
+                group_state = decode_shard_state(encoded) if encoded else None
+                group_state, out = run_group_shard(
+                    self.topology, node, shard, self.groups[target], group_state, rows
+                )
+                self._state.update((encode_shard_state(group_state),))
         elif target in self.with_side_inputs:
             side_state = SideInputShardState.decode(encoded) if encoded else None
             side_state, out = run_side_input_shard(
