@@ -20,9 +20,12 @@ GroupByKey shard it:
    the input watermark and the earliest hold of its keys (the trigger driver's watermark
    holds: unfired panes at their timestamp combiner's output time), as markers.
 
-The shard's keys, their trigger-driver state (Beam's ``InMemoryUnmergedState``) and its
-watermarks are one value in Spark's state store, read once and written once per batch:
-two state calls per shard and batch, none per key or element (see docs/architecture.md).
+The shard's keys, their trigger-driver state and its watermarks are one value in Spark's
+state store, read once and written once per batch: two state calls per shard and batch,
+none per key or element (see docs/architecture.md). Inside that value each key's state is
+its own pickle (``ShardState.blobs``), with the watermark at which the key next has work
+and its earliest hold kept beside it: a micro-batch decodes and re-encodes only the keys
+it has elements for or work due, not every key the shard holds.
 """
 
 from __future__ import annotations

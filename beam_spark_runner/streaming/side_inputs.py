@@ -72,12 +72,19 @@ class SideInputStageSpec:
 
 @dataclasses.dataclass
 class SideInputShardState:
-    """One shard's side-input elements and waiting main elements, between micro-batches."""
+    """One shard's side-input elements and waiting main elements, between micro-batches.
+
+    Waiting main elements are kept by their needs (``_Coders.needs``: elements of the same
+    windows wait for the same thing), each bucket as its elements' encodings concatenated
+    and their earliest timestamp (microseconds): a micro-batch checks a bucket, not an
+    element, and the state pickles a few byte strings, not a tuple per element.
+    """
 
     watermarks: WatermarkState
     sides: list[list[bytes]]
-    # (encoded main element, its timestamp in microseconds, its needs: ``_Coders.needs``).
-    # A checkpoint written before the needs were kept has (element, timestamp) pairs.
+    # needs -> [encoded elements (one byte string between micro-batches), earliest timestamp]
+    buckets: dict[tuple[int, ...], list[Any]] = dataclasses.field(default_factory=dict)
+    # A checkpoint written before buckets: (encoded element, timestamp[, needs]) each.
     waiting: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)
 
     def encode(self) -> bytes:
@@ -86,10 +93,20 @@ class SideInputShardState:
 
     @staticmethod
     def decode(data: bytes) -> SideInputShardState:
-        """The state ``encode`` wrote."""
+        """The state ``encode`` wrote (or an earlier runner version did)."""
         state = pickle.loads(data)
         assert isinstance(state, SideInputShardState)
+        state.__dict__.setdefault("buckets", {})
         return state
+
+    def wait(self, elements: bytes, earliest: int, needs: tuple[int, ...]) -> None:
+        """Main elements (encoded, concatenated) that wait for ``needs``."""
+        bucket = self.buckets.get(needs)
+        if bucket is None:
+            self.buckets[needs] = [[elements], earliest]
+        else:
+            bucket[0].append(elements)
+            bucket[1] = min(bucket[1], earliest)
 
 
 class _Coders:
@@ -126,17 +143,28 @@ class _Coders:
             self._needs[windows] = needs
         return needs
 
-    def main_elements(self, data: bytes) -> Iterator[tuple[bytes, int, tuple[int, ...]]]:
-        """The main elements packed in ``data``: each one's bytes, timestamp and needs."""
+    def main_runs(self, data: bytes) -> Iterator[tuple[bytes, int, tuple[int, ...]]]:
+        """The main elements packed in ``data``, as runs of neighbours with the same needs.
+
+        Yields each run's bytes, its earliest timestamp (microseconds) and its needs.
+        """
         impl = self.input_impl
         stream = bi.create_InputStream(data)
         total = len(data)
-        start = 0
+        start = end = 0
+        run_needs: tuple[int, ...] | None = None
+        earliest = MAX_MICROS
         while stream.size() > 0:
             value = impl.decode_from_stream(stream, True)
+            needs = self.needs(value.windows)
+            if needs != run_needs:
+                if run_needs is not None:
+                    yield data[start:end], earliest, run_needs
+                start, run_needs, earliest = end, needs, MAX_MICROS
             end = total - stream.size()
-            yield data[start:end], value.timestamp.micros, self.needs(value.windows)
-            start = end
+            earliest = min(earliest, value.timestamp.micros)
+        if run_needs is not None:
+            yield data[start:end], earliest, run_needs
 
 
 _NEEDS_CACHED = 4096
@@ -178,21 +206,20 @@ def run_side_input_shard(
         elif row[PORT]:
             state.sides[row[PORT] - 1].append(bytes(row[ELEMENT]))
         else:
-            state.waiting.extend(coders.main_elements(bytes(row[ELEMENT])))
+            for elements, earliest, needs in coders.main_runs(bytes(row[ELEMENT])):
+                state.wait(elements, earliest, needs)
+    for entry in state.waiting:  # from a checkpoint written before buckets
+        if len(entry) == 2:
+            entry = (*entry, coders.needs(coders.input_impl.decode_nested(entry[0]).windows))
+        state.wait(*entry)
+    state.waiting = []
     watermarks = state.watermarks
     watermarks.advance(markers)
     producers = watermarks.producers
     side_watermarks = [input_watermark(e, producers) for e in node.side_expected]
     ready: list[bytes] = []
-    waiting: list[tuple[Any, ...]] = []
-    for entry in state.waiting:
-        if len(entry) == 2:  # from an older checkpoint
-            entry = (*entry, coders.needs(coders.input_impl.decode_nested(entry[0]).windows))
-        if _ready(entry[2], side_watermarks):
-            ready.append(entry[0])
-        else:
-            waiting.append(entry)
-    state.waiting = waiting
+    for needs in [n for n in state.buckets if _ready(n, side_watermarks)]:
+        ready.extend(state.buckets.pop(needs)[0])
     out: list[Row] = []
     if ready:
         worker = stage_worker(spec.stage)
@@ -214,7 +241,10 @@ def run_side_input_shard(
             outputs = run_user_code(spec.stage, lambda: list(worker.process(data, metrics)))
         worker.finalize_bundles()
         out = routed_outputs(topology, node, spec.stage, worker, outputs)
-    hold = min((entry[1] for entry in waiting), default=MAX_MICROS)
+    for bucket in state.buckets.values():
+        if len(bucket[0]) > 1:
+            bucket[0] = [b"".join(bucket[0])]
+    hold = min((bucket[1] for bucket in state.buckets.values()), default=MAX_MICROS)
     main = input_watermark(node.main_expected, producers)
     output = watermarks.output(hold, main)
     out.extend(routed_marker(topology, node, shard, output, watermarks.processing_time))
