@@ -70,7 +70,7 @@ def run_plan(
     code's log records at ``log_levels`` are logged on the driver when the run ends.
     """
     spark_context = spark.sparkContext
-    collector = AttemptCollector.start(spark_context.getConf())
+    collector = AttemptCollector.start(spark.conf)  # getConf() copies every entry: ~100 Py4J calls
     try:
         return _run(
             plan,

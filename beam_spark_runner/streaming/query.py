@@ -413,7 +413,7 @@ def start_query(
     records at ``log_levels`` are logged on the driver after each micro-batch.
     """
     spark_context = spark.sparkContext
-    collector = AttemptCollector.start(spark_context.getConf())
+    collector = AttemptCollector.start(spark.conf)  # getConf() copies every entry: ~100 Py4J calls
     context = open_run_context(
         plan,
         spark,
