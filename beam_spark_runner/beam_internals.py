@@ -774,6 +774,120 @@ def flatten_dofn() -> Any:
     return FlattenDoFn()
 
 
+PRECOMBINE_URN: str = common_urns.combine_components.COMBINE_PER_KEY_PRECOMBINE.urn
+
+
+def precombine_dofn(payload: bytes, context: Any, windowing: Any) -> Any:
+    """The DoFn the batched path runs for a lifted combine's precombine in a fused stage.
+
+    It is Beam's ``PGBKCVOperation`` (what the bundle processor builds for
+    ``COMBINE_PER_KEY_PRECOMBINE``): per bundle, a table from key (and window, outside the
+    default windowing) to an accumulator, flushed in part past Beam's key limit, output in
+    insertion order when the bundle finishes, with the CombineFn's ``compact`` and Beam's
+    timestamps and windows. The batched path calls ``add_all`` with a chunk of windowed
+    values (``runner_precombine``); ``process`` does the same for one.
+    """
+    import apache_beam as beam
+    from apache_beam.transforms import combiners, core
+
+    combine_payload = beam_runner_api_pb2.CombinePayload.FromString(payload)
+    combine_fn = core.CombineFn.from_runner_api(combine_payload.combine_fn, context)
+    default_windowing = windowing.is_default()
+    timestamp_combiner = (
+        None
+        if windowing.timestamp_combiner == window.TimestampCombiner.OUTPUT_AT_EOW
+        else window.TimestampCombiner.get_impl(windowing.timestamp_combiner, windowing.windowfn)
+    )
+    small = isinstance(combine_fn, (combiners.CountCombineFn, combiners.MeanCombineFn)) or (
+        isinstance(combine_fn, core.CallableWrapperCombineFn) and combine_fn._fn in (min, max, sum)  # noqa: SLF001 - as Beam's operation checks
+    )
+    max_keys = 1000 * 1000 if small else 100 * 1000
+    compact = None if type(combine_fn).compact is core.CombineFn.compact else combine_fn.compact
+    global_value = window.GlobalWindows.windowed_value(None)  # as Beam's operations module
+
+    class PrecombineDoFn(beam.DoFn):  # type: ignore[misc]
+        runner_precombine = True
+
+        def __init__(self) -> None:
+            self.table: dict[Any, list[Any]] = {}
+
+        def setup(self) -> None:
+            combine_fn.setup()
+
+        def teardown(self) -> None:
+            combine_fn.teardown()
+
+        def start_bundle(self) -> None:
+            self.table = {}
+
+        def add_all(self, values: list[Any]) -> list[Any]:
+            """Adds a chunk of windowed ``(key, value)``s; returns what a flush output."""
+            table = self.table
+            add_input = combine_fn.add_input
+            create = combine_fn.create_accumulator
+            flushed: list[Any] = []
+            for windowed_value in values:
+                key, value = windowed_value.value
+                if default_windowing:
+                    entry = table.get(key)
+                    if entry is None:
+                        if len(table) >= max_keys:
+                            flushed.extend(self._flush())
+                        entry = table[key] = [create(), None]
+                    entry[0] = add_input(entry[0], value)
+                    continue
+                timestamp = windowed_value.timestamp if timestamp_combiner else None
+                for window_ in windowed_value.windows:
+                    wkey = (window_, key)
+                    entry = table.get(wkey)
+                    if entry is None:
+                        if len(table) >= max_keys:
+                            flushed.extend(self._flush())
+                        entry = table[wkey] = [create(), timestamp]
+                    entry[0] = add_input(entry[0], value)
+                    if timestamp_combiner:
+                        entry[1] = timestamp_combiner.combine(entry[1], timestamp)
+            return flushed
+
+        def process(
+            self,
+            element: Any,
+            window_: Any = beam.DoFn.WindowParam,
+            timestamp: Any = beam.DoFn.TimestampParam,
+        ) -> Iterator[Any]:
+            # The batched path calls add_all with whole chunks; this is one element of it.
+            yield from self.add_all([WindowedValue(element, timestamp, (window_,))])
+
+        def finish_bundle(self) -> Iterator[Any]:
+            table, self.table = self.table, {}
+            for wkey, (accumulator, timestamp) in table.items():
+                yield self._output(wkey, accumulator, timestamp)
+
+        def _flush(self) -> list[Any]:
+            """Beam's eviction: the oldest tenth of the table (and a key more) goes out."""
+            table = self.table
+            count = len(table)
+            target = count * 9 // 10
+            evicted = []
+            for wkey in table:
+                evicted.append(wkey)
+                count -= 1
+                if count <= target:
+                    break
+            return [self._output(wkey, *table.pop(wkey)) for wkey in evicted]
+
+        def _output(self, wkey: Any, accumulator: Any, timestamp: Any) -> Any:
+            value = accumulator if compact is None else compact(accumulator)
+            if default_windowing:
+                return global_value.with_value((wkey, value))
+            window_, key = wkey
+            if timestamp_combiner is None:
+                timestamp = window_.max_timestamp()
+            return WindowedValue((key, value), timestamp, (window_,))
+
+    return PrecombineDoFn()
+
+
 _ASSIGNED_CACHED = 4096
 
 

@@ -69,8 +69,8 @@ def run_plan(
     ``saved_main_session`` (``--save_main_session``) in each worker process first; user
     code's log records at ``log_levels`` are logged on the driver when the run ends.
     """
-    spark_context = spark.sparkContext
-    collector = AttemptCollector.start(spark.conf)  # getConf() copies every entry: ~100 Py4J calls
+    # spark.conf, not getConf(): that copies every setting (~100 Py4J calls).
+    collector = AttemptCollector.start(spark.conf)
     try:
         return _run(
             plan,

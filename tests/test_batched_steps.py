@@ -178,6 +178,27 @@ STEPS: dict[str, Callable[[Any], Any]] = {
         | beam.Flatten()
         | beam.Map(lambda x: f"{x}!")
     ),
+    # A lifted combine's precombine (Beam's PGBKCVOperation), up to the GroupByKey's write.
+    "combine_per_key": lambda pc: pc | beam.Map(lambda x: (x % 3, x)) | beam.CombinePerKey(sum),
+    "count_per_element": lambda pc: (
+        pc | beam.Map(lambda x: x % 7) | beam.combiners.Count.PerElement()
+    ),
+    # Elements in several windows, the earliest timestamp kept, a CombineFn with compact.
+    "combine_sliding_earliest": lambda pc: (
+        pc
+        | beam.WindowInto(
+            window.SlidingWindows(15, 5),
+            timestamp_combiner=window.TimestampCombiner.OUTPUT_AT_EARLIEST,
+        )
+        | beam.Map(lambda x: (x % 2, x))
+        | beam.CombinePerKey(beam.combiners.TopCombineFn(3))
+    ),
+    "combine_fixed_mean": lambda pc: (
+        pc
+        | beam.WindowInto(window.FixedWindows(10))
+        | beam.Map(lambda x: (str(x % 4), float(x)))
+        | beam.combiners.Mean.PerKey()
+    ),
     "sessions": lambda pc: (
         pc
         | beam.WindowInto(window.Sessions(4))
@@ -522,3 +543,24 @@ def test_a_flatten_inside_the_stage_runs_batched() -> None:
     assert batched is not None and batched.plan.remainder is None
     assert any("Flatten/Transcode" in name for name in batched.step_names)
     tear_down_stage_workers()
+
+
+def test_a_precombine_flushes_past_beams_key_limit_as_beam_does() -> None:
+    """Beam's PGBKCVOperation outputs the oldest tenth of its table once it holds 100 000
+    keys (a CombineFn outside its short list): the same outputs, in the same order."""
+
+    def key(k: int) -> int:
+        # 101 000 keys, then 12 000-14 999 again: still in the table after Beam's flush of
+        # its oldest tenth, so they add to their accumulators rather than start new ones.
+        return k if k < 101_000 else k - 89_000
+
+    def many_keys(pc: Any) -> Any:
+        return (
+            pc
+            | beam.FlatMap(lambda x: [(key(k), x) for k in range(x * 2_600, (x + 1) * 2_600)])
+            | beam.CombinePerKey(beam.combiners.TopCombineFn(2))
+        )
+
+    elements, _, _ = _compare_with(many_keys, "many_keys")
+    # Per bundle: the 10 000 flushed, then the other 91 000 at its end.
+    assert len(elements) == 2 * 101_000

@@ -3,7 +3,8 @@
 Decided once per stage worker: a ParDo with one input and one output, no side inputs, state,
 timers, restriction or finalization, whose pickled DoFn the batched path can run
 (``beam_internals.unbatchable_dofn_reason``), ``WindowInto`` with one of Beam's standard
-window functions, and a Flatten of one input (each element passed on as it is). Walking
+window functions, a Flatten of one input (each element passed on as it is), and a lifted
+combine's precombine (``beam_internals.precombine_dofn``). Walking
 from the stage's input, a PCollection whose readers all qualify (or are stage outputs) is
 processed batched; one read by a step that does not qualify is the *hand-off*, and the
 bundle processor runs the rest of the stage from a copy of the descriptor without the
@@ -115,6 +116,19 @@ def _step_spec(descriptor: Any, context: Any, transform_id: str) -> StepSpec | s
             return bi.flatten_dofn(), input_windowing, (), {}
 
         make = make_flatten
+    elif urn == bi.PRECOMBINE_URN:
+        # A lifted combine's partial aggregation (Beam's PGBKCVOperation), chunk by chunk.
+        payload_bytes = transform.spec.payload
+
+        def make_precombine() -> tuple[Any, Any, tuple[Any, ...], dict[str, Any]]:
+            return (
+                bi.precombine_dofn(payload_bytes, context, input_windowing),
+                input_windowing,
+                (),
+                {},
+            )
+
+        make = make_precombine
     elif urn == PAR_DO_URN:
         payload = bi.proto_utils.parse_Bytes(
             transform.spec.payload, bi.beam_runner_api_pb2.ParDoPayload

@@ -86,6 +86,8 @@ class _Step:
         self.assign: Callable[[Any], Any] | None = None
         # A Flatten of one input: each windowed value passed on as it is.
         self.passes = False
+        # A lifted combine's precombine: its DoFn adds a chunk at a time (``add_all``).
+        self.precombine: Any = None
         # Map/FlatMap/Filter whose callable takes only the element: called directly.
         self.simple_process: Callable[[Any], Any] | None = None
         self.handler: Any = None
@@ -109,6 +111,8 @@ class _Step:
         )
         self.assign = bi.window_assigner(dofn)
         self.passes = bool(getattr(type(dofn), "runner_flatten", False))
+        if getattr(type(dofn), "runner_precombine", False):
+            self.precombine = dofn
         if bi.is_simple_callable(dofn):
             self.simple_process = _with_arguments(dofn.process, args, kwargs)
             self.handler = bi.simple_output_handler(windowing, self.receiver)
@@ -121,7 +125,7 @@ class _Step:
 
     def tear_down(self) -> None:
         runner, self.runner = self.runner, None
-        self.simple_process = self.handler = self.assign = None
+        self.simple_process = self.handler = self.assign = self.precombine = None
         self.passes = False
         if runner is not None:
             with self.states[2]:
@@ -156,6 +160,8 @@ class _Step:
             with self.states[1]:
                 if self.passes:
                     self.receiver.values.extend(values)
+                elif self.precombine is not None:
+                    self._precombine(values)
                 elif self.assign is not None:
                     self._window_into(values)
                 elif self.simple_process is not None:
@@ -197,6 +203,14 @@ class _Step:
                 )
             else:
                 self.runner.process(windowed_value)
+
+    def _precombine(self, values: list[Any]) -> None:
+        """The precombine's table takes the chunk; what it flushes goes on."""
+        try:
+            self.receiver.values.extend(self.precombine.add_all(values))
+        except BaseException as error:  # noqa: BLE001 - re-raised naming the step, as Beam
+            bi.reraise_augmented(self.runner, error, None)
+            raise
 
     def _run_simple(self, values: list[Any], flush: Callable[[], None]) -> None:
         """Beam's ``SimpleInvoker`` and output handler, a chunk at a time.

@@ -413,7 +413,8 @@ def start_query(
     records at ``log_levels`` are logged on the driver after each micro-batch.
     """
     spark_context = spark.sparkContext
-    collector = AttemptCollector.start(spark.conf)  # getConf() copies every entry: ~100 Py4J calls
+    # spark.conf, not getConf(): that copies every setting (~100 Py4J calls).
+    collector = AttemptCollector.start(spark.conf)
     context = open_run_context(
         plan,
         spark,
