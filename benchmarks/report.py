@@ -25,7 +25,7 @@ RUNNER_LABELS = {
     "ours": "SparkStructuredRunner local[2]",
     "direct": "DirectRunner (FnApiRunner)",
     "direct-mp": "FnApiRunner, 2 worker processes",
-    "ours-exp": "SparkStructuredRunner local[2], --ours-conf settings",
+    "ours-exp": "SparkStructuredRunner local[2], --ours-conf and --ours-arg settings",
     "pyspark": "hand-written PySpark (floor)",
     "sql": "Spark SQL (ceiling)",
 }
