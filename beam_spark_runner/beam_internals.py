@@ -824,30 +824,28 @@ def precombine_dofn(payload: bytes, context: Any, windowing: Any) -> Any:
             """Adds a chunk of windowed ``(key, value)``s; returns what a flush output."""
             table = self.table
             add_input = combine_fn.add_input
-            create = combine_fn.create_accumulator
             flushed: list[Any] = []
             for windowed_value in values:
                 key, value = windowed_value.value
                 if default_windowing:
-                    entry = table.get(key)
-                    if entry is None:
-                        if len(table) >= max_keys:
-                            flushed.extend(self._flush())
-                        entry = table[key] = [create(), None]
+                    entry = table.get(key) or self._new_entry(key, None, flushed)
                     entry[0] = add_input(entry[0], value)
                     continue
                 timestamp = windowed_value.timestamp if timestamp_combiner else None
                 for window_ in windowed_value.windows:
                     wkey = (window_, key)
-                    entry = table.get(wkey)
-                    if entry is None:
-                        if len(table) >= max_keys:
-                            flushed.extend(self._flush())
-                        entry = table[wkey] = [create(), timestamp]
+                    entry = table.get(wkey) or self._new_entry(wkey, timestamp, flushed)
                     entry[0] = add_input(entry[0], value)
                     if timestamp_combiner:
                         entry[1] = timestamp_combiner.combine(entry[1], timestamp)
             return flushed
+
+        def _new_entry(self, wkey: Any, timestamp: Any, flushed: list[Any]) -> list[Any]:
+            """A new accumulator in the table, after Beam's flush if the table is full."""
+            if len(self.table) >= max_keys:
+                flushed.extend(self._flush())
+            entry = self.table[wkey] = [combine_fn.create_accumulator(), timestamp]
+            return entry
 
         def process(
             self,
