@@ -210,15 +210,15 @@ def _decode_key(blob: bytes) -> KeyState:
 def encode_shard_state(shard: ShardState) -> bytes:
     """The shard's state as one state-store value.
 
-    Its decoded keys are encoded again; the others keep the blobs they came with.
+    Its decoded keys are encoded again (their blobs brought up to date); the others keep
+    the blobs they came with.
     """
     import pickle
 
-    blobs = dict(shard.blobs)
     for key_bytes, key_state in shard.keys.items():
-        blobs[key_bytes] = _encode_key(key_state)
+        shard.blobs[key_bytes] = _encode_key(key_state)
     return pickle.dumps(
-        (_LAYOUT, shard.watermarks, blobs, shard.visits, shard.holds),
+        (_LAYOUT, shard.watermarks, shard.blobs, shard.visits, shard.holds),
         protocol=pickle.HIGHEST_PROTOCOL,
     )
 
