@@ -108,7 +108,10 @@ class _Shard:
             }
         )
         if self.store and self.state is not None:
-            self.state = grouping.decode_shard_state(grouping.encode_shard_state(self.state))
+            # As ``streaming.levels`` does: encoded, its decoded keys released, then decoded.
+            encoded = grouping.encode_shard_state(self.state)
+            grouping.release_shard_state(self.state)
+            self.state = grouping.decode_shard_state(encoded)
         self.state, out = grouping.run_group_shard(
             self.topology, self.node, 0, self.spec, self.state, rows
         )
@@ -186,7 +189,8 @@ def test_a_processing_time_trigger_fires_in_a_batch_without_input() -> None:
             window.GlobalWindows(),
             trigger=trigger.Repeatedly(trigger.AfterProcessingTime(5)),
             accumulation_mode=trigger.AccumulationMode.DISCARDING,
-        )
+        ),
+        store=True,  # a key with a processing-time timer is visited every batch
     )
     g = window.GlobalWindow()
     assert shard.batch([(1, 1, g)], watermark=0, now=100)[0] == []
@@ -242,6 +246,48 @@ def test_a_key_with_nothing_due_is_not_decoded_and_still_holds_the_watermark() -
     assert _values(panes) == [("b", [2], b)]
     assert out == 31 * SECOND
     assert shard.state.blobs == {}
+
+
+def test_a_key_under_beams_driver_is_decoded_only_when_its_timer_or_window_is_due() -> None:
+    """Sessions go through Beam's driver; its keys are visited when their timers are due.
+
+    The same batches through a shard that keeps every key decoded (no state store) give
+    the same panes and output watermarks.
+    """
+    windowing = beam.WindowInto(window.Sessions(10), allowed_lateness=5)
+    lazy, eager = _Shard(windowing, store=True), _Shard(windowing)
+    batches: list[tuple[list[tuple[Any, ...]], float]] = [
+        ([("a", 1, 1, IntervalWindow(1, 11)), ("b", 2, 20, IntervalWindow(20, 30))], 0),
+        ([("a", 3, 2, IntervalWindow(2, 12))], 5),
+        ([], 13),  # a's session [1, 12) fires
+        ([], 17),  # a is not yet past its garbage-collection time (12 + 5)
+        ([], 31),  # b's session fires
+        ([], 40),  # both are past it: forgotten
+    ]
+    decoded = []
+    for elements, watermark in batches:
+        panes, out = lazy.batch(elements, watermark)
+        assert (_values(panes), out) == tuple(
+            f(x) for f, x in zip((_values, int), eager.batch(elements, watermark), strict=True)
+        )
+        assert lazy.state is not None
+        decoded.append(sorted(lazy.state.keys))
+    # "b" has no element after the first batch and nothing due before 30 s: not decoded.
+    assert decoded == [[b"a", b"b"], [b"a"], [b"a"], [], [b"b"], []]
+    assert lazy.state.blobs == {}
+
+
+def test_beams_driver_gets_one_combiner_per_tag_across_merges() -> None:
+    """``without_extraction`` defined a class per call; the runner makes it return one tag."""
+    from apache_beam.transforms import combiners
+
+    bi.create_trigger_driver(beam.WindowInto(window.Sessions(10)).windowing, clock=None)
+    tag = trigger._CombiningValueStateTag("count", combiners.CountCombineFn())  # noqa: SLF001
+    first, second = tag.without_extraction(), tag.with_prefix("").without_extraction()
+    assert first is second
+    # It still adds up and merges as the tag's combiner, and extracts nothing.
+    assert first.combine_fn.apply([1, 1, 1]) == 3
+    assert first.combine_fn.merge_accumulators([2, 3]) == 5
 
 
 def test_a_shard_written_in_the_layout_before_is_read() -> None:

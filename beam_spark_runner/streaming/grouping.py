@@ -36,7 +36,6 @@ import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from apache_beam.transforms import trigger
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, Timestamp
 
 from beam_spark_runner import beam_globals
@@ -96,7 +95,8 @@ class KeyState:
 # Each key's state is its own pickle inside the shard's value; the value is a tuple tagged
 # with this layout (an untagged pair is the layout before it: every key in one pickle).
 _LAYOUT = "beam-spark-gbk-keys-v2"
-# The visit time of a key Beam's general driver holds: every micro-batch.
+# The visit time of a key with work every micro-batch (a processing-time timer, or a key
+# of an older checkpoint until its first batch settles it).
 _ALWAYS = MIN_MICROS
 
 
@@ -108,9 +108,10 @@ class ShardState:
     encoded state; ``keys`` the keys decoded in this micro-batch, whose blobs are stale
     until the shard is encoded. A micro-batch decodes only the keys it has elements for
     and the keys due a visit: ``visits`` says, per key, the input watermark at which it
-    next has work (a window to fire or to forget; ``_ALWAYS`` for a key under Beam's
-    general driver), and ``holds`` its earliest watermark hold, so a key with nothing to
-    do costs a comparison, not a decode and an encode.
+    next has work (a window to fire or to forget, an event-time timer of Beam's driver;
+    ``_ALWAYS`` for a key with a processing-time timer), and ``holds`` its earliest
+    watermark hold, so a key with nothing to do costs a comparison, not a decode and an
+    encode.
     """
 
     watermarks: WatermarkState
@@ -223,6 +224,19 @@ def encode_shard_state(shard: ShardState) -> bytes:
     )
 
 
+def release_shard_state(shard: ShardState) -> None:
+    """Lets go of the shard's decoded keys, once it is encoded.
+
+    The states Beam's driver holds are emptied in place first
+    (``beam_internals.empty_trigger_state``: over merging windows the driver leaves them in
+    reference cycles, which only the cyclic collector would free).
+    """
+    for key_state in shard.keys.values():
+        if not isinstance(key_state.state, DefaultTriggerState):
+            bi.empty_trigger_state(key_state.state)
+    shard.keys.clear()
+
+
 def decode_shard_state(data: bytes) -> ShardState:
     """The shard state ``encode_shard_state`` wrote, no key decoded yet.
 
@@ -262,7 +276,7 @@ class StreamingGrouper:
         self.post_impl = context.coders[spec.post_grouping_coder_id].get_impl()
         self.windowing = context.windowing_strategies[spec.windowing_strategy_id]
         self.clock = _Clock(0)
-        self.driver = trigger.create_trigger_driver(self.windowing, clock=self.clock)
+        self.driver = bi.create_trigger_driver(self.windowing, clock=self.clock)
         self.default: DefaultTriggerDriver | None = (
             DefaultTriggerDriver(self.windowing)
             if not beam_driver and default_trigger_applies(self.windowing)
@@ -381,7 +395,8 @@ class StreamingGrouper:
                 shard.visits[key_bytes] = DefaultTriggerDriver.next_visit(state, lateness)
                 hold = DefaultTriggerDriver.earliest_hold(state)
             else:
-                shard.visits[key_bytes] = _ALWAYS
+                due = bi.trigger_state_next_work(state, lateness)
+                shard.visits[key_bytes] = _ALWAYS if due is None else min(due, MAX_MICROS)
                 hold = state.get_earliest_hold()
             if hold < MAX_TIMESTAMP:
                 shard.holds[key_bytes] = hold.micros

@@ -22,6 +22,7 @@ from beam_spark_runner.execution.stage_worker import StageSpec, TaskSinks, recor
 from beam_spark_runner.streaming.grouping import (
     decode_shard_state,
     encode_shard_state,
+    release_shard_state,
     run_group_shard,
 )
 from beam_spark_runner.streaming.rows import Row, packed, routed_row
@@ -95,6 +96,7 @@ class LevelProcessor(StatefulProcessor):  # type: ignore[misc]
                     self.topology, node, shard, self.groups[target], group_state, rows
                 )
                 self._state.update((encode_shard_state(group_state),))
+                release_shard_state(group_state)
         elif target in self.with_side_inputs:
             side_state = SideInputShardState.decode(encoded) if encoded else None
             side_state, out = run_side_input_shard(
