@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from collections.abc import Iterator
 
 import pytest
 from apache_beam.coders import coders
@@ -23,6 +24,52 @@ from beam_spark_runner.streaming import side_inputs  # noqa: E402
 from beam_spark_runner.streaming.watermarks import WatermarkState  # noqa: E402
 
 SECOND = 1_000_000
+
+
+class MemoryWaitingStore:
+    """A ``WaitingStore`` in memory ."""
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[side_inputs.Needs, bytes]] = []
+
+    def append(self, chunks: list[tuple[side_inputs.Needs, bytes]]) -> None:
+        self.chunks.extend(chunks)
+
+    def take(self, needs: set[side_inputs.Needs]) -> dict[side_inputs.Needs, list[bytes]]:
+        taken: dict[side_inputs.Needs, list[bytes]] = {}
+        kept = []
+        for entry in self.chunks:
+            if entry[0] in needs:
+                taken.setdefault(entry[0], []).append(entry[1])
+            else:
+                kept.append(entry)
+        self.chunks = kept
+        return taken
+
+
+class _ListState:
+    """PySpark's ``ListState`` as the processor sees it (rows of (needs, chunk))."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[bytes, bytes]] | None = None
+        self.writes = 0
+
+    def exists(self) -> bool:
+        return self.rows is not None
+
+    def get(self) -> Iterator[tuple[bytes, bytes]]:
+        return iter(self.rows or [])
+
+    def put(self, rows: list[tuple[bytes, bytes]]) -> None:
+        self.rows = list(rows)
+        self.writes += len(rows)
+
+    def appendList(self, rows: list[tuple[bytes, bytes]]) -> None:  # noqa: N802
+        self.rows = [*(self.rows or []), *rows]
+        self.writes += len(rows)
+
+    def clear(self) -> None:
+        self.rows = None
 
 
 def _coders() -> side_inputs._Coders:
@@ -55,8 +102,8 @@ def test_neighbours_with_the_same_needs_wait_as_one_run() -> None:
         state.wait(*run)
     # One bucket per needs, its earliest timestamp the hold.
     assert state.buckets == {
-        need_a: [[encoded[0] + encoded[1], encoded[3]], 1 * SECOND],
-        need_b: [[encoded[2]], 12 * SECOND],
+        need_a: [[encoded[0] + encoded[1], encoded[3]], 1 * SECOND, 0],
+        need_b: [[encoded[2]], 12 * SECOND, 0],
     }
 
 
@@ -69,3 +116,45 @@ def test_a_state_written_before_buckets_is_read() -> None:
     assert state.buckets == {}
     assert state.waiting == [(b"x", 5, (9,))]
     assert state.sides == [[b"side"]]
+
+
+@pytest.mark.parametrize("store_kind", ["memory", "list state"])
+def test_waiting_elements_live_in_the_store_and_come_back_in_order(store_kind: str) -> None:
+    list_state = _ListState()
+    store: side_inputs.WaitingStore = (
+        MemoryWaitingStore()
+        if store_kind == "memory"
+        else side_inputs.ListStateWaitingStore(list_state)
+    )
+    a, b = (10,), (20,)
+    state = side_inputs.SideInputShardState(WatermarkState(expected=frozenset()), [[]])
+    state.wait(b"a1", 3, a)
+    state.wait(b"b1", 12, b)
+    state.wait(b"a2", 1, a)
+    state.store_new(store)
+    # The state value keeps no element: a chunk per bucket went to the store.
+    assert state.buckets == {a: [[], 1, 1], b: [[], 12, 1]}
+    state = side_inputs.SideInputShardState.decode(state.encode())
+    state.wait(b"a3", 5, a)
+    state.wait(b"b2", 15, b)
+    assert state.take_ready([a], store) == [b"a1a2", b"a3"]
+    assert state.buckets == {b: [[b"b2"], 12, 1]}
+    state.store_new(store)
+    assert state.take_ready([b], store) == [b"b1", b"b2"]
+    assert state.buckets == {}
+    assert state.take_ready([], store) == []
+    if store_kind == "list state":
+        # Appends only: each chunk written once when it came, and "b1" once more when
+        # "a" was taken from the list and the rest put back.
+        assert list_state.writes == 4
+        assert list_state.rows is None
+
+
+def test_buckets_written_before_the_store_move_to_it() -> None:
+    old = side_inputs.SideInputShardState(WatermarkState(expected=frozenset()), [[]])
+    old.buckets = {(10,): [[b"x", b"y"], 4]}  # as the runner wrote them before the store
+    state = side_inputs.SideInputShardState.decode(pickle.dumps(old))
+    store = MemoryWaitingStore()
+    state.store_new(store)
+    assert state.buckets == {(10,): [[], 4, 1]}
+    assert state.take_ready([(10,)], store) == [b"xy"]

@@ -6,7 +6,8 @@ a GroupByKey's shard runs ``grouping.run_group_shard``, a stateful DoFn's shard
 ``stateful.run_stateful_shard``, an unbounded splittable DoFn's shard
 ``splittable.run_splittable_shard``, a stage with side inputs
 ``side_inputs.run_side_input_shard``, each with its state as one value in the state store (one
-read and one write per shard and batch). Its rows out are packed (``rows.packed``).
+read and one write per shard and batch; a stage with side inputs also keeps its waiting main
+elements in a list, appended to each batch). Its rows out are packed (``rows.packed``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from beam_spark_runner.streaming.grouping import (
 )
 from beam_spark_runner.streaming.rows import Row, packed, routed_row
 from beam_spark_runner.streaming.side_inputs import (
+    ListStateWaitingStore,
     SideInputShardState,
     SideInputStageSpec,
     run_side_input_shard,
@@ -56,6 +58,7 @@ class LevelProcessor(StatefulProcessor):  # type: ignore[misc]
         self.sinks = sinks
         self._runs = {*groups, *stages, *splittable, *with_side_inputs}
         self._state: Any = None
+        self._waiting: ListStateWaitingStore | None = None
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         """Declares the one state variable: a shard's encoded state."""
@@ -64,6 +67,16 @@ class LevelProcessor(StatefulProcessor):  # type: ignore[misc]
         self._state = handle.getValueState(
             "shard", StructType([StructField("state", BinaryType())])
         )
+        if self.with_side_inputs:
+            # Main elements waiting for side inputs (side_inputs.ListStateWaitingStore).
+            self._waiting = ListStateWaitingStore(
+                handle.getListState(
+                    "waiting",
+                    StructType(
+                        [StructField("needs", BinaryType()), StructField("chunk", BinaryType())]
+                    ),
+                )
+            )
 
     def handleInputRows(  # noqa: N802 - PySpark's name
         self,
@@ -98,6 +111,7 @@ class LevelProcessor(StatefulProcessor):  # type: ignore[misc]
                 self._state.update((encode_shard_state(group_state),))
                 release_shard_state(group_state)
         elif target in self.with_side_inputs:
+            assert self._waiting is not None  # declared in init with the side-input stages
             side_state = SideInputShardState.decode(encoded) if encoded else None
             side_state, out = run_side_input_shard(
                 self.topology,
@@ -107,6 +121,7 @@ class LevelProcessor(StatefulProcessor):  # type: ignore[misc]
                 side_state,
                 rows,
                 self.sinks,
+                self._waiting,
             )
             self._state.update((side_state.encode(),))
         elif target in self.stages:

@@ -15,6 +15,12 @@ its main elements are spread over the shards. Each micro-batch a shard:
 4. emits the outputs and its output watermark: the minimum of its main input watermark and
    the timestamps of the elements still waiting (their hold).
 
+Waiting main elements are most of a shard's state (on Nexmark q7, every bid of a window
+until the window's highest price is final), so they are not in the shard's state value,
+which is rewritten every micro-batch: each batch appends its new ones to a list in the
+state store (``WaitingStore``), read back, and rewritten without them, only in a batch where
+some of them are ready.
+
 A bounded side input (from a bounded source) reaches +inf in the first micro-batch, so its
 main elements wait for nothing after it.
 """
@@ -25,8 +31,9 @@ import dataclasses
 import functools
 import hashlib
 import pickle
+import struct
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from beam_spark_runner import beam_globals
 from beam_spark_runner import beam_internals as bi
@@ -70,20 +77,67 @@ class SideInputStageSpec:
     side_inputs: tuple[SideInputSpec, ...]
 
 
+Needs = tuple[int, ...]
+
+
+class WaitingStore(Protocol):
+    """Where a shard's waiting main elements are kept between micro-batches."""
+
+    def append(self, chunks: list[tuple[Needs, bytes]]) -> None:
+        """Adds chunks of encoded main elements, each with what it waits for."""
+
+    def take(self, needs: set[Needs]) -> dict[Needs, list[bytes]]:
+        """Removes the chunks waiting for any of ``needs``; returns them, in order."""
+
+
+class ListStateWaitingStore:
+    """A ``WaitingStore`` in a ``transformWithState`` list state of (needs, chunk) rows."""
+
+    def __init__(self, list_state: Any) -> None:
+        self._list = list_state
+
+    def append(self, chunks: list[tuple[Needs, bytes]]) -> None:
+        if chunks:
+            self._list.appendList([(_packed_needs(n), chunk) for n, chunk in chunks])
+
+    def take(self, needs: set[Needs]) -> dict[Needs, list[bytes]]:
+        if not self._list.exists():
+            return {}
+        packed_needs = {_packed_needs(n): n for n in needs}
+        taken: dict[Needs, list[bytes]] = {}
+        kept = []
+        for row in self._list.get():
+            wanted = packed_needs.get(bytes(row[0]))
+            if wanted is None:
+                kept.append((bytes(row[0]), bytes(row[1])))
+            else:
+                taken.setdefault(wanted, []).append(bytes(row[1]))
+        if kept:
+            self._list.put(kept)
+        else:
+            self._list.clear()
+        return taken
+
+
+def _packed_needs(needs: Needs) -> bytes:
+    return struct.pack(f"<{len(needs)}q", *needs)
+
+
 @dataclasses.dataclass
 class SideInputShardState:
-    """One shard's side-input elements and waiting main elements, between micro-batches.
+    """One shard's side-input elements and what its waiting main elements wait for.
 
     Waiting main elements are kept by their needs (``_Coders.needs``: elements of the same
-    windows wait for the same thing), each bucket as its elements' encodings concatenated
-    and their earliest timestamp (microseconds): a micro-batch checks a bucket, not an
-    element, and the state pickles a few byte strings, not a tuple per element.
+    windows wait for the same thing). Per needs, a bucket holds the elements that came in
+    this micro-batch (their encodings concatenated), their earliest timestamp
+    (microseconds) and how many chunks of earlier batches wait in the ``WaitingStore``: a
+    micro-batch checks a bucket, not an element, and the state value holds no element.
     """
 
     watermarks: WatermarkState
     sides: list[list[bytes]]
-    # needs -> [encoded elements (one byte string between micro-batches), earliest timestamp]
-    buckets: dict[tuple[int, ...], list[Any]] = dataclasses.field(default_factory=dict)
+    # needs -> [new encoded elements, earliest timestamp, chunks in the waiting store]
+    buckets: dict[Needs, list[Any]] = dataclasses.field(default_factory=dict)
     # A checkpoint written before buckets: (encoded element, timestamp[, needs]) each.
     waiting: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)
 
@@ -93,20 +147,47 @@ class SideInputShardState:
 
     @staticmethod
     def decode(data: bytes) -> SideInputShardState:
-        """The state ``encode`` wrote (or an earlier runner version did)."""
+        """The state ``encode`` wrote (or an earlier runner version did).
+
+        Buckets written before the waiting store hold their elements themselves (and no
+        count): they move to the store at the end of the batch.
+        """
         state = pickle.loads(data)
         assert isinstance(state, SideInputShardState)
         state.__dict__.setdefault("buckets", {})
+        for bucket in state.buckets.values():
+            if len(bucket) == 2:
+                bucket.append(0)
         return state
 
-    def wait(self, elements: bytes, earliest: int, needs: tuple[int, ...]) -> None:
+    def wait(self, elements: bytes, earliest: int, needs: Needs) -> None:
         """Main elements (encoded, concatenated) that wait for ``needs``."""
         bucket = self.buckets.get(needs)
         if bucket is None:
-            self.buckets[needs] = [[elements], earliest]
+            self.buckets[needs] = [[elements], earliest, 0]
         else:
             bucket[0].append(elements)
             bucket[1] = min(bucket[1], earliest)
+
+    def take_ready(self, ready: list[Needs], store: WaitingStore) -> list[bytes]:
+        """The elements waiting for ``ready``, in the order they came; their buckets go."""
+        stored = {needs for needs in ready if self.buckets[needs][2]}
+        taken = store.take(stored) if stored else {}
+        out: list[bytes] = []
+        for needs in ready:
+            out.extend(taken.get(needs, ()))
+            out.extend(self.buckets.pop(needs)[0])
+        return out
+
+    def store_new(self, store: WaitingStore) -> None:
+        """Moves this batch's waiting elements to the store, a chunk per bucket."""
+        chunks = []
+        for needs, bucket in self.buckets.items():
+            if bucket[0]:
+                chunks.append((needs, b"".join(bucket[0])))
+                bucket[0] = []
+                bucket[2] += 1
+        store.append(chunks)
 
 
 class _Coders:
@@ -191,6 +272,7 @@ def run_side_input_shard(
     state: SideInputShardState | None,
     rows: Iterable[Any],
     sinks: TaskSinks,
+    store: WaitingStore,
 ) -> tuple[SideInputShardState, list[Row]]:
     """One micro-batch of one shard of a stage with side inputs."""
     if state is None:
@@ -217,9 +299,7 @@ def run_side_input_shard(
     watermarks.advance(markers)
     producers = watermarks.producers
     side_watermarks = [input_watermark(e, producers) for e in node.side_expected]
-    ready: list[bytes] = []
-    for needs in [n for n in state.buckets if _ready(n, side_watermarks)]:
-        ready.extend(state.buckets.pop(needs)[0])
+    ready = state.take_ready([n for n in state.buckets if _ready(n, side_watermarks)], store)
     out: list[Row] = []
     if ready:
         worker = stage_worker(spec.stage)
@@ -241,9 +321,7 @@ def run_side_input_shard(
             outputs = run_user_code(spec.stage, lambda: list(worker.process(data, metrics)))
         worker.finalize_bundles()
         out = routed_outputs(topology, node, spec.stage, worker, outputs)
-    for bucket in state.buckets.values():
-        if len(bucket[0]) > 1:
-            bucket[0] = [b"".join(bucket[0])]
+    state.store_new(store)
     hold = min((bucket[1] for bucket in state.buckets.values()), default=MAX_MICROS)
     main = input_watermark(node.main_expected, producers)
     output = watermarks.output(hold, main)
