@@ -23,6 +23,11 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from apache_beam.transforms import trigger
+from apache_beam.transforms.timeutil import (
+    OutputAtEarliestInputTimestampImpl,
+    OutputAtEndOfWindowImpl,
+    OutputAtLatestInputTimestampImpl,
+)
 from apache_beam.transforms.window import IntervalWindow, NonMergingWindowFn, TimestampCombiner
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, TIME_GRANULARITY, Timestamp
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
@@ -43,11 +48,22 @@ class DefaultTriggerState(dict):  # type: ignore[type-arg]
     """A key's windows (window -> :class:`WindowPanes`), in the order they first came."""
 
 
+# Beam's timestamp combiners the driver works out itself (the ones a portable pipeline can
+# have: the runner API has no enum value for the earliest transformed timestamp).
+_COMBINERS = {
+    OutputAtEndOfWindowImpl: "end",
+    OutputAtEarliestInputTimestampImpl: "earliest",
+    OutputAtLatestInputTimestampImpl: "latest",
+}
+
+
 def applies(windowing: Any) -> bool:
     """Whether :class:`DefaultTriggerDriver` can stand in for Beam's driver here."""
+    combiner = TimestampCombiner.get_impl(windowing.timestamp_combiner, windowing.windowfn)
     return bool(
         windowing.triggerfn == trigger.DefaultTrigger()
         and isinstance(windowing.windowfn, NonMergingWindowFn)
+        and type(combiner) in _COMBINERS
     )
 
 
@@ -56,8 +72,10 @@ class DefaultTriggerDriver:
 
     def __init__(self, windowing: Any) -> None:
         self.allowed_lateness = windowing.allowed_lateness
-        self.combiner = TimestampCombiner.get_impl(windowing.timestamp_combiner, windowing.windowfn)
+        combiner = TimestampCombiner.get_impl(windowing.timestamp_combiner, windowing.windowfn)
         self.discarding = windowing.accumulation_mode == trigger.AccumulationMode.DISCARDING
+        # The timestamp combiner, worked out in microseconds (``applies`` admits these).
+        self.kind = _COMBINERS[type(combiner)]
 
     def process_elements(
         self,
@@ -66,32 +84,54 @@ class DefaultTriggerDriver:
         output_watermark: Timestamp,
         input_watermark: Timestamp,
     ) -> Iterator[WindowedValue]:
-        """New elements of one key; yields the panes that fire at once (late data)."""
-        by_window: dict[Any, list[tuple[Any, Timestamp]]] = {}
+        """New elements of one key; yields the panes that fire at once (late data).
+
+        In microseconds, not ``Timestamp`` arithmetic (a ``Timestamp`` sum costs about
+        2 µs): elements are grouped by window first, and expiry and the output time are
+        worked out once per window.
+        """
+        by_window: dict[Any, list[WindowedValue]] = {}
         for wv in windowed_values:
             for window in wv.windows:
-                if input_watermark > window.end + self.allowed_lateness:
-                    continue  # expired: Beam drops it
-                by_window.setdefault(window, []).append((wv.value, wv.timestamp))
+                elements = by_window.get(window)
+                if elements is None:
+                    by_window[window] = [wv]
+                else:
+                    elements.append(wv)
+        input_micros = input_watermark.micros
+        lateness = self.allowed_lateness.micros
         for window, elements in by_window.items():
+            end = window.end.micros
+            if input_micros > end + lateness:
+                continue  # expired: Beam drops it
             panes = state.get(window)
             if panes is None:
                 panes = state[window] = WindowPanes()
-            output_time = self.combiner.merge(
-                window,
-                (
-                    t
-                    for t in (self.combiner.assign_output_time(window, ts) for _, ts in elements)
-                    if t >= output_watermark
-                ),
-            )
-            if output_time is not None:
-                panes.holds.append(output_time.micros)
-            panes.values.extend(value for value, _ in elements)
+            hold = self._output_time(window, elements, output_watermark)
+            if hold is not None:
+                panes.holds.append(hold)
+            panes.values.extend([wv.value for wv in elements])
             panes.timer = True
-            if input_watermark >= window.end:
+            if input_micros >= end:
                 panes.timer = False
                 yield self._output(window, panes, output_watermark, on_time=False)
+
+    def _output_time(
+        self, window: Any, elements: list[WindowedValue], output_watermark: Timestamp
+    ) -> int | None:
+        """The hold of new elements of a window (micros), or None.
+
+        That is Beam's timestamp combiner's ``merge`` over the elements' output times not
+        behind the output watermark.
+        """
+        kind = self.kind
+        if kind == "end":  # DependsOnlyOnWindow: the window alone, whatever the elements
+            return int(window.max_timestamp().micros)
+        floor = output_watermark.micros
+        times = [t for t in (wv.timestamp.micros for wv in elements) if t >= floor]
+        if not times:
+            return None
+        return min(times) if kind == "earliest" else max(times)
 
     def fire_timers(self, state: DefaultTriggerState, watermark: Timestamp) -> Iterator[Any]:
         """The panes of windows whose end the watermark reached, in end order."""
@@ -122,11 +162,13 @@ class DefaultTriggerDriver:
         values = list(panes.values)
         if self.discarding:
             panes.values = []
-        timestamp = self.combiner.combine_all([Timestamp(micros=h) for h in panes.holds])
-        if timestamp is None:
+        if not panes.holds:
             timestamp = window.max_timestamp()
-        elif not output_watermark < window.end:  # the default trigger has an on-time pane
-            panes.holds = []
+        else:  # the combiner's combine_all: the earliest, or the latest
+            earliest = self.kind == "earliest"
+            timestamp = Timestamp(micros=min(panes.holds) if earliest else max(panes.holds))
+            if not output_watermark < window.end:  # the default trigger has an on-time pane
+                panes.holds = []
         return WindowedValue(values, timestamp, (window,), pane_info)
 
     @staticmethod
