@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from apache_beam import coders
@@ -711,30 +711,32 @@ def pickled_dofn_info(payload: beam_runner_api_pb2.ParDoPayload) -> tuple[Any, .
 _BEAM_USER_CODE_PACKAGES = ("apache_beam.examples.", "apache_beam.testing.benchmarks.")
 
 
-def unbatchable_dofn_reason(dofn: Any, args: Any, kwargs: Any, side_inputs: Any) -> str | None:
+def unbatchable_dofn_reason(dofn: Any, args: Any, kwargs: Any, side_inputs: int = 0) -> str | None:
     """Why the batched path cannot run ``dofn`` (None: it can).
 
     It can run Beam's ``CallableWrapperDoFn`` (Map, FlatMap, Filter, MapTuple,
     FlatMapTuple), with extra arguments that are plain values (``Map(fn, 3, k=v)``), and
     user DoFns whose ``process`` takes the element and, as keyword defaults, only
-    ``TimestampParam`` or ``WindowParam``; no side inputs, DoFn parameters passed as
+    ``TimestampParam`` or ``WindowParam``; both with their ``side_inputs`` (how many the
+    ParDo has: the caller checks how they are read). Not with DoFn parameters passed as
     arguments, state, timers, restrictions, batched ``process_batch`` or lifecycle
     parameters. Beam's own other DoFns (and wrappers such as the runtime type check's)
     keep the bundle processor, except those of its examples and benchmarks (user code
     that Beam ships).
     """
+    from apache_beam.internal.util import ArgumentPlaceholder
     from apache_beam.transforms import core
 
-    if side_inputs:
-        return "side inputs"
-    if args or kwargs:
-        if type(dofn) is not core.CallableWrapperDoFn:
-            return "a DoFn with extra arguments"
-        from apache_beam.internal.util import ArgumentPlaceholder
-
-        special = (core._DoFnParam, ArgumentPlaceholder)  # noqa: SLF001 - Beam internal
-        if any(isinstance(a, special) for a in (*args, *kwargs.values())):
-            return "side inputs or DoFn parameters passed as arguments"
+    extra = [*args, *kwargs.values()]
+    # Side inputs stand in the arguments as placeholders, one each.
+    if sum(isinstance(a, ArgumentPlaceholder) for a in extra) != side_inputs:
+        return "arguments the runner cannot tell from side inputs"
+    plain = [a for a in extra if not isinstance(a, ArgumentPlaceholder)]
+    if plain and type(dofn) is not core.CallableWrapperDoFn:
+        return "a DoFn with extra arguments"
+    if any(isinstance(a, core._DoFnParam) for a in plain):  # noqa: SLF001 - Beam internal
+        return "DoFn parameters passed as arguments"
+    positional_sides = sum(isinstance(a, ArgumentPlaceholder) for a in args)
     if not isinstance(dofn, core.DoFn):
         return "not a DoFn"
     module = type(dofn).__module__
@@ -756,8 +758,8 @@ def unbatchable_dofn_reason(dofn: Any, args: Any, kwargs: Any, side_inputs: Any)
         return "processes batches"
     process = signature.process_method
     # Without parameters Beam calls process(element) whatever its signature (SimpleInvoker).
-    if process.defaults and len(process.args) - len(process.defaults) != 1:
-        return "process takes other arguments than the element"
+    if process.defaults and len(process.args) - len(process.defaults) != 1 + positional_sides:
+        return "process takes other arguments than the element (and its side inputs)"
     allowed = _batchable_params()
     # Unpickled parameters are copies: compare as Beam does (by the parameter's id).
     if any(not any(p == d for p in allowed) for d in process.defaults):
@@ -1031,12 +1033,14 @@ def dofn_runner(
     transform_id: str,
     args: tuple[Any, ...] = (),
     kwargs: Mapping[str, Any] | None = None,
+    side_inputs: Sequence[Any] = (),
 ) -> Any:
     """Beam's ``DoFnRunner`` for a one-output step writing to ``receiver``.
 
     Built as Beam's ``DoOperation`` builds it (the main output and its tag go to the
     receiver, other tags nowhere), so ``process``, ``start``, ``finish``, ``setup`` and
     ``teardown`` behave as in the bundle processor, errors naming the step included.
+    ``side_inputs`` are the step's side-input maps (:func:`side_input_maps`), in order.
     """
     from apache_beam.utils.counters import CounterFactory
 
@@ -1047,7 +1051,7 @@ def dofn_runner(
         dofn,
         list(args),
         dict(kwargs or {}),
-        [],
+        list(side_inputs),
         windowing,
         tagged_receivers=receivers,
         step_name=step_name,
@@ -1055,6 +1059,74 @@ def dofn_runner(
         transform_id=transform_id,
         operation_name=step_name,
     )
+
+
+ITERABLE_SIDE_INPUT_URN = common_urns.side_inputs.ITERABLE.urn
+
+
+class _PerWindowSideInput:
+    """A side-input map that looks a main window up once per batch, not per element.
+
+    Beam's ``StateBackedSideInputMap`` maps the main window to the side-input window and
+    looks that up for every element (about 2 µs); this keeps the value per main window
+    until :meth:`reset` (the end of a batch: a streaming shard's side inputs change
+    between batches).
+    """
+
+    def __init__(self, side_input_map: Any) -> None:
+        self._map = side_input_map
+        self._values: dict[Any, Any] = {}
+
+    def __getitem__(self, window: Any) -> Any:
+        try:
+            return self._values[window]
+        except KeyError:
+            value = self._values[window] = self._map[window]
+            return value
+
+    def is_globally_windowed(self) -> bool:
+        return bool(self._map.is_globally_windowed())
+
+    def reset(self) -> None:
+        self._values.clear()
+        self._map.reset()
+
+
+def side_input_maps(
+    payload: beam_runner_api_pb2.ParDoPayload,
+    transform_id: str,
+    descriptor: Any,
+    context: PipelineContext,
+) -> Callable[[Any], list[Any]]:
+    """A ParDo's side-input maps, given a state handler, as Beam's bundle processor makes them.
+
+    In Beam's order (by side-input index), each cached per main window.
+    """
+    from apache_beam import pvalue
+    from apache_beam.transforms import sideinputs
+
+    transform = descriptor.transforms[transform_id]
+    made = []
+    for tag, side_input in payload.side_inputs.items():
+        pcollection = descriptor.pcollections[transform.inputs[tag]]
+        strategy = descriptor.windowing_strategies[pcollection.windowing_strategy_id]
+        coder = coders.WindowedValueCoder(
+            context.coders[pcollection.coder_id], context.coders[strategy.window_coder_id]
+        )
+        made.append((tag, pvalue.SideInputData.from_runner_api(side_input, context), coder))
+    made.sort(key=lambda entry: sideinputs.get_sideinput_index(entry[0]))
+
+    def make(state_handler: Any) -> list[Any]:
+        return [
+            _PerWindowSideInput(
+                bundle_processor.StateBackedSideInputMap(
+                    state_handler, transform_id, tag, data, coder
+                )
+            )
+            for tag, data, coder in made
+        ]
+
+    return make
 
 
 def simple_output_handler(windowing: Any, receiver: ListReceiver) -> Any:

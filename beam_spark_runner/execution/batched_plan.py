@@ -1,7 +1,8 @@
 """Which steps of a fused stage run batched (``execution.batched_steps``), from its descriptor.
 
-Decided once per stage worker: a ParDo with one input and one output, no side inputs, state,
-timers, restriction or finalization, whose pickled DoFn the batched path can run
+Decided once per stage worker: a ParDo with one main input and one output, side inputs only
+read as iterables (``AsSingleton``, ``AsIter``, ``AsList``, ``AsDict``), no state, timers,
+restriction or finalization, whose pickled DoFn the batched path can run
 (``beam_internals.unbatchable_dofn_reason``), ``WindowInto`` with one of Beam's standard
 window functions, a Flatten of one input (each element passed on as it is), and a lifted
 combine's precombine (``beam_internals.precombine_dofn``). Walking
@@ -40,6 +41,9 @@ class StepSpec:
     # Builds a fresh DoFn instance, its windowing and its extra arguments (Map(fn, *args,
     # **kwargs): plain values), a new instance after each teardown.
     make_dofn: Callable[[], tuple[Any, Any, tuple[Any, ...], dict[str, Any]]]
+    # A ParDo with side inputs (read as iterables): its side-input maps, given the stage's
+    # state handler (``beam_internals.side_input_maps``).
+    side_inputs: Callable[[Any], list[Any]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,9 +91,17 @@ def _windowed_coder_id(descriptor: Any, pcollection_id: str) -> str:
 def _step_spec(descriptor: Any, context: Any, transform_id: str) -> StepSpec | str:
     """The step for a transform, or why it does not qualify."""
     transform = descriptor.transforms[transform_id]
-    if len(transform.inputs) != 1 or len(transform.outputs) != 1:
+    urn = transform.spec.urn
+    payload = None
+    if urn == PAR_DO_URN:
+        payload = bi.proto_utils.parse_Bytes(
+            transform.spec.payload, bi.beam_runner_api_pb2.ParDoPayload
+        )
+    side_tags = set(payload.side_inputs) if payload is not None else set()
+    main_inputs = [pc for tag, pc in transform.inputs.items() if tag not in side_tags]
+    if len(main_inputs) != 1 or len(transform.outputs) != 1:
         return "not one input and one output"
-    (input_pcollection,) = transform.inputs.values()
+    (input_pcollection,) = main_inputs
     (output_pcollection,) = transform.outputs.values()
     input_windowing = bi.windowing_from_proto(
         descriptor.windowing_strategies[
@@ -97,7 +109,7 @@ def _step_spec(descriptor: Any, context: Any, transform_id: str) -> StepSpec | s
         ],
         context,
     )
-    urn = transform.spec.urn
+    side_inputs = None
     if urn == WINDOW_INTO_URN:
         windowing = bi.windowing_from_proto(
             bi.beam_runner_api_pb2.WindowingStrategy.FromString(transform.spec.payload), context
@@ -129,31 +141,35 @@ def _step_spec(descriptor: Any, context: Any, transform_id: str) -> StepSpec | s
             )
 
         make = make_precombine
-    elif urn == PAR_DO_URN:
-        payload = bi.proto_utils.parse_Bytes(
-            transform.spec.payload, bi.beam_runner_api_pb2.ParDoPayload
-        )
+    elif payload is not None:
+        if any(
+            side.access_pattern.urn != bi.ITERABLE_SIDE_INPUT_URN
+            for side in payload.side_inputs.values()
+        ):
+            return "a side input read as a multimap"
         if (
-            payload.side_inputs
-            or payload.state_specs
+            payload.state_specs
             or payload.timer_family_specs
             or payload.restriction_coder_id
             or payload.requests_finalization
             or payload.requires_time_sorted_input
             or payload.on_window_expiration_timer_family_spec
         ):
-            return "side inputs, state, timers, a restriction or finalization"
+            return "state, timers, a restriction or finalization"
         info = bi.pickled_dofn_info(payload)
         if info is None:
             return f"a DoFn of {payload.do_fn.urn}"
-        dofn, args, kwargs, side_inputs, windowing = info
-        reason = bi.unbatchable_dofn_reason(dofn, args, kwargs, side_inputs)
+        dofn, args, kwargs, _, windowing = info
+        reason = bi.unbatchable_dofn_reason(dofn, args, kwargs, len(payload.side_inputs))
         if reason is not None:
             return reason
+        if payload.side_inputs:
+            side_inputs = bi.side_input_maps(payload, transform_id, descriptor, context)
         step_windowing = windowing or input_windowing
+        pardo_payload = payload
 
         def make_pardo() -> tuple[Any, Any, tuple[Any, ...], dict[str, Any]]:
-            fresh = bi.pickled_dofn_info(payload)
+            fresh = bi.pickled_dofn_info(pardo_payload)
             if fresh is None:  # pragma: no cover - checked when planned
                 raise ValueError(f"{transform.unique_name}: the DoFn is no longer readable")
             return fresh[0], step_windowing, tuple(fresh[1] or ()), dict(fresh[2] or {})
@@ -167,6 +183,7 @@ def _step_spec(descriptor: Any, context: Any, transform_id: str) -> StepSpec | s
         input_pcollection=input_pcollection,
         output_pcollection=output_pcollection,
         make_dofn=make,
+        side_inputs=side_inputs,
     )
 
 

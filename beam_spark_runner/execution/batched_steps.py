@@ -4,15 +4,18 @@ Beam's bundle processor moves each element through the stage's operation chain, 
 counter update, a size sample and a receiver call per element and step. Steps that need
 nothing per element from the runner — Map, FlatMap, Filter, MapTuple/FlatMapTuple (Beam's
 ``CallableWrapperDoFn``), ``WindowInto`` with Beam's standard window functions, and user
-DoFns whose ``process`` takes only the element, or with timestamp or window parameters — run
-here instead, one step at a time over the batch's decoded windowed values:
+DoFns whose ``process`` takes only the element, or with timestamp or window parameters, also
+with side inputs read as iterables — run here instead, one step at a time over the batch's
+decoded windowed values:
 
 * each step is Beam's own ``DoFnRunner`` (``WindowInto``: the DoFn Beam's bundle processor
   runs for it), so outputs keep or get their timestamps, windows and panes exactly as Beam
   gives them; a Map/FlatMap/Filter whose callable takes only the element is called
   directly (Beam's ``SimpleInvoker`` semantics: ``wv.with_value(output)``), any output that
   is a ``WindowedValue``, ``TimestampedValue`` or ``TaggedOutput`` going through Beam's
-  output handler;
+  output handler; a step with side inputs gets Beam's side-input maps over the stage
+  worker's state handler, each value kept per main window for the batch
+  (``beam_internals.side_input_maps``);
 * each step gets ``setup`` once, ``start_bundle``/``finish_bundle`` per batch (finish
   outputs included, downstream of the step's other outputs, as in Beam) and ``teardown``
   when the stage worker is torn down; its own metrics container (user metrics land under
@@ -72,8 +75,12 @@ def _with_arguments(
 class _Step:
     """One batched step in a stage worker: Beam's DoFnRunner, its metrics and timings."""
 
-    def __init__(self, spec: StepSpec, sampler: Any) -> None:
+    def __init__(self, spec: StepSpec, sampler: Any, state_handler: Any = None) -> None:
         self.spec = spec
+        self.state_handler = state_handler
+        # A ParDo's side-input maps (read through the stage's state handler), reset after
+        # each batch.
+        self.side_inputs: list[Any] = []
         self.receiver = bi.ListReceiver()
         self.container = bi.metrics_container(spec.step_name)
         self.states = [
@@ -100,6 +107,8 @@ class _Step:
 
     def set_up(self) -> None:
         dofn, windowing, args, kwargs = self.spec.make_dofn()
+        if self.spec.side_inputs is not None:
+            self.side_inputs = self.spec.side_inputs(self.state_handler)
         self.runner = bi.dofn_runner(
             dofn,
             windowing,
@@ -108,12 +117,13 @@ class _Step:
             self.spec.transform_id,
             args,
             kwargs,
+            self.side_inputs,
         )
         self.assign = bi.window_assigner(dofn)
         self.passes = bool(getattr(type(dofn), "runner_flatten", False))
         if getattr(type(dofn), "runner_precombine", False):
             self.precombine = dofn
-        if bi.is_simple_callable(dofn):
+        if bi.is_simple_callable(dofn) and not self.side_inputs:
             self.simple_process = _with_arguments(dofn.process, args, kwargs)
             self.handler = bi.simple_output_handler(windowing, self.receiver)
             wrapped = bi.wrapped_callable(dofn)
@@ -125,6 +135,7 @@ class _Step:
 
     def tear_down(self) -> None:
         runner, self.runner = self.runner, None
+        self.side_inputs = []
         self.simple_process = self.handler = self.assign = self.precombine = None
         self.passes = False
         if runner is not None:
@@ -183,6 +194,9 @@ class _Step:
             self.runner.finish()
         self.nanos[2] += time.perf_counter_ns() - began
         outputs, self.receiver.values = self.receiver.values, []
+        # As Beam's DoOperation.reset: the next batch reads the side inputs again.
+        for side_input in self.side_inputs:
+            side_input.reset()
         return outputs
 
     def _window_into(self, values: list[Any]) -> None:
@@ -376,7 +390,8 @@ class BatchedSteps:
     bundle's processor too), and set up anew from the descriptor when needed again.
     """
 
-    def __init__(self, plan: BatchedPlan, display_name: str) -> None:
+    def __init__(self, plan: BatchedPlan, display_name: str, state_handler: Any = None) -> None:
+        """``state_handler`` serves the steps' side inputs (``reads_side_inputs``)."""
         self.plan = plan
         self.display_name = display_name
         coders = bi.PipelineContext(plan.coders).coders
@@ -388,7 +403,8 @@ class BatchedSteps:
         self._handoff = plan.handoff[0] if plan.handoff else None
         self._sizes = {p: coders[c].get_impl() for p, c in plan.coder_ids.items()}
         self._sampler = bi.state_sampler(display_name)
-        self._steps = [_Step(spec, self._sampler) for spec in plan.steps]
+        self._steps = [_Step(spec, self._sampler, state_handler) for spec in plan.steps]
+        self.reads_side_inputs = any(spec.side_inputs is not None for spec in plan.steps)
         self._readers: dict[str, list[_Step]] = {}
         for step in self._steps:
             self._readers.setdefault(step.spec.input_pcollection, []).append(step)

@@ -195,26 +195,25 @@ class StageWorker:
         bi.set_bundle_sampling_period(BUNDLE_SAMPLING_PERIOD_MS)
         self.spec = spec
         self.descriptor = bi.beam_fn_api_pb2.ProcessBundleDescriptor.FromString(spec.descriptor)
-        self.batched = _batched_steps(spec, self.descriptor)
-        if self.batched is not None and self.batched.plan.remainder is not None:
-            # The bundle processor runs the rest of the stage, from the hand-off on.
-            self.descriptor = self.batched.plan.remainder
         self.channel = ArrowDataChannel()
         self.state: StateBackend = InMemoryStateBackend(
             spec.side_input_state.value if spec.side_input_state is not None else ()
         )
-        self.timer_families = timer_families(self.descriptor)
         # Side inputs never change for a stage worker: one cache token each lets the SDK keep
         # them decoded across bundles. User state gets no token, so it is never cached.
+        # (Taken from the whole stage: the batched steps read side inputs too.)
         self.cache_tokens = _side_input_cache_tokens(self.descriptor, spec.cache_key)
+        self.state_handler = bi.GlobalCachingStateHandler(
+            bi.StateCache(_SIDE_INPUT_CACHE_BYTES if self.cache_tokens else 0), self.state
+        )
+        self.batched = _batched_steps(spec, self.descriptor, self.state_handler)
+        if self.batched is not None and self.batched.plan.remainder is not None:
+            # The bundle processor runs the rest of the stage, from the hand-off on.
+            self.descriptor = self.batched.plan.remainder
+        self.timer_families = timer_families(self.descriptor)
         processor_cache = bi.BundleProcessorCache(
             bi.FNAPI_RUNNER_CAPABILITIES,
-            bi.SingletonStateHandlerFactory(
-                bi.GlobalCachingStateHandler(
-                    bi.StateCache(_SIDE_INPUT_CACHE_BYTES if self.cache_tokens else 0),
-                    self.state,
-                )
-            ),
+            bi.SingletonStateHandlerFactory(self.state_handler),
             ArrowDataChannelFactory(self.channel),
             {self.descriptor.id: self.descriptor},
         )
@@ -251,7 +250,21 @@ class StageWorker:
         contents need a new token.
         """
         self.state.load_side_inputs(entries)
-        self.cache_tokens = _side_input_cache_tokens(self.descriptor, token)
+        self.cache_tokens = _side_input_cache_tokens(self._whole_descriptor(), token)
+
+    def _whole_descriptor(self) -> Any:
+        """The stage's descriptor with its batched steps (``self.descriptor`` may lack them)."""
+        return bi.beam_fn_api_pb2.ProcessBundleDescriptor.FromString(self.spec.descriptor)
+
+    def _run_batched(self, data: bytes) -> Any:
+        """The batched steps over ``data``; a step with side inputs reads them from state."""
+        assert self.batched is not None
+        if not self.batched.reads_side_inputs:
+            return self.batched.run(data)
+        with self.state_handler.process_instruction_id(
+            f"{self._instruction_id()}-batched", self.cache_tokens
+        ):
+            return self.batched.run(data)
 
     def _with_state_backed_iterables(self, data: bytes | TextInput) -> bytes | TextInput:
         """Re-encodes input elements so their iterables' values are read from state."""
@@ -283,7 +296,7 @@ class StageWorker:
         """
         handed_off = False
         if batched and self.batched is not None and isinstance(data, bytes) and not timers:
-            result = self.batched.run(data)
+            result = self._run_batched(data)
             for transform_id, chunk in result.outputs.items():
                 outputs.data[self.output_index[transform_id]].append(chunk)
             metrics.extend(result.monitoring_infos)
@@ -445,7 +458,7 @@ class StageWorker:
             self.state.release_user_state()
 
 
-def _batched_steps(spec: StageSpec, descriptor: Any) -> BatchedSteps | None:
+def _batched_steps(spec: StageSpec, descriptor: Any, state_handler: Any) -> BatchedSteps | None:
     """The stage's batched steps, if the path is on and the stage has any.
 
     Stateful stages (whole keys, timers), native text reads and state-backed iterables
@@ -463,7 +476,7 @@ def _batched_steps(spec: StageSpec, descriptor: Any) -> BatchedSteps | None:
     )
     if plan is None:
         return None
-    batched = BatchedSteps(plan, spec.display_name)
+    batched = BatchedSteps(plan, spec.display_name, state_handler)
     _LOGGER.debug(
         "Stage %s: batched steps %s, %s",
         spec.display_name,
