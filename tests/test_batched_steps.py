@@ -433,6 +433,24 @@ def test_steps_that_do_not_qualify_keep_the_bundle_processor(kind: str) -> None:
     tear_down_stage_workers()
 
 
+def test_a_pardo_reading_its_main_input_as_a_side_input_runs_once() -> None:
+    """Beam's ``test_pardo_unfusable_side_inputs``: one PCollection, main and side input."""
+    p = beam.Pipeline()
+    pc = p | beam.Impulse() | "Source" >> beam.ParDo(Source())
+    _ = (
+        pc
+        | "Cross" >> beam.FlatMap(lambda x, sides: [(x, s) for s in sides], beam.pvalue.AsList(pc))
+        | "Key" >> beam.Map(lambda x: (0, x))
+        | beam.GroupByKey()
+    )
+    plan = build_plan(bi.prepare_pipeline_proto(p.to_runner_api()))
+    (stage,) = [s for s in plan.stages if any("Cross" in n for n in s.user_transform_names)]
+    batched = plan_batched_steps(stage.descriptor, stage.input_transform_id)
+    assert batched is not None
+    names = [spec.step_name for spec in batched.steps]
+    assert names.count("Cross") == 1, names
+
+
 def test_a_hand_off_after_a_short_chain_keeps_the_bundle_processor() -> None:
     """A hand-off costs more than a few batched steps save (MIN_STEPS_BEFORE_HANDOFF)."""
     elements, _, spec = _compare("short_chain")

@@ -69,10 +69,22 @@ class BatchedPlan:
 
 
 def _consumers(descriptor: Any) -> dict[str, list[str]]:
+    """PCollection -> the transforms reading it as their main input.
+
+    A ParDo may read a PCollection as a side input too, even the one it reads as its main
+    input (Beam's ``test_pardo_unfusable_side_inputs``): side inputs come from state, so
+    they are not readers here (else the ParDo would run once per input).
+    """
+    side_inputs = {
+        (transform_id, tag)
+        for transform_id, _, payload in bi.par_do_payloads(descriptor.transforms)
+        for tag in payload.side_inputs
+    }
     consumers: dict[str, list[str]] = {}
     for transform_id, transform in descriptor.transforms.items():
-        for pcollection in transform.inputs.values():
-            consumers.setdefault(pcollection, []).append(transform_id)
+        for tag, pcollection in transform.inputs.items():
+            if (transform_id, tag) not in side_inputs:
+                consumers.setdefault(pcollection, []).append(transform_id)
     return consumers
 
 
