@@ -1061,9 +1061,6 @@ def dofn_runner(
     )
 
 
-ITERABLE_SIDE_INPUT_URN = common_urns.side_inputs.ITERABLE.urn
-
-
 class _PerWindowSideInput:
     """A side-input map that looks a main window up once per batch, not per element.
 

@@ -155,7 +155,7 @@ def _step_spec(descriptor: Any, context: Any, transform_id: str) -> StepSpec | s
         make = make_precombine
     elif payload is not None:
         if any(
-            side.access_pattern.urn != bi.ITERABLE_SIDE_INPUT_URN
+            side.access_pattern.urn != bi.common_urns.side_inputs.ITERABLE.urn
             for side in payload.side_inputs.values()
         ):
             return "a side input read as a multimap"

@@ -166,19 +166,25 @@ class BundleOutputs:
                     )
 
 
-def _side_input_cache_tokens(descriptor: Any, token: str) -> list[Any]:
-    """One cache token per side input read by the descriptor's ParDos."""
+def _side_inputs(descriptor: Any) -> list[tuple[str, str]]:
+    """(transform id, tag) of each side input read by the descriptor's ParDos."""
+    return [
+        (transform_id, tag)
+        for transform_id, _, payload in bi.par_do_payloads(descriptor.transforms)
+        for tag in payload.side_inputs
+    ]
+
+
+def _side_input_cache_tokens(side_inputs: list[tuple[str, str]], token: str) -> list[Any]:
+    """One cache token per side input, all naming the contents ``token``."""
     cache_token = bi.beam_fn_api_pb2.ProcessBundleRequest.CacheToken
-    tokens = []
-    for transform_id, _, payload in bi.par_do_payloads(descriptor.transforms):
-        for tag in payload.side_inputs:
-            tokens.append(
-                cache_token(
-                    side_input=cache_token.SideInput(transform_id=transform_id, side_input_id=tag),
-                    token=f"side-input/{token}".encode(),
-                )
-            )
-    return tokens
+    return [
+        cache_token(
+            side_input=cache_token.SideInput(transform_id=transform_id, side_input_id=tag),
+            token=f"side-input/{token}".encode(),
+        )
+        for transform_id, tag in side_inputs
+    ]
 
 
 # Beam's bundle processors sample which step runs every 200 ms by default, and a bundle's
@@ -202,7 +208,8 @@ class StageWorker:
         # Side inputs never change for a stage worker: one cache token each lets the SDK keep
         # them decoded across bundles. User state gets no token, so it is never cached.
         # (Taken from the whole stage: the batched steps read side inputs too.)
-        self.cache_tokens = _side_input_cache_tokens(self.descriptor, spec.cache_key)
+        self._side_inputs = _side_inputs(self.descriptor)
+        self.cache_tokens = _side_input_cache_tokens(self._side_inputs, spec.cache_key)
         self.state_handler = bi.GlobalCachingStateHandler(
             bi.StateCache(_SIDE_INPUT_CACHE_BYTES if self.cache_tokens else 0), self.state
         )
@@ -250,11 +257,7 @@ class StageWorker:
         contents need a new token.
         """
         self.state.load_side_inputs(entries)
-        self.cache_tokens = _side_input_cache_tokens(self._whole_descriptor(), token)
-
-    def _whole_descriptor(self) -> Any:
-        """The stage's descriptor with its batched steps (``self.descriptor`` may lack them)."""
-        return bi.beam_fn_api_pb2.ProcessBundleDescriptor.FromString(self.spec.descriptor)
+        self.cache_tokens = _side_input_cache_tokens(self._side_inputs, token)
 
     def _run_batched(self, data: bytes) -> Any:
         """The batched steps over ``data``; a step with side inputs reads them from state."""
