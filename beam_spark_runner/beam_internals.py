@@ -64,6 +64,7 @@ from apache_beam.runners.worker import (
     statesampler,
 )
 from apache_beam.transforms import environments, trigger, userstate, window
+from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils import proto_utils
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
 
@@ -976,16 +977,23 @@ _ASSIGNED_CACHED = 4096
 def window_assigner(dofn: Any) -> Callable[[Any], list[Any]] | None:
     """The new windows ``window_into_dofn``'s DoFn gives an element, by its timestamp.
 
+    ``timestamp_windows`` of its window function; None for any other DoFn.
+    """
+    if not getattr(type(dofn), "runner_window_into", False):
+        return None
+    return timestamp_windows(dofn.windowing.windowfn)
+
+
+def timestamp_windows(window_fn: Any) -> Callable[[Any], list[Any]] | None:
+    """What ``window_fn.assign`` gives an element at a timestamp, for the common classes.
+
     For Beam's ``FixedWindows``, ``SlidingWindows`` and ``GlobalWindows`` (exactly those
     classes), what ``assign`` returns depends on the timestamp only through a key that
     integer arithmetic gives (the window's start; for sliding windows the first start and
     how many windows, as Beam's ``range`` counts them): Beam's own ``assign`` runs once per
-    key, and each element gets a new list of the same windows. None for any other DoFn or
-    window function.
+    key, and each element gets a new list of the same windows. None for any other window
+    function (its ``assign`` may read the element).
     """
-    if not getattr(type(dofn), "runner_window_into", False):
-        return None
-    window_fn = dofn.windowing.windowfn
     kind = type(window_fn)
     key: Callable[[int], Any]
     if kind is window.FixedWindows:
@@ -1136,7 +1144,6 @@ def simple_output_handler(windowing: Any, receiver: ListReceiver) -> Any:
 def special_output_types() -> tuple[type, ...]:
     """Outputs of ``process`` that Beam does not simply give the input's windowing."""
     from apache_beam.pvalue import TaggedOutput
-    from apache_beam.transforms.window import TimestampedValue
 
     return (WindowedValue, TimestampedValue, TaggedOutput)
 

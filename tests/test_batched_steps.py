@@ -146,6 +146,23 @@ STEPS: dict[str, Callable[[Any], Any]] = {
         | beam.WindowInto(window.FixedWindows(5))
         | beam.ParDo(WithParams())
     ),
+    # Only TimestampedValues: windows from a cache (``bi.timestamp_windows``); in sliding
+    # windows an element in three windows gets its three new windows three times, as Beam.
+    "only_timestamped": lambda pc: (
+        pc
+        | beam.FlatMap(
+            lambda x: [window.TimestampedValue(x, 1000 - x), window.TimestampedValue(-x, x)]
+        )
+        | beam.ParDo(WithParams())
+    ),
+    "timestamped_in_windows": lambda pc: (
+        pc
+        | beam.WindowInto(window.SlidingWindows(15, 5))
+        | beam.Map(lambda x: window.TimestampedValue(x, x * 3))
+        | "InFixed" >> beam.WindowInto(window.FixedWindows(7))
+        | "Again" >> beam.Map(lambda x: window.TimestampedValue(x, x * 2))
+        | beam.ParDo(WithParams())
+    ),
     "dofn_params": lambda pc: pc | beam.ParDo(WithParams()),
     "map_params": lambda pc: (
         pc | beam.Map(lambda x, t=beam.DoFn.TimestampParam: (x, int(t.micros)))

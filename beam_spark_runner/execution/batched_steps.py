@@ -55,6 +55,7 @@ from beam_spark_runner.execution.batched_plan import BatchedPlan, StepSpec
 _LOGGER = logging.getLogger(__name__)
 
 _WITH_VALUE = bi.WindowedValue.with_value
+_TIMESTAMPED = bi.TimestampedValue
 # Elements that go through the steps together.
 _CHUNK = 256
 
@@ -98,6 +99,9 @@ class _Step:
         # Map/FlatMap/Filter whose callable takes only the element: called directly.
         self.simple_process: Callable[[Any], Any] | None = None
         self.handler: Any = None
+        # The step's windows of a ``TimestampedValue`` output, by its timestamp, where its
+        # window function is one ``bi.timestamp_windows`` takes.
+        self.timestamped: Callable[[Any], list[Any]] | None = None
         # "map", "filter" (Beam's wrappers of a plain callable ``fn``) or "flat_map".
         self.kind = "flat_map"
         self.fn: Any = None
@@ -126,6 +130,7 @@ class _Step:
         if bi.is_simple_callable(dofn) and not self.side_inputs:
             self.simple_process = _with_arguments(dofn.process, args, kwargs)
             self.handler = bi.simple_output_handler(windowing, self.receiver)
+            self.timestamped = bi.timestamp_windows(windowing.windowfn)
             wrapped = bi.wrapped_callable(dofn)
             self.kind, self.fn = wrapped if wrapped is not None else ("flat_map", None)
             if self.fn is not None:
@@ -137,6 +142,7 @@ class _Step:
         runner, self.runner = self.runner, None
         self.side_inputs = []
         self.simple_process = self.handler = self.assign = self.precombine = None
+        self.timestamped = None
         self.passes = False
         if runner is not None:
             with self.states[2]:
@@ -256,6 +262,19 @@ class _Step:
         return True
 
     def _handle_each(self, values: list[Any], outputs: list[Any]) -> None:
+        timestamped = self.timestamped
+        if timestamped is not None and all(type(o) is _TIMESTAMPED for o in outputs):
+            # What Beam's output handler makes of a ``TimestampedValue``: the value at its
+            # timestamp in the windows the step's window function assigns it there, once
+            # per window of the input element; only the assignment is cached.
+            make = bi.WindowedValue
+            append = self.receiver.values.append
+            for windowed_value, output in zip(values, outputs, strict=True):
+                windows = timestamped(output.timestamp)
+                if len(windowed_value.windows) != 1:
+                    windows *= len(windowed_value.windows)
+                append(make(output.value, output.timestamp, windows))
+            return
         handle = self.handler.handle_process_outputs
         for windowed_value, output in zip(values, outputs, strict=True):
             handle(windowed_value, (output,))
