@@ -101,7 +101,7 @@ class _Step:
         self.handler: Any = None
         # The step's windows of a ``TimestampedValue`` output, by its timestamp, where its
         # window function is one ``bi.timestamp_windows`` takes.
-        self.timestamped: Callable[[Any], list[Any]] | None = None
+        self.timestamped: Callable[[Any], Any] | None = None
         # "map", "filter" (Beam's wrappers of a plain callable ``fn``) or "flat_map".
         self.kind = "flat_map"
         self.fn: Any = None
