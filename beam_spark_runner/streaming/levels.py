@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+from pyspark import cloudpickle
 
 from beam_spark_runner.execution import collector
 from beam_spark_runner.execution.grouping import GroupSpec
@@ -26,6 +26,7 @@ from beam_spark_runner.streaming.grouping import (
     release_shard_state,
     run_group_shard,
 )
+from beam_spark_runner.streaming.level_shell import LevelShell
 from beam_spark_runner.streaming.rows import Row, packed, routed_row
 from beam_spark_runner.streaming.side_inputs import (
     ListStateWaitingStore,
@@ -38,8 +39,12 @@ from beam_spark_runner.streaming.stateful import StatefulShardState, run_statefu
 from beam_spark_runner.streaming.topology import Topology
 
 
-class LevelProcessor(StatefulProcessor):  # type: ignore[misc]
-    """The ``transformWithState`` processor of one stateful level."""
+class Level:
+    """One stateful level: what its ``transformWithState`` does with a group's rows.
+
+    PySpark pickles a ``level_shell.LevelShell`` holding it (see there why); the shell
+    declares the state variables and hands them to ``bind``.
+    """
 
     def __init__(
         self,
@@ -60,30 +65,22 @@ class LevelProcessor(StatefulProcessor):  # type: ignore[misc]
         self._state: Any = None
         self._waiting: ListStateWaitingStore | None = None
 
-    def init(self, handle: StatefulProcessorHandle) -> None:
-        """Declares the one state variable: a shard's encoded state."""
-        from pyspark.sql.types import BinaryType, StructField, StructType
+    def processor(self) -> LevelShell:
+        """What ``transformWithState`` takes: a shell with this level pickled."""
+        return LevelShell(cloudpickle.dumps(self), waiting=bool(self.with_side_inputs))
 
-        self._state = handle.getValueState(
-            "shard", StructType([StructField("state", BinaryType())])
-        )
+    def bind(self, shard: Any, waiting: Any) -> None:
+        """Takes the state variables ``LevelShell.init`` declared.
+
+        A shard's encoded state, and the main elements waiting for side inputs where the
+        level has stages with side inputs.
+        """
+        self._state = shard
         if self.with_side_inputs:
-            # Main elements waiting for side inputs (side_inputs.ListStateWaitingStore).
-            self._waiting = ListStateWaitingStore(
-                handle.getListState(
-                    "waiting",
-                    StructType(
-                        [StructField("needs", BinaryType()), StructField("chunk", BinaryType())]
-                    ),
-                )
-            )
+            assert waiting is not None, "a level with side inputs needs its waiting list"
+            self._waiting = ListStateWaitingStore(waiting)
 
-    def handleInputRows(  # noqa: N802 - PySpark's name
-        self,
-        key: Any,
-        rows: Iterator[Any],
-        timerValues: Any,  # noqa: N803
-    ) -> Iterator[Any]:
+    def run(self, key: Any, rows: Iterator[Any]) -> Iterator[Any]:
         """Runs one (node, shard) for one micro-batch, or passes its rows on."""
         target, shard = int(key[0]), int(key[1])
         if target not in self._runs:
@@ -137,6 +134,3 @@ class LevelProcessor(StatefulProcessor):  # type: ignore[misc]
             )
             self._state.update((sdf_state.encode(),))
         return out
-
-    def close(self) -> None:
-        """Nothing to release."""

@@ -40,7 +40,7 @@ from beam_spark_runner.streaming import rows as routed
 from beam_spark_runner.streaming.bounded_side_inputs import BroadcastPlan, plan_broadcasts
 from beam_spark_runner.streaming.check import is_unbounded_splittable
 from beam_spark_runner.streaming.checkpoint import check_checkpoint
-from beam_spark_runner.streaming.levels import LevelProcessor
+from beam_spark_runner.streaming.levels import Level
 from beam_spark_runner.streaming.progress import ProgressReport
 from beam_spark_runner.streaming.result import StreamingPipelineResult, wait_for
 from beam_spark_runner.streaming.router import RouterSpec, run_router
@@ -375,9 +375,9 @@ def build_frame(
                 for stage in level_stages
                 if is_unbounded_splittable(stage)
             }
-            processor = LevelProcessor(
+            processor = Level(
                 topology, groups, stateful, splittable, with_side_inputs, context.sinks
-            )
+            ).processor()
             frame = frame.groupBy(routed.TARGET, routed.SHARD).transformWithState(
                 processor, routed.routed_type(), "Append", "None"
             )

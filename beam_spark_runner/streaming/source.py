@@ -26,14 +26,24 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.streaming.rows import Row, element_row, marker_rows, routed_type
-from beam_spark_runner.streaming.test_stream import SourceStep
 from beam_spark_runner.streaming.topology import Topology
 from beam_spark_runner.streaming.watermarks import MAX_MICROS, MIN_MICROS, Marker
 
 SOURCE_NAME = "beam_spark_runner"
 _PLAN_OPTION = "plan"
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceStep:
+    """One micro-batch of a TestStream: elements per output, then watermarks and time."""
+
+    # Root producer id (its buffer id) -> encoded elements.
+    elements: tuple[tuple[str, tuple[bytes, ...]], ...]
+    # Root producer id -> its watermark once the step is done (microseconds).
+    watermarks: tuple[tuple[str, int], ...]
+    # How far the runner's processing time moves with this step (microseconds).
+    advance: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,8 +87,11 @@ class SourcePlan:
         watermarks: dict[str, int] = {}
         if self.impulse is not None:
             if batch == 0:
+                # Here, in a task (Beam already imported): the module imports no Beam.
+                from beam_spark_runner.beam_internals import ENCODED_IMPULSE_VALUE
+
                 for target in topology.roots[self.impulse]:
-                    yield element_row(topology, target, None, bi.ENCODED_IMPULSE_VALUE)
+                    yield element_row(topology, target, None, ENCODED_IMPULSE_VALUE)
             watermarks[self.impulse] = MAX_MICROS
         for steps in self.test_streams:
             if batch < len(steps):

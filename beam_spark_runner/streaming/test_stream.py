@@ -13,7 +13,6 @@ starts (:func:`inline_service_events`): the service must end its event stream.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 from apache_beam.transforms.window import GlobalWindows
@@ -22,6 +21,7 @@ from apache_beam.utils.timestamp import Timestamp
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.errors import SparkRunnerError
 from beam_spark_runner.planning import TEST_STREAM_BUFFER_KIND, TEST_STREAM_URN, Plan
+from beam_spark_runner.streaming.source import SourceStep
 from beam_spark_runner.streaming.watermarks import MIN_MICROS
 
 _LOGGER = logging.getLogger(__name__)
@@ -97,18 +97,6 @@ def _micros_to_millis(
     elif converted.HasField("processing_time_event"):
         converted.processing_time_event.advance_duration //= 1000
     return converted
-
-
-@dataclasses.dataclass(frozen=True)
-class SourceStep:
-    """One micro-batch of a TestStream: elements per output, then watermarks and time."""
-
-    # Root producer id (its buffer id) -> encoded elements.
-    elements: tuple[tuple[str, tuple[bytes, ...]], ...]
-    # Root producer id -> its watermark once the step is done (microseconds).
-    watermarks: tuple[tuple[str, int], ...]
-    # How far the runner's processing time moves with this step (microseconds).
-    advance: int
 
 
 def test_stream_steps(plan: Plan) -> list[tuple[SourceStep, ...]]:

@@ -1,0 +1,66 @@
+"""What a stateful level's ``transformWithState`` pickles: a processor that imports no Beam.
+
+PySpark unpickles a ``transformWithState`` processor in two kinds of process. Executor tasks
+run in the runner's worker daemon's forks, which import Beam once before forking. But at a
+query's start PySpark also runs each processor's ``init`` on the driver, in a fresh Python
+process per stateful operator, one after the other, only to learn its state variables (its
+"pre-init"). Unpickling ``levels.Level`` there imported Beam and the runner's executor
+(about 1.9 s of a process's 2.2 s), a query with two levels spending 4.4 s in planning
+before its first micro-batch, every query start, every test.
+
+``LevelShell`` is what PySpark pickles instead. It declares the state variables itself and
+holds the level (``levels.Level``) pickled, unpickled in a task at its first group, where
+Beam is already imported. This module imports PySpark only; keep it that way
+(``tests/test_streaming_levels.py`` checks it in a fresh interpreter).
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+from typing import Any
+
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+
+# The state variables of a shard: its encoded state (one value), and, in a level with a
+# stage with side inputs, the main elements waiting for them (side_inputs.ListStateWaitingStore).
+SHARD_STATE = "shard"
+WAITING_STATE = "waiting"
+
+
+class LevelShell(StatefulProcessor):  # type: ignore[misc]
+    """The ``transformWithState`` processor of one stateful level, its level pickled."""
+
+    def __init__(self, level: bytes, waiting: bool) -> None:
+        # ``levels.Level``, pickled (cloudpickle: it may hold functions by value).
+        self.level = level
+        # Whether the level has a stage with side inputs (it keeps waiting elements).
+        self.waiting = waiting
+        self._states: tuple[Any, Any] = (None, None)
+        self._level: Any = None
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        """Declares the state variables (all the pre-init needs)."""
+        from pyspark.sql.types import BinaryType, StructField, StructType
+
+        shard = handle.getValueState(SHARD_STATE, StructType([StructField("state", BinaryType())]))
+        waiting = None
+        if self.waiting:
+            fields = [StructField("needs", BinaryType()), StructField("chunk", BinaryType())]
+            waiting = handle.getListState(WAITING_STATE, StructType(fields))
+        self._states = (shard, waiting)
+
+    def handleInputRows(  # noqa: N802 - PySpark's name
+        self,
+        key: Any,
+        rows: Iterator[Any],
+        timerValues: Any,  # noqa: N803
+    ) -> Iterator[Any]:
+        """The level's rows out for one (target, shard) group (``levels.Level.run``)."""
+        if self._level is None:
+            self._level = pickle.loads(self.level)
+            self._level.bind(*self._states)
+        return self._level.run(key, rows)  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        """Nothing to release."""

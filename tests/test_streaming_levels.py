@@ -1,0 +1,109 @@
+"""What PySpark pickles for a stateful level, and what the query's driver processes import.
+
+PySpark unpickles each ``transformWithState`` processor in a fresh driver process at a
+query's start (its pre-init), and the streaming source in fresh processes too: neither
+may import Beam (about 1.5-1.9 s per process), so both modules are checked in a fresh
+interpreter.
+"""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP
+from pyspark import cloudpickle
+
+from beam_spark_runner.streaming.level_shell import SHARD_STATE, WAITING_STATE, LevelShell
+from beam_spark_runner.streaming.watermarks import MAX_MICROS, MIN_MICROS
+
+
+def test_the_modules_driver_processes_unpickle_import_no_beam() -> None:
+    code = (
+        "import sys\n"
+        "import beam_spark_runner.streaming.level_shell\n"
+        "import beam_spark_runner.streaming.source\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'apache_beam'))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]"
+
+
+def test_watermark_bounds_are_beams() -> None:
+    assert (MIN_MICROS, MAX_MICROS) == (MIN_TIMESTAMP.micros, MAX_TIMESTAMP.micros)
+
+
+class _Handle:
+    """A ``StatefulProcessorHandle`` recording the state variables declared."""
+
+    def __init__(self) -> None:
+        self.declared: list[tuple[str, str, list[str]]] = []
+
+    def getValueState(self, name: str, schema: Any) -> str:  # noqa: N802 - PySpark's name
+        self.declared.append(("value", name, schema.fieldNames()))
+        return f"value:{name}"
+
+    def getListState(self, name: str, schema: Any) -> str:  # noqa: N802 - PySpark's name
+        self.declared.append(("list", name, schema.fieldNames()))
+        return f"list:{name}"
+
+
+class _Level:
+    """Stands for ``levels.Level``: records what it was bound to and echoes its rows."""
+
+    unpickled = 0
+
+    def __init__(self) -> None:
+        self.bound: tuple[Any, Any] | None = None
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        type(self).unpickled += 1
+        self.__dict__.update(state)
+
+    def bind(self, shard: Any, waiting: Any) -> None:
+        self.bound = (shard, waiting)
+
+    def run(self, key: Any, rows: Iterator[Any]) -> Iterator[Any]:
+        for row in rows:
+            yield key, row, self.bound
+
+
+def _shell_after_pickling(waiting: bool) -> LevelShell:
+    shell = LevelShell(cloudpickle.dumps(_Level()), waiting=waiting)
+    restored = pickle.loads(cloudpickle.dumps(shell))
+    assert isinstance(restored, LevelShell)
+    return restored
+
+
+def test_the_shell_declares_the_state_variables_and_unpickles_the_level_once() -> None:
+    _Level.unpickled = 0
+    shell = _shell_after_pickling(waiting=True)
+    handle = _Handle()
+    shell.init(handle)
+    assert handle.declared == [
+        ("value", SHARD_STATE, ["state"]),
+        ("list", WAITING_STATE, ["needs", "chunk"]),
+    ]
+    assert _Level.unpickled == 0  # the pre-init declares, and unpickles nothing
+    bound = (f"value:{SHARD_STATE}", f"list:{WAITING_STATE}")
+    assert list(shell.handleInputRows((1, 0), iter(["a", "b"]), None)) == [
+        ((1, 0), "a", bound),
+        ((1, 0), "b", bound),
+    ]
+    assert list(shell.handleInputRows((2, 1), iter(["c"]), None)) == [((2, 1), "c", bound)]
+    assert _Level.unpickled == 1
+
+
+def test_a_level_without_side_inputs_has_no_waiting_list() -> None:
+    shell = _shell_after_pickling(waiting=False)
+    handle = _Handle()
+    shell.init(handle)
+    assert handle.declared == [("value", SHARD_STATE, ["state"])]
+    assert list(shell.handleInputRows((1, 0), iter(["a"]), None)) == [
+        ((1, 0), "a", (f"value:{SHARD_STATE}", None))
+    ]
