@@ -12,7 +12,14 @@ from beam_spark_runner.streaming.check import STREAMING_SPARK
 if pyspark_version() < STREAMING_SPARK:
     pytest.skip("the query module needs PySpark 4.1+", allow_module_level=True)
 
-from beam_spark_runner.streaming.query import QueryInterrupted, is_interruption
+from beam_spark_runner.streaming.query import (
+    CHANGELOG_CHECKPOINTING_CONF,
+    ROCKSDB_PROVIDER,
+    STATE_STORE_PROVIDER_CONF,
+    QueryInterrupted,
+    ensure_state_store,
+    is_interruption,
+)
 
 # Spark's StreamExecution.PROXY_ERROR, which it matches against a foreachBatch error's text
 # to tell an interruption by stop() from a failure.
@@ -63,3 +70,36 @@ def test_py4j_does_not_log_a_stop_as_an_error(caplog: pytest.LogCaptureFixture) 
                 logger.exception("There was an exception while executing the Python Proxy")
     assert "a real failure" in caplog.text
     assert "QueryInterrupted" not in caplog.text
+
+
+class _Conf:
+    """``spark.conf``: what a session has explicitly set."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = dict(values)
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.values.get(key, default)
+
+    def set(self, key: str, value: str) -> None:
+        self.values[key] = value
+
+
+class _Session:
+    def __init__(self, values: dict[str, str]) -> None:
+        self.conf = _Conf(values)
+
+
+def test_state_stores_are_rocksdb_with_changelog_checkpoints() -> None:
+    spark = _Session({STATE_STORE_PROVIDER_CONF: "HDFSBackedStateStoreProvider"})
+    ensure_state_store(spark)  # type: ignore[arg-type]
+    assert spark.conf.values == {
+        STATE_STORE_PROVIDER_CONF: ROCKSDB_PROVIDER,
+        CHANGELOG_CHECKPOINTING_CONF: "true",
+    }
+
+
+def test_a_sessions_own_changelog_setting_is_kept() -> None:
+    spark = _Session({CHANGELOG_CHECKPOINTING_CONF: "false"})
+    ensure_state_store(spark)  # type: ignore[arg-type]
+    assert spark.conf.values[CHANGELOG_CHECKPOINTING_CONF] == "false"

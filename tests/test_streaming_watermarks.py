@@ -45,3 +45,12 @@ def test_a_marker_from_an_unexpected_producer_is_a_planning_bug() -> None:
     state = WatermarkState(expected=frozenset({"src"}))
     with pytest.raises(ValueError, match="Expected markers from \\['src'\\], got one from 'x'"):
         state.advance([Marker("x", 1, 1)])
+
+
+def test_the_bounds_are_beams_minimum_and_maximum_timestamps() -> None:
+    # Written out in watermarks.py, which the streaming source imports without Beam.
+    from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP
+
+    from beam_spark_runner.streaming.watermarks import MAX_MICROS, MIN_MICROS
+
+    assert (MIN_MICROS, MAX_MICROS) == (MIN_TIMESTAMP.micros, MAX_TIMESTAMP.micros)

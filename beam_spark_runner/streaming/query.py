@@ -74,6 +74,9 @@ _LOGGER = logging.getLogger(__name__)
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 STATE_STORE_PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
+CHANGELOG_CHECKPOINTING_CONF = (
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
+)
 _ROOT_KINDS = ("impulse", TEST_STREAM_BUFFER_KIND, SPARK_STREAM_BUFFER_KIND)
 # How often the driver logs a running query's progress.
 _PROGRESS_SECONDS = 5.0
@@ -304,11 +307,23 @@ def _last_batch(query: Any) -> int:
     return int(progress.get("batchId", -1))
 
 
-def _ensure_state_store(spark: SparkSession) -> None:
+def ensure_state_store(spark: SparkSession) -> None:
+    """RocksDB state stores (``transformWithState`` needs them), with changelog checkpoints.
+
+    A RocksDB store otherwise uploads a snapshot of itself at every commit: with two
+    stateful levels, 0.2-0.3 s of every micro-batch (Spark's ``rocksdbSaveZipFilesLatencyMs``
+    and ``rocksdbCommitFileSyncLatencyMs``), even without data. With changelog
+    checkpointing a commit writes the batch's changes only and snapshots are taken in the
+    background; Spark restarts a checkpoint written either way. A session that sets
+    changelog checkpointing itself keeps its setting.
+    """
     current = spark.conf.get(STATE_STORE_PROVIDER_CONF, None)
     if current != ROCKSDB_PROVIDER:
         _LOGGER.info("Streaming state store: %s (was %s)", ROCKSDB_PROVIDER, current)
         spark.conf.set(STATE_STORE_PROVIDER_CONF, ROCKSDB_PROVIDER)
+    if spark.conf.get(CHANGELOG_CHECKPOINTING_CONF, None) is None:
+        _LOGGER.info("Streaming state store: changelog checkpointing on")
+        spark.conf.set(CHANGELOG_CHECKPOINTING_CONF, "true")
 
 
 def _source_plan(plan: Plan, topology: Topology) -> SourcePlan:
@@ -430,7 +445,7 @@ def start_query(
     metrics = sinks.metrics
     broadcasts = plan_broadcasts(plan)
     topology = plan_topology(plan, context.parallelism, broadcasts)
-    _ensure_state_store(spark)
+    ensure_state_store(spark)
     _quiet_interruptions()
     owned_checkpoint = checkpoint_location is None
     checkpoint = checkpoint_location or tempfile.mkdtemp(prefix="beam-spark-checkpoint-")
