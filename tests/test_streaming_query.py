@@ -90,16 +90,10 @@ class _Session:
         self.conf = _Conf(values)
 
 
-def test_state_stores_are_rocksdb_with_changelog_checkpoints() -> None:
+def test_state_stores_are_rocksdb_and_changelog_checkpointing_is_the_sessions() -> None:
     spark = _Session({STATE_STORE_PROVIDER_CONF: "HDFSBackedStateStoreProvider"})
     ensure_state_store(spark)  # type: ignore[arg-type]
-    assert spark.conf.values == {
-        STATE_STORE_PROVIDER_CONF: ROCKSDB_PROVIDER,
-        CHANGELOG_CHECKPOINTING_CONF: "true",
-    }
-
-
-def test_a_sessions_own_changelog_setting_is_kept() -> None:
-    spark = _Session({CHANGELOG_CHECKPOINTING_CONF: "false"})
+    assert spark.conf.values == {STATE_STORE_PROVIDER_CONF: ROCKSDB_PROVIDER}
+    spark = _Session({CHANGELOG_CHECKPOINTING_CONF: "true"})
     ensure_state_store(spark)  # type: ignore[arg-type]
-    assert spark.conf.values[CHANGELOG_CHECKPOINTING_CONF] == "false"
+    assert spark.conf.values[CHANGELOG_CHECKPOINTING_CONF] == "true"
