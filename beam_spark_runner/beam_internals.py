@@ -391,6 +391,17 @@ def par_do_payloads(
             yield transform_id, transform, payload
 
 
+def side_input_ids(
+    transforms: Mapping[str, beam_runner_api_pb2.PTransform],
+) -> list[tuple[str, str]]:
+    """(transform id, tag) of each side input read by a ParDo among ``transforms``."""
+    return [
+        (transform_id, tag)
+        for transform_id, _, payload in par_do_payloads(transforms)
+        for tag in payload.side_inputs
+    ]
+
+
 def fn_api_runner_phases() -> list:
     """Beam's batch graph phases, in FnApiRunner's order."""
     t = translations

@@ -13,12 +13,16 @@ if pyspark_version() < STREAMING_SPARK:
     pytest.skip("the query module needs PySpark 4.1+", allow_module_level=True)
 
 from beam_spark_runner.streaming.query import (
-    CHANGELOG_CHECKPOINTING_CONF,
     ROCKSDB_PROVIDER,
     STATE_STORE_PROVIDER_CONF,
     QueryInterrupted,
     ensure_state_store,
     is_interruption,
+)
+
+# A session's own setting the runner leaves alone (query.ensure_state_store says why).
+CHANGELOG_CHECKPOINTING_CONF = (
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
 )
 
 # Spark's StreamExecution.PROXY_ERROR, which it matches against a foreachBatch error's text

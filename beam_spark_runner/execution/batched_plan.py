@@ -75,11 +75,7 @@ def _consumers(descriptor: Any) -> dict[str, list[str]]:
     input (Beam's ``test_pardo_unfusable_side_inputs``): side inputs come from state, so
     they are not readers here (else the ParDo would run once per input).
     """
-    side_inputs = {
-        (transform_id, tag)
-        for transform_id, _, payload in bi.par_do_payloads(descriptor.transforms)
-        for tag in payload.side_inputs
-    }
+    side_inputs = set(bi.side_input_ids(descriptor.transforms))
     consumers: dict[str, list[str]] = {}
     for transform_id, transform in descriptor.transforms.items():
         for tag, pcollection in transform.inputs.items():

@@ -166,15 +166,6 @@ class BundleOutputs:
                     )
 
 
-def _side_inputs(descriptor: Any) -> list[tuple[str, str]]:
-    """(transform id, tag) of each side input read by the descriptor's ParDos."""
-    return [
-        (transform_id, tag)
-        for transform_id, _, payload in bi.par_do_payloads(descriptor.transforms)
-        for tag in payload.side_inputs
-    ]
-
-
 def _side_input_cache_tokens(side_inputs: list[tuple[str, str]], token: str) -> list[Any]:
     """One cache token per side input, all naming the contents ``token``."""
     cache_token = bi.beam_fn_api_pb2.ProcessBundleRequest.CacheToken
@@ -208,7 +199,7 @@ class StageWorker:
         # Side inputs never change for a stage worker: one cache token each lets the SDK keep
         # them decoded across bundles. User state gets no token, so it is never cached.
         # (Taken from the whole stage: the batched steps read side inputs too.)
-        self._side_inputs = _side_inputs(self.descriptor)
+        self._side_inputs = bi.side_input_ids(self.descriptor.transforms)
         self.cache_tokens = _side_input_cache_tokens(self._side_inputs, spec.cache_key)
         self.state_handler = bi.GlobalCachingStateHandler(
             bi.StateCache(_SIDE_INPUT_CACHE_BYTES if self.cache_tokens else 0), self.state

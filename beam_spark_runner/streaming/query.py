@@ -74,9 +74,6 @@ _LOGGER = logging.getLogger(__name__)
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 STATE_STORE_PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
-CHANGELOG_CHECKPOINTING_CONF = (
-    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
-)
 _ROOT_KINDS = ("impulse", TEST_STREAM_BUFFER_KIND, SPARK_STREAM_BUFFER_KIND)
 # How often the driver logs a running query's progress.
 _PROGRESS_SECONDS = 5.0
@@ -317,7 +314,7 @@ def ensure_state_store(spark: SparkSession) -> None:
     much as a snapshot and the background snapshots compete for the cores: Nexmark q5 at
     32 000 events/s, interleaved, median micro-batch 1.92 and 1.77 s without, 2.17, 2.52
     and 2.31 s with (``docs/performance.md``). A session can still turn it on
-    (``CHANGELOG_CHECKPOINTING_CONF``).
+    (``spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled``).
     """
     current = spark.conf.get(STATE_STORE_PROVIDER_CONF, None)
     if current != ROCKSDB_PROVIDER:

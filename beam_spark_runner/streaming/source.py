@@ -13,6 +13,9 @@ test clock: Beam's trigger driver compares processing-time timers with window en
 wall-clock start would make every early pane late). Without a TestStream, processing time
 is the driver's wall clock when the batch was planned. Spark streams
 (``spark_sources``) are roots too, read beside this source: it says -inf for them.
+
+PySpark unpickles the source in fresh driver processes (lookup, planning, offsets), so this
+module and what it imports import no Beam (``tests/test_streaming_levels.py``).
 """
 
 from __future__ import annotations
