@@ -128,3 +128,40 @@ def test_require_state_protocol_names_protobuf_when_its_runtime_is_too_old(monke
 
 def test_require_state_protocol_accepts_the_installed_protobuf():
     spark_compat.require_state_protocol("Streaming")
+
+
+def test_a_streaming_run_on_a_pyspark_without_it_is_refused_naming_the_version():
+    """On PySpark 3.5 (no ``pyspark.sql.datasource``, no transformWithState) a streaming
+    run is refused before Spark starts, naming Spark 4.1, not failed by an import. Run
+    in a fresh interpreter with 3.5's missing module and version stood in on newer lines."""
+    code = (
+        "import sys\n"
+        "sys.modules['pyspark.sql.datasource'] = None\n"
+        "import pyspark\n"
+        "pyspark.__version__ = '3.5.3'\n"
+        "import apache_beam as beam\n"
+        "from apache_beam.options.pipeline_options import PipelineOptions\n"
+        "from apache_beam.testing.test_stream import TestStream\n"
+        "from beam_spark_runner import beam_internals as bi\n"
+        "from beam_spark_runner.errors import UnsupportedFeatureError\n"
+        "from beam_spark_runner.runner import SparkStructuredRunner\n"
+        "options = PipelineOptions(['--streaming'])\n"
+        "pipeline = beam.Pipeline(options=options)\n"
+        "_ = pipeline | TestStream().add_elements([1]) | beam.Map(str)\n"
+        "proto = pipeline.to_runner_api(default_environment=bi.default_environment())\n"
+        "try:\n"
+        "    SparkStructuredRunner().run_streaming(proto, options)\n"
+        "except UnsupportedFeatureError as error:\n"
+        "    print(error)\n"
+        "print('spark started' if 'pyspark.sql.session' in sys.modules and "
+        "pyspark.sql.SparkSession._instantiatedSession else 'no spark')\n"
+    )
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert "needs Spark 4.1" in out, out
+    assert "3.5.3" in out, out
+    assert out.strip().endswith("no spark"), out

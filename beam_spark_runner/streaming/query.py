@@ -45,12 +45,8 @@ from beam_spark_runner.streaming.progress import ProgressReport
 from beam_spark_runner.streaming.result import StreamingPipelineResult, wait_for
 from beam_spark_runner.streaming.router import RouterSpec, run_router
 from beam_spark_runner.streaming.side_inputs import SideInputSpec, SideInputStageSpec
-from beam_spark_runner.streaming.source import (
-    SOURCE_NAME,
-    RunnerSource,
-    SourcePlan,
-    source_options,
-)
+from beam_spark_runner.streaming.source import SOURCE_NAME, RunnerSource, source_options
+from beam_spark_runner.streaming.source_plan import SourcePlan
 from beam_spark_runner.streaming.spark_sources import spark_stream_roots, union_spark_streams
 from beam_spark_runner.streaming.test_stream import test_stream_steps
 from beam_spark_runner.streaming.topology import (

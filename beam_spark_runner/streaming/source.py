@@ -6,13 +6,8 @@ or without new elements, and carries each root's watermark marker: timers and wi
 fire without new data. A batch's offset records the runner's processing time for it, so a
 batch recomputed after a failure or a restart sees the same time.
 
-Roots: the Impulse (its element in batch 0, then +inf: bounded sources downstream of it
-are read once) and TestStreams (one event per batch, see ``test_stream``; processing time
-starts at 0 and moves only by the TestStream's processing-time advances, as DirectRunner's
-test clock: Beam's trigger driver compares processing-time timers with window ends, so a
-wall-clock start would make every early pane late). Without a TestStream, processing time
-is the driver's wall clock when the batch was planned. Spark streams
-(``spark_sources``) are roots too, read beside this source: it says -inf for them.
+What each batch holds (roots, elements, markers, processing time) is the
+``source_plan.SourcePlan`` the query passes as an option.
 
 PySpark unpickles the source in fresh driver processes (lookup, planning, offsets), so this
 module and what it imports import no Beam (``tests/test_streaming_levels.py``).
@@ -20,96 +15,17 @@ module and what it imports import no Beam (``tests/test_streaming_levels.py``).
 
 from __future__ import annotations
 
-import base64
-import dataclasses
-import pickle
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from beam_spark_runner.streaming.rows import Row, element_row, marker_rows, routed_type
-from beam_spark_runner.streaming.topology import Topology
-from beam_spark_runner.streaming.watermarks import MAX_MICROS, MIN_MICROS, Marker
+from beam_spark_runner.streaming.rows import routed_type
+from beam_spark_runner.streaming.source_plan import SourcePlan
 
 SOURCE_NAME = "beam_spark_runner"
 _PLAN_OPTION = "plan"
-
-
-@dataclasses.dataclass(frozen=True)
-class SourceStep:
-    """One micro-batch of a TestStream: elements per output, then watermarks and time."""
-
-    # Root producer id (its buffer id) -> encoded elements.
-    elements: tuple[tuple[str, tuple[bytes, ...]], ...]
-    # Root producer id -> its watermark once the step is done (microseconds).
-    watermarks: tuple[tuple[str, int], ...]
-    # How far the runner's processing time moves with this step (microseconds).
-    advance: int
-
-
-@dataclasses.dataclass(frozen=True)
-class SourcePlan:
-    """What the source emits: the roots, their readers, and the TestStreams' steps."""
-
-    topology: Topology
-    # The Impulse root's producer id, if the pipeline has one.
-    impulse: str | None
-    test_streams: tuple[tuple[SourceStep, ...], ...]
-    # Roots another source fills (Spark streams): their watermark is not this source's to
-    # say, so its markers for them say -inf (they still make every shard run each batch).
-    open_roots: frozenset[str] = frozenset()
-
-    def encode(self) -> str:
-        """The plan as a data source option (a string)."""
-        return base64.b64encode(pickle.dumps(self)).decode()
-
-    @staticmethod
-    def decode(option: str) -> SourcePlan:
-        """The plan an option holds."""
-        plan = pickle.loads(base64.b64decode(option))
-        assert isinstance(plan, SourcePlan)
-        return plan
-
-    @property
-    def batches_with_events(self) -> int:
-        """How many batches hold TestStream events; every later batch only says +inf."""
-        return max((len(steps) for steps in self.test_streams), default=0)
-
-    def processing_time(self, batch: int, wall_clock: int) -> int:
-        """The runner's processing time in ``batch`` (microseconds)."""
-        if not self.test_streams:
-            return wall_clock
-        return max(sum(step.advance for step in steps[: batch + 1]) for steps in self.test_streams)
-
-    def rows(self, batch: int, wall_clock: int) -> Iterator[Row]:
-        """The rows of micro-batch ``batch``: elements, then one marker per root reader."""
-        topology = self.topology
-        now = self.processing_time(batch, wall_clock)
-        watermarks: dict[str, int] = {}
-        if self.impulse is not None:
-            if batch == 0:
-                # Here, in a task (Beam already imported): the module imports no Beam.
-                from beam_spark_runner.beam_internals import ENCODED_IMPULSE_VALUE
-
-                for target in topology.roots[self.impulse]:
-                    yield element_row(topology, target, None, ENCODED_IMPULSE_VALUE)
-            watermarks[self.impulse] = MAX_MICROS
-        for steps in self.test_streams:
-            if batch < len(steps):
-                step = steps[batch]
-                for producer, elements in step.elements:
-                    for target in topology.roots[producer]:
-                        for element in elements:
-                            yield element_row(topology, target, None, element)
-                watermarks.update(step.watermarks)
-            # After its last event a TestStream's outputs are at +inf (the default below).
-        for producer, targets in topology.roots.items():
-            default = MIN_MICROS if producer in self.open_roots else MAX_MICROS
-            marker = Marker(producer, watermarks.get(producer, default), now)
-            for target in targets:
-                yield from marker_rows(topology, target, marker)
 
 
 class RunnerSource(DataSource):  # type: ignore[misc]

@@ -21,7 +21,7 @@ from apache_beam.utils.timestamp import Timestamp
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.errors import SparkRunnerError
 from beam_spark_runner.planning import TEST_STREAM_BUFFER_KIND, TEST_STREAM_URN, Plan
-from beam_spark_runner.streaming.source import SourceStep
+from beam_spark_runner.streaming.source_plan import SourceStep
 from beam_spark_runner.streaming.watermarks import MIN_MICROS
 
 _LOGGER = logging.getLogger(__name__)
