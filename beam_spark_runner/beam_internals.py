@@ -682,6 +682,20 @@ def _batchable_params() -> tuple[Any, ...]:
     return (core.DoFn.TimestampParam, core.DoFn.WindowParam)
 
 
+def _is_dofn_param(default: Any) -> bool:
+    """Whether a ``process`` default is one of Beam's ``DoFn.*Param`` (instance or class).
+
+    Any other default is a plain value: Beam's invoker passes it only when an extra
+    argument fills its slot, so the call is ``process(element, *args, **kwargs)`` as
+    without it (``runners.common._get_arg_placeholders``). ``FlatMap(str.split)``'s
+    signature is ``str.split``'s: ``sep=None, maxsplit=-1``.
+    """
+    from apache_beam.transforms import core
+
+    param = core._DoFnParam  # noqa: SLF001 - Beam internal: every DoFn.*Param is one
+    return isinstance(default, param) or (isinstance(default, type) and issubclass(default, param))
+
+
 class ListReceiver(runners_common.Receiver):  # type: ignore[misc]
     """A Beam receiver that appends every windowed value it receives to ``values``.
 
@@ -774,7 +788,7 @@ def unbatchable_dofn_reason(dofn: Any, args: Any, kwargs: Any, side_inputs: int 
         return "process takes other arguments than the element (and its side inputs)"
     allowed = _batchable_params()
     # Unpickled parameters are copies: compare as Beam does (by the parameter's id).
-    if any(not any(p == d for p in allowed) for d in process.defaults):
+    if any(_is_dofn_param(d) and not any(p == d for p in allowed) for d in process.defaults):
         return "process takes parameters other than timestamp and window"
     for method in (
         signature.setup_lifecycle_method,
@@ -798,13 +812,16 @@ def is_simple_callable(dofn: Any) -> bool:
 
     Beam runs those with its ``SimpleInvoker``: ``process(element)``, each output with the
     input's timestamp, windows and pane unless it is a ``WindowedValue``, a
-    ``TimestampedValue`` or a ``TaggedOutput``.
+    ``TimestampedValue`` or a ``TaggedOutput``. A callable with plain defaults (no
+    ``DoFn.*Param``) gets Beam's ``PerWindowInvoker``, which calls and outputs the same
+    way for it.
     """
     from apache_beam.transforms import core
 
     if type(dofn) is not core.CallableWrapperDoFn:
         return False
-    return not runners_common.DoFnSignature(dofn).process_method.defaults
+    defaults = runners_common.DoFnSignature(dofn).process_method.defaults
+    return not any(map(_is_dofn_param, defaults))
 
 
 def windowing_from_proto(

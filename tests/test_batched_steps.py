@@ -14,6 +14,7 @@ import time
 import typing
 from collections.abc import Callable, Iterator
 from typing import Any
+from unittest import mock
 
 import apache_beam as beam
 import pyarrow as pa
@@ -26,7 +27,9 @@ from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedV
 from stage_specs import stage_spec
 
 from beam_spark_runner import beam_internals as bi
+from beam_spark_runner import planning
 from beam_spark_runner.errors import StageExecutionError
+from beam_spark_runner.execution import text_read
 from beam_spark_runner.execution.batched_plan import plan_batched_steps
 from beam_spark_runner.execution.side_inputs import side_input_state_entries
 from beam_spark_runner.execution.stage_worker import (
@@ -37,6 +40,7 @@ from beam_spark_runner.execution.stage_worker import (
     tear_down_idle_dofns,
     tear_down_stage_workers,
 )
+from beam_spark_runner.execution.text_read import TextInput, TextRange
 from beam_spark_runner.metrics import TaskMetrics
 from beam_spark_runner.planning import Plan, PlannedStage, build_plan
 
@@ -135,6 +139,17 @@ STEPS: dict[str, Callable[[Any], Any]] = {
     ),
     "flat_map_tuple": lambda pc: (
         pc | beam.Map(lambda x: (x, x % 3)) | beam.FlatMapTuple(lambda a, b: [a] * b)
+    ),
+    # Callables with plain defaults (no DoFn.*Param): str.split's are sep=None,
+    # maxsplit=-1; Beam's invoker calls them with the element alone, or with extra
+    # arguments in their slots.
+    "plain_defaults": lambda pc: (
+        pc
+        | beam.Map(lambda x: f"{x} {x + 1}")
+        | beam.FlatMap(str.split)
+        | beam.Map(lambda s, base=10: int(s, base))
+        | beam.Map(lambda x, offset=0: x + offset, 7)
+        | beam.Filter(lambda x, limit=30: x < limit)
     ),
     "timestamped_outputs": lambda pc: (
         pc | beam.FlatMap(lambda x: [window.TimestampedValue(x, 1000 - x), x])
@@ -661,3 +676,63 @@ def test_a_precombine_flushes_past_beams_key_limit_as_beam_does() -> None:
     elements, _, _ = _compare_with(many_keys, "many_keys")
     # Per bundle: the 10 000 flushed, then the other 91 000 at its end.
     assert len(elements) == 2 * 101_000
+
+
+def _text_stage(path: str, build: Callable[[Any], Any], run_id: str, batched: bool) -> StageSpec:
+    p = beam.Pipeline()
+    _ = build(p | beam.io.ReadFromText(path))
+    plan = build_plan(bi.prepare_pipeline_proto(p.to_runner_api()))
+    (stage,) = [
+        s
+        for s in plan.stages
+        if plan.buffers[s.input_buffer_id].kind == planning.TEXT_READ_BUFFER_KIND
+    ]
+    impl = bi.PipelineContext(plan.components).coders[stage.input_coder_id].get_impl()
+    header = impl.encode_nested(window.GlobalWindows.windowed_value(""))[:-1]
+    spec = stage_spec(plan, stage, run_id, keyed=False)
+    return dataclasses.replace(spec, batched_steps=batched, text_read_header=header)
+
+
+def _run_text(spec: StageSpec, ranges: list[TextRange]) -> tuple[list[bytes], dict[Any, Any]]:
+    worker = stage_worker(spec)
+    metrics = TaskMetrics()
+    elements: list[bytes] = []
+    for outputs in worker.process(TextInput(ranges, spec.text_read_header or b""), metrics):
+        for batch in outputs.record_batches(spec.outputs, worker.key_extractors):
+            elements.extend(batch.column(ELEMENT).to_pylist())
+    return elements, _comparable_metrics(metrics.infos, worker.descriptor)
+
+
+def _word_count(lines: Any) -> Any:
+    return (
+        lines | beam.FlatMap(str.split) | beam.Map(lambda word: (word, 1)) | beam.CombinePerKey(sum)
+    )
+
+
+def test_a_native_text_reads_lines_run_batched_when_nothing_hands_off(tmp_path: Any) -> None:
+    """The stage after a native text read runs its steps batched over the lines, read a
+    block at a time (several blocks here), with the bundle processor's bytes and metrics;
+    a step that would hand off keeps the bundle processor for the whole stage."""
+    words = [f"w{i % 997} x{i % 13}" for i in range(30_000)]
+    path = tmp_path / "in.txt"
+    path.write_text("\n".join(words) + "\n")
+    size = path.stat().st_size
+    ranges = [TextRange(str(path), 0, size // 3), TextRange(str(path), size // 3, size)]
+    run = next(_RUNS)
+    results = []
+    for batched in (True, False):
+        spec = _text_stage(str(path), _word_count, f"text-{batched}-{run}", batched)
+        with mock.patch.object(text_read, "BLOCK_BYTES", 64 << 10):
+            results.append(_run_text(spec, ranges))
+        assert (stage_worker(spec).batched is not None) is batched
+    (on_elements, on_metrics), (off_elements, off_metrics) = results
+    assert on_elements == off_elements
+    assert len(on_elements) == 997 + 13
+    assert on_metrics == off_metrics
+    assert on_metrics[("read index", spec.input_transform_id)] == 30_000
+
+    handing_off = _text_stage(
+        str(path), lambda lines: lines | beam.ParDo(PaneReader()), f"text-pane-{run}", True
+    )
+    assert stage_worker(handing_off).batched is None
+    tear_down_stage_workers()

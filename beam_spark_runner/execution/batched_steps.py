@@ -45,7 +45,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from beam_spark_runner import beam_internals as bi
@@ -439,8 +439,11 @@ class BatchedSteps:
         """The batched steps' names, in the order they run."""
         return [spec.step_name for spec in self.plan.steps]
 
-    def run(self, data: bytes) -> BatchResult:
+    def run(self, data: bytes | Iterable[bytes]) -> BatchResult:
         """Runs the batched steps over one batch of encoded elements (one bundle).
+
+        ``data`` is the batch's elements, or pieces of them decoded as the steps need them
+        (a native text read's blocks, ``execution.text_read.TextInput``).
 
         The batch goes through the steps a chunk at a time (``_CHUNK`` elements, outputs
         included), so few windowed values are alive at once, with Python's cyclic garbage
@@ -461,7 +464,11 @@ class BatchedSteps:
                     # first.
                     for step in reversed(self._steps):
                         step.start()
-                    values = self._input.decode_all(data)
+                    decode = self._input.decode_all
+                    if isinstance(data, bytes):
+                        values = decode(data)
+                    else:
+                        values = itertools.chain.from_iterable(map(decode, data))
                     input_id = self.plan.input_transform_id
                     while True:
                         began = time.perf_counter_ns()

@@ -250,7 +250,7 @@ class StageWorker:
         self.state.load_side_inputs(entries)
         self.cache_tokens = _side_input_cache_tokens(self._side_inputs, token)
 
-    def _run_batched(self, data: bytes) -> Any:
+    def _run_batched(self, data: bytes | TextInput) -> Any:
         """The batched steps over ``data``; a step with side inputs reads them from state."""
         assert self.batched is not None
         if not self.batched.reads_side_inputs:
@@ -289,7 +289,7 @@ class StageWorker:
         stage's batched steps run first and hand their output to the bundle processor.
         """
         handed_off = False
-        if batched and self.batched is not None and isinstance(data, bytes) and not timers:
+        if batched and self.batched is not None and not timers:
             result = self._run_batched(data)
             for transform_id, chunk in result.outputs.items():
                 outputs.data[self.output_index[transform_id]].append(chunk)
@@ -455,20 +455,17 @@ class StageWorker:
 def _batched_steps(spec: StageSpec, descriptor: Any, state_handler: Any) -> BatchedSteps | None:
     """The stage's batched steps, if the path is on and the stage has any.
 
-    Stateful stages (whole keys, timers), native text reads and state-backed iterables
-    keep the bundle processor for everything.
+    Stateful stages (whole keys, timers) and state-backed iterables keep the bundle
+    processor for everything, and so does a native text read whose batched steps would
+    hand off: the hand-off holds its elements until the batch ends, and a text read's
+    batch is a partition's lines (up to 64 MiB a range), read a block at a time.
     """
-    if (
-        not spec.batched_steps
-        or spec.stateful
-        or spec.text_read_header is not None
-        or spec.state_backed_input_coder_id
-    ):
+    if not spec.batched_steps or spec.stateful or spec.state_backed_input_coder_id:
         return None
     plan = plan_batched_steps(
         descriptor, spec.input_transform_id, f"{spec.cache_key}/{os.getpid()}"
     )
-    if plan is None:
+    if plan is None or (spec.text_read_header is not None and plan.remainder is not None):
         return None
     batched = BatchedSteps(plan, spec.display_name, state_handler)
     _LOGGER.debug(

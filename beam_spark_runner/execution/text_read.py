@@ -182,5 +182,5 @@ class TextInput:
             with FileSystems.open(
                 text_range.path, compression_type=CompressionTypes.UNCOMPRESSED
             ) as stream:
-                for lines in read_lines(stream, text_range.start, text_range.end):
+                for lines in read_lines(stream, text_range.start, text_range.end, BLOCK_BYTES):
                     yield encoder.encode(lines)
