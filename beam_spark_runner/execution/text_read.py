@@ -7,8 +7,9 @@ benchmark's 100 MB (1.1 M lines), against 0.7 s for a plain Python read of the s
 the read here costs 0.2 s, plus the bundle processor's decoding of the lines. For a plain
 ``ReadFromText`` (planning.py decides which) the runner instead ships byte ranges of the
 files to the stage that reads the lines, and its worker turns each range into the encoded
-elements of the lines PCollection with ``bytes.split``: the bundle processor then starts
-at the first transform after the read.
+elements of the lines PCollection with ``bytes.split``: the stage's batched steps
+(``execution.batched_steps``) or its bundle processor then start at the first transform
+after the read.
 
 The lines are exactly Beam's (``textio._TextSource.read_records`` with the default
 separator): a record starts at offset 0 and after every ``\n``; it ends before its
