@@ -783,8 +783,14 @@ def unbatchable_dofn_reason(dofn: Any, args: Any, kwargs: Any, side_inputs: int 
     ):
         return "processes batches"
     process = signature.process_method
-    # Without parameters Beam calls process(element) whatever its signature (SimpleInvoker).
-    if process.defaults and len(process.args) - len(process.defaults) != 1 + positional_sides:
+    # Without extra arguments Beam calls process(element) whatever its signature: its
+    # SimpleInvoker, or its PerWindowInvoker filling no plain default (``Map(float)``:
+    # ``float(x=0, /)``). With them, their slots must be the ones after the element.
+    if (
+        extra
+        and process.defaults
+        and len(process.args) - len(process.defaults) != 1 + positional_sides
+    ):
         return "process takes other arguments than the element (and its side inputs)"
     allowed = _batchable_params()
     # Unpickled parameters are copies: compare as Beam does (by the parameter's id).

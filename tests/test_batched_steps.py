@@ -141,8 +141,8 @@ STEPS: dict[str, Callable[[Any], Any]] = {
         pc | beam.Map(lambda x: (x, x % 3)) | beam.FlatMapTuple(lambda a, b: [a] * b)
     ),
     # Callables with plain defaults (no DoFn.*Param): str.split's are sep=None,
-    # maxsplit=-1; Beam's invoker calls them with the element alone, or with extra
-    # arguments in their slots.
+    # maxsplit=-1, float's x=0 (its only parameter); Beam's invoker calls them with the
+    # element alone, or with extra arguments in their slots.
     "plain_defaults": lambda pc: (
         pc
         | beam.Map(lambda x: f"{x} {x + 1}")
@@ -150,6 +150,9 @@ STEPS: dict[str, Callable[[Any], Any]] = {
         | beam.Map(lambda s, base=10: int(s, base))
         | beam.Map(lambda x, offset=0: x + offset, 7)
         | beam.Filter(lambda x, limit=30: x < limit)
+        | beam.Map(float)
+        | beam.Map(lambda x: (x, -x))
+        | beam.Map(list)
     ),
     "timestamped_outputs": lambda pc: (
         pc | beam.FlatMap(lambda x: [window.TimestampedValue(x, 1000 - x), x])
