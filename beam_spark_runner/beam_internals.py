@@ -1168,6 +1168,25 @@ def side_input_maps(
     return make
 
 
+def global_side_input_arguments(
+    side_inputs: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A step's extra arguments with its globally windowed side inputs' values in place.
+
+    What Beam's ``PerWindowInvoker`` passes when every side input is globally windowed:
+    each map read for the global window, in side-input order, into the placeholders of
+    the positional arguments, then of the keyword arguments by name
+    (``internal.util.insert_values_in_args``).
+    """
+    from apache_beam.internal import util
+    from apache_beam.transforms.window import GlobalWindow
+
+    window = GlobalWindow()
+    values = [side_input[window] for side_input in side_inputs]
+    new_args, new_kwargs = util.insert_values_in_args(args, kwargs, values)
+    return tuple(new_args), new_kwargs
+
+
 def simple_output_handler(windowing: Any, receiver: ListReceiver) -> Any:
     """Beam's output handler of a ``CallableWrapperDoFn`` writing to ``receiver``."""
     return runners_common._OutputHandler(  # noqa: SLF001 - Beam internal

@@ -274,6 +274,15 @@ STEPS: dict[str, Callable[[Any], Any]] = {
             lambda x, k, weights: x * weights[5] + k, 2, weights=beam.pvalue.AsDict(_side(pc))
         )
     ),
+    # Globally windowed side inputs read by Map/Filter/FlatMap over elements in fixed
+    # windows: called directly, the side inputs read once per batch (as Beam's invoker).
+    "global_sides_windowed_main": lambda pc: (
+        pc
+        | beam.WindowInto(window.FixedWindows(10))
+        | beam.Filter(lambda x, one: x % 3 != one[0] % 3, beam.pvalue.AsSingleton(_side(pc)))
+        | beam.FlatMap(lambda x, d: [x, x * d[5]], beam.pvalue.AsDict(_side(pc, "Dict")))
+        | beam.ParDo(WithParams())
+    ),
     # A windowed side input: each main window sees its own value (the mapping runs once
     # per window and batch), read by a user DoFn with a window parameter.
     "windowed_side_input": lambda pc: (
@@ -738,4 +747,23 @@ def test_a_native_text_reads_lines_run_batched_when_nothing_hands_off(tmp_path: 
         str(path), lambda lines: lines | beam.ParDo(PaneReader()), f"text-pane-{run}", True
     )
     assert stage_worker(handing_off).batched is None
+    tear_down_stage_workers()
+
+
+def test_globally_windowed_side_inputs_are_read_once_per_batch_for_a_direct_call() -> None:
+    spec = _stage(STEPS["keyword_side_input"], f"global-sides-{next(_RUNS)}", True)
+    reads = []
+    original = bi.global_side_input_arguments
+
+    def counted(*args: Any) -> Any:
+        reads.append(1)
+        return original(*args)
+
+    with mock.patch.object(bi, "global_side_input_arguments", counted):
+        _run(spec, bundles=3)
+    batched = stage_worker(spec).batched
+    assert batched is not None
+    (step,) = [s for s in batched._steps if s.global_sides is not None]
+    # Read once per batch; the call made with the values is dropped at the batch's end.
+    assert len(reads) == 3 and step.simple_process is None
     tear_down_stage_workers()

@@ -98,6 +98,11 @@ class _Step:
         self.precombine: Any = None
         # Map/FlatMap/Filter whose callable takes only the element: called directly.
         self.simple_process: Callable[[Any], Any] | None = None
+        # A Map/FlatMap/Filter whose side inputs are all globally windowed: its DoFn,
+        # windowing and arguments, made a simple call once per batch with the side
+        # inputs' values in place (as Beam's invoker reads them once, for the global
+        # window).
+        self.global_sides: tuple[Any, Any, tuple[Any, ...], dict[str, Any]] | None = None
         self.handler: Any = None
         # The step's windows of a ``TimestampedValue`` output, by its timestamp, where its
         # window function is one ``bi.timestamp_windows`` takes.
@@ -127,21 +132,42 @@ class _Step:
         self.passes = bool(getattr(type(dofn), "runner_flatten", False))
         if getattr(type(dofn), "runner_precombine", False):
             self.precombine = dofn
-        if bi.is_simple_callable(dofn) and not self.side_inputs:
-            self.simple_process = _with_arguments(dofn.process, args, kwargs)
-            self.handler = bi.simple_output_handler(windowing, self.receiver)
-            self.timestamped = bi.timestamp_windows(windowing.windowfn)
-            wrapped = bi.wrapped_callable(dofn)
-            self.kind, self.fn = wrapped if wrapped is not None else ("flat_map", None)
-            if self.fn is not None:
-                self.fn = _with_arguments(self.fn, args, kwargs)
+        if bi.is_simple_callable(dofn):
+            if not self.side_inputs:
+                self._simple(dofn, windowing, args, kwargs)
+            elif all(side_input.is_globally_windowed() for side_input in self.side_inputs):
+                self.global_sides = (dofn, windowing, args, kwargs)
         with self.states[0]:
             self.runner.setup()
+
+    def _simple(
+        self, dofn: Any, windowing: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        """Calls the step's callable directly, with ``args`` and ``kwargs`` after the element."""
+        self.simple_process = _with_arguments(dofn.process, args, kwargs)
+        self.handler = bi.simple_output_handler(windowing, self.receiver)
+        self.timestamped = bi.timestamp_windows(windowing.windowfn)
+        wrapped = bi.wrapped_callable(dofn)
+        self.kind, self.fn = wrapped if wrapped is not None else ("flat_map", None)
+        if self.fn is not None:
+            self.fn = _with_arguments(self.fn, args, kwargs)
+
+    def _read_global_sides(self) -> None:
+        """Makes the batch's simple call, the globally windowed side inputs' values in place."""
+        assert self.global_sides is not None
+        dofn, windowing, args, kwargs = self.global_sides
+        try:
+            args, kwargs = bi.global_side_input_arguments(self.side_inputs, args, kwargs)
+        except BaseException as error:  # noqa: BLE001 - re-raised naming the step, as Beam
+            bi.reraise_augmented(self.runner, error, None)
+            raise
+        self._simple(dofn, windowing, args, kwargs)
 
     def tear_down(self) -> None:
         runner, self.runner = self.runner, None
         self.side_inputs = []
         self.simple_process = self.handler = self.assign = self.precombine = None
+        self.global_sides = None
         self.timestamped = None
         self.passes = False
         if runner is not None:
@@ -175,6 +201,8 @@ class _Step:
         self.receiver.full, self.receiver.limit = flush, _CHUNK
         try:
             with self.states[1]:
+                if self.global_sides is not None and self.simple_process is None:
+                    self._read_global_sides()
                 if self.passes:
                     self.receiver.values.extend(values)
                 elif self.precombine is not None:
@@ -203,6 +231,8 @@ class _Step:
         # As Beam's DoOperation.reset: the next batch reads the side inputs again.
         for side_input in self.side_inputs:
             side_input.reset()
+        if self.global_sides is not None:
+            self.simple_process = None
         return outputs
 
     def _window_into(self, values: list[Any]) -> None:
