@@ -1394,8 +1394,13 @@ def _wrapper_codes() -> dict[tuple[Any, ...] | None, str]:
     def probe(x: Any) -> Any:
         return x
 
+    def probe_with_arguments(x: Any, y: Any) -> Any:
+        return x
+
     return {
         _code_key(core.Map(probe).fn._fn): "map",  # noqa: SLF001 - Beam internal
+        # Map(fn) of a callable taking more than the element (extra arguments, side inputs).
+        _code_key(core.Map(probe_with_arguments).fn._fn): "map",  # noqa: SLF001
         _code_key(core.Filter(probe).fn._fn): "filter",  # noqa: SLF001 - Beam internal
     }
 
@@ -1403,9 +1408,10 @@ def _wrapper_codes() -> dict[tuple[Any, ...] | None, str]:
 def wrapped_callable(dofn: Any) -> tuple[str, Callable[[Any], Any]] | None:
     """("map" or "filter", the user's callable) of a plain ``Map``/``Filter``, else None.
 
-    Beam wraps the callable of ``Map(fn)`` as ``lambda x: [fn(x)]`` and of ``Filter(fn)`` as
-    ``lambda x, *a, **k: [x] if fn(x, *a, **k) else []``: recognised by their code (the
-    same Beam made them), the callable is the closure's ``fn``.
+    Beam wraps the callable of ``Map(fn)`` as ``lambda x: [fn(x)]`` (``lambda x, *args,
+    **kwargs: [fn(x, *args, **kwargs)]`` if ``fn`` takes more than the element) and of
+    ``Filter(fn)`` as ``lambda x, *a, **k: [x] if fn(x, *a, **k) else []``: recognised by
+    their code (the same Beam made them), the callable is the closure's ``fn``.
     """
     wrapper = getattr(dofn, "_fn", None)
     kind = _wrapper_codes().get(_code_key(wrapper))
