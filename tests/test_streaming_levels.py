@@ -9,8 +9,6 @@ interpreter.
 from __future__ import annotations
 
 import pickle
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,17 +28,16 @@ from beam_spark_runner.streaming.level_shell import (  # noqa: E402
 )
 
 
-def test_the_modules_driver_processes_unpickle_import_no_beam() -> None:
+def test_the_modules_driver_processes_unpickle_import_no_beam(run_python: Any) -> None:
     code = (
         "import sys\n"
         "import beam_spark_runner.streaming.level_shell\n"
         "import beam_spark_runner.streaming.source\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'apache_beam'))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout
-    assert out.strip() == "[]"
+    completed = run_python(["-c", code])
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip() == "[]"
 
 
 class _Handle:

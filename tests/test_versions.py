@@ -130,7 +130,7 @@ def test_require_state_protocol_accepts_the_installed_protobuf():
     spark_compat.require_state_protocol("Streaming")
 
 
-def test_a_streaming_run_on_a_pyspark_without_it_is_refused_naming_the_version():
+def test_a_streaming_run_on_a_pyspark_without_it_is_refused_naming_the_version(run_python):
     """On PySpark 3.5 (no ``pyspark.sql.datasource``, no transformWithState) a streaming
     run is refused before Spark starts, naming Spark 4.1, not failed by an import. Run
     in a fresh interpreter with 3.5's missing module and version stood in on newer lines."""
@@ -156,12 +156,9 @@ def test_a_streaming_run_on_a_pyspark_without_it_is_refused_naming_the_version()
         "print('spark started' if 'pyspark.sql.session' in sys.modules and "
         "pyspark.sql.SparkSession._instantiatedSession else 'no spark')\n"
     )
-    import subprocess
-    import sys
-
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout
+    completed = run_python(["-c", code])
+    out = completed.stdout
+    assert completed.returncode == 0, completed.stderr
     assert "needs Spark 4.1" in out, out
     assert "3.5.3" in out, out
     assert out.strip().endswith("no spark"), out
