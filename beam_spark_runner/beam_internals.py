@@ -66,6 +66,7 @@ from apache_beam.runners.worker import (
 from apache_beam.transforms import environments, trigger, userstate, window
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils import proto_utils
+from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
 
 # Graph phases and helpers from FnApiRunner's translations module.
@@ -1045,10 +1046,9 @@ def timestamp_windows(window_fn: Any) -> Callable[[Any], list[Any]] | None:
             return start, len(range(start, micros - size, -period))
 
     elif kind is window.GlobalWindows:
-
-        def key(micros: int) -> Any:
-            return None
-
+        # One key: no need to read the timestamp (a Python property of Beam's Timestamp).
+        only = tuple(window_fn.assign(window.WindowFn.AssignContext(MIN_TIMESTAMP)))
+        return lambda timestamp: list(only)
     else:
         return None
     assign = window_fn.assign
