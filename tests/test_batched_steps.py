@@ -763,7 +763,7 @@ def test_globally_windowed_side_inputs_are_read_once_per_batch_for_a_direct_call
         _run(spec, bundles=3)
     batched = stage_worker(spec).batched
     assert batched is not None
-    (step,) = [s for s in batched._steps if s.global_sides is not None]
+    (step,) = [s for s in batched._steps if s.reads_global_sides]
     # Read once per batch; the call made with the values is dropped at the batch's end.
-    assert len(reads) == 3 and step.simple_process is None
+    assert len(reads) == 3 and step.call is None
     tear_down_stage_workers()

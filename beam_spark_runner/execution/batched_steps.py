@@ -96,20 +96,22 @@ class _Step:
         self.passes = False
         # A lifted combine's precombine: its DoFn adds a chunk at a time (``add_all``).
         self.precombine: Any = None
-        # Map/FlatMap/Filter whose callable takes only the element: called directly.
-        self.simple_process: Callable[[Any], Any] | None = None
-        # A Map/FlatMap/Filter whose side inputs are all globally windowed: its DoFn,
-        # windowing and arguments, made a simple call once per batch with the side
-        # inputs' values in place (as Beam's invoker reads them once, for the global
-        # window).
-        self.global_sides: tuple[Any, Any, tuple[Any, ...], dict[str, Any]] | None = None
+        # A Map/FlatMap/Filter called directly: "map" or "filter" (Beam's wrappers of a
+        # plain callable, which is called) or "flat_map" (the DoFn's ``process``); None
+        # for any other step.
+        self.kind: str | None = None
+        # What is called, and the step's extra arguments (side-input placeholders too).
+        self.callable: Callable[..., Any] | None = None
+        self.arguments: tuple[tuple[Any, ...], dict[str, Any]] = ((), {})
+        # ``callable`` with its arguments: bound once, or, where the side inputs are all
+        # globally windowed, once per batch with their values in place (Beam's invoker
+        # reads them once, for the global window) and dropped when the batch finishes.
+        self.call: Callable[[Any], Any] | None = None
+        self.reads_global_sides = False
         self.handler: Any = None
         # The step's windows of a ``TimestampedValue`` output, by its timestamp, where its
         # window function is one ``bi.timestamp_windows`` takes.
         self.timestamped: Callable[[Any], Any] | None = None
-        # "map", "filter" (Beam's wrappers of a plain callable ``fn``) or "flat_map".
-        self.kind = "flat_map"
-        self.fn: Any = None
         # Output types that need no output handler, seen so far.
         self.plain_types: set[type] = set()
         self.nanos = [0, 0, 0]
@@ -132,42 +134,36 @@ class _Step:
         self.passes = bool(getattr(type(dofn), "runner_flatten", False))
         if getattr(type(dofn), "runner_precombine", False):
             self.precombine = dofn
-        if bi.is_simple_callable(dofn):
+        self.reads_global_sides = bool(self.side_inputs) and all(
+            side_input.is_globally_windowed() for side_input in self.side_inputs
+        )
+        if bi.is_simple_callable(dofn) and (not self.side_inputs or self.reads_global_sides):
+            self.handler = bi.simple_output_handler(windowing, self.receiver)
+            self.timestamped = bi.timestamp_windows(windowing.windowfn)
+            self.kind, self.callable = bi.wrapped_callable(dofn) or ("flat_map", dofn.process)
+            self.arguments = (args, kwargs)
             if not self.side_inputs:
-                self._simple(dofn, windowing, args, kwargs)
-            elif all(side_input.is_globally_windowed() for side_input in self.side_inputs):
-                self.global_sides = (dofn, windowing, args, kwargs)
+                self.call = _with_arguments(self.callable, args, kwargs)
         with self.states[0]:
             self.runner.setup()
 
-    def _simple(
-        self, dofn: Any, windowing: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> None:
-        """Calls the step's callable directly, with ``args`` and ``kwargs`` after the element."""
-        self.simple_process = _with_arguments(dofn.process, args, kwargs)
-        self.handler = bi.simple_output_handler(windowing, self.receiver)
-        self.timestamped = bi.timestamp_windows(windowing.windowfn)
-        wrapped = bi.wrapped_callable(dofn)
-        self.kind, self.fn = wrapped if wrapped is not None else ("flat_map", None)
-        if self.fn is not None:
-            self.fn = _with_arguments(self.fn, args, kwargs)
-
-    def _read_global_sides(self) -> None:
-        """Makes the batch's simple call, the globally windowed side inputs' values in place."""
-        assert self.global_sides is not None
-        dofn, windowing, args, kwargs = self.global_sides
+    def _bind_global_sides(self) -> None:
+        """The batch's call, with the globally windowed side inputs' values in place."""
+        assert self.callable is not None
         try:
-            args, kwargs = bi.global_side_input_arguments(self.side_inputs, args, kwargs)
+            args, kwargs = bi.global_side_input_arguments(self.side_inputs, *self.arguments)
         except BaseException as error:  # noqa: BLE001 - re-raised naming the step, as Beam
             bi.reraise_augmented(self.runner, error, None)
             raise
-        self._simple(dofn, windowing, args, kwargs)
+        self.call = _with_arguments(self.callable, args, kwargs)
 
     def tear_down(self) -> None:
         runner, self.runner = self.runner, None
         self.side_inputs = []
-        self.simple_process = self.handler = self.assign = self.precombine = None
-        self.global_sides = None
+        self.handler = self.assign = self.precombine = None
+        self.kind = self.callable = self.call = None
+        self.arguments = ((), {})
+        self.reads_global_sides = False
         self.timestamped = None
         self.passes = False
         if runner is not None:
@@ -201,15 +197,15 @@ class _Step:
         self.receiver.full, self.receiver.limit = flush, _CHUNK
         try:
             with self.states[1]:
-                if self.global_sides is not None and self.simple_process is None:
-                    self._read_global_sides()
                 if self.passes:
                     self.receiver.values.extend(values)
                 elif self.precombine is not None:
                     self._precombine(values)
                 elif self.assign is not None:
                     self._window_into(values)
-                elif self.simple_process is not None:
+                elif self.kind is not None:
+                    if self.call is None:
+                        self._bind_global_sides()
                     self._run_simple(values, flush)
                 else:
                     process = self.runner.process
@@ -231,8 +227,8 @@ class _Step:
         # As Beam's DoOperation.reset: the next batch reads the side inputs again.
         for side_input in self.side_inputs:
             side_input.reset()
-        if self.global_sides is not None:
-            self.simple_process = None
+        if self.reads_global_sides:
+            self.call = None
         return outputs
 
     def _window_into(self, values: list[Any]) -> None:
@@ -311,7 +307,8 @@ class _Step:
 
     def _map(self, values: list[Any]) -> None:
         """``Map(fn)``: Beam's ``[fn(x)]``, one output per element."""
-        fn = self.fn
+        fn = self.call
+        assert fn is not None
         outputs = [fn(windowed_value.value) for windowed_value in values]
         if self._plain(outputs):
             self.receiver.values.extend(map(_WITH_VALUE, values, outputs))
@@ -320,7 +317,8 @@ class _Step:
 
     def _filter(self, values: list[Any]) -> None:
         """``Filter(fn)``: Beam's ``[x] if fn(x) else []``; the kept elements as they are."""
-        fn = self.fn
+        fn = self.call
+        assert fn is not None
         kept = [windowed_value for windowed_value in values if fn(windowed_value.value)]
         elements = [windowed_value.value for windowed_value in kept]
         if self._plain(elements):
@@ -330,7 +328,7 @@ class _Step:
 
     def _flat_map(self, values: list[Any], flush: Callable[[], None]) -> None:
         """``FlatMap``, ``MapTuple``, ``FlatMapTuple``: each element's outputs, in order."""
-        process = self.simple_process
+        process = self.call
         assert process is not None
         receiver = self.receiver
         for windowed_value in values:

@@ -183,5 +183,6 @@ class TextInput:
             with FileSystems.open(
                 text_range.path, compression_type=CompressionTypes.UNCOMPRESSED
             ) as stream:
+                # BLOCK_BYTES read here, not bound as a default: tests read in small blocks.
                 for lines in read_lines(stream, text_range.start, text_range.end, BLOCK_BYTES):
                     yield encoder.encode(lines)
