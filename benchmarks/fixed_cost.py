@@ -6,6 +6,11 @@ FnApiRunner (what DirectRunner runs batch pipelines on). Each run is timed from 
 the pipeline to ``wait_until_finish()``; construction alone is reported too, since Beam
 pays it whatever the runner.
 
+Also interleaved: ``pyspark``, the same shape hand-written in PySpark on the same session,
+Spark's own floor for it: 8 rows, a Python stage (``mapInArrow``: each row and its
+successor, doubled), a shuffle to one partition, a Python stage counting, and the count
+collected. No Beam, so no construction.
+
     .venv/bin/python -m benchmarks.fixed_cost --runs 20
 """
 
@@ -15,9 +20,10 @@ import argparse
 import logging
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import apache_beam as beam
+import pyarrow as pa
 from apache_beam.options.pipeline_options import PipelineOptions
 
 _LOGGER = logging.getLogger(__name__)
@@ -34,7 +40,7 @@ def _build(p: beam.Pipeline) -> None:
 
 
 def _timed(make: Callable[[], beam.Pipeline]) -> tuple[float, float]:
-    """(total, construction) seconds of one run."""
+    """(total, construction) seconds of one run of the pipeline ``make`` starts."""
     started = time.perf_counter()
     p = make()
     _build(p)
@@ -54,6 +60,32 @@ def _fn_api() -> beam.Pipeline:
     return beam.Pipeline(runner=FnApiRunner(), options=PipelineOptions([]))
 
 
+def _expand(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        values = batch.column(0).to_pylist()
+        doubled = [y * 2 for x in values for y in (x, x + 1)]
+        yield pa.RecordBatch.from_pydict({"v": pa.array(doubled, pa.int64())})
+
+
+def _count(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    count = sum(batch.num_rows for batch in batches)
+    yield pa.RecordBatch.from_pydict({"n": pa.array([count], pa.int64())})
+
+
+def _pyspark_floor() -> tuple[float, float]:
+    """(total, 0) seconds of the same shape hand-written in PySpark on the active session."""
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    assert spark is not None, "the runner's session starts in the warm-up"
+    started = time.perf_counter()
+    rows = spark.createDataFrame([(i,) for i in range(8)], "v long")
+    counted = rows.mapInArrow(_expand, "v long").repartition(1).mapInArrow(_count, "n long")
+    (result,) = counted.collect()
+    assert result.n == 16, result
+    return time.perf_counter() - started, 0.0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs both runners interleaved and logs medians."""
     parser = argparse.ArgumentParser(description=__doc__)
@@ -67,19 +99,24 @@ def main(argv: list[str] | None = None) -> int:
     _LOGGER.addHandler(handler)
     _LOGGER.setLevel(logging.INFO)
     _LOGGER.propagate = False
-    runners = {"ours": _ours(args.master), "fnapi": _fn_api}
-    for make in runners.values():
+    ours, fn_api = _ours(args.master), _fn_api
+    runners: dict[str, Callable[[], tuple[float, float]]] = {
+        "ours": lambda: _timed(ours),
+        "fnapi": lambda: _timed(fn_api),
+        "pyspark": _pyspark_floor,  # after ours: its session is the one ours started
+    }
+    for run in runners.values():
         for _ in range(args.warmup):
-            _timed(make)
+            run()
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in runners}
     for index in range(args.runs):
         order = list(runners) if index % 2 == 0 else list(runners)[::-1]
         for name in order:
-            results[name].append(_timed(runners[name]))
+            results[name].append(runners[name]())
     for name, runs in results.items():
         totals = [total for total, _ in runs]
         _LOGGER.info(
-            "%-6s median %.3f s (min %.3f), construction median %.3f s, over %d runs",
+            "%-7s median %.3f s (min %.3f), construction median %.3f s, over %d runs",
             name,
             statistics.median(totals),
             min(totals),
