@@ -15,6 +15,7 @@ import functools
 import gc
 import inspect
 import logging
+import operator
 import os
 import sys
 import threading
@@ -545,6 +546,15 @@ def global_window_param_payload() -> bytes:
 def trigger_state() -> Any:
     """A fresh state for Beam's streaming trigger driver (``InMemoryUnmergedState``)."""
     return trigger.InMemoryUnmergedState()
+
+
+# An ``IntervalWindow``'s bounds in microseconds, read from the attributes Beam's compiled
+# window class keeps them in (``utils/windowed_value.pxd``): ``window.start.micros`` goes
+# through a ``Timestamp`` and a Python property, and hashing or comparing windows reads
+# ``MIN_TIMESTAMP.micros`` and ``MAX_TIMESTAMP.micros`` each time.
+interval_bounds: Callable[[Any], tuple[int, int]] = operator.attrgetter(
+    "_start_micros", "_end_micros"
+)
 
 
 def forget_expired_windows(state: Any, expired: Callable[[Any], bool]) -> None:

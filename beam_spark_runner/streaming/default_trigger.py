@@ -19,7 +19,7 @@ end-of-window timer is set: plain values, pickled as they are in the shard's sta
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from apache_beam.transforms import trigger
@@ -50,7 +50,7 @@ class DefaultTriggerState(dict):  # type: ignore[type-arg]
 
 # Beam's timestamp combiners the driver works out itself (the ones a portable pipeline can
 # have: the runner API has no enum value for the earliest transformed timestamp).
-_COMBINERS = {
+COMBINERS = {
     OutputAtEndOfWindowImpl: "end",
     OutputAtEarliestInputTimestampImpl: "earliest",
     OutputAtLatestInputTimestampImpl: "latest",
@@ -63,7 +63,7 @@ def applies(windowing: Any) -> bool:
     return bool(
         windowing.triggerfn == trigger.DefaultTrigger()
         and isinstance(windowing.windowfn, NonMergingWindowFn)
-        and type(combiner) in _COMBINERS
+        and type(combiner) in COMBINERS
     )
 
 
@@ -75,7 +75,7 @@ class DefaultTriggerDriver:
         combiner = TimestampCombiner.get_impl(windowing.timestamp_combiner, windowing.windowfn)
         self.discarding = windowing.accumulation_mode == trigger.AccumulationMode.DISCARDING
         # The timestamp combiner, worked out in microseconds (``applies`` admits these).
-        self.kind = _COMBINERS[type(combiner)]
+        self.kind = COMBINERS[type(combiner)]
 
     def process_elements(
         self,
@@ -142,7 +142,7 @@ class DefaultTriggerDriver:
             yield self._output(window, panes, window.end, on_time=True)
 
     def _output(
-        self, window: Any, panes: WindowPanes, output_watermark: Timestamp, on_time: bool
+        self, window: Any, panes: Any, output_watermark: Timestamp, on_time: bool
     ) -> WindowedValue:
         index = panes.fired
         panes.fired += 1
@@ -159,9 +159,7 @@ class DefaultTriggerDriver:
                 PaneInfoTiming.ON_TIME if on_time and nonspeculative == 0 else PaneInfoTiming.LATE
             )
         pane_info = PaneInfo(index == 0, False, timing, index, nonspeculative)
-        values = list(panes.values)
-        if self.discarding:
-            panes.values = []
+        values = self._take_values(panes)
         if not panes.holds:
             timestamp = window.max_timestamp()
         else:  # the combiner's combine_all: the earliest, or the latest
@@ -171,10 +169,29 @@ class DefaultTriggerDriver:
                 panes.holds = []
         return WindowedValue(values, timestamp, (window,), pane_info)
 
+    def _take_values(self, panes: Any) -> list[Any]:
+        """The pane's values; under the discarding mode the window keeps none."""
+        values = list(panes.values)
+        if self.discarding:
+            panes.values = []
+        return values
+
+    def new_state(self) -> DefaultTriggerState:
+        """The state of a key the driver has not seen."""
+        return DefaultTriggerState()
+
     @staticmethod
-    def forget_expired(state: DefaultTriggerState, expired: Callable[[Any], bool]) -> None:
-        """Drops the windows ``expired`` says are done and that wait for no timer."""
-        for window in [w for w, panes in state.items() if expired(w) and not panes.timer]:
+    def forget_expired(state: DefaultTriggerState, watermark: int, lateness: int) -> None:
+        """Drops the windows past their garbage-collection time that wait for no timer.
+
+        That is a window whose end plus ``lateness`` the input ``watermark`` passed
+        (micros): Beam would drop any input for it as late.
+        """
+        for window in [
+            w
+            for w, panes in state.items()
+            if w.end.micros + lateness < watermark and not panes.timer
+        ]:
             del state[window]
 
     @staticmethod
@@ -212,7 +229,7 @@ def plain_state(state: DefaultTriggerState) -> list[tuple[Any, ...]]:
     """
     return [
         (
-            (window.start.micros, window.end.micros) if type(window) is IntervalWindow else window,
+            window_token(window),
             panes.values,
             panes.holds,
             panes.fired,
@@ -223,22 +240,29 @@ def plain_state(state: DefaultTriggerState) -> list[tuple[Any, ...]]:
     ]
 
 
+def window_token(window: Any) -> Any:
+    """A window for a state-store blob: an ``IntervalWindow``'s bounds (micros), or itself."""
+    return (window.start.micros, window.end.micros) if type(window) is IntervalWindow else window
+
+
+def window_of(token: Any) -> Any:
+    """The window :func:`window_token` gave, one object per window."""
+    if type(token) is not tuple:
+        return token
+    window = _WINDOWS.get(token)
+    if window is None:
+        if len(_WINDOWS) >= _MAX_WINDOWS:
+            _WINDOWS.clear()
+        start, end = token
+        window = _WINDOWS[token] = IntervalWindow(Timestamp(micros=start), Timestamp(micros=end))
+    return window
+
+
 def restored_state(plain: list[tuple[Any, ...]]) -> DefaultTriggerState:
     """The state :func:`plain_state` gave, with one window object per window."""
     state = DefaultTriggerState()
     for token, values, holds, fired, nonspeculative, timer in plain:
-        if type(token) is tuple:
-            window = _WINDOWS.get(token)
-            if window is None:
-                if len(_WINDOWS) >= _MAX_WINDOWS:
-                    _WINDOWS.clear()
-                start, end = token
-                window = _WINDOWS[token] = IntervalWindow(
-                    Timestamp(micros=start), Timestamp(micros=end)
-                )
-        else:
-            window = token
-        state[window] = WindowPanes(values, holds, fired, nonspeculative, timer)
+        state[window_of(token)] = WindowPanes(values, holds, fired, nonspeculative, timer)
     return state
 
 

@@ -6,8 +6,9 @@ Every shard gets every producer's marker every batch, so it runs every batch. Fo
 GroupByKey shard it:
 
 1. runs each key's new elements through Beam's streaming ``GeneralTriggerDriver`` (under
-   the default trigger over non-merging windows, the runner's ``DefaultTriggerDriver``,
-   which gives the same panes: ``streaming.default_trigger``) against the shard's
+   the default trigger, the runner's driver, which gives the same panes:
+   ``streaming.default_trigger`` over non-merging windows, ``streaming.session_trigger``
+   over sessions) against the shard's
    *previous* input watermark (late data is dropped where Beam drops it: behind a
    window's end plus the allowed lateness);
 2. advances the input watermark from the markers (the minimum over the producers it
@@ -60,6 +61,13 @@ from beam_spark_runner.streaming.rows import (
     output_rows,
     routed_marker,
 )
+from beam_spark_runner.streaming.session_trigger import (
+    SessionsDriver,
+    SessionTriggerState,
+    plain_sessions,
+    restored_sessions,
+)
+from beam_spark_runner.streaming.session_trigger import applies as sessions_applies
 from beam_spark_runner.streaming.topology import Node, Topology
 from beam_spark_runner.streaming.watermarks import (
     MAX_MICROS,
@@ -191,11 +199,13 @@ def _dumps(value: Any) -> bytes:
 
 
 # A key's blob says which driver's state it holds.
-_DEFAULT_DRIVER, _BEAM_DRIVER = 0, 1
+_DEFAULT_DRIVER, _BEAM_DRIVER, _SESSIONS_DRIVER = 0, 1, 2
 
 
 def _encode_key(key_state: KeyState) -> bytes:
     state = key_state.state
+    if isinstance(state, SessionTriggerState):
+        return _dumps((key_state.key, _SESSIONS_DRIVER, plain_sessions(state)))
     if isinstance(state, DefaultTriggerState):
         return _dumps((key_state.key, _DEFAULT_DRIVER, plain_state(state)))
     return _dumps((key_state.key, _BEAM_DRIVER, _plain(state)))
@@ -205,6 +215,8 @@ def _decode_key(blob: bytes) -> KeyState:
     import pickle
 
     key, driver, plain = pickle.loads(blob)
+    if driver == _SESSIONS_DRIVER:
+        return KeyState(key, restored_sessions(plain))
     return KeyState(key, restored_state(plain) if driver == _DEFAULT_DRIVER else _restored(plain))
 
 
@@ -263,9 +275,10 @@ def decode_shard_state(data: bytes) -> ShardState:
 class StreamingGrouper:
     """One GroupByKey's coders and trigger driver, built once per worker process.
 
-    Under the default trigger over non-merging windows the driver is the runner's
-    ``DefaultTriggerDriver`` (the same panes, a fraction of the Python); otherwise it is
-    Beam's ``GeneralTriggerDriver``. ``beam_driver`` forces Beam's (tests compare them).
+    Under the default trigger the driver is the runner's (the same panes, a fraction of the
+    Python): ``DefaultTriggerDriver`` over non-merging windows, ``SessionsDriver`` over
+    Beam's ``Sessions``; otherwise it is Beam's ``GeneralTriggerDriver``. ``beam_driver``
+    forces Beam's (tests compare them).
     """
 
     def __init__(self, spec: GroupSpec, beam_driver: bool = False) -> None:
@@ -277,11 +290,11 @@ class StreamingGrouper:
         self.windowing = context.windowing_strategies[spec.windowing_strategy_id]
         self.clock = _Clock(0)
         self.driver = bi.create_trigger_driver(self.windowing, clock=self.clock)
-        self.default: DefaultTriggerDriver | None = (
-            DefaultTriggerDriver(self.windowing)
-            if not beam_driver and default_trigger_applies(self.windowing)
-            else None
-        )
+        self.default: DefaultTriggerDriver | None = None
+        if not beam_driver and default_trigger_applies(self.windowing):
+            self.default = DefaultTriggerDriver(self.windowing)
+        elif not beam_driver and sessions_applies(self.windowing):
+            self.default = SessionsDriver(self.windowing)
         self.allowed_lateness = self.windowing.allowed_lateness
 
     def process(
@@ -303,7 +316,7 @@ class StreamingGrouper:
             values = list(self.pre_impl.decode_all(b"".join(cells)))
             key_state = shard.key_state(key_bytes)
             if key_state is None:
-                new_state = DefaultTriggerState() if self.default else bi.trigger_state()
+                new_state = self.default.new_state() if self.default else bi.trigger_state()
                 key_state = KeyState(values[0].value[0], new_state)
                 shard.add(key_bytes, key_state)
             driver = self._driver_of(key_state)
@@ -375,10 +388,12 @@ class StreamingGrouper:
         def expired(window: Any) -> bool:
             return bool(window.end + lateness < watermark)
 
-        for key_bytes in list(shard.keys):
-            state = shard.keys[key_bytes].state
+        for key_bytes, key_state in list(shard.keys.items()):
+            state = key_state.state
             if isinstance(state, DefaultTriggerState):
-                DefaultTriggerDriver.forget_expired(state, expired)
+                self._driver_of(key_state).forget_expired(
+                    state, shard.watermarks.input_watermark, lateness.micros
+                )
                 if not state:
                     shard.remove(key_bytes)
                 continue
@@ -392,7 +407,7 @@ class StreamingGrouper:
         for key_bytes, key_state in shard.keys.items():
             state = key_state.state
             if isinstance(state, DefaultTriggerState):
-                shard.visits[key_bytes] = DefaultTriggerDriver.next_visit(state, lateness)
+                shard.visits[key_bytes] = self._driver_of(key_state).next_visit(state, lateness)
                 hold = DefaultTriggerDriver.earliest_hold(state)
             else:
                 due = bi.trigger_state_next_work(state, lateness)

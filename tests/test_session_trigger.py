@@ -1,0 +1,144 @@
+"""The runner's session panes equal Beam's ``GeneralTriggerDriver``'s.
+
+``streaming.session_trigger`` stands in for Beam's driver under the default trigger over
+``Sessions``. Each case feeds the same random micro-batches (several keys; elements close
+enough to merge sessions, some on time, some late within the allowed lateness and merging
+into sessions that already fired, some expired; watermarks landing on session ends, then
++inf) to a GroupByKey shard driven each way, and compares every pane (key, values in order,
+timestamp, window, pane info), the shard's output watermark, the keys it keeps, and its state
+after a round trip through the state store.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import apache_beam as beam
+import pytest
+from apache_beam.transforms import trigger, window
+from apache_beam.transforms.window import TimestampCombiner
+from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.windowed_value import PaneInfoTiming, WindowedValue
+
+from beam_spark_runner.streaming import grouping
+from beam_spark_runner.streaming.session_trigger import SessionTriggerState, applies
+from beam_spark_runner.streaming.watermarks import MAX_MICROS
+from tests.test_default_trigger import SECOND, _into, _Run
+from tests.test_streaming_grouping import _Shard
+
+ACCUMULATING = trigger.AccumulationMode.ACCUMULATING
+
+CASES = {
+    "sessions": dict(windowfn=window.Sessions(10)),
+    "sessions-lateness": dict(windowfn=window.Sessions(10), allowed_lateness=15),
+    "sessions-lateness-accumulating": dict(
+        windowfn=window.Sessions(10), allowed_lateness=15, accumulation_mode=ACCUMULATING
+    ),
+    "sessions-earliest-lateness": dict(
+        windowfn=window.Sessions(10),
+        timestamp_combiner=TimestampCombiner.OUTPUT_AT_EARLIEST,
+        allowed_lateness=8,
+    ),
+    "sessions-latest-accumulating": dict(
+        windowfn=window.Sessions(6),
+        timestamp_combiner=TimestampCombiner.OUTPUT_AT_LATEST,
+        accumulation_mode=ACCUMULATING,
+        allowed_lateness=20,
+    ),
+}
+
+
+def _cells(
+    rng: random.Random, encode: Any, windowfn: Any, watermark: int
+) -> dict[bytes, list[bytes]]:
+    cells: dict[bytes, list[bytes]] = {}
+    for _ in range(rng.randrange(0, 10)):
+        key = rng.choice(["a", "b", "c"])
+        # Close together (sessions merge), behind the watermark (late, merging into
+        # sessions that fired, or expired), exactly at a session's end.
+        at = watermark + rng.choice([-25, -14, -9, -4, 0, 2, 3, 6, 11, 17]) * SECOND
+        at = max(0, at + rng.choice([0, 0, -1, 1, 250_000]))
+        ts = Timestamp(micros=at)
+        windows = windowfn.assign(window.WindowFn.AssignContext(ts))
+        value = WindowedValue((key, rng.randrange(100)), ts, windows)
+        cells.setdefault(key.encode(), []).append(encode(value))
+    return cells
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_the_same_panes_holds_and_state_as_beams_driver(name: str, seed: int) -> None:
+    into = _into(CASES[name])
+    shard = _Shard(into)
+    ours, beams = _Run(shard, beam_driver=False), _Run(shard, beam_driver=True)
+    assert ours.grouper.default is not None and beams.grouper.default is None
+    windowfn = into.windowing.windowfn
+    encode = ours.grouper.pre_impl.encode_nested
+    rng = random.Random(seed)
+    watermark = 0
+    merged = 0
+    for _ in range(40):
+        cells = _cells(rng, encode, windowfn, watermark)
+        step = rng.choice([0, 1, 2, 5, 3, 10]) * SECOND + rng.choice([0, 0, -1, 1])
+        watermark = max(watermark, watermark + step)
+        ours_out, beams_out = ours.batch(cells, watermark), beams.batch(cells, watermark)
+        assert ours_out == beams_out
+        merged += sum(1 for pane in ours_out[0] if len(pane[2]) > 1)
+        assert list(ours.state.blobs) == list(beams.state.blobs)
+        copy = grouping.decode_shard_state(grouping.encode_shard_state(ours.state))
+        assert all(
+            isinstance(copy.key_state(k).state, SessionTriggerState)  # type: ignore[union-attr]
+            for k in copy.blobs
+        )
+    final = ours.batch({}, MAX_MICROS), beams.batch({}, MAX_MICROS)
+    assert final[0] == final[1]
+    merged += sum(1 for pane in final[0][0] if len(pane[2]) > 1)
+    assert merged, "no pane held more than one value: the case tests no merging"
+    assert not ours.state.blobs and not beams.state.blobs
+
+
+def test_a_late_element_merging_into_a_fired_session_starts_its_panes_again() -> None:
+    """Beam clears pane counters across a merge: the merged session's next pane is the
+    first again, and under accumulation holds the fired session's values too."""
+    into = _into(CASES["sessions-lateness-accumulating"])
+    shard = _Shard(into)
+    ours, beams = _Run(shard, beam_driver=False), _Run(shard, beam_driver=True)
+    encode = ours.grouper.pre_impl.encode_nested
+    windowfn = into.windowing.windowfn
+
+    def cells(*seconds: int) -> dict[bytes, list[bytes]]:
+        values = []
+        for at in seconds:
+            ts = Timestamp(micros=at * SECOND)
+            windows = windowfn.assign(window.WindowFn.AssignContext(ts))
+            values.append(encode(WindowedValue(("k", at), ts, windows)))
+        return {b"k": values}
+
+    batches = [(cells(1, 4), 0), ({}, 20 * SECOND), (cells(12), 21 * SECOND), ({}, MAX_MICROS)]
+    panes = []
+    for batch_cells, watermark in batches:
+        out = ours.batch(batch_cells, watermark)
+        assert out == beams.batch(batch_cells, watermark)
+        panes.extend(out[0])
+    on_time, merged = panes
+    assert on_time[2] == [1, 4] and on_time[5].timing == PaneInfoTiming.ON_TIME
+    assert merged[2] == [1, 4, 12] and merged[5].index == 0 and merged[5].is_first
+    assert merged[4] == (window.IntervalWindow(1, 22),)
+
+
+def test_it_stands_in_only_for_the_default_trigger_over_beams_sessions() -> None:
+    assert applies(_into(CASES["sessions-lateness"]).windowing)
+    assert not applies(beam.WindowInto(window.FixedWindows(10)).windowing)
+    assert not applies(
+        beam.WindowInto(
+            window.Sessions(10),
+            trigger=trigger.AfterWatermark(early=trigger.AfterCount(2)),
+            accumulation_mode=trigger.AccumulationMode.DISCARDING,
+        ).windowing
+    )
+
+    class MySessions(window.Sessions):  # type: ignore[misc]
+        pass
+
+    assert not applies(beam.WindowInto(MySessions(10)).windowing)
