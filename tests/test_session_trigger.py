@@ -28,6 +28,7 @@ from tests.test_default_trigger import SECOND, _into, _Run
 from tests.test_streaming_grouping import _Shard
 
 ACCUMULATING = trigger.AccumulationMode.ACCUMULATING
+DISCARDING = trigger.AccumulationMode.DISCARDING
 
 CASES = {
     "sessions": dict(windowfn=window.Sessions(10)),
@@ -44,6 +45,26 @@ CASES = {
         windowfn=window.Sessions(6),
         timestamp_combiner=TimestampCombiner.OUTPUT_AT_LATEST,
         accumulation_mode=ACCUMULATING,
+        allowed_lateness=20,
+    ),
+    # Nexmark q11's trigger.
+    "early-count-lateness": dict(
+        windowfn=window.Sessions(10),
+        trigger=trigger.AfterWatermark(early=trigger.AfterCount(3)),
+        accumulation_mode=DISCARDING,
+        allowed_lateness=15,
+    ),
+    "early-count-accumulating-earliest": dict(
+        windowfn=window.Sessions(10),
+        trigger=trigger.AfterWatermark(early=trigger.AfterCount(2)),
+        accumulation_mode=ACCUMULATING,
+        timestamp_combiner=TimestampCombiner.OUTPUT_AT_EARLIEST,
+        allowed_lateness=8,
+    ),
+    "after-watermark-lateness": dict(
+        windowfn=window.Sessions(6),
+        trigger=trigger.AfterWatermark(),
+        accumulation_mode=DISCARDING,
         allowed_lateness=20,
     ),
 }
@@ -127,16 +148,17 @@ def test_a_late_element_merging_into_a_fired_session_starts_its_panes_again() ->
     assert merged[4] == (window.IntervalWindow(1, 22),)
 
 
-def test_it_stands_in_only_for_the_default_trigger_over_beams_sessions() -> None:
-    assert applies(_into(CASES["sessions-lateness"]).windowing)
+def test_it_stands_in_only_for_its_triggers_over_beams_sessions() -> None:
+    assert all(applies(_into(case).windowing) for case in CASES.values())
     assert not applies(beam.WindowInto(window.FixedWindows(10)).windowing)
-    assert not applies(
-        beam.WindowInto(
-            window.Sessions(10),
-            trigger=trigger.AfterWatermark(early=trigger.AfterCount(2)),
-            accumulation_mode=trigger.AccumulationMode.DISCARDING,
-        ).windowing
-    )
+    for other in (
+        trigger.AfterWatermark(late=trigger.AfterCount(1)),
+        trigger.AfterWatermark(early=trigger.AfterProcessingTime(5)),
+        trigger.Repeatedly(trigger.AfterCount(2)),
+        trigger.AfterCount(2),
+    ):
+        into = beam.WindowInto(window.Sessions(10), trigger=other, accumulation_mode=DISCARDING)
+        assert not applies(into.windowing), other
 
     class MySessions(window.Sessions):  # type: ignore[misc]
         pass

@@ -45,7 +45,9 @@ class _Shard:
     def __init__(self, windowing: beam.WindowInto, store: bool = False) -> None:
         from beam_spark_runner.streaming.query import plan_topology  # needs PySpark 4.1+
 
-        pipeline = beam.Pipeline(options=PipelineOptions(["--streaming"]))
+        # Unsafe triggers too (AfterWatermark without a late trigger finishes).
+        options = PipelineOptions(["--streaming", "--allow_unsafe_triggers"])
+        pipeline = beam.Pipeline(options=options)
         _ = (
             pipeline
             | ScriptedStream().add_elements([("k", 1)])

@@ -142,8 +142,18 @@ class DefaultTriggerDriver:
             yield self._output(window, panes, window.end, on_time=True)
 
     def _output(
-        self, window: Any, panes: Any, output_watermark: Timestamp, on_time: bool
+        self,
+        window: Any,
+        panes: Any,
+        output_watermark: Timestamp,
+        on_time: bool,
+        finished: bool = False,
     ) -> WindowedValue:
+        """Beam's ``GeneralTriggerDriver._output``: the pane, its window's state updated.
+
+        ``finished``: the trigger is done with the window (its last pane); the window's
+        values go, as under the discarding mode (the caller closes the window).
+        """
         index = panes.fired
         panes.fired += 1
         if output_watermark <= window.max_timestamp():
@@ -158,21 +168,23 @@ class DefaultTriggerDriver:
             timing = (
                 PaneInfoTiming.ON_TIME if on_time and nonspeculative == 0 else PaneInfoTiming.LATE
             )
-        pane_info = PaneInfo(index == 0, False, timing, index, nonspeculative)
-        values = self._take_values(panes)
+        pane_info = PaneInfo(index == 0, finished, timing, index, nonspeculative)
+        values = self._take_values(panes, finished)
         if not panes.holds:
             timestamp = window.max_timestamp()
         else:  # the combiner's combine_all: the earliest, or the latest
             earliest = self.kind == "earliest"
             timestamp = Timestamp(micros=min(panes.holds) if earliest else max(panes.holds))
-            if not output_watermark < window.end:  # the default trigger has an on-time pane
+            # Kept while the watermark is before the window's end: every trigger the
+            # runner's drivers take has an on-time pane.
+            if not output_watermark < window.end:
                 panes.holds = []
         return WindowedValue(values, timestamp, (window,), pane_info)
 
-    def _take_values(self, panes: Any) -> list[Any]:
+    def _take_values(self, panes: Any, finished: bool = False) -> list[Any]:
         """The pane's values; under the discarding mode the window keeps none."""
         values = list(panes.values)
-        if self.discarding:
+        if self.discarding or finished:
             panes.values = []
         return values
 

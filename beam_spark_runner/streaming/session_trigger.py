@@ -1,4 +1,4 @@
-"""GroupByKey panes of session windows under Beam's default trigger, without Beam's driver.
+"""GroupByKey panes of session windows, without Beam's general trigger driver.
 
 Beam's ``GeneralTriggerDriver`` merges windows through its ``MergeableStateAdapter``: each
 window's state lives under ids, a merged window takes over the ids of the windows merged
@@ -7,10 +7,13 @@ merging-state read or write (a combine-function class built per read), which is 
 windows were the slowest GroupByKeys of a streaming run.
 
 :class:`SessionsDriver` gives the same panes for Beam's ``Sessions`` under the default
-trigger (the same values in the same order, timestamps, pane infos, dropping of expired
-data, and the same earliest hold for the output watermark), checked against Beam's driver on
-random micro-batches (``tests/test_session_trigger.py``). What it keeps per session is what
-Beam's adapter gives it:
+trigger, and under ``AfterWatermark()`` with or without early firings after a count
+(``AfterWatermark(early=AfterCount(n))``, Nexmark q11's trigger) and without late ones: the
+same values in the same order, timestamps, pane infos, dropping of expired data and of data
+for sessions whose trigger finished, and the same earliest hold for the output watermark.
+It is checked against Beam's driver on random micro-batches
+(``tests/test_session_trigger.py``). What it keeps per session is what Beam's adapter gives
+it:
 
 * the values in the order Beam reads them: a bucket per id, in the merged window's id
   order (the merge result's own first, then those of the windows merged into it, by
@@ -19,8 +22,13 @@ Beam's adapter gives it:
   away: pane infos do not carry across a merge);
 * the holds of every window merged into it, combined for the pane's timestamp, the earliest
   of them holding the output watermark;
-* whether the end-of-window timer is set: an element sets it, a merge clears it (the
-  trigger's ``on_merge``), and so does its firing.
+* whether the end-of-window timer is set: an element sets it, its firing clears it, and so
+  does a merge (see ``_merge``);
+* ``AfterCount``'s count, summed over the windows merged (its state merges so), reset by
+  its early pane;
+* whether the trigger finished (Beam's tombstone): ``AfterWatermark`` without a late
+  trigger finishes with its on-time pane, and from then on the session, and any session
+  merged with it, drops its input.
 
 It works in microseconds: sessions are keyed by their bounds, and merged as Beam's
 ``Sessions.merge`` merges them (sorted by start, each run of overlapping windows into one
@@ -59,18 +67,43 @@ class SessionPanes:
     fired: int = 0  # INDEX: panes emitted since the session last merged
     nonspeculative: int = 0  # NONSPECULATIVE_INDEX
     timer: bool = False  # the watermark timer at the session's end is set
+    count: int = 0  # AfterCount's elements since its last early pane
+    finished: bool = False  # TOMBSTONE: the trigger is done with the session
 
 
 class SessionTriggerState(DefaultTriggerState):
     """A key's sessions (bounds -> :class:`SessionPanes`), in the order Beam's ids have them."""
 
 
+@dataclasses.dataclass(frozen=True)
+class SessionTrigger:
+    """The triggers the driver takes: the default one, or ``AfterWatermark(early=...)``."""
+
+    finishes: bool  # AfterWatermark without a late trigger: the on-time pane is the last
+    early_count: int | None  # AfterWatermark(early=AfterCount(n)): n
+
+
+def session_trigger(trigger_fn: Any) -> SessionTrigger | None:
+    """What :class:`SessionsDriver` needs of ``trigger_fn``; None if it does not take it."""
+    if trigger_fn == trigger.DefaultTrigger():
+        return SessionTrigger(finishes=False, early_count=None)
+    if type(trigger_fn) is not trigger.AfterWatermark or trigger_fn.late is not None:
+        return None
+    early = trigger_fn.early
+    if early is None:
+        return SessionTrigger(finishes=True, early_count=None)
+    # AfterWatermark wraps its early trigger in Repeatedly.
+    if type(early) is trigger.Repeatedly and type(early.underlying) is trigger.AfterCount:
+        return SessionTrigger(finishes=True, early_count=int(early.underlying.count))
+    return None
+
+
 def applies(windowing: Any) -> bool:
     """Whether :class:`SessionsDriver` can stand in for Beam's driver here."""
     combiner = TimestampCombiner.get_impl(windowing.timestamp_combiner, windowing.windowfn)
     return bool(
-        windowing.triggerfn == trigger.DefaultTrigger()
-        and type(windowing.windowfn) is Sessions
+        type(windowing.windowfn) is Sessions
+        and session_trigger(windowing.triggerfn) is not None
         and type(combiner) in COMBINERS
     )
 
@@ -81,9 +114,13 @@ def _merge(state: SessionTriggerState, new: Iterable[Bounds]) -> dict[Bounds, Bo
     As Beam's ``Sessions.merge`` through the driver's merge context: the windows sorted by
     start, each run of overlapping ones merged into one from its first start to its last
     end. For each run, as ``MergeableStateAdapter.merge``: the result keeps its own state
-    (when it is a known window) and takes over the buckets and holds of the known windows
-    merged into it, whose pane counters are dropped (cleared by Beam before the merge).
-    The default trigger's ``on_merge`` clears the timers of every window in the run.
+    (when it is a known window) and takes over the buckets, holds, counts and tombstones
+    of the known windows merged into it, whose pane counters are dropped (cleared by Beam
+    before the merge). The trigger's ``on_merge`` then clears timers: the default trigger
+    those of every window in the run, ``AfterWatermark`` the result's when a window in the
+    run ends before it. Here a merge clears the result's timer either way: which timers a
+    merge keeps never shows, as every run holds a new window (known ones do not overlap),
+    whose input then sets the result's timer, or is dropped, the result having finished.
     Among windows with the same start, the order Beam's sort leaves them in does not show:
     only known windows have state, and no two of them share a start.
     """
@@ -102,6 +139,8 @@ def _merge(state: SessionTriggerState, new: Iterable[Bounds]) -> dict[Bounds, Bo
                 target = state[result] = SessionPanes(buckets=[])
             target.buckets.extend(moved.buckets)
             target.holds.extend(moved.holds)
+            target.count += moved.count
+            target.finished = target.finished or moved.finished
         if target is not None:
             target.timer = False
 
@@ -121,7 +160,13 @@ def _merge(state: SessionTriggerState, new: Iterable[Bounds]) -> dict[Bounds, Bo
 
 
 class SessionsDriver(DefaultTriggerDriver):
-    """Beam's ``GeneralTriggerDriver`` for the default trigger over ``Sessions``."""
+    """Beam's ``GeneralTriggerDriver`` over ``Sessions`` for the triggers ``applies`` takes."""
+
+    def __init__(self, windowing: Any) -> None:
+        super().__init__(windowing)
+        kind = session_trigger(windowing.triggerfn)
+        assert kind is not None, "SessionsDriver under a trigger it does not take"
+        self.trigger = kind
 
     def new_state(self) -> SessionTriggerState:
         return SessionTriggerState()
@@ -156,18 +201,35 @@ class SessionsDriver(DefaultTriggerDriver):
                     merged.setdefault(merged_away.get(key, key), []).extend(elements)
                 by_window = merged
         floor = output_watermark.micros
+        early_count = self.trigger.early_count
         for key, elements in by_window.items():
             panes = state.get(key)
             if panes is None:
                 panes = state[key] = SessionPanes()
+            elif panes.finished:
+                continue  # Beam's tombstone: the input is dropped
             hold = self._hold(key, elements, floor)
             if hold is not None:
                 panes.holds.append(hold)
             panes.buckets[0].extend([wv.value for wv in elements])
             panes.timer = True
+            if early_count is not None:
+                panes.count += len(elements)
             if input_micros >= key[1]:
                 panes.timer = False
+                yield self._fire(key, panes, output_watermark, on_time=False)
+            elif early_count is not None and panes.count >= early_count:
+                panes.count = 0  # Repeatedly resets AfterCount
                 yield self._output(window_of(key), panes, output_watermark, on_time=False)
+
+    def _fire(
+        self, key: Bounds, panes: SessionPanes, output_watermark: Timestamp, on_time: bool
+    ) -> WindowedValue:
+        """The pane of the watermark passing the session's end (on time, or late data)."""
+        finished = self.trigger.finishes
+        pane = self._output(window_of(key), panes, output_watermark, on_time, finished)
+        panes.finished = finished
+        return pane
 
     def _hold(self, key: Bounds, elements: list[WindowedValue], floor: int) -> int | None:
         """As ``DefaultTriggerDriver._output_time``, for the session ``key``."""
@@ -178,9 +240,9 @@ class SessionsDriver(DefaultTriggerDriver):
             return None
         return min(times) if self.kind == "earliest" else max(times)
 
-    def _take_values(self, panes: Any) -> list[Any]:
+    def _take_values(self, panes: Any, finished: bool = False) -> list[Any]:
         values = [value for bucket in panes.buckets for value in bucket]
-        if self.discarding:
+        if self.discarding or finished:
             panes.buckets = [[]]
         return values
 
@@ -191,8 +253,8 @@ class SessionsDriver(DefaultTriggerDriver):
         for key in sorted(due, key=lambda w: w[1]):
             panes = state[key]
             panes.timer = False
-            window = window_of(key)
-            yield self._output(window, panes, window.end, on_time=True)
+            if not panes.finished:
+                yield self._fire(key, panes, window_of(key).end, on_time=True)
 
     @staticmethod
     def forget_expired(state: DefaultTriggerState, watermark: int, lateness: int) -> None:
@@ -214,7 +276,16 @@ class SessionsDriver(DefaultTriggerDriver):
 def plain_sessions(state: SessionTriggerState) -> list[tuple[Any, ...]]:
     """A key's sessions as plain values for its state-store blob."""
     return [
-        (key, panes.buckets, panes.holds, panes.fired, panes.nonspeculative, panes.timer)
+        (
+            key,
+            panes.buckets,
+            panes.holds,
+            panes.fired,
+            panes.nonspeculative,
+            panes.timer,
+            panes.count,
+            panes.finished,
+        )
         for key, panes in state.items()
     ]
 
@@ -222,6 +293,6 @@ def plain_sessions(state: SessionTriggerState) -> list[tuple[Any, ...]]:
 def restored_sessions(plain: list[tuple[Any, ...]]) -> SessionTriggerState:
     """The state :func:`plain_sessions` gave."""
     state = SessionTriggerState()
-    for key, buckets, holds, fired, nonspeculative, timer in plain:
-        state[tuple(key)] = SessionPanes(buckets, holds, fired, nonspeculative, timer)
+    for key, *fields in plain:
+        state[tuple(key)] = SessionPanes(*fields)
     return state
