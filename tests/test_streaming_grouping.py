@@ -251,13 +251,20 @@ def test_a_key_with_nothing_due_is_not_decoded_and_still_holds_the_watermark() -
 
 
 def test_a_key_under_beams_driver_is_decoded_only_when_its_timer_or_window_is_due() -> None:
-    """Sessions go through Beam's driver; its keys are visited when their timers are due.
+    """Keys under Beam's driver (sessions with a late trigger, which the runner's drivers
+    do not take) are visited when their timers are due.
 
     The same batches through a shard that keeps every key decoded (no state store) give
     the same panes and output watermarks.
     """
-    windowing = beam.WindowInto(window.Sessions(10), allowed_lateness=5)
+    windowing = beam.WindowInto(
+        window.Sessions(10),
+        trigger=trigger.AfterWatermark(late=trigger.AfterCount(1)),
+        accumulation_mode=trigger.AccumulationMode.DISCARDING,
+        allowed_lateness=5,
+    )
     lazy, eager = _Shard(windowing, store=True), _Shard(windowing)
+    assert lazy.grouper.default is None  # Beam's driver
     batches: list[tuple[list[tuple[Any, ...]], float]] = [
         ([("a", 1, 1, IntervalWindow(1, 11)), ("b", 2, 20, IntervalWindow(20, 30))], 0),
         ([("a", 3, 2, IntervalWindow(2, 12))], 5),
