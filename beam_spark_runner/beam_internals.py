@@ -69,6 +69,7 @@ from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils import proto_utils
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
+from apache_beam.utils.windowed_value import create as create_windowed_value
 
 # Graph phases and helpers from FnApiRunner's translations module.
 Stage = translations.Stage
@@ -934,12 +935,17 @@ def precombine_dofn(payload: bytes, context: Any, windowing: Any) -> Any:
     max_keys = 1000 * 1000 if small else 100 * 1000
     compact = None if type(combine_fn).compact is core.CombineFn.compact else combine_fn.compact
     global_value = window.GlobalWindows.windowed_value(None)  # as Beam's operations module
+    interval_window = window.IntervalWindow
+    bounds = interval_bounds
 
     class PrecombineDoFn(beam.DoFn):  # type: ignore[misc]
         runner_precombine = True
 
         def __init__(self) -> None:
             self.table: dict[Any, list[Any]] = {}
+            # The table keys an IntervalWindow by its bounds (hashing the window object
+            # reads two Timestamp properties); the window objects, by their bounds.
+            self.windows: dict[tuple[int, int], Any] = {}
 
         def setup(self) -> None:
             combine_fn.setup()
@@ -949,10 +955,12 @@ def precombine_dofn(payload: bytes, context: Any, windowing: Any) -> Any:
 
         def start_bundle(self) -> None:
             self.table = {}
+            self.windows = {}
 
         def add_all(self, values: list[Any]) -> list[Any]:
             """Adds a chunk of windowed ``(key, value)``s; returns what a flush output."""
             table = self.table
+            windows = self.windows
             add_input = combine_fn.add_input
             flushed: list[Any] = []
             for windowed_value in values:
@@ -963,7 +971,12 @@ def precombine_dofn(payload: bytes, context: Any, windowing: Any) -> Any:
                     continue
                 timestamp = windowed_value.timestamp if timestamp_combiner else None
                 for window_ in windowed_value.windows:
-                    wkey = (window_, key)
+                    if type(window_) is interval_window:
+                        at = bounds(window_)
+                        windows.setdefault(at, window_)
+                        wkey = (at, key)
+                    else:
+                        wkey = (window_, key)
                     entry = table.get(wkey) or self._new_entry(wkey, timestamp, flushed)
                     entry[0] = add_input(entry[0], value)
                     if timestamp_combiner:
@@ -990,6 +1003,7 @@ def precombine_dofn(payload: bytes, context: Any, windowing: Any) -> Any:
             table, self.table = self.table, {}
             for wkey, (accumulator, timestamp) in table.items():
                 yield self._output(wkey, accumulator, timestamp)
+            self.windows = {}
 
         def _flush(self) -> list[Any]:
             """Beam's eviction: the oldest tenth of the table (and a key more) goes out."""
@@ -1008,9 +1022,15 @@ def precombine_dofn(payload: bytes, context: Any, windowing: Any) -> Any:
             value = accumulator if compact is None else compact(accumulator)
             if default_windowing:
                 return global_value.with_value((wkey, value))
-            window_, key = wkey
-            if timestamp_combiner is None:
-                timestamp = window_.max_timestamp()
+            at, key = wkey
+            if type(at) is not tuple:  # not an IntervalWindow
+                window_ = at
+                if timestamp_combiner is None:
+                    timestamp = window_.max_timestamp()
+                return WindowedValue((key, value), timestamp, (window_,))
+            window_ = self.windows[at]
+            if timestamp_combiner is None:  # the window's max_timestamp, its end's predecessor
+                return create_windowed_value((key, value), at[1] - 1, (window_,))
             return WindowedValue((key, value), timestamp, (window_,))
 
     return PrecombineDoFn()

@@ -30,6 +30,10 @@ DISCARDING = trigger.AccumulationMode.DISCARDING
 ACCUMULATING = trigger.AccumulationMode.ACCUMULATING
 
 CASES = {
+    # A window that is not an IntervalWindow: it fires when the input ends.
+    "global-latest": dict(
+        windowfn=window.GlobalWindows(), timestamp_combiner=TimestampCombiner.OUTPUT_AT_LATEST
+    ),
     "fixed": dict(windowfn=window.FixedWindows(10)),
     "sliding": dict(windowfn=window.SlidingWindows(10, 5)),
     "fixed-lateness": dict(windowfn=window.FixedWindows(10), allowed_lateness=7),

@@ -32,6 +32,8 @@ from apache_beam.transforms.window import IntervalWindow, NonMergingWindowFn, Ti
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, TIME_GRANULARITY, Timestamp
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
 
+from beam_spark_runner import beam_internals as bi
+
 
 @dataclasses.dataclass
 class WindowPanes:
@@ -91,23 +93,34 @@ class DefaultTriggerDriver:
         worked out once per window.
         """
         by_window: dict[Any, list[WindowedValue]] = {}
+        windows: dict[Any, Any] = {}
+        bounds = bi.interval_bounds
         for wv in windowed_values:
             for window in wv.windows:
-                elements = by_window.get(window)
+                # An IntervalWindow by its bounds: hashing the window object reads two
+                # Timestamp properties.
+                key = bounds(window) if type(window) is IntervalWindow else window
+                elements = by_window.get(key)
                 if elements is None:
-                    by_window[window] = [wv]
+                    by_window[key] = [wv]
+                    windows[key] = window
                 else:
                     elements.append(wv)
         input_micros = input_watermark.micros
         lateness = self.allowed_lateness.micros
-        for window, elements in by_window.items():
-            end = window.end.micros
+        floor = output_watermark.micros
+        for key, elements in by_window.items():
+            window = windows[key]
+            if type(key) is tuple:
+                end, max_timestamp = key[1], key[1] - 1
+            else:
+                end, max_timestamp = window.end.micros, window.max_timestamp().micros
             if input_micros > end + lateness:
                 continue  # expired: Beam drops it
             panes = state.get(window)
             if panes is None:
                 panes = state[window] = WindowPanes()
-            hold = self._output_time(window, elements, output_watermark)
+            hold = self._output_time(max_timestamp, elements, floor)
             if hold is not None:
                 panes.holds.append(hold)
             panes.values.extend([wv.value for wv in elements])
@@ -117,18 +130,17 @@ class DefaultTriggerDriver:
                 yield self._output(window, panes, output_watermark, on_time=False)
 
     def _output_time(
-        self, window: Any, elements: list[WindowedValue], output_watermark: Timestamp
+        self, max_timestamp: int, elements: list[WindowedValue], floor: int
     ) -> int | None:
         """The hold of new elements of a window (micros), or None.
 
         That is Beam's timestamp combiner's ``merge`` over the elements' output times not
-        behind the output watermark.
+        behind the output watermark (``floor``); ``max_timestamp`` is the window's.
         """
         kind = self.kind
         if kind == "end":  # DependsOnlyOnWindow: the window alone, whatever the elements
-            return int(window.max_timestamp().micros)
-        floor = output_watermark.micros
-        times = [t for t in (wv.timestamp.micros for wv in elements) if t >= floor]
+            return max_timestamp
+        times = [t for t in (wv.timestamp_micros for wv in elements) if t >= floor]
         if not times:
             return None
         return min(times) if kind == "earliest" else max(times)

@@ -208,7 +208,7 @@ class SessionsDriver(DefaultTriggerDriver):
                 panes = state[key] = SessionPanes()
             elif panes.finished:
                 continue  # Beam's tombstone: the input is dropped
-            hold = self._hold(key, elements, floor)
+            hold = self._output_time(key[1] - 1, elements, floor)
             if hold is not None:
                 panes.holds.append(hold)
             panes.buckets[0].extend([wv.value for wv in elements])
@@ -230,15 +230,6 @@ class SessionsDriver(DefaultTriggerDriver):
         pane = self._output(window_of(key), panes, output_watermark, on_time, finished)
         panes.finished = finished
         return pane
-
-    def _hold(self, key: Bounds, elements: list[WindowedValue], floor: int) -> int | None:
-        """As ``DefaultTriggerDriver._output_time``, for the session ``key``."""
-        if self.kind == "end":
-            return key[1] - 1  # the window's max_timestamp
-        times = [t for t in (wv.timestamp_micros for wv in elements) if t >= floor]
-        if not times:
-            return None
-        return min(times) if self.kind == "earliest" else max(times)
 
     def _take_values(self, panes: Any, finished: bool = False) -> list[Any]:
         values = [value for bucket in panes.buckets for value in bucket]
