@@ -1,6 +1,6 @@
 """The runner's default-trigger panes equal Beam's ``GeneralTriggerDriver``'s.
 
-``streaming.default_trigger`` stands in for Beam's driver under the default trigger over
+``execution.default_trigger`` stands in for Beam's driver under the default trigger over
 non-merging windows. Each case feeds the same random micro-batches (several keys, elements
 on time, late, exactly at window ends, watermarks landing on window ends, then +inf) to a
 GroupByKey shard driven each way, and compares every pane (key, values, timestamp, window,
@@ -20,8 +20,8 @@ from apache_beam.transforms.window import TimestampCombiner
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
+from beam_spark_runner.execution.default_trigger import DefaultTriggerState, applies
 from beam_spark_runner.streaming import grouping
-from beam_spark_runner.streaming.default_trigger import DefaultTriggerState, applies
 from beam_spark_runner.streaming.watermarks import MAX_MICROS, Marker, WatermarkState
 from tests.test_streaming_grouping import _Shard
 

@@ -384,18 +384,75 @@ def test_default_trigger_over_windows_that_do_not_merge_gives_beams_bytes(window
     assert len(outputs) == len({w for e in runs["k0"] for w in e.windows})
 
 
+SESSION_WINDOWINGS = {
+    "sessions": beam.WindowInto(window.Sessions(5)),
+    "sessions, earliest, accumulating": beam.WindowInto(
+        window.Sessions(4),
+        timestamp_combiner=window.TimestampCombiner.OUTPUT_AT_EARLIEST,
+        accumulation_mode=trigger.AccumulationMode.ACCUMULATING,
+    ),
+    "sessions, latest": beam.WindowInto(
+        window.Sessions(7), timestamp_combiner=window.TimestampCombiner.OUTPUT_AT_LATEST
+    ),
+    # Nexmark q11's windowing: early panes after a count, the on-time pane the last.
+    "sessions, early count": beam.WindowInto(
+        window.Sessions(5),
+        trigger=trigger.AfterWatermark(early=trigger.AfterCount(3)),
+        accumulation_mode=trigger.AccumulationMode.DISCARDING,
+    ),
+    "sessions, early count, accumulating": beam.WindowInto(
+        window.Sessions(5),
+        trigger=trigger.AfterWatermark(early=trigger.AfterCount(2)),
+        accumulation_mode=trigger.AccumulationMode.ACCUMULATING,
+    ),
+}
+
+
+@pytest.mark.parametrize("windowing", sorted(SESSION_WINDOWINGS))
+def test_sessions_give_beams_bytes_without_its_trigger_driver(windowing, monkeypatch):
+    """Beam's GeneralTriggerDriver's batch panes (process_entire_key), without it."""
+    s = setup(tuple[str, int], SESSION_WINDOWINGS[windowing])
+    window_fn = s.windowing.windowfn
+    elements = []
+    for i in range(90):
+        # Out of order, close enough that sessions merge, with gaps that keep some apart.
+        timestamp = Timestamp((i * 37) % 71 + (i % 5) * 20, micros=i % 3)
+        windows = window_fn.assign(window_fn.AssignContext(timestamp, element=None))
+        elements.append(WindowedValue((f"k{i % 3}", i), timestamp, windows, ONE_BYTE_PANES[i % 3]))
+    grouper = grouping._Grouper(s.spec)
+    assert grouper._sessions is not None
+    runs = {}
+    for element in elements:
+        runs.setdefault(element.value[0], []).append(element)
+    runs["both"] = runs["k0"] + runs["k1"]
+    expected = {key: beam_grouped(s, encode_all(s.sdk, run)) for key, run in runs.items()}
+    monkeypatch.setattr(bi, "GroupingBuffer", lambda *_: pytest.fail("used a GroupingBuffer"))
+    actual = {key: grouper.group(encode_all(s.sdk, run)) for key, run in runs.items()}
+    assert actual == expected
+    outputs = list(s.post.get_impl().decode_all(actual["k0"]))
+    merged = [o for o in outputs if o.windows[0].end - o.windows[0].start > window_fn.gap_size]
+    assert merged, "no session merged"
+    if "early" in windowing:
+        assert PaneInfoTiming.EARLY in {o.pane_info.timing for o in outputs}
+
+
 @pytest.mark.parametrize(
     "windowing",
     [
-        beam.WindowInto(window.Sessions(5)),
+        beam.WindowInto(
+            window.Sessions(5),
+            trigger=trigger.AfterWatermark(late=trigger.AfterCount(1)),
+            accumulation_mode=trigger.AccumulationMode.DISCARDING,
+        ),
         beam.WindowInto(
             window.FixedWindows(10),
             trigger=trigger.AfterWatermark(early=trigger.AfterCount(2)),
             accumulation_mode=trigger.AccumulationMode.DISCARDING,
         ),
     ],
-    ids=["sessions", "early firings"],
+    ids=["sessions, late firings", "early firings"],
 )
-def test_merging_windows_and_other_triggers_keep_beams_trigger_driver(windowing):
+def test_other_merging_windows_and_triggers_keep_beams_trigger_driver(windowing):
     s = setup(tuple[str, int], windowing)
-    assert not grouping._Grouper(s.spec)._per_window
+    grouper = grouping._Grouper(s.spec)
+    assert not grouper._per_window and grouper._sessions is None

@@ -1,6 +1,6 @@
 """The runner's session panes equal Beam's ``GeneralTriggerDriver``'s.
 
-``streaming.session_trigger`` stands in for Beam's driver under the default trigger over
+``execution.session_trigger`` stands in for Beam's driver under the default trigger over
 ``Sessions``. Each case feeds the same random micro-batches (several keys; elements close
 enough to merge sessions, some on time, some late within the allowed lateness and merging
 into sessions that already fired, some expired; watermarks landing on session ends, then
@@ -21,8 +21,8 @@ from apache_beam.transforms.window import TimestampCombiner
 from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import PaneInfoTiming, WindowedValue
 
+from beam_spark_runner.execution.session_trigger import SessionTriggerState, applies
 from beam_spark_runner.streaming import grouping
-from beam_spark_runner.streaming.session_trigger import SessionTriggerState, applies
 from beam_spark_runner.streaming.watermarks import MAX_MICROS
 from tests.test_default_trigger import SECOND, _into, _Run
 from tests.test_streaming_grouping import _Shard

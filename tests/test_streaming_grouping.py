@@ -339,7 +339,7 @@ def test_key_state_of_a_type_pickle_cannot_find_falls_back_to_cloudpickle() -> N
 
 
 def test_a_keys_windows_survive_their_plain_form() -> None:
-    from beam_spark_runner.streaming.default_trigger import (
+    from beam_spark_runner.execution.default_trigger import (
         DefaultTriggerState,
         WindowPanes,
         plain_state,

@@ -16,8 +16,12 @@ not merge (fixed, sliding, or the global window with another timestamp combiner)
 general trigger driver costs tens of µs per element in batch; there the runner groups
 each key's values per window itself and writes the panes that driver gives (one on-time
 pane per window, first but not last, in the order the windows first appear, at the hold
-the timestamp combiner computes), again byte for byte. The grouped output is one cell per key, next
-to its key, holding its encoded ``KV<K, Iterable<V>>`` elements, one per window and pane.
+the timestamp combiner computes), again byte for byte. Over Beam's ``Sessions`` under the
+triggers the runner's ``SessionsDriver`` takes (``execution.session_trigger``: the default
+trigger, ``AfterWatermark`` with early firings after a count) that driver gives the panes,
+as Beam's driver gives them in batch (``process_entire_key``). The grouped output is one
+cell per key, next to its key, holding its encoded ``KV<K, Iterable<V>>`` elements, one per
+window and pane.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from beam_spark_runner import beam_globals
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import split_packed
 from beam_spark_runner.execution.key_runs import key_run_cells
+from beam_spark_runner.execution.session_trigger import SessionsDriver
+from beam_spark_runner.execution.session_trigger import applies as sessions_apply
 from beam_spark_runner.execution.stage_worker import ELEMENT, KEY
 
 GROUPED_SCHEMA = pa.schema([pa.field(KEY, pa.binary()), pa.field(ELEMENT, pa.binary())])
@@ -121,7 +127,11 @@ class _Grouper:
             and not self.windowing.windowfn.is_merging()
             and isinstance(self.pre_coder, coders.WindowedValueCoder)
         )
-        if self._per_window:
+        # Beam's Sessions under the triggers the runner's SessionsDriver takes.
+        self._sessions: SessionsDriver | None = None
+        if isinstance(self.pre_coder, coders.WindowedValueCoder) and sessions_apply(self.windowing):
+            self._sessions = SessionsDriver(self.windowing)
+        if self._per_window or self._sessions is not None:
             self._pre_impl = self.pre_coder.get_impl()
             # As GroupingBuffer: keys are told apart by this coder's encoding.
             self._grouping_key_impl = self.pre_coder.key_coder().get_impl()
@@ -144,6 +154,9 @@ class _Grouper:
         """Writes the grouped output of one key's elements to ``out``."""
         if self._per_window:
             self._group_per_window(elements, out)
+            return
+        if self._sessions is not None:
+            self._group_sessions(self._sessions, elements, out)
             return
         if self._default_layout:
             if self._value_only:
@@ -235,6 +248,30 @@ class _Grouper:
                 encode_output(
                     bi.WindowedValue((key, values), timestamp, (w,), _ON_TIME_NOT_LAST), out, True
                 )
+
+    def _group_sessions(self, driver: SessionsDriver, elements: bytes, out: Any) -> None:
+        """Groups into sessions with the runner's ``SessionsDriver``, as Beam does in batch.
+
+        Per key (told apart by the key's encoding, in order of first appearance), the panes
+        Beam's ``GeneralTriggerDriver.process_entire_key`` gives, in its order.
+        """
+        stream = bi.create_InputStream(elements)
+        decode = self._pre_impl.decode_from_stream
+        encode_key = self._grouping_key_impl.encode
+        table: dict[bytes, list[Any]] = {}
+        while stream.size() > 0:
+            windowed = decode(stream, True)
+            key, value = windowed.value
+            run = table.get(encoded := encode_key(key))
+            if run is None:
+                run = table[encoded] = []
+            run.append(windowed.with_value(value))
+        decode_key = self._grouping_key_impl.decode
+        encode_output = self._post_impl.encode_to_stream
+        for encoded, run in table.items():
+            key = decode_key(encoded)
+            for pane in driver.process_entire_key(run):
+                encode_output(pane.with_value((key, pane.value)), out, True)
 
     def _group_values(self, elements: bytes, out: Any) -> bool:
         """:meth:`_group_default` for value-only elements (the nested key, then the value).

@@ -7,7 +7,7 @@ GroupByKey shard it:
 
 1. runs each key's new elements through Beam's streaming ``GeneralTriggerDriver`` (under
    the default trigger, the runner's driver, which gives the same panes:
-   ``streaming.default_trigger`` over non-merging windows, ``streaming.session_trigger``
+   ``execution.default_trigger`` over non-merging windows, ``execution.session_trigger``
    over sessions) against the shard's
    *previous* input watermark (late data is dropped where Beam drops it: behind a
    window's end plus the allowed lateness);
@@ -41,15 +41,22 @@ from apache_beam.utils.timestamp import MAX_TIMESTAMP, Timestamp
 
 from beam_spark_runner import beam_globals
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.execution.grouping import GroupSpec
-from beam_spark_runner.streaming.default_trigger import (
+from beam_spark_runner.execution.default_trigger import (
     DefaultTriggerDriver,
     DefaultTriggerState,
     plain_state,
     restored_state,
     upgraded_state,
 )
-from beam_spark_runner.streaming.default_trigger import applies as default_trigger_applies
+from beam_spark_runner.execution.default_trigger import applies as default_trigger_applies
+from beam_spark_runner.execution.grouping import GroupSpec
+from beam_spark_runner.execution.session_trigger import (
+    SessionsDriver,
+    SessionTriggerState,
+    plain_sessions,
+    restored_sessions,
+)
+from beam_spark_runner.execution.session_trigger import applies as sessions_applies
 from beam_spark_runner.streaming.rows import (
     ELEMENT,
     KEY,
@@ -61,13 +68,6 @@ from beam_spark_runner.streaming.rows import (
     output_rows,
     routed_marker,
 )
-from beam_spark_runner.streaming.session_trigger import (
-    SessionsDriver,
-    SessionTriggerState,
-    plain_sessions,
-    restored_sessions,
-)
-from beam_spark_runner.streaming.session_trigger import applies as sessions_applies
 from beam_spark_runner.streaming.topology import Node, Topology
 from beam_spark_runner.streaming.watermarks import (
     MAX_MICROS,

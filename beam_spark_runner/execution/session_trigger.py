@@ -48,7 +48,7 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP, Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.streaming.default_trigger import (
+from beam_spark_runner.execution.default_trigger import (
     COMBINERS,
     DefaultTriggerDriver,
     DefaultTriggerState,
@@ -230,6 +230,22 @@ class SessionsDriver(DefaultTriggerDriver):
         pane = self._output(window_of(key), panes, output_watermark, on_time, finished)
         panes.finished = finished
         return pane
+
+    def process_entire_key(self, windowed_values: Iterable[WindowedValue]) -> list[WindowedValue]:
+        """A key's panes in batch, as Beam's ``TriggerDriver.process_entire_key`` gives them.
+
+        Every element at once (both watermarks at their minimum), then every timer: Beam
+        fires them in the order its state holds them, the order the sessions first got
+        one, which for one call on a new state is the order of the state's sessions.
+        """
+        state = self.new_state()
+        panes = list(self.process_elements(state, windowed_values, MIN_TIMESTAMP, MIN_TIMESTAMP))
+        for key, session in state.items():
+            if session.timer:
+                session.timer = False
+                if not session.finished:
+                    panes.append(self._fire(key, session, window_of(key).end, on_time=True))
+        return panes
 
     def _take_values(self, panes: Any, finished: bool = False) -> list[Any]:
         values = [value for bucket in panes.buckets for value in bucket]
