@@ -400,6 +400,11 @@ SESSION_WINDOWINGS = {
         trigger=trigger.AfterWatermark(early=trigger.AfterCount(3)),
         accumulation_mode=trigger.AccumulationMode.DISCARDING,
     ),
+    "sessions, after watermark": beam.WindowInto(
+        window.Sessions(3),
+        trigger=trigger.AfterWatermark(),
+        accumulation_mode=trigger.AccumulationMode.DISCARDING,
+    ),
     "sessions, early count, accumulating": beam.WindowInto(
         window.Sessions(5),
         trigger=trigger.AfterWatermark(early=trigger.AfterCount(2)),
