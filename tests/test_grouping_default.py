@@ -401,7 +401,7 @@ SESSION_WINDOWINGS = {
         accumulation_mode=trigger.AccumulationMode.DISCARDING,
     ),
     "sessions, after watermark": beam.WindowInto(
-        window.Sessions(3),
+        window.Sessions(6),
         trigger=trigger.AfterWatermark(),
         accumulation_mode=trigger.AccumulationMode.DISCARDING,
     ),
