@@ -67,7 +67,7 @@ from apache_beam.runners.worker import (
 from apache_beam.transforms import environments, trigger, userstate, window
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils import proto_utils
-from apache_beam.utils.timestamp import MIN_TIMESTAMP
+from apache_beam.utils.timestamp import MIN_TIMESTAMP, Timestamp
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
 from apache_beam.utils.windowed_value import create as create_windowed_value
 
@@ -1039,25 +1039,38 @@ def precombine_dofn(payload: bytes, context: Any, windowing: Any) -> Any:
 _ASSIGNED_CACHED = 4096
 
 
-def window_assigner(dofn: Any) -> Callable[[Any], list[Any]] | None:
-    """The new windows ``window_into_dofn``'s DoFn gives an element, by its timestamp.
+def window_assigner(dofn: Any) -> Callable[[int], list[Any]] | None:
+    """The new windows ``window_into_dofn``'s DoFn gives an element, by its timestamp (µs).
 
-    ``timestamp_windows`` of its window function; None for any other DoFn.
+    ``micros_windows`` of its window function; None for any other DoFn.
     """
     if not getattr(type(dofn), "runner_window_into", False):
         return None
-    return timestamp_windows(dofn.windowing.windowfn)
+    return micros_windows(dofn.windowing.windowfn)
 
 
 def timestamp_windows(window_fn: Any) -> Callable[[Any], list[Any]] | None:
-    """What ``window_fn.assign`` gives an element at a timestamp, for the common classes.
+    """:func:`micros_windows`, by a ``Timestamp``."""
+    if type(window_fn) is window.GlobalWindows:
+        # One key: no need to read the timestamp (a Python property of Beam's Timestamp).
+        only = tuple(window_fn.assign(window.WindowFn.AssignContext(MIN_TIMESTAMP)))
+        return lambda timestamp: list(only)
+    by_micros = micros_windows(window_fn)
+    if by_micros is None:
+        return None
+    return lambda timestamp: by_micros(timestamp.micros)
 
-    For Beam's ``FixedWindows``, ``SlidingWindows`` and ``GlobalWindows`` (exactly those
-    classes), what ``assign`` returns depends on the timestamp only through a key that
-    integer arithmetic gives (the window's start; for sliding windows the first start and
-    how many windows, as Beam's ``range`` counts them): Beam's own ``assign`` runs once per
-    key, and each element gets a new list of the same windows. None for any other window
-    function (its ``assign`` may read the element).
+
+def micros_windows(window_fn: Any) -> Callable[[int], list[Any]] | None:
+    """What ``window_fn.assign`` gives an element at a timestamp (µs), for common classes.
+
+    For Beam's ``FixedWindows``, ``SlidingWindows``, ``Sessions`` and ``GlobalWindows``
+    (exactly those classes), what ``assign`` returns depends on the timestamp only through
+    a key that integer arithmetic gives (the window's start; for sliding windows the first
+    start and how many windows, as Beam's ``range`` counts them; for sessions the
+    timestamp itself, which sources often give many elements alike): Beam's own
+    ``assign`` runs once per key, and each element gets a new list of the same windows.
+    None for any other window function (its ``assign`` may read the element).
     """
     kind = type(window_fn)
     key: Callable[[int], Any]
@@ -1075,23 +1088,27 @@ def timestamp_windows(window_fn: Any) -> Callable[[Any], list[Any]] | None:
             start = micros - (micros - offset) % period
             return start, len(range(start, micros - size, -period))
 
+    elif kind is window.Sessions:
+
+        def key(micros: int) -> Any:
+            return micros
+
     elif kind is window.GlobalWindows:
-        # One key: no need to read the timestamp (a Python property of Beam's Timestamp).
         only = tuple(window_fn.assign(window.WindowFn.AssignContext(MIN_TIMESTAMP)))
-        return lambda timestamp: list(only)
+        return lambda micros: list(only)
     else:
         return None
     assign = window_fn.assign
     context = window.WindowFn.AssignContext
     cache: dict[Any, tuple[Any, ...]] = {}
 
-    def windows(timestamp: Any) -> list[Any]:
-        at = key(timestamp.micros)
+    def windows(micros: int) -> list[Any]:
+        at = key(micros)
         found = cache.get(at)
         if found is None:
             if len(cache) >= _ASSIGNED_CACHED:
                 cache.clear()
-            found = cache[at] = tuple(assign(context(timestamp)))
+            found = cache[at] = tuple(assign(context(Timestamp(micros=micros))))
         return list(found)
 
     return windows

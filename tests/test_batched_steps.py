@@ -624,27 +624,35 @@ def test_idle_batched_dofns_are_torn_down_and_set_up_again() -> None:
         window.FixedWindows(7, offset=2),
         window.SlidingWindows(10, 3, offset=1),
         window.SlidingWindows(15, 5),
+        window.Sessions(4),
         window.GlobalWindows(),
     ],
-    ids=["fixed", "fixed_with_offset", "sliding_uneven", "sliding", "global"],
+    ids=["fixed", "fixed_with_offset", "sliding_uneven", "sliding", "sessions", "global"],
 )
 def test_window_assigner_gives_what_beams_assign_gives(window_fn: Any) -> None:
-    """The cached windows equal Beam's ``assign`` for every timestamp, negative ones too."""
+    """The cached windows equal Beam's ``assign`` for every timestamp, negative ones too,
+    by the timestamp in µs (``window_assigner``) or as a ``Timestamp``."""
     windowing = beam.transforms.core.Windowing(window_fn)
     assign = bi.window_assigner(bi.window_into_dofn(windowing))
-    assert assign is not None
-    for micros in range(-25_000_000, 25_000_000, 250_001):
+    by_timestamp = bi.timestamp_windows(window_fn)
+    assert assign is not None and by_timestamp is not None
+    # Each timestamp twice: from Beam's assign, then from the cache.
+    for micros in [*range(-25_000_000, 25_000_000, 250_001)] * 2:
         timestamp = Timestamp(micros=micros)
         expected = window_fn.assign(window.WindowFn.AssignContext(timestamp))
-        got = assign(timestamp)
-        assert got == expected, micros
-        assert type(got) is type(expected)
+        for got in (assign(micros), by_timestamp(timestamp)):
+            assert got == expected, micros
+            assert type(got) is type(expected)
+
+
+class _MySessions(window.Sessions):  # type: ignore[misc]
+    pass
 
 
 def test_window_assigner_takes_only_the_runners_window_into_and_standard_windows() -> None:
     assert bi.window_assigner(WithParams()) is None
-    sessions = beam.transforms.core.Windowing(window.Sessions(4))
-    assert bi.window_assigner(bi.window_into_dofn(sessions)) is None
+    subclass = beam.transforms.core.Windowing(_MySessions(4))
+    assert bi.window_assigner(bi.window_into_dofn(subclass)) is None
 
 
 def test_beams_machinery_keeps_the_bundle_processor_its_shipped_user_code_does_not() -> None:

@@ -89,9 +89,10 @@ class _Step:
             for name in ("start", "process", "finish")
         ]
         self.runner: Any = None
-        # ``WindowInto`` with Beam's fixed, sliding or global windows: the new windows of
-        # an element in one window, by its timestamp (``bi.window_assigner``).
-        self.assign: Callable[[Any], Any] | None = None
+        # ``WindowInto`` with Beam's fixed, sliding, session or global windows: the new
+        # windows of an element in one window, by its timestamp in µs
+        # (``bi.window_assigner``).
+        self.assign: Callable[[int], Any] | None = None
         # A Flatten of one input: each windowed value passed on as it is.
         self.passes = False
         # A lifted combine's precombine: its DoFn adds a chunk at a time (``add_all``).
@@ -240,13 +241,12 @@ class _Step:
         """
         assign = self.assign
         assert assign is not None
-        make = bi.WindowedValue
+        make = bi.create_windowed_value  # from the timestamp in µs, as the input has it
+        append = self.receiver.values.append
         for windowed_value in values:
             if len(windowed_value.windows) == 1:
-                timestamp = windowed_value.timestamp
-                self.receiver.values.append(
-                    make(windowed_value.value, timestamp, assign(timestamp))
-                )
+                micros = windowed_value.timestamp_micros
+                append(make(windowed_value.value, micros, assign(micros)))
             else:
                 self.runner.process(windowed_value)
 
