@@ -10,6 +10,7 @@ trip through the state store.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
@@ -77,10 +78,24 @@ class _Run:
         return panes, output
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_the_same_panes_holds_and_state_as_beams_driver(name: str, seed: int) -> None:
-    into = _into(CASES[name])
+@dataclasses.dataclass(frozen=True)
+class Mix:
+    """What random micro-batches hold: elements this many seconds from the watermark
+    (plus a jitter in µs), up to ``most`` per batch, and watermark steps in seconds."""
+
+    offsets: tuple[int, ...]
+    jitters: tuple[int, ...]
+    most: int
+    steps: tuple[int, ...]
+    batches: int
+
+
+def compare_with_beams_driver(
+    into: beam.WindowInto, seed: int, mix: Mix, state_type: type
+) -> list[Any]:
+    """Drives a shard with Beam's driver and with the runner's over the same random
+    micro-batches, then +inf; requires the same panes, output watermarks, keys and state
+    (of ``state_type``) after each. Returns every pane the runner's gave."""
     shard = _Shard(into)
     ours, beams = _Run(shard, beam_driver=False), _Run(shard, beam_driver=True)
     assert ours.grouper.default is not None and beams.grouper.default is None
@@ -88,32 +103,51 @@ def test_the_same_panes_holds_and_state_as_beams_driver(name: str, seed: int) ->
     encode = ours.grouper.pre_impl.encode_nested
     rng = random.Random(seed)
     watermark = 0
-    for _ in range(30):
+    panes: list[Any] = []
+    for _ in range(mix.batches):
         cells: dict[bytes, list[bytes]] = {}
-        for _ in range(rng.randrange(0, 8)):
+        for _ in range(rng.randrange(0, mix.most)):
             key = rng.choice(["a", "b", "c"])
-            # Around the watermark: some late, some exactly at a window's end or start.
-            at = max(0, watermark + rng.choice([-12, -5, 0, 1, 5, 9, 13]) * SECOND)
-            at += rng.choice([0, 0, -1, 1, 500_000])
-            at = max(0, at)
+            at = max(0, watermark + rng.choice(mix.offsets) * SECOND)
+            at = max(0, at + rng.choice(mix.jitters))
             ts = Timestamp(micros=at)
             windows = windowfn.assign(window.WindowFn.AssignContext(ts))
             value = WindowedValue((key, rng.randrange(100)), ts, windows)
             cells.setdefault(key.encode(), []).append(encode(value))
-        step = rng.choice([0, 1, 5, 3, 10]) * SECOND + rng.choice([0, 0, -1, 1])
+        step = rng.choice(mix.steps) * SECOND + rng.choice([0, 0, -1, 1])
         watermark = max(watermark, watermark + step)
-        assert ours.batch(cells, watermark) == beams.batch(cells, watermark)
+        out = ours.batch(cells, watermark)
+        assert out == beams.batch(cells, watermark)
+        panes.extend(out[0])
         assert list(ours.state.blobs) == list(beams.state.blobs)
         # Every key the runner's driver holds is its state (read from a copy, so that the
         # next batch still decodes only the keys with elements or work due).
         copy = grouping.decode_shard_state(grouping.encode_shard_state(ours.state))
         assert all(
-            isinstance(copy.key_state(k).state, DefaultTriggerState)  # type: ignore[union-attr]
+            isinstance(copy.key_state(k).state, state_type)  # type: ignore[union-attr]
             for k in copy.blobs
         )
     final = ours.batch({}, MAX_MICROS), beams.batch({}, MAX_MICROS)
     assert final[0] == final[1]
+    panes.extend(final[0][0])
     assert not ours.state.blobs and not beams.state.blobs
+    return panes
+
+
+# Around the watermark: some late, some exactly at a window's end or start.
+AROUND = Mix(
+    offsets=(-12, -5, 0, 1, 5, 9, 13),
+    jitters=(0, 0, -1, 1, 500_000),
+    most=8,
+    steps=(0, 1, 5, 3, 10),
+    batches=30,
+)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_same_panes_holds_and_state_as_beams_driver(name: str, seed: int) -> None:
+    compare_with_beams_driver(_into(CASES[name]), seed, AROUND, DefaultTriggerState)
 
 
 def test_it_stands_in_only_for_the_default_trigger_over_windows_that_do_not_merge() -> None:

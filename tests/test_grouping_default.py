@@ -3,6 +3,7 @@
 import dataclasses
 import itertools
 import typing
+from collections.abc import Callable
 
 import apache_beam as beam
 import pyarrow as pa
@@ -336,6 +337,29 @@ def test_writers_descriptors_encode_values_only():
     assert coder.spec.urn == bi.PARAM_WINDOWED_VALUE_CODER_URN
 
 
+def _grouped_both_ways(
+    s: Setup, count: int, timestamp: Callable[[int], Timestamp]
+) -> tuple[dict[str, list[WindowedValue]], dict[str, bytes]]:
+    """Groups runs of three keys' elements (and one run holding two keys: GroupingBuffer
+    keeps them apart, so must grouping) as Beam's GroupingBuffer does and as the runner
+    does, with no GroupingBuffer; requires the same bytes. Returns the runs and the bytes."""
+    window_fn = s.windowing.windowfn
+    runs: dict[str, list[WindowedValue]] = {}
+    for i in range(count):
+        at = timestamp(i)
+        windows = window_fn.assign(window_fn.AssignContext(at, element=None))
+        element = WindowedValue((f"k{i % 3}", i), at, windows, ONE_BYTE_PANES[i % 3])
+        runs.setdefault(element.value[0], []).append(element)
+    runs["both"] = runs["k0"] + runs["k1"]
+    expected = {key: beam_grouped(s, encode_all(s.sdk, run)) for key, run in runs.items()}
+    grouper = grouping._Grouper(s.spec)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bi, "GroupingBuffer", lambda *_: pytest.fail("used a GroupingBuffer"))
+        actual = {key: grouper.group(encode_all(s.sdk, run)) for key, run in runs.items()}
+    assert actual == expected
+    return runs, actual
+
+
 PER_WINDOW_WINDOWINGS = {
     "fixed": beam.WindowInto(window.FixedWindows(10)),
     "sliding": beam.WindowInto(window.SlidingWindows(10, 5)),
@@ -358,27 +382,12 @@ PER_WINDOW_WINDOWINGS = {
 
 
 @pytest.mark.parametrize("windowing", sorted(PER_WINDOW_WINDOWINGS))
-def test_default_trigger_over_windows_that_do_not_merge_gives_beams_bytes(windowing, monkeypatch):
+def test_default_trigger_over_windows_that_do_not_merge_gives_beams_bytes(windowing):
     """Beam's GeneralTriggerDriver's panes, without it: windows in order of appearance."""
     s = setup(tuple[str, int], PER_WINDOW_WINDOWINGS[windowing])
     assert not s.windowing.is_default()
-    window_fn = s.windowing.windowfn
-    elements = []
-    for i in range(80):
-        # Timestamps out of order, so windows first appear out of order too.
-        timestamp = Timestamp((i * 37) % 61, micros=i % 3)
-        windows = window_fn.assign(window_fn.AssignContext(timestamp, element=None))
-        elements.append(WindowedValue((f"k{i % 3}", i), timestamp, windows, ONE_BYTE_PANES[i % 3]))
-    grouper = grouping._Grouper(s.spec)
-    runs = {}
-    for element in elements:
-        runs.setdefault(element.value[0], []).append(element)
-    # One run holding two keys too (GroupingBuffer keeps them apart; so must grouping).
-    runs["both"] = runs["k0"] + runs["k1"]
-    expected = {key: beam_grouped(s, encode_all(s.sdk, run)) for key, run in runs.items()}
-    monkeypatch.setattr(bi, "GroupingBuffer", lambda *_: pytest.fail("used a GroupingBuffer"))
-    actual = {key: grouper.group(encode_all(s.sdk, run)) for key, run in runs.items()}
-    assert actual == expected
+    # Timestamps out of order, so windows first appear out of order too.
+    runs, actual = _grouped_both_ways(s, 80, lambda i: Timestamp((i * 37) % 61, micros=i % 3))
     outputs = list(s.post.get_impl().decode_all(actual["k0"]))
     assert {o.pane_info.timing for o in outputs} == {PaneInfoTiming.ON_TIME}
     assert len(outputs) == len({w for e in runs["k0"] for w in e.windows})
@@ -414,26 +423,15 @@ SESSION_WINDOWINGS = {
 
 
 @pytest.mark.parametrize("windowing", sorted(SESSION_WINDOWINGS))
-def test_sessions_give_beams_bytes_without_its_trigger_driver(windowing, monkeypatch):
+def test_sessions_give_beams_bytes_without_its_trigger_driver(windowing):
     """Beam's GeneralTriggerDriver's batch panes (process_entire_key), without it."""
     s = setup(tuple[str, int], SESSION_WINDOWINGS[windowing])
+    assert grouping._Grouper(s.spec)._sessions is not None
+    # Out of order, close enough that sessions merge, with gaps that keep some apart.
+    _, actual = _grouped_both_ways(
+        s, 90, lambda i: Timestamp((i * 37) % 71 + (i % 5) * 20, micros=i % 3)
+    )
     window_fn = s.windowing.windowfn
-    elements = []
-    for i in range(90):
-        # Out of order, close enough that sessions merge, with gaps that keep some apart.
-        timestamp = Timestamp((i * 37) % 71 + (i % 5) * 20, micros=i % 3)
-        windows = window_fn.assign(window_fn.AssignContext(timestamp, element=None))
-        elements.append(WindowedValue((f"k{i % 3}", i), timestamp, windows, ONE_BYTE_PANES[i % 3]))
-    grouper = grouping._Grouper(s.spec)
-    assert grouper._sessions is not None
-    runs = {}
-    for element in elements:
-        runs.setdefault(element.value[0], []).append(element)
-    runs["both"] = runs["k0"] + runs["k1"]
-    expected = {key: beam_grouped(s, encode_all(s.sdk, run)) for key, run in runs.items()}
-    monkeypatch.setattr(bi, "GroupingBuffer", lambda *_: pytest.fail("used a GroupingBuffer"))
-    actual = {key: grouper.group(encode_all(s.sdk, run)) for key, run in runs.items()}
-    assert actual == expected
     outputs = list(s.post.get_impl().decode_all(actual["k0"]))
     merged = [o for o in outputs if o.windows[0].end - o.windows[0].start > window_fn.gap_size]
     assert merged, "no session merged"
