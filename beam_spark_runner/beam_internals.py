@@ -942,10 +942,9 @@ def precombine_dofn(payload: bytes, context: Any, windowing: Any) -> Any:
         runner_precombine = True
 
         def __init__(self) -> None:
+            # (window, key) -> [accumulator, timestamp, window]. An IntervalWindow is keyed
+            # by its bounds (hashing the window object reads two Timestamp properties).
             self.table: dict[Any, list[Any]] = {}
-            # The table keys an IntervalWindow by its bounds (hashing the window object
-            # reads two Timestamp properties); the window objects, by their bounds.
-            self.windows: dict[tuple[int, int], Any] = {}
 
         def setup(self) -> None:
             combine_fn.setup()
@@ -955,39 +954,35 @@ def precombine_dofn(payload: bytes, context: Any, windowing: Any) -> Any:
 
         def start_bundle(self) -> None:
             self.table = {}
-            self.windows = {}
 
         def add_all(self, values: list[Any]) -> list[Any]:
             """Adds a chunk of windowed ``(key, value)``s; returns what a flush output."""
             table = self.table
-            windows = self.windows
             add_input = combine_fn.add_input
             flushed: list[Any] = []
             for windowed_value in values:
                 key, value = windowed_value.value
                 if default_windowing:
-                    entry = table.get(key) or self._new_entry(key, None, flushed)
+                    entry = table.get(key) or self._new_entry(key, None, None, flushed)
                     entry[0] = add_input(entry[0], value)
                     continue
                 timestamp = windowed_value.timestamp if timestamp_combiner else None
                 for window_ in windowed_value.windows:
-                    if type(window_) is interval_window:
-                        at = bounds(window_)
-                        windows.setdefault(at, window_)
-                        wkey = (at, key)
-                    else:
-                        wkey = (window_, key)
-                    entry = table.get(wkey) or self._new_entry(wkey, timestamp, flushed)
+                    at = bounds(window_) if type(window_) is interval_window else window_
+                    wkey = (at, key)
+                    entry = table.get(wkey) or self._new_entry(wkey, timestamp, window_, flushed)
                     entry[0] = add_input(entry[0], value)
                     if timestamp_combiner:
                         entry[1] = timestamp_combiner.combine(entry[1], timestamp)
             return flushed
 
-        def _new_entry(self, wkey: Any, timestamp: Any, flushed: list[Any]) -> list[Any]:
+        def _new_entry(
+            self, wkey: Any, timestamp: Any, window_: Any, flushed: list[Any]
+        ) -> list[Any]:
             """A new accumulator in the table, after Beam's flush if the table is full."""
             if len(self.table) >= max_keys:
                 flushed.extend(self._flush())
-            entry = self.table[wkey] = [combine_fn.create_accumulator(), timestamp]
+            entry = self.table[wkey] = [combine_fn.create_accumulator(), timestamp, window_]
             return entry
 
         def process(
@@ -1001,9 +996,8 @@ def precombine_dofn(payload: bytes, context: Any, windowing: Any) -> Any:
 
         def finish_bundle(self) -> Iterator[Any]:
             table, self.table = self.table, {}
-            for wkey, (accumulator, timestamp) in table.items():
-                yield self._output(wkey, accumulator, timestamp)
-            self.windows = {}
+            for wkey, entry in table.items():
+                yield self._output(wkey, *entry)
 
         def _flush(self) -> list[Any]:
             """Beam's eviction: the oldest tenth of the table (and a key more) goes out."""
@@ -1018,20 +1012,16 @@ def precombine_dofn(payload: bytes, context: Any, windowing: Any) -> Any:
                     break
             return [self._output(wkey, *table.pop(wkey)) for wkey in evicted]
 
-        def _output(self, wkey: Any, accumulator: Any, timestamp: Any) -> Any:
+        def _output(self, wkey: Any, accumulator: Any, timestamp: Any, window_: Any) -> Any:
             value = accumulator if compact is None else compact(accumulator)
             if default_windowing:
                 return global_value.with_value((wkey, value))
             at, key = wkey
-            if type(at) is not tuple:  # not an IntervalWindow
-                window_ = at
-                if timestamp_combiner is None:
-                    timestamp = window_.max_timestamp()
+            if timestamp_combiner is not None:
                 return WindowedValue((key, value), timestamp, (window_,))
-            window_ = self.windows[at]
-            if timestamp_combiner is None:  # the window's max_timestamp, its end's predecessor
+            if type(at) is tuple:  # an IntervalWindow's max_timestamp: its end's predecessor
                 return create_windowed_value((key, value), at[1] - 1, (window_,))
-            return WindowedValue((key, value), timestamp, (window_,))
+            return WindowedValue((key, value), window_.max_timestamp(), (window_,))
 
     return PrecombineDoFn()
 
@@ -1051,13 +1041,12 @@ def window_assigner(dofn: Any) -> Callable[[int], list[Any]] | None:
 
 def timestamp_windows(window_fn: Any) -> Callable[[Any], list[Any]] | None:
     """:func:`micros_windows`, by a ``Timestamp``."""
-    if type(window_fn) is window.GlobalWindows:
-        # One key: no need to read the timestamp (a Python property of Beam's Timestamp).
-        only = tuple(window_fn.assign(window.WindowFn.AssignContext(MIN_TIMESTAMP)))
-        return lambda timestamp: list(only)
     by_micros = micros_windows(window_fn)
     if by_micros is None:
         return None
+    if type(window_fn) is window.GlobalWindows:
+        # One window whatever the time: the timestamp (a Python property) is not read.
+        return lambda timestamp: by_micros(0)
     return lambda timestamp: by_micros(timestamp.micros)
 
 

@@ -205,29 +205,34 @@ class DefaultTriggerDriver:
         return DefaultTriggerState()
 
     @staticmethod
-    def forget_expired(state: DefaultTriggerState, watermark: int, lateness: int) -> None:
+    def _end(window: Any) -> int:
+        """A window's end (micros), as the state keys it."""
+        if type(window) is IntervalWindow:
+            return bi.interval_bounds(window)[1]
+        return int(window.end.micros)
+
+    def forget_expired(self, state: DefaultTriggerState, watermark: int, lateness: int) -> None:
         """Drops the windows past their garbage-collection time that wait for no timer.
 
         That is a window whose end plus ``lateness`` the input ``watermark`` passed
         (micros): Beam would drop any input for it as late.
         """
+        end = self._end
         for window in [
-            w
-            for w, panes in state.items()
-            if w.end.micros + lateness < watermark and not panes.timer
+            w for w, panes in state.items() if end(w) + lateness < watermark and not panes.timer
         ]:
             del state[window]
 
-    @staticmethod
-    def next_visit(state: DefaultTriggerState, allowed_lateness: int) -> int:
+    def next_visit(self, state: DefaultTriggerState, allowed_lateness: int) -> int:
         """The input watermark (micros) at which the key next has work.
 
         That is a window's end-of-window timer to fire, or a window past its end plus
         ``allowed_lateness`` to forget.
         """
+        end = self._end
         return min(
             (
-                window.end.micros if panes.timer else window.end.micros + allowed_lateness + 1
+                end(window) if panes.timer else end(window) + allowed_lateness + 1
                 for window, panes in state.items()
             ),
             default=MIN_TIMESTAMP.micros,
@@ -266,7 +271,7 @@ def plain_state(state: DefaultTriggerState) -> list[tuple[Any, ...]]:
 
 def window_token(window: Any) -> Any:
     """A window for a state-store blob: an ``IntervalWindow``'s bounds (micros), or itself."""
-    return (window.start.micros, window.end.micros) if type(window) is IntervalWindow else window
+    return bi.interval_bounds(window) if type(window) is IntervalWindow else window
 
 
 def window_of(token: Any) -> Any:

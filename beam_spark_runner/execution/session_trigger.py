@@ -264,20 +264,8 @@ class SessionsDriver(DefaultTriggerDriver):
                 yield self._fire(key, panes, window_of(key).end, on_time=True)
 
     @staticmethod
-    def forget_expired(state: DefaultTriggerState, watermark: int, lateness: int) -> None:
-        for key in [k for k, panes in state.items() if k[1] + lateness < watermark]:
-            if not state[key].timer:
-                del state[key]
-
-    @staticmethod
-    def next_visit(state: DefaultTriggerState, allowed_lateness: int) -> int:
-        return min(
-            (
-                key[1] if panes.timer else key[1] + allowed_lateness + 1
-                for key, panes in state.items()
-            ),
-            default=MIN_TIMESTAMP.micros,
-        )
+    def _end(window: Bounds) -> int:  # type: ignore[override]
+        return window[1]
 
 
 def plain_sessions(state: SessionTriggerState) -> list[tuple[Any, ...]]:

@@ -290,6 +290,8 @@ class StreamingGrouper:
         self.windowing = context.windowing_strategies[spec.windowing_strategy_id]
         self.clock = _Clock(0)
         self.driver = bi.create_trigger_driver(self.windowing, clock=self.clock)
+        # The runner's own driver (``SessionsDriver`` is a ``DefaultTriggerDriver``, its
+        # state a ``DefaultTriggerState``), where it takes the windowing.
         self.default: DefaultTriggerDriver | None = None
         if not beam_driver and default_trigger_applies(self.windowing):
             self.default = DefaultTriggerDriver(self.windowing)
@@ -407,8 +409,9 @@ class StreamingGrouper:
         for key_bytes, key_state in shard.keys.items():
             state = key_state.state
             if isinstance(state, DefaultTriggerState):
-                shard.visits[key_bytes] = self._driver_of(key_state).next_visit(state, lateness)
-                hold = DefaultTriggerDriver.earliest_hold(state)
+                driver = self._driver_of(key_state)
+                shard.visits[key_bytes] = driver.next_visit(state, lateness)
+                hold = driver.earliest_hold(state)
             else:
                 due = bi.trigger_state_next_work(state, lateness)
                 shard.visits[key_bytes] = _ALWAYS if due is None else min(due, MAX_MICROS)
