@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import decimal
+import itertools
 from typing import Any, Optional
 
 import apache_beam as beam
@@ -18,6 +20,7 @@ from pyspark.sql import types
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.capabilities import check_pipeline
 from beam_spark_runner.errors import UnsupportedFeatureError
+from beam_spark_runner.execution.stage_worker import NO_SINKS
 from beam_spark_runner.io import ReadFromSparkStream
 from beam_spark_runner.io.spark_stream import (
     SparkStreamSchemaError,
@@ -171,41 +174,96 @@ def _orders(seconds: list[int | None], users: list[str | None]) -> pa.RecordBatc
     )
 
 
-@needs_streaming
-def test_rows_become_elements_at_their_event_time_and_a_watermark_behind_the_latest() -> None:
+def _with_stateful_readers(convert: Any) -> Any:
+    """``convert`` with its readers made stateful nodes (fusion makes the read's readers
+    stateless stages; a stateful reader is kept working all the same)."""
+    topology = convert.topology
+    readers = topology.roots[convert.producer]
+    nodes = tuple(
+        dataclasses.replace(n, stateful=True) if n.index in readers else n for n in topology.nodes
+    )
+    return dataclasses.replace(convert, topology=dataclasses.replace(topology, nodes=nodes))
+
+
+def _elements(
+    convert: Any, out: list[dict[str, Any]], *, made: bool = False
+) -> list[tuple[Any, ...]]:
+    """The elements of routed rows (as columns or encoded), as (row, timestamp, windows).
+
+    A columns row's elements are Beam's decoding of its encoding, or with ``made`` the
+    windowed values made from its columns.
+    """
     from beam_spark_runner.streaming import rows as routed
-    from beam_spark_runner.streaming.query import plan_topology
-    from beam_spark_runner.streaming.spark_sources import RowsToElements, spark_stream_roots
+    from beam_spark_runner.streaming.spark_sources import ColumnsInput, cell_batches
+
+    impl = convert.coder.get_impl()
+    values: list[Any] = []
+    for row in out:
+        if row[routed.ELEMENT] is None:
+            continue
+        if row[routed.PORT] != routed.COLUMNS:
+            values.extend(impl.decode_all(row[routed.ELEMENT]))
+            continue
+        assert row[routed.PRODUCER] == convert.producer
+        bundle = ColumnsInput(convert.columns, cell_batches(row[routed.ELEMENT]))
+        if made:
+            made_values = bundle.windowed_values()
+            assert made_values is not None
+            values.extend(made_values)
+        else:
+            values.extend(v for piece in bundle for v in impl.decode_all(piece))
+    return [(v.value, v.timestamp, v.windows, v.pane_info) for v in values]
+
+
+@needs_streaming
+@pytest.mark.parametrize("stateful_reader", [False, True])
+def test_rows_become_elements_at_their_event_time_and_a_watermark_behind_the_latest(
+    stateful_reader: bool,
+) -> None:
+    """Rows travel as columns to a read's stateless readers, encoded to stateful ones; the
+    elements are the same either way, and so are the values made from the columns."""
+    from beam_spark_runner.streaming import rows as routed
 
     pipeline, _ = _pipeline()
-    plan = _plan(pipeline)
-    (root,) = spark_stream_roots(plan)
-    topology = plan_topology(plan, 2)
-    (reader,) = topology.roots[root.producer]
-    coder = bi.PipelineContext(plan.components).coders[root.coder_id]
-    convert = RowsToElements(root.name, root.producer, topology, root.spec, coder).convert
+    convert = _converter(pipeline)
+    if stateful_reader:
+        convert = _with_stateful_readers(convert)
+    readers = convert.topology.roots[convert.producer]
+    assert any(convert.topology.nodes[t].stateful for t in readers) == stateful_reader
     out = pa.Table.from_batches(
-        list(convert([_orders([5, 3], ["ann", None]), _orders([], []), _orders([4], ["bo"])]))
+        list(
+            convert.convert([_orders([5, 3], ["ann", None]), _orders([], []), _orders([4], ["bo"])])
+        )
     ).to_pylist()
     elements = [r for r in out if r[routed.ELEMENT] is not None]
     markers = [r for r in out if r[routed.ELEMENT] is None]
-    assert {r[routed.TARGET] for r in out} == {reader}
-    # The task's elements travel packed: one row per target and run.
-    assert len(elements) == 2
-    decoded = [v for r in elements for v in coder.get_impl().decode_all(r[routed.ELEMENT])]
+    assert {r[routed.TARGET] for r in out} == set(readers)
+    if stateful_reader:
+        # The task's elements travel packed: one row per target (and shard) and run.
+        assert {r[routed.PORT] for r in elements} == {0}
+    else:
+        # One columns row per batch read and reader (the empty batch sends none).
+        assert [r[routed.PORT] for r in elements] == [routed.COLUMNS] * 2 * len(readers)
     at = [Timestamp(micros=T0 + s * 1_000_000) for s in (5, 3, 4)]
-    assert [(tuple(v.value), v.timestamp, v.windows) for v in decoded] == [
+    expected = [
         (("ann", at[0], 0.0), at[0], (GlobalWindow(),)),
         ((None, at[1], 1.0), at[1], (GlobalWindow(),)),
         (("bo", at[2], 0.0), at[2], (GlobalWindow(),)),
-    ]
-    assert decoded[0].value.user == "ann"  # the rows have the source's column names
+    ] * len(readers)
+    decoded = _elements(convert, out)
+    assert sorted(((tuple(v), t, w) for v, t, w, _ in decoded), key=repr) == sorted(
+        expected, key=repr
+    )
+    assert decoded[0][0].user == "ann"  # the rows have the source's column names
+    if not stateful_reader:
+        assert _elements(convert, out, made=True) == decoded
     # One marker after the task's rows: the latest event time less the 2.5 s delay.
-    assert out[-1] is markers[-1] and len(markers) == 1
+    # (A stateful reader gets it in each of its two shards.)
+    assert out[-len(markers) :] == markers and len(markers) == (2 if stateful_reader else 1)
     assert routed.marker_of(markers[0]).watermark == T0 + 5_000_000 - 2_500_000
     assert routed.marker_of(markers[0]).processing_time == MIN_MICROS
     # A task that read nothing says nothing: the watermark stays where it was.
-    assert list(convert([_orders([], [])])) == []
+    assert list(convert.convert([_orders([], [])])) == []
 
 
 def _converter(pipeline: beam.Pipeline) -> Any:
@@ -218,33 +276,104 @@ def _converter(pipeline: beam.Pipeline) -> Any:
     return RowsToElements(root.name, root.producer, plan_topology(plan, 2), root.spec, coder)
 
 
+def _encoded_array(columns: Any, batch: pa.RecordBatch) -> pa.Array:
+    return columns.encode(batch, columns.event_micros(batch))
+
+
+def _encoded(columns: Any, batch: pa.RecordBatch) -> list[bytes]:
+    return columns.encode(batch, columns.event_micros(batch)).to_pylist()  # type: ignore[no-any-return]
+
+
 @needs_streaming
 def test_rows_encoded_column_wise_equal_rows_encoded_one_by_one(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The routed batches are the same whether the read's rows are encoded a column at a
-    time (``coders.row_columns``) or element by element with Beam's coder (the way for
-    columns it cannot encode, and after its first rows disagree with Beam's)."""
+    """A read's rows encode to the same bytes a column at a time (``coders.row_columns``)
+    or element by element with Beam's coder (the way for columns it cannot encode, and
+    after its first rows disagree with Beam's)."""
     from beam_spark_runner.coders.row_columns import RowColumnsEncoder
 
-    batches = [_orders(list(range(40)), [f"u{i % 7}" if i % 5 else None for i in range(40)])]
+    batch = _orders(list(range(40)), [f"u{i % 7}" if i % 5 else None for i in range(40)])
     pipeline, _ = _pipeline()
-    column_wise = _converter(pipeline)
+    column_wise = _converter(pipeline).columns
     assert column_wise._columns.encoder is not None
-    expected = [b.to_pylist() for b in column_wise.convert(batches)]
+    expected = _encoded(column_wise, batch)
     assert column_wise._columns.checked and column_wise._columns.encoder is not None
 
     monkeypatch.setattr(RowColumnsEncoder, "for_coder", classmethod(lambda cls, coder: None))
-    one_by_one = _converter(pipeline)
-    assert [b.to_pylist() for b in one_by_one.convert(batches)] == expected
+    one_by_one = _converter(pipeline).columns
+    assert _encoded(one_by_one, batch) == expected
 
     monkeypatch.undo()
     monkeypatch.setattr(RowColumnsEncoder, "agrees", lambda self, *args: False)
-    disagreeing = _converter(pipeline)
+    disagreeing = _converter(pipeline).columns
     with caplog.at_level("WARNING"):
-        assert [b.to_pylist() for b in disagreeing.convert(batches)] == expected
+        assert _encoded(disagreeing, batch) == expected
     assert disagreeing._columns.encoder is None
     assert "'Orders': its rows are encoded one by one" in caplog.text
+
+
+@needs_streaming
+def test_rows_made_from_columns_equal_beams_decoding_or_are_decoded(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The windowed values made from a read's columns (``coders.row_values``) equal
+    Beam's decoding of the rows' encoding, field types included, for every field type it
+    takes, nulls and event times before the epoch (rounded towards zero to milliseconds)
+    included; where its first rows disagree, the batch is decoded instead."""
+    from beam_spark_runner.coders.row_values import RowValues
+    from beam_spark_runner.streaming.spark_sources import ColumnsInput
+
+    pipeline = beam.Pipeline(options=PipelineOptions(["--streaming"]))
+    _ = pipeline | "Kinds" >> ReadFromSparkStream(
+        "json",
+        "s STRING NOT NULL, l BIGINT, i INT, h SMALLINT, d DOUBLE, f FLOAT, ok BOOLEAN, "
+        "raw BINARY, ts TIMESTAMP, at TIMESTAMP",
+        path="/x",
+        timestamp_column="ts",
+    )
+    rows = 40
+    times = [T0 + i * 1_234_567 for i in range(rows - 3)] + [-1_500, -1_000_001, 999]
+    batch = pa.RecordBatch.from_arrays(
+        [
+            pa.array([f"s{i}" for i in range(rows)], pa.string()),
+            pa.array([None if i % 6 == 1 else (1 << 62) - i for i in range(rows)], pa.int64()),
+            pa.array([None if i % 6 == 2 else -(i << 20) for i in range(rows)], pa.int32()),
+            pa.array([None if i % 6 == 3 else i - 20 for i in range(rows)], pa.int16()),
+            pa.array([None if i % 6 == 4 else i / 3 for i in range(rows)], pa.float64()),
+            pa.array([None if i % 6 == 5 else i / 7 for i in range(rows)], pa.float32()),
+            pa.array([None if i % 6 == 0 else i % 2 == 0 for i in range(rows)], pa.bool_()),
+            pa.array([None if i % 5 == 0 else bytes([i]) * i for i in range(rows)], pa.binary()),
+            pa.array(times, pa.timestamp("us", tz="UTC")),
+            pa.array([None if i % 4 == 0 else T0 - i for i in range(rows)], pa.timestamp("us")),
+        ],
+        names=["s", "l", "i", "h", "d", "f", "ok", "raw", "ts", "at"],
+    )
+    columns = _converter(pipeline).columns
+    decoded = list(columns.coder.get_impl().decode_all(b"".join(_encoded(columns, batch))))
+    assert [v.timestamp for v in decoded[-3:]] == [
+        Timestamp(micros=-1_000),
+        Timestamp(micros=-1_000_000),
+        Timestamp(micros=0),
+    ]
+    made = ColumnsInput(columns, [batch.slice(0, 20), batch.slice(20)]).windowed_values()
+    assert made is not None
+    made = list(made)
+    assert [(v.value, v.timestamp, v.windows, v.pane_info) for v in made] == [
+        (v.value, v.timestamp, v.windows, v.pane_info) for v in decoded
+    ]
+    assert [[type(f) for f in v.value] for v in made] == [
+        [type(f) for f in v.value] for v in decoded
+    ]
+    assert all(type(v.value) is type(decoded[0].value) for v in made)
+
+    monkeypatch.setattr(RowValues, "make", lambda self, batch, micros, w, p: [])
+    disagreeing = _converter(pipeline).columns
+    with caplog.at_level("WARNING"):
+        assert ColumnsInput(disagreeing, [batch]).windowed_values() is None
+    assert "'Kinds': its rows are decoded from their encoding" in caplog.text
+    # Iterated, the input still gives the encoded elements.
+    assert b"".join(ColumnsInput(disagreeing, [batch])) == b"".join(_encoded(columns, batch))
 
 
 @needs_streaming
@@ -253,8 +382,8 @@ def test_columns_the_column_wise_encoding_does_not_take_are_encoded_one_by_one()
     _ = pipeline | "Ledger" >> ReadFromSparkStream(
         "json", "day DATE, amount DECIMAL(10, 2), ts TIMESTAMP", path="/x", timestamp_column="ts"
     )
-    convert = _converter(pipeline)
-    assert convert._columns.encoder is None
+    columns = _converter(pipeline).columns
+    assert columns._columns.encoder is None and columns._values.maker is None
     batch = pa.RecordBatch.from_arrays(
         [
             pa.array([datetime.date(2026, 1, 2), None], pa.date32()),
@@ -263,11 +392,12 @@ def test_columns_the_column_wise_encoding_does_not_take_are_encoded_one_by_one()
         ],
         names=["day", "amount", "ts"],
     )
-    from beam_spark_runner.streaming import rows as routed
+    from beam_spark_runner.streaming.spark_sources import ColumnsInput
 
-    rows = [r for b in convert.convert([batch]) for r in b.to_pylist()]
-    impl = convert.coder.get_impl()
-    elements = [e for r in rows if r[routed.ELEMENT] for e in impl.decode_all(r[routed.ELEMENT])]
+    # Nor are they made from columns: the batched steps decode them.
+    assert ColumnsInput(columns, [batch]).windowed_values() is None
+    impl = columns.coder.get_impl()
+    elements = [e for piece in ColumnsInput(columns, [batch]) for e in impl.decode_all(piece)]
     assert [tuple(e.value) for e in elements] == [
         (datetime.date(2026, 1, 2), decimal.Decimal("1.25"), Timestamp(micros=T0)),
         (None, None, Timestamp(micros=T0 + 7)),
@@ -313,3 +443,64 @@ def test_the_runner_source_says_minus_infinity_for_a_spark_stream_every_batch() 
             MIN_MICROS,
             42,
         )
+
+
+_ROUTER_RUNS = itertools.count()
+
+
+@needs_streaming
+@pytest.mark.parametrize("batched", [True, False])
+def test_a_router_gives_the_same_rows_from_columns_as_from_encoded_elements(
+    batched: bool,
+) -> None:
+    """A stage reading a Spark stream runs the same over the read's columns (values made
+    directly for batched steps, encoded for the bundle processor) as over its encoded
+    elements: the router's rows out are the same bytes."""
+    from beam_spark_runner.streaming import rows as routed
+    from beam_spark_runner.streaming.query import plan_topology
+    from beam_spark_runner.streaming.router import RouterSpec, run_router
+    from beam_spark_runner.streaming.spark_sources import stream_columns
+    from tests.stage_specs import stage_spec
+
+    pipeline, rows = _pipeline()
+    _ = (
+        rows
+        | "Key" >> beam.Map(lambda row: (row.user or "", (row.amount, row.ts.micros)))
+        | beam.WindowInto(beam.window.FixedWindows(5))
+        | beam.GroupByKey()
+    )
+    plan = _plan(pipeline)
+    topology = plan_topology(plan, 2)
+    convert = _converter(pipeline)
+    (reader,) = topology.roots[convert.producer]
+    stage = plan.stage(topology.nodes[reader].name)
+    spec = dataclasses.replace(
+        stage_spec(plan, stage, f"router-columns-{next(_ROUTER_RUNS)}"), batched_steps=batched
+    )
+    router = RouterSpec(0, topology, {reader: spec}, stream_columns(plan, topology))
+    assert set(router.reads) == {convert.producer}
+    batches = [
+        _orders(list(range(30)), [f"u{i % 4}" if i % 3 else None for i in range(30)]),
+        _orders([7, 8], ["ann", "bo"]),
+    ]
+    columns = list(convert.convert(batches))
+    assert routed.COLUMNS in pa.Table.from_batches(columns).column(routed.PORT).to_pylist()
+    # The same rows encoded, and the read's marker (its last batch).
+    (markers,) = columns[-1:]
+    assert markers.column(routed.ELEMENT).null_count == markers.num_rows
+    encoded = [
+        *(
+            routed.element_batch(topology, reader, _encoded_array(convert.columns, b))
+            for b in batches
+        ),
+        markers,
+    ]
+
+    def routed_rows(inputs: list[pa.RecordBatch]) -> list[dict[str, Any]]:
+        out = pa.Table.from_batches(list(run_router(router, inputs, NO_SINKS))).to_pylist()
+        return sorted(out, key=repr)
+
+    from_columns = routed_rows(columns)
+    assert from_columns == routed_rows(encoded)
+    grouped = [r for r in from_columns if r[routed.ELEMENT] is not None]
+    assert grouped and {r[routed.PORT] for r in grouped} == {routed.KEYED_RUN}

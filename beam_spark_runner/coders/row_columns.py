@@ -26,7 +26,7 @@ import pyarrow as pa
 from apache_beam.coders import coders
 from apache_beam.coders.row_coder import RowCoder
 from apache_beam.portability.api import schema_pb2
-from apache_beam.utils.timestamp import MIN_TIMESTAMP
+from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -35,6 +35,7 @@ _MAX_VARINT_BYTES = 10
 # The windowed value's timestamp: milliseconds, shifted so that they sort as unsigned.
 _TIME_SHIFT = 1 << 63
 _MIN_MICROS = MIN_TIMESTAMP.micros
+_MAX_MICROS = MAX_TIMESTAMP.micros
 # One global window (a four-byte count, the window itself encodes as nothing), then the
 # pane (the first and only firing, on time). Checked against Beam's encoding of a probe.
 _GLOBAL_WINDOW_AND_PANE = b"\x00\x00\x00\x01\x0f"
@@ -158,6 +159,29 @@ def timestamp_micros(column: pa.Array) -> pa.Array:
     return column.cast(pa.int64())
 
 
+def row_coder_of(coder: coders.Coder) -> RowCoder | None:
+    """The ``RowCoder`` inside ``coder``, or None.
+
+    ``coder`` must be a windowed-value coder in the global window around it (possibly
+    length-prefixed), its fields in encoding order.
+    """
+    if not isinstance(coder, coders.WindowedValueCoder) or not isinstance(
+        coder.window_coder, coders.GlobalWindowCoder
+    ):
+        return None
+    value_coder = coder.wrapped_value_coder
+    if isinstance(value_coder, coders.LengthPrefixCoder):
+        value_coder = value_coder.value_coder()
+    if not isinstance(value_coder, RowCoder):
+        return None
+    schema = value_coder.schema
+    if schema.encoding_positions_set and [f.encoding_position for f in schema.fields] != list(
+        range(len(schema.fields))
+    ):
+        return None
+    return value_coder
+
+
 _FieldEncoder = Callable[[pa.Array, np.ndarray], Pieces]
 
 
@@ -209,21 +233,11 @@ class RowColumnsEncoder:
         ``RowCoder`` (or a length-prefixed one) of fields this module encodes. The caller
         checks the first rows it encodes against Beam's own encoding (:meth:`agrees`).
         """
-        if not isinstance(coder, coders.WindowedValueCoder) or not isinstance(
-            coder.window_coder, coders.GlobalWindowCoder
-        ):
+        value_coder = row_coder_of(coder)
+        if value_coder is None:
             return None
-        value_coder = coder.wrapped_value_coder
-        prefixed = isinstance(value_coder, coders.LengthPrefixCoder)
-        if prefixed:
-            value_coder = value_coder.value_coder()
-        if not isinstance(value_coder, RowCoder):
-            return None
+        prefixed = isinstance(getattr(coder, "wrapped_value_coder", None), coders.LengthPrefixCoder)
         schema = value_coder.schema
-        if schema.encoding_positions_set and [f.encoding_position for f in schema.fields] != list(
-            range(len(schema.fields))
-        ):
-            return None
         encoders = [_field_encoder(field) for field in schema.fields]
         if not schema.fields or any(encoder is None for encoder in encoders):
             return None
@@ -290,10 +304,31 @@ class RowColumnsEncoder:
         return Pieces(lengths, data.astype(np.uint8)[used])
 
 
+def _millis(micros: np.ndarray) -> np.ndarray:
+    """Event times as ``WindowedValueCoderImpl`` writes them.
+
+    Milliseconds, rounded towards zero (Beam divides the absolute value), from
+    ``MIN_TIMESTAMP`` up.
+    """
+    clamped = np.maximum(micros, _MIN_MICROS)
+    return np.sign(clamped) * (np.abs(clamped) // 1000)  # type: ignore[no-any-return]
+
+
+def windowed_value_micros(micros: np.ndarray) -> np.ndarray:
+    """Event times as a windowed value decoded from Beam's encoding has them.
+
+    Its decoder restores ``MIN_TIMESTAMP`` and ``MAX_TIMESTAMP`` from their milliseconds.
+    """
+    millis = _millis(micros)
+    return np.where(  # type: ignore[no-any-return]
+        millis <= -(abs(_MIN_MICROS) // 1000),
+        _MIN_MICROS,
+        np.where(millis >= _MAX_MICROS // 1000, _MAX_MICROS, millis * 1000),
+    )
+
+
 def _timestamps(micros: np.ndarray) -> Pieces:
     """The windowed values' timestamps, as ``WindowedValueCoderImpl`` writes them."""
-    clamped = np.maximum(micros, _MIN_MICROS)
-    # Milliseconds rounded towards zero (Beam divides the absolute value).
-    millis = np.sign(clamped) * (np.abs(clamped) // 1000)
+    millis = _millis(micros)
     shifted = millis.astype(np.int64).view(np.uint64) + np.uint64(_TIME_SHIFT)
     return Pieces.fixed(shifted.astype(">u8").view(np.uint8), 8)

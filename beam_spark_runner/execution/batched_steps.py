@@ -45,8 +45,9 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
-from typing import Any
+import typing
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution import collector
@@ -408,6 +409,20 @@ class _Batch:
             step.process(values, functools.partial(self.emit, step.spec.output_pcollection))
 
 
+@typing.runtime_checkable
+class ValuesInput(Protocol):
+    """A batch's input that can make its windowed values without Beam's decoding.
+
+    A Spark stream's columns (``streaming.spark_sources.ColumnsInput``). Iterated, it gives
+    them encoded, for the bundle processor.
+    """
+
+    def __iter__(self) -> Iterator[bytes]: ...
+
+    def windowed_values(self) -> Iterator[Any] | None:
+        """The values the input coder would decode, in order; None where it cannot."""
+
+
 def _encode_into(impl: Any, values: list[Any], out: Any, ends: list[int]) -> None:
     """Encodes windowed values as the data plane does, noting each element's end."""
     encode = impl.encode_to_stream
@@ -471,7 +486,8 @@ class BatchedSteps:
         """Runs the batched steps over one batch of encoded elements (one bundle).
 
         ``data`` is the batch's elements, or pieces of them decoded as the steps need them
-        (a native text read's blocks, ``execution.text_read.TextInput``).
+        (a native text read's blocks, ``execution.text_read.TextInput``), or a
+        ``ValuesInput`` that makes the windowed values itself.
 
         The batch goes through the steps a chunk at a time (``_CHUNK`` elements, outputs
         included), so few windowed values are alive at once, with Python's cyclic garbage
@@ -493,7 +509,10 @@ class BatchedSteps:
                     for step in reversed(self._steps):
                         step.start()
                     decode = self._input.decode_all
-                    if isinstance(data, bytes):
+                    made = data.windowed_values() if isinstance(data, ValuesInput) else None
+                    if made is not None:
+                        values = made
+                    elif isinstance(data, bytes):
                         values = decode(data)
                     else:
                         values = itertools.chain.from_iterable(map(decode, data))

@@ -52,6 +52,10 @@ from beam_spark_runner.metrics import TaskMetrics, task_metrics
 
 _LOGGER = logging.getLogger(__name__)
 
+# A bundle's input: its encoded elements, or pieces of them read as the bundle runs (a
+# native text read's ``TextInput``; a Spark stream's columns, ``batched_steps.ValuesInput``).
+Bundle = bytes | Iterable[bytes]
+
 
 # An SDF may ask to be resumed after a delay; in batch the runner waits, up to this long.
 _MAX_RESUME_DELAY_SECONDS = 5.0
@@ -250,7 +254,7 @@ class StageWorker:
         self.state.load_side_inputs(entries)
         self.cache_tokens = _side_input_cache_tokens(self._side_inputs, token)
 
-    def _run_batched(self, data: bytes | TextInput) -> Any:
+    def _run_batched(self, data: Bundle) -> Any:
         """The batched steps over ``data``; a step with side inputs reads them from state."""
         assert self.batched is not None
         if not self.batched.reads_side_inputs:
@@ -260,11 +264,13 @@ class StageWorker:
         ):
             return self.batched.run(data)
 
-    def _with_state_backed_iterables(self, data: bytes | TextInput) -> bytes | TextInput:
+    def _with_state_backed_iterables(self, data: Bundle) -> Bundle:
         """Re-encodes input elements so their iterables' values are read from state."""
         impl = self._state_backed_input
         if impl is None or not data or isinstance(data, TextInput):
             return data
+        if not isinstance(data, bytes):
+            data = b"".join(data)
         out = bi.create_OutputStream()
         for element in impl.decode_all(data):
             impl.encode_to_stream(element, out, True)
@@ -275,7 +281,7 @@ class StageWorker:
 
     def _run_once(
         self,
-        data: bytes | TextInput,
+        data: Bundle,
         outputs: BundleOutputs,
         metrics: TaskMetrics,
         timers: dict[TimerFamilyId, bytes] | None = None,
@@ -370,7 +376,7 @@ class StageWorker:
 
     def _bundles(
         self,
-        data: bytes | TextInput,
+        data: Bundle,
         metrics: TaskMetrics,
         timers: dict[TimerFamilyId, bytes] | None = None,
         pending: PendingTimers | None = None,
@@ -420,13 +426,11 @@ class StageWorker:
         """
         yield from self._bundles(data, metrics, timers, pending)
 
-    def process(self, data: bytes | TextInput, metrics: TaskMetrics) -> Iterator[BundleOutputs]:
+    def process(self, data: Bundle, metrics: TaskMetrics) -> Iterator[BundleOutputs]:
         """Runs one bundle over ``data``, then its SDF residuals; yields each's output."""
         yield from self._bundles(data, metrics)
 
-    def process_keys(
-        self, data: bytes | TextInput, metrics: TaskMetrics
-    ) -> Iterator[BundleOutputs]:
+    def process_keys(self, data: Bundle, metrics: TaskMetrics) -> Iterator[BundleOutputs]:
         """Runs complete key groups of a stateful stage: elements, then timers, then done.
 
         ``data`` holds every element of the keys it contains. After the elements' bundle
@@ -644,9 +648,7 @@ def recording(sinks: TaskSinks) -> Iterator[None]:
         yield
 
 
-def _bundle_inputs(
-    spec: StageSpec, batches: Iterable[pa.RecordBatch]
-) -> Iterator[bytes | TextInput]:
+def _bundle_inputs(spec: StageSpec, batches: Iterable[pa.RecordBatch]) -> Iterator[Bundle]:
     """The encoded elements of each bundle: one per batch, or per run of whole keys.
 
     A stage reading text files natively gets a batch of byte ranges: its bundle's input is
@@ -672,19 +674,30 @@ def run_stage(
     A stateless stage runs one bundle per input batch. A stateful stage reads a partition
     sorted by key and runs whole keys at a time: their elements, then their timers.
     """
+    return run_stage_bundles(spec, _bundle_inputs(spec, batches), sinks)
+
+
+def run_stage_bundles(
+    spec: StageSpec, bundles: Iterable[bytes | Iterable[bytes]], sinks: TaskSinks = NO_SINKS
+) -> Iterator[pa.RecordBatch]:
+    """Runs the stage over each bundle's input (see :func:`run_stage`); yields its outputs.
+
+    A bundle's input is its encoded elements, or an iterable of pieces of them: a native
+    text read's (``TextInput``), a Spark stream's columns (``ValuesInput``).
+    """
     with recording(sinks):
         worker = stage_worker(spec)
     process = worker.process_keys if spec.stateful else worker.process
     worker.drop_unfinalized()  # left over from a task of this worker that failed
     with task_metrics(sinks.metrics, spec.name) as metrics:
-        for data in _bundle_inputs(spec, batches):
+        for data in bundles:
             if not data:
                 continue
-            bundles = process(data, metrics)
+            outputs_of_bundle = process(data, metrics)
             while True:
                 try:
                     with recording(sinks):
-                        outputs = next(bundles, None)
+                        outputs = next(outputs_of_bundle, None)
                 except StageExecutionError:
                     raise
                 except Exception as error:  # noqa: BLE001 - re-raised with the stage's name

@@ -47,7 +47,11 @@ from beam_spark_runner.streaming.router import RouterSpec, run_router
 from beam_spark_runner.streaming.side_inputs import SideInputSpec, SideInputStageSpec
 from beam_spark_runner.streaming.source import SOURCE_NAME, RunnerSource, source_options
 from beam_spark_runner.streaming.source_plan import SourcePlan
-from beam_spark_runner.streaming.spark_sources import spark_stream_roots, union_spark_streams
+from beam_spark_runner.streaming.spark_sources import (
+    spark_stream_roots,
+    stream_columns,
+    union_spark_streams,
+)
 from beam_spark_runner.streaming.test_stream import test_stream_steps
 from beam_spark_runner.streaming.topology import (
     GROUP,
@@ -354,6 +358,7 @@ def build_frame(
         .load()
     )
     frame = union_spark_streams(frame, spark, plan, topology)
+    reads = stream_columns(plan, topology)
     for step in range(topology.levels + 1):
         if step > 0:
             level = topology.stateful_in(step)
@@ -395,7 +400,7 @@ def build_frame(
         if stages:
             names = " + ".join(plan.stage(topology.nodes[i].name).display_name for i in stages)
             body = functools.partial(
-                run_router, RouterSpec(step, topology, stages), sinks=context.sinks
+                run_router, RouterSpec(step, topology, stages, reads), sinks=context.sinks
             )
             frame = frame.mapInArrow(
                 named_function(body, spark_function_name(names)), routed.routed_type()

@@ -15,7 +15,13 @@ addressed to it without looking inside:
 * ``producer`` ``watermark`` ``ptime``  a marker: who says it, its output watermark and the
   runner's processing time of the micro-batch, in microseconds; null for elements;
 * ``port``     0 for a main-input element, n for one of the target's n-th side input (sent
-  to every shard of the target), ``KEYED_RUN`` for a keyed run.
+  to every shard of the target), ``KEYED_RUN`` for a keyed run, ``COLUMNS`` for a Spark
+  stream's rows as columns.
+
+A ``ReadFromSparkStream`` read only by stateless stages sends each batch of rows it reads
+as one *columns* row (port ``COLUMNS``): the element cell is an Arrow IPC stream of the
+rows, and ``producer`` names the read. The router makes the elements from the columns
+(``spark_sources.ColumnsInput``), so they are not encoded and decoded on the way.
 """
 
 from __future__ import annotations
@@ -68,6 +74,8 @@ PACKED_CELL_BYTES = 1 << 20
 # (``_FRAME``: the key's and the element's lengths, then the key, then the element).
 KEYED_RUN = -1
 _FRAME = struct.Struct(">II")
+# The port of a Spark stream's rows as columns (see the module doc).
+COLUMNS = -2
 
 
 @functools.cache
@@ -118,6 +126,11 @@ def element_row(topology: Topology, target: int, key: bytes | None, element: byt
     node = topology.nodes[target]
     shard = shard_of(key if key is not None else element, topology.shards) if node.stateful else 0
     return (target, shard, key, element, None, None, None, 0)
+
+
+def columns_row(target: int, producer: str, cell: bytes) -> Row:
+    """A Spark stream's rows, an Arrow IPC stream, for stateless ``target``."""
+    return (target, 0, None, cell, producer, None, None, COLUMNS)
 
 
 def element_batch(topology: Topology, target: int, elements: pa.Array) -> pa.RecordBatch:

@@ -27,7 +27,9 @@ from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.coders.arrow_columns import packed_bytes
 from beam_spark_runner.coders.row_columns import RowColumnsEncoder, timestamp_micros
+from beam_spark_runner.coders.row_values import RowValues
 from beam_spark_runner.errors import SparkRunnerError
 from beam_spark_runner.io.spark_stream import TIMESTAMP_TYPES, SparkStreamSpec
 from beam_spark_runner.planning import SPARK_STREAM_BUFFER_KIND, SPARK_STREAM_URN, Plan
@@ -78,12 +80,16 @@ def spark_stream_roots(plan: Plan) -> list[SparkStreamRoot]:
 
 
 @dataclasses.dataclass(frozen=True)
-class RowsToElements:
-    """What a read's tasks need to turn Spark rows into routed rows."""
+class StreamColumns:
+    """A read's rows as Beam elements: encoded, or made as windowed values directly.
+
+    Its column-wise encoder (``coders.row_columns``) and maker (``coders.row_values``)
+    are each checked on the first rows of a process against Beam's own coder: where one
+    disagrees, rows are encoded one by one with Beam's coder, or decoded from that
+    encoding.
+    """
 
     name: str
-    producer: str
-    topology: Topology
     spec: SparkStreamSpec
     # The root's data-channel coder (a windowed-value coder of Beam rows).
     coder: Any
@@ -104,36 +110,23 @@ class RowsToElements:
     def _columns(self) -> _ColumnEncoding:
         return _ColumnEncoding(RowColumnsEncoder.for_coder(self.coder))
 
-    def convert(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        """The body of the read's ``mapInArrow`` (see the module doc)."""
-        targets = self.topology.roots[self.producer]
-        event_time = self.spec.schema.names.index(self.spec.timestamp_column)
-        latest: int | None = None
-        for batch in batches:
-            if not batch.num_rows:
-                continue
-            times = timestamp_micros(batch.column(event_time))
-            if times.null_count:
-                raise SparkStreamError(
-                    f"ReadFromSparkStream '{self.name}': expected every row to have an event "
-                    f"time in column {self.spec.timestamp_column!r}; found "
-                    f"{times.null_count} row(s) where it is null. Filter them out or fill "
-                    "the column in the source."
-                )
-            micros = times.to_numpy().astype(np.int64)
-            elements = self._encode(batch, micros)
-            for target in targets:
-                yield routed.element_batch(self.topology, target, elements)
-            newest = int(micros.max())
-            latest = newest if latest is None else max(latest, newest)
-        if latest is not None:
-            watermark = max(MIN_MICROS, latest - self.spec.watermark_delay_micros)
-            marker = Marker(self.producer, watermark, MIN_MICROS)
-            yield routed.to_batch(
-                row for t in targets for row in routed.marker_rows(self.topology, t, marker)
-            )
+    @functools.cached_property
+    def _values(self) -> _ValueMaking:
+        return _ValueMaking(RowValues.for_coder(self.coder))
 
-    def _encode(self, batch: pa.RecordBatch, micros: np.ndarray) -> pa.Array:
+    def event_micros(self, batch: pa.RecordBatch) -> np.ndarray:
+        """The rows' event times, microseconds; an error naming the read for a null one."""
+        times = timestamp_micros(batch.column(self.spec.timestamp_column))
+        if times.null_count:
+            raise SparkStreamError(
+                f"ReadFromSparkStream '{self.name}': expected every row to have an event "
+                f"time in column {self.spec.timestamp_column!r}; found "
+                f"{times.null_count} row(s) where it is null. Filter them out or fill "
+                "the column in the source."
+            )
+        return times.to_numpy().astype(np.int64)
+
+    def encode(self, batch: pa.RecordBatch, micros: np.ndarray) -> pa.Array:
         """The rows as Beam-encoded elements: column-wise once checked, else one by one."""
         columns = self._columns
         if columns.encoder is not None and not columns.checked:
@@ -151,6 +144,40 @@ class RowsToElements:
             return columns.encoder.encode(batch, micros)
         return pa.array(self._encode_rows(batch, micros), pa.binary())
 
+    def windowed_values(self, batch: pa.RecordBatch, micros: np.ndarray) -> list[Any] | None:
+        """The rows as the windowed values Beam decodes from their encoding.
+
+        Made from the columns once checked; None where they cannot be (the caller decodes
+        instead).
+        """
+        making = self._values
+        if making.maker is None:
+            return None
+        if making.windows is None:
+            probe = batch.slice(0, _PROBE_ROWS)
+            expected = list(
+                self.coder.get_impl().decode_all(
+                    b"".join(self._encode_rows(probe, micros[:_PROBE_ROWS]))
+                )
+            )
+            made = None
+            try:
+                made = making.maker.make(
+                    probe, micros[:_PROBE_ROWS], expected[0].windows, expected[0].pane_info
+                )
+            except (pa.ArrowException, TypeError, ValueError) as error:
+                _LOGGER.warning("Making rows from columns failed on a probe: %s", error)
+            if made is None or not _same_values(made, expected):
+                _LOGGER.warning(
+                    "ReadFromSparkStream '%s': its rows are decoded from their encoding (the "
+                    "values made from its columns differed from Beam's for its first rows).",
+                    self.name,
+                )
+                making.maker = None
+                return None
+            making.windows, making.pane = expected[0].windows, expected[0].pane_info
+        return making.maker.make(batch, micros, making.windows, making.pane)
+
     def _encode_rows(self, batch: pa.RecordBatch, micros: np.ndarray) -> list[bytes]:
         encode = self.coder.get_impl().encode_nested
         values = [
@@ -163,6 +190,19 @@ class RowsToElements:
         ]
 
 
+def _same_values(made: list[Any], expected: list[Any]) -> bool:
+    """Whether windowed rows are equal, field types included (``1 == 1.0``)."""
+    return len(made) == len(expected) and all(
+        type(m.value) is type(e.value)
+        and m.value == e.value
+        and [type(f) for f in m.value] == [type(f) for f in e.value]
+        and m.timestamp == e.timestamp
+        and m.windows == e.windows
+        and m.pane_info == e.pane_info
+        for m, e in zip(made, expected, strict=True)
+    )
+
+
 class _ColumnEncoding:
     """A read's column-wise encoder (None: one element at a time).
 
@@ -172,6 +212,120 @@ class _ColumnEncoding:
     def __init__(self, encoder: RowColumnsEncoder | None) -> None:
         self.encoder = encoder
         self.checked = False
+
+
+class _ValueMaking:
+    """A read's maker of windowed values (None: decode Beam's encoding).
+
+    With the windows and pane of Beam's decoding of its first rows (None until checked).
+    """
+
+    def __init__(self, maker: RowValues | None) -> None:
+        self.maker = maker
+        self.windows: Any = None
+        self.pane: Any = None
+
+
+class ColumnsInput:
+    """A stage's bundle input: a read's record batches (``rows.COLUMNS`` cells).
+
+    Iterated, it gives their elements encoded, a batch at a time (the bundle processor's
+    data input reads them so); the batched steps ask for the windowed values instead
+    (``execution.batched_steps.ValuesInput``), made without encoding and decoding.
+    """
+
+    def __init__(self, columns: StreamColumns, batches: list[pa.RecordBatch]) -> None:
+        self.columns = columns
+        self.batches = batches
+
+    def __bool__(self) -> bool:
+        return any(batch.num_rows for batch in self.batches)
+
+    def __iter__(self) -> Iterator[bytes]:
+        for batch in self.batches:
+            if batch.num_rows:
+                encoded = self.columns.encode(batch, self.columns.event_micros(batch))
+                yield packed_bytes(encoded)
+
+    def windowed_values(self) -> Iterator[Any] | None:
+        """The windowed values, or None where the read's cannot be made from columns."""
+        batches = [b for b in self.batches if b.num_rows]
+        if not batches:
+            return iter(())
+        first = self.columns.windowed_values(batches[0], self.columns.event_micros(batches[0]))
+        if first is None:
+            return None
+
+        def values() -> Iterator[Any]:
+            yield from first
+            for batch in batches[1:]:
+                made = self.columns.windowed_values(batch, self.columns.event_micros(batch))
+                assert made is not None  # checked on the first batch
+                yield from made
+
+        return values()
+
+
+def columns_cell(batch: pa.RecordBatch) -> bytes:
+    """A record batch as a ``rows.COLUMNS`` cell: an Arrow IPC stream of it."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()  # type: ignore[no-any-return]
+
+
+def cell_batches(cell: bytes) -> list[pa.RecordBatch]:
+    """The record batches of a ``rows.COLUMNS`` cell."""
+    return list(pa.ipc.open_stream(cell))
+
+
+@dataclasses.dataclass(frozen=True)
+class RowsToElements:
+    """What a read's tasks need to turn Spark rows into routed rows.
+
+    When every reader is a stateless stage (a router's), a batch travels as its columns
+    (``rows.COLUMNS``; the router makes the elements, see ``ColumnsInput``); else as
+    encoded elements.
+    """
+
+    name: str
+    producer: str
+    topology: Topology
+    spec: SparkStreamSpec
+    # The root's data-channel coder (a windowed-value coder of Beam rows).
+    coder: Any
+
+    @functools.cached_property
+    def columns(self) -> StreamColumns:
+        return StreamColumns(self.name, self.spec, self.coder)
+
+    @functools.cached_property
+    def _as_columns(self) -> bool:
+        return not any(self.topology.nodes[t].stateful for t in self.topology.roots[self.producer])
+
+    def convert(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """The body of the read's ``mapInArrow`` (see the module doc)."""
+        targets = self.topology.roots[self.producer]
+        latest: int | None = None
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            micros = self.columns.event_micros(batch)
+            if self._as_columns:
+                cell = columns_cell(batch)
+                yield routed.to_batch(routed.columns_row(t, self.producer, cell) for t in targets)
+            else:
+                elements = self.columns.encode(batch, micros)
+                for target in targets:
+                    yield routed.element_batch(self.topology, target, elements)
+            newest = int(micros.max())
+            latest = newest if latest is None else max(latest, newest)
+        if latest is not None:
+            watermark = max(MIN_MICROS, latest - self.spec.watermark_delay_micros)
+            marker = Marker(self.producer, watermark, MIN_MICROS)
+            yield routed.to_batch(
+                row for t in targets for row in routed.marker_rows(self.topology, t, marker)
+            )
 
 
 def _timestamps(column: pa.Array) -> list[Timestamp | None]:
@@ -204,6 +358,17 @@ def read_frame(
     return frame.mapInArrow(
         named_function(body, spark_function_name(root.name)), routed.routed_type()
     )
+
+
+def stream_columns(plan: Plan, topology: Topology) -> dict[str, StreamColumns]:
+    """The reads that send their rows as columns to routers, by producer id."""
+    context = bi.PipelineContext(plan.components)
+    return {
+        root.producer: StreamColumns(root.name, root.spec, context.coders[root.coder_id])
+        for root in spark_stream_roots(plan)
+        if root.producer in topology.roots
+        and not any(topology.nodes[t].stateful for t in topology.roots[root.producer])
+    }
 
 
 def union_spark_streams(
