@@ -301,7 +301,7 @@ class RowsToElements:
 
     @functools.cached_property
     def _as_columns(self) -> bool:
-        return not any(self.topology.nodes[t].stateful for t in self.topology.roots[self.producer])
+        return sends_columns(self.topology, self.producer)
 
     def convert(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """The body of the read's ``mapInArrow`` (see the module doc)."""
@@ -360,14 +360,22 @@ def read_frame(
     )
 
 
+def sends_columns(topology: Topology, producer: str) -> bool:
+    """Whether a read sends its rows as columns: when only stateless stages read them.
+
+    (Fusion puts a read's readers in stages of their own, stateless: a stateful reader, a
+    side-input stage or a GroupByKey, reads the rows from one of those.)
+    """
+    return not any(topology.nodes[t].stateful for t in topology.roots[producer])
+
+
 def stream_columns(plan: Plan, topology: Topology) -> dict[str, StreamColumns]:
     """The reads that send their rows as columns to routers, by producer id."""
     context = bi.PipelineContext(plan.components)
     return {
         root.producer: StreamColumns(root.name, root.spec, context.coders[root.coder_id])
         for root in spark_stream_roots(plan)
-        if root.producer in topology.roots
-        and not any(topology.nodes[t].stateful for t in topology.roots[root.producer])
+        if root.producer in topology.roots and sends_columns(topology, root.producer)
     }
 
 
