@@ -20,7 +20,6 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.coders import coders
 from apache_beam.portability.api import schema_pb2
-from apache_beam.typehints.schemas import named_tuple_from_schema
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders.row_columns import (
@@ -64,12 +63,9 @@ def _field_values(field: schema_pb2.Field) -> _FieldValues | None:
 class RowValues:
     """Makes windowed Beam rows from record batches; see the module doc."""
 
-    def __init__(
-        self, names: list[str], readers: list[_FieldValues], row_type: Any, nullable: list[bool]
-    ) -> None:
+    def __init__(self, names: list[str], readers: list[_FieldValues], nullable: list[bool]) -> None:
         self._names = names
         self._readers = readers
-        self._row_type = row_type
         self._nullable = nullable
 
     @classmethod
@@ -89,15 +85,17 @@ class RowValues:
         return cls(
             [field.name for field in schema.fields],
             [r for r in readers if r is not None],
-            named_tuple_from_schema(schema),
             [field.type.nullable for field in schema.fields],
         )
 
-    def make(self, batch: pa.RecordBatch, micros: np.ndarray, windows: Any, pane: Any) -> list[Any]:
+    def make(
+        self, batch: pa.RecordBatch, micros: np.ndarray, row_type: Any, windows: Any, pane: Any
+    ) -> list[Any]:
         """Each row of ``batch`` as a windowed value at its event time (``micros``).
 
-        The values are in ``windows`` with ``pane`` (the global window and the only pane:
-        the caller takes both from Beam's decoding of a probe).
+        The rows are ``row_type``'s (the schema's named tuple), in ``windows`` with ``pane``
+        (the global window and the only pane): the caller takes all three from Beam's
+        decoding of a probe. (Beam 2.69 makes a row type per coder, 2.7x one per schema.)
         """
         columns = []
         for name, reader, nullable in zip(self._names, self._readers, self._nullable, strict=True):
@@ -108,7 +106,7 @@ class RowValues:
                     f"{name!r}. Make the column nullable or fill it in the source."
                 )
             columns.append(reader(column))
-        row = self._row_type
+        row = row_type
         create = bi.create_windowed_value
         return [
             create(row(*fields), at, windows, pane)

@@ -153,7 +153,7 @@ class StreamColumns:
         making = self._values
         if making.maker is None:
             return None
-        if making.windows is None:
+        if making.probed is None:
             probe = batch.slice(0, _PROBE_ROWS)
             expected = list(
                 self.coder.get_impl().decode_all(
@@ -163,7 +163,7 @@ class StreamColumns:
             made = None
             try:
                 made = making.maker.make(
-                    probe, micros[:_PROBE_ROWS], expected[0].windows, expected[0].pane_info
+                    probe, micros[:_PROBE_ROWS], *_row_type_windows_pane(expected[0])
                 )
             except (pa.ArrowException, TypeError, ValueError) as error:
                 _LOGGER.warning("Making rows from columns failed on a probe: %s", error)
@@ -175,8 +175,8 @@ class StreamColumns:
                 )
                 making.maker = None
                 return None
-            making.windows, making.pane = expected[0].windows, expected[0].pane_info
-        return making.maker.make(batch, micros, making.windows, making.pane)
+            making.probed = _row_type_windows_pane(expected[0])
+        return making.maker.make(batch, micros, *making.probed)
 
     def _encode_rows(self, batch: pa.RecordBatch, micros: np.ndarray) -> list[bytes]:
         encode = self.coder.get_impl().encode_nested
@@ -188,6 +188,10 @@ class StreamColumns:
             encode(GlobalWindows.windowed_value(self._row_class(*row), Timestamp(micros=m)))
             for row, m in zip(zip(*values, strict=True), micros.tolist(), strict=True)
         ]
+
+
+def _row_type_windows_pane(value: Any) -> tuple[Any, Any, Any]:
+    return type(value.value), value.windows, value.pane_info
 
 
 def _same_values(made: list[Any], expected: list[Any]) -> bool:
@@ -217,13 +221,13 @@ class _ColumnEncoding:
 class _ValueMaking:
     """A read's maker of windowed values (None: decode Beam's encoding).
 
-    With the windows and pane of Beam's decoding of its first rows (None until checked).
+    With the row type, windows and pane of Beam's decoding of its first rows (None until
+    they are checked).
     """
 
     def __init__(self, maker: RowValues | None) -> None:
         self.maker = maker
-        self.windows: Any = None
-        self.pane: Any = None
+        self.probed: tuple[Any, Any, Any] | None = None
 
 
 class ColumnsInput:
