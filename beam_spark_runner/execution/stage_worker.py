@@ -678,7 +678,7 @@ def run_stage(
 
 
 def run_stage_bundles(
-    spec: StageSpec, bundles: Iterable[bytes | Iterable[bytes]], sinks: TaskSinks = NO_SINKS
+    spec: StageSpec, bundles: Iterable[Bundle], sinks: TaskSinks = NO_SINKS
 ) -> Iterator[pa.RecordBatch]:
     """Runs the stage over each bundle's input (see :func:`run_stage`); yields its outputs.
 
