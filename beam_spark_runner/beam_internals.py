@@ -942,6 +942,56 @@ def flatten_dofn() -> Any:
 
 
 PRECOMBINE_URN: str = common_urns.combine_components.COMBINE_PER_KEY_PRECOMBINE.urn
+# A lifted combine's phases after its GroupByKey, by Beam's phase names.
+COMBINE_PHASE_URNS: dict[str, str] = {
+    common_urns.combine_components.COMBINE_PER_KEY_MERGE_ACCUMULATORS.urn: "merge",
+    common_urns.combine_components.COMBINE_PER_KEY_EXTRACT_OUTPUTS.urn: "extract",
+}
+
+
+def combine_phase_dofn(urn: str, payload: bytes, context: Any) -> Any:
+    """The DoFn the batched path runs for a lifted combine's merge or extract phase.
+
+    It is Beam's ``CombineOperation`` (what the bundle processor builds for these URNs):
+    each ``(key, accumulators)`` becomes ``(key, merge_accumulators(accumulators))``, or
+    ``(key, accumulator)`` becomes ``(key, extract_output(accumulator))``, with the input's
+    timestamp, windows and pane, through Beam's ``PhasedCombineFnExecutor``; the CombineFn
+    is set up and torn down with the step. The batched path calls ``apply_kv`` per element
+    (``runner_combine_phase``).
+    """
+    import apache_beam as beam
+    from apache_beam.transforms import core
+    from apache_beam.transforms.combiners import PhasedCombineFnExecutor
+
+    combine_payload = beam_runner_api_pb2.CombinePayload.FromString(payload)
+    executor = PhasedCombineFnExecutor(
+        COMBINE_PHASE_URNS[urn],
+        core.CombineFn.from_runner_api(combine_payload.combine_fn, context),
+        [],
+        {},
+    )
+    apply, combine_fn = executor.apply, executor.combine_fn
+
+    def apply_kv(element: tuple[Any, Any]) -> tuple[Any, Any]:
+        key, values = element
+        return key, apply(values)
+
+    class CombinePhaseDoFn(beam.DoFn):  # type: ignore[misc]
+        runner_combine_phase = True
+
+        def __init__(self) -> None:
+            self.apply_kv = apply_kv
+
+        def setup(self) -> None:
+            combine_fn.setup()
+
+        def teardown(self) -> None:
+            combine_fn.teardown()
+
+        def process(self, element: tuple[Any, Any]) -> Iterator[tuple[Any, Any]]:
+            yield apply_kv(element)
+
+    return CombinePhaseDoFn()
 
 
 def precombine_dofn(payload: bytes, context: Any, windowing: Any) -> Any:

@@ -775,3 +775,79 @@ def test_globally_windowed_side_inputs_are_read_once_per_batch_for_a_direct_call
     # Read once per batch; the call made with the values is dropped at the batch's end.
     assert len(reads) == 3 and step.call is None
     tear_down_stage_workers()
+
+
+class _Mean(beam.combiners.MeanCombineFn):  # type: ignore[misc]
+    """Beam's mean, counting its setups, merges and extractions in user metrics."""
+
+    def setup(self) -> None:
+        Metrics.counter("test", "combine_setup").inc()
+
+    def merge_accumulators(self, accumulators: Any) -> Any:
+        Metrics.counter("test", "merged").inc()
+        return super().merge_accumulators(accumulators)
+
+    def extract_output(self, accumulator: Any) -> Any:
+        Metrics.counter("test", "extracted").inc()
+        return super().extract_output(accumulator)
+
+
+def _after_combine_stage(run_id: str, batched: bool) -> tuple[StageSpec, Any]:
+    """The stage after a lifted combine's GroupByKey (merge, extract, a Map, a write) and
+    the coder of its input (the combine's groups of accumulators)."""
+    p = beam.Pipeline()
+    _ = (
+        p
+        | beam.Impulse()
+        | "Source" >> beam.ParDo(Source())
+        | beam.WindowInto(window.FixedWindows(10))
+        | "Pair" >> beam.Map(lambda x: (x % 7, x))
+        | beam.CombinePerKey(_Mean())
+        | "Format" >> beam.Map(lambda kv: (kv[0] % 2, f"{kv[0]}:{kv[1]}"))
+        | "Regroup" >> beam.GroupByKey()
+    )
+    plan = build_plan(bi.prepare_pipeline_proto(p.to_runner_api()))
+    (stage,) = [s for s in plan.stages if any(n.endswith("/Merge") for n in s.user_transform_names)]
+    coder = bi.PipelineContext(plan.components).coders[stage.input_coder_id]
+    spec = stage_spec(plan, stage, run_id, keyed=False)
+    return dataclasses.replace(spec, batched_steps=batched), coder
+
+
+def test_a_combines_merge_and_extract_run_batched_with_the_bundle_processors_bytes() -> None:
+    """A lifted combine's merge and extract phases (Beam's CombineOperation) run batched:
+    the same bytes (timestamps, windows and panes kept), element counts and user metrics
+    as the bundle processor, the CombineFn set up once."""
+    run = next(_RUNS)
+    results = []
+    for batched in (True, False):
+        spec, coder = _after_combine_stage(f"combine-phases-{batched}-{run}", batched)
+        groups = [
+            WindowedValue(
+                (key, [(key * 10 + i, i + 1) for i in range(key % 3 + 1)]),
+                Timestamp(micros=key * 1_000_000 + 999),
+                [window.IntervalWindow(key * 10, key * 10 + 10)],
+                PaneInfo(True, key % 2 == 0, PaneInfoTiming.ON_TIME, 0, 0),
+            )
+            for key in range(12)
+        ]
+        data = b"".join(coder.get_impl().encode_nested(g) for g in groups)
+        worker = stage_worker(spec)
+        assert (worker.batched is not None) is batched
+        if batched:
+            assert worker.batched.plan.remainder is None
+            assert any(n.endswith("/Merge") for n in worker.batched.step_names)
+            assert any(n.endswith("/ExtractOutputs") for n in worker.batched.step_names)
+        metrics = TaskMetrics()
+        elements: list[bytes] = []
+        for _ in range(2):
+            for outputs in worker.process(data, metrics):
+                for batch in outputs.record_batches(spec.outputs, worker.key_extractors):
+                    elements.extend(batch.column(ELEMENT).to_pylist())
+        results.append((elements, _comparable_metrics(metrics.infos, worker.descriptor)))
+    (on_elements, on_metrics), (off_elements, off_metrics) = results
+    assert on_elements == off_elements and len(on_elements) == 2 * 12
+    assert on_metrics == off_metrics
+    user = {key[1:]: value for key, value in on_metrics.items() if key[0] != "count"}
+    assert [v for k, v in user.items() if k[-1] == "merged"] == [24]
+    assert [v for k, v in user.items() if k[-1] == "extracted"] == [24]
+    tear_down_stage_workers()

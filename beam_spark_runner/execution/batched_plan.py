@@ -149,6 +149,19 @@ def _step_spec(descriptor: Any, context: Any, transform_id: str) -> StepSpec | s
             )
 
         make = make_precombine
+    elif urn in bi.COMBINE_PHASE_URNS:
+        # A lifted combine's merge or extract phase (Beam's CombineOperation), per element.
+        phase_payload = transform.spec.payload
+
+        def make_combine_phase() -> tuple[Any, Any, tuple[Any, ...], dict[str, Any]]:
+            return (
+                bi.combine_phase_dofn(urn, phase_payload, context),
+                input_windowing,
+                (),
+                {},
+            )
+
+        make = make_combine_phase
     elif payload is not None:
         if any(
             side.access_pattern.urn != bi.common_urns.side_inputs.ITERABLE.urn

@@ -5,8 +5,8 @@ counter update, a size sample and a receiver call per element and step. Steps th
 nothing per element from the runner — Map, FlatMap, Filter, MapTuple/FlatMapTuple (Beam's
 ``CallableWrapperDoFn``), ``WindowInto`` with Beam's standard window functions, and user
 DoFns whose ``process`` takes only the element, or with timestamp or window parameters, also
-with side inputs read as iterables — run here instead, one step at a time over the batch's
-decoded windowed values:
+with side inputs read as iterables, a lifted combine's precombine, merge and extract
+phases — run here instead, one step at a time over the batch's decoded windowed values:
 
 * each step is Beam's own ``DoFnRunner`` (``WindowInto``: the DoFn Beam's bundle processor
   runs for it), so outputs keep or get their timestamps, windows and panes exactly as Beam
@@ -136,6 +136,12 @@ class _Step:
         self.passes = bool(getattr(type(dofn), "runner_flatten", False))
         if getattr(type(dofn), "runner_precombine", False):
             self.precombine = dofn
+        if getattr(type(dofn), "runner_combine_phase", False):
+            # A combine's merge or extract phase: a map of (key, value), as Beam's
+            # CombineOperation outputs it (the input's timestamp, windows and pane).
+            self.handler = bi.simple_output_handler(windowing, self.receiver)
+            self.kind, self.callable = "map", dofn.apply_kv
+            self.call = self.callable
         self.reads_global_sides = bool(self.side_inputs) and all(
             side_input.is_globally_windowed() for side_input in self.side_inputs
         )
@@ -496,14 +502,17 @@ class BatchedSteps:
         """
         with self._lock:
             previous = bi.get_current_tracker()
-            bi.set_current_tracker(self._sampler)
             batch = _Batch(self)
             try:
                 with collector.paused():
                     if not self._set_up:
                         self._set_up = True
+                        # Beam sets its operations up outside any bundle: no metrics
+                        # container is current, and what ``setup`` counts is not reported.
+                        bi.set_current_tracker(None)
                         for step in self._steps:
                             step.set_up()
+                    bi.set_current_tracker(self._sampler)
                     # Beam starts a bundle's operations downstream first, finishes upstream
                     # first.
                     for step in reversed(self._steps):
