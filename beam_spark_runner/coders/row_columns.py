@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -182,6 +183,31 @@ def row_coder_of(coder: coders.Coder) -> RowCoder | None:
     return value_coder
 
 
+_Field = TypeVar("_Field")
+
+
+def row_fields(
+    coder: coders.Coder, per_field: Callable[[schema_pb2.Field], _Field | None]
+) -> tuple[list[str], list[_Field], list[bool]] | None:
+    """The names, ``per_field`` of each field, and nullability of ``coder``'s row fields.
+
+    None where ``coder`` is not one ``row_coder_of`` takes, the row has no field, or
+    ``per_field`` gives None for one.
+    """
+    row_coder = row_coder_of(coder)
+    if row_coder is None:
+        return None
+    schema = row_coder.schema
+    made = [per_field(field) for field in schema.fields]
+    if not schema.fields or any(m is None for m in made):
+        return None
+    return (
+        [field.name for field in schema.fields],
+        [m for m in made if m is not None],
+        [field.type.nullable for field in schema.fields],
+    )
+
+
 _FieldEncoder = Callable[[pa.Array, np.ndarray], Pieces]
 
 
@@ -233,20 +259,11 @@ class RowColumnsEncoder:
         ``RowCoder`` (or a length-prefixed one) of fields this module encodes. The caller
         checks the first rows it encodes against Beam's own encoding (:meth:`agrees`).
         """
-        value_coder = row_coder_of(coder)
-        if value_coder is None:
+        fields = row_fields(coder, _field_encoder)
+        if fields is None:
             return None
         prefixed = isinstance(getattr(coder, "wrapped_value_coder", None), coders.LengthPrefixCoder)
-        schema = value_coder.schema
-        encoders = [_field_encoder(field) for field in schema.fields]
-        if not schema.fields or any(encoder is None for encoder in encoders):
-            return None
-        return cls(
-            [field.name for field in schema.fields],
-            [e for e in encoders if e is not None],
-            [field.type.nullable for field in schema.fields],
-            prefixed,
-        )
+        return cls(*fields, prefixed)
 
     def agrees(self, batch: pa.RecordBatch, micros: np.ndarray, expected: list[bytes]) -> bool:
         """Whether this encoder writes ``expected`` (Beam's encoding) for ``batch``'s rows."""

@@ -24,7 +24,7 @@ from apache_beam.portability.api import schema_pb2
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders.row_columns import (
     MICROS_INSTANT_URN,
-    row_coder_of,
+    row_fields,
     timestamp_micros,
     windowed_value_micros,
 )
@@ -75,18 +75,8 @@ class RowValues:
         ``coder``: as ``RowColumnsEncoder.for_coder`` takes it (a windowed-value coder in
         the global window around a ``RowCoder``, possibly length-prefixed).
         """
-        row_coder = row_coder_of(coder)
-        if row_coder is None:
-            return None
-        schema = row_coder.schema
-        readers = [_field_values(field) for field in schema.fields]
-        if not schema.fields or any(reader is None for reader in readers):
-            return None
-        return cls(
-            [field.name for field in schema.fields],
-            [r for r in readers if r is not None],
-            [field.type.nullable for field in schema.fields],
-        )
+        fields = row_fields(coder, _field_values)
+        return None if fields is None else cls(*fields)
 
     def make(
         self, batch: pa.RecordBatch, micros: np.ndarray, row_type: Any, windows: Any, pane: Any

@@ -136,32 +136,20 @@ def _step_spec(descriptor: Any, context: Any, transform_id: str) -> StepSpec | s
             return bi.flatten_dofn(), input_windowing, (), {}
 
         make = make_flatten
-    elif urn == bi.PRECOMBINE_URN:
-        # A lifted combine's partial aggregation (Beam's PGBKCVOperation), chunk by chunk.
-        payload_bytes = transform.spec.payload
+    elif urn == bi.PRECOMBINE_URN or urn in bi.COMBINE_PHASE_URNS:
+        # A lifted combine's partial aggregation (Beam's PGBKCVOperation), chunk by chunk,
+        # or its merge or extract phase (Beam's CombineOperation), per element.
+        combine_payload = transform.spec.payload
 
-        def make_precombine() -> tuple[Any, Any, tuple[Any, ...], dict[str, Any]]:
-            return (
-                bi.precombine_dofn(payload_bytes, context, input_windowing),
-                input_windowing,
-                (),
-                {},
+        def make_combine() -> tuple[Any, Any, tuple[Any, ...], dict[str, Any]]:
+            dofn = (
+                bi.precombine_dofn(combine_payload, context, input_windowing)
+                if urn == bi.PRECOMBINE_URN
+                else bi.combine_phase_dofn(urn, combine_payload, context)
             )
+            return dofn, input_windowing, (), {}
 
-        make = make_precombine
-    elif urn in bi.COMBINE_PHASE_URNS:
-        # A lifted combine's merge or extract phase (Beam's CombineOperation), per element.
-        phase_payload = transform.spec.payload
-
-        def make_combine_phase() -> tuple[Any, Any, tuple[Any, ...], dict[str, Any]]:
-            return (
-                bi.combine_phase_dofn(urn, phase_payload, context),
-                input_windowing,
-                (),
-                {},
-            )
-
-        make = make_combine_phase
+        make = make_combine
     elif payload is not None:
         if any(
             side.access_pattern.urn != bi.common_urns.side_inputs.ITERABLE.urn
