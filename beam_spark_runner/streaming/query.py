@@ -400,7 +400,15 @@ def build_frame(
         if stages:
             names = " + ".join(plan.stage(topology.nodes[i].name).display_name for i in stages)
             body = functools.partial(
-                run_router, RouterSpec(step, topology, stages, reads), sinks=context.sinks
+                run_router,
+                RouterSpec(
+                    step,
+                    topology,
+                    stages,
+                    # Only the reads this router's stages read (their coders ship per task).
+                    {p: c for p, c in reads.items() if stages.keys() & set(topology.roots[p])},
+                ),
+                sinks=context.sinks,
             )
             frame = frame.mapInArrow(
                 named_function(body, spark_function_name(names)), routed.routed_type()
