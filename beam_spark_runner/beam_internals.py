@@ -17,6 +17,7 @@ import inspect
 import logging
 import operator
 import os
+import struct
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -67,7 +68,7 @@ from apache_beam.runners.worker import (
 from apache_beam.transforms import environments, trigger, userstate, window
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils import proto_utils
-from apache_beam.utils.timestamp import MIN_TIMESTAMP, Timestamp
+from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
 from apache_beam.utils.windowed_value import create as create_windowed_value
 
@@ -542,6 +543,60 @@ def global_window_param_payload() -> bytes:
         coders.BytesCoder(), coders.coders.GlobalWindowCoder()
     )
     return windowed_bytes.encode(window.GlobalWindows.windowed_value(b""))  # type: ignore[no-any-return]
+
+
+class WindowedHeaders:
+    """Reads encoded windowed values' timestamps and windows, not their values.
+
+    Beam's windowed-value encoding (``WindowedValueCoderImpl``) is the timestamp (8 bytes:
+    milliseconds, shifted to sort unsigned), the windows (a count, then each window), the
+    pane, then the value. ``header`` gives an element's timestamp in microseconds, as
+    Beam's decoding gives it, and its windows' bytes: a key for what depends on the
+    windows alone, decoded by ``windows`` once per distinct key.
+
+    Neighbouring elements mostly share their windows. The windows' encoding is
+    self-delimiting (a count, then windows that are), so an element whose bytes after the
+    timestamp start with the previous element's windows' bytes has exactly those windows:
+    only a change of windows is decoded.
+    """
+
+    _TIME_SHIFT = 1 << 63
+    _MIN_MILLIS = -(abs(MIN_TIMESTAMP.micros) // 1000)
+    _MAX_MILLIS = MAX_TIMESTAMP.micros // 1000
+
+    def __init__(self, window_coder: Any) -> None:
+        self._windows = coder_impl.TupleSequenceCoderImpl(window_coder.get_impl())
+        self._last = b""
+        self._unpack = struct.Struct(">Q").unpack_from
+
+    @staticmethod
+    def of(coder: Any) -> WindowedHeaders | None:
+        """Headers of ``coder``'s elements, if it is Beam's windowed-value coder.
+
+        None for any other (a parameterized windowed value carries no header).
+        """
+        if type(coder) is not coders.coders.WindowedValueCoder:
+            return None
+        return WindowedHeaders(coder.window_coder)
+
+    def header(self, element: bytes) -> tuple[int, bytes]:
+        """One encoded element's timestamp (microseconds) and its windows' bytes."""
+        last = self._last
+        if not (last and element.startswith(last, 8)):
+            stream = create_InputStream(element)
+            stream.read(8)
+            self._windows.decode_from_stream(stream, True)
+            last = self._last = element[8 : len(element) - stream.size()]
+        millis = self._unpack(element)[0] - self._TIME_SHIFT
+        if millis <= self._MIN_MILLIS:
+            return MIN_TIMESTAMP.micros, last
+        if millis >= self._MAX_MILLIS:
+            return MAX_TIMESTAMP.micros, last
+        return millis * 1000, last
+
+    def windows(self, windows_bytes: bytes) -> tuple[Any, ...]:
+        """The windows ``header`` gave the bytes of."""
+        return tuple(self._windows.decode_from_stream(create_InputStream(windows_bytes), True))
 
 
 def trigger_state() -> Any:

@@ -23,18 +23,25 @@ def _topology() -> Topology:
     stateful = Node(1, "stateful", STAGE, True, 1, ((),))
     last = Node(2, "last", STAGE, False, 1, ((),))
     group = Node(3, "group", GROUP, True, 1, ((),))
-    return Topology((stateless, stateful, last, group), {"root": (0,)}, 2, SHARDS, frozenset())
+    waiting = Node(4, "with side inputs", STAGE, True, 1, ((),), side_expected=(frozenset("p"),))
+    return Topology(
+        (stateless, stateful, last, group, waiting), {"root": (0,)}, 2, SHARDS, frozenset()
+    )
 
 
 def _runs(rows: list[routed.Row]) -> dict[tuple[object, ...], list[tuple[bytes | None, bytes]]]:
     """Each target, shard and port's (key, element) pairs in order (elements are 2 bytes
-    long; a keyed run's pairs are under port 0; only a GroupByKey's keys are kept)."""
+    long; a keyed or framed run's pairs are under port 0; only a GroupByKey's keys are
+    kept)."""
     runs: dict[tuple[object, ...], list[tuple[bytes | None, bytes]]] = {}
     for target, shard, key, element, *_, port in rows:
         if element is None:
             continue
         if port == routed.KEYED_RUN:
             pairs = list(routed.keyed_run_elements(element))
+            port = 0
+        elif port == routed.FRAMED_RUN:
+            pairs = [(None, e) for e in routed.framed_run_elements(element)]
             port = 0
         else:
             if target != 3:
@@ -56,8 +63,10 @@ def test_packed_rows_hold_each_addresses_elements_in_order_and_keep_the_markers(
         rows.append(routed.element_row(topology, 1, key, _element(i)))
         rows.append(routed.element_row(topology, 2, None, _element(i)))
         rows.append(routed.element_row(topology, 3, key, _element(i)))
+        rows.append(routed.element_row(topology, 4, None, _element(i)))
         if i % 10 == 0:
             rows.extend(routed.side_element_rows(topology, 1, 1, _element(100 + i)))
+            rows.extend(routed.side_element_rows(topology, 4, 1, _element(100 + i)))
     markers = list(routed.marker_rows(topology, 1, Marker("p", 5, 7)))
     packed = routed.packed([*rows[:7], *markers, *rows[7:]], topology)
 
@@ -67,9 +76,12 @@ def test_packed_rows_hold_each_addresses_elements_in_order_and_keep_the_markers(
     assert len(elements) == len(_runs(rows))
     assert len({(r[0], r[1], r[7]) for r in elements}) == len(elements)
     assert all(r[2] is None for r in elements)
-    # A GroupByKey's elements travel with their keys, the others' without.
+    # A GroupByKey's elements travel with their keys, the others' without; a stage with
+    # side inputs gets its main elements framed (it reads their headers), not its side
+    # inputs' elements.
     assert {r[7] for r in elements if r[0] == 3} == {routed.KEYED_RUN}
-    assert {r[7] for r in elements if r[0] != 3} == {0, 1}
+    assert {r[7] for r in elements if r[0] == 4} == {routed.FRAMED_RUN, 1}
+    assert {r[7] for r in elements if r[0] not in (3, 4)} == {0, 1}
     assert packed[len(elements) :] == markers
 
 

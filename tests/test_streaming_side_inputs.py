@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pickle
+import struct
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from apache_beam.coders import coders
@@ -11,6 +13,7 @@ from apache_beam.transforms.window import IntervalWindow
 from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
+from beam_spark_runner.beam_internals import WindowedHeaders
 from beam_spark_runner.spark_compat import pyspark_version
 from beam_spark_runner.streaming.check import STREAMING_SPARK
 
@@ -72,25 +75,45 @@ class _ListState:
         self.rows = None
 
 
-def _coders() -> side_inputs._Coders:
-    """The stage's coders for int elements in interval windows, one side input mapped 1:1."""
+class _Undecodable:
+    """A value whose decoding fails: a framed run's needs must not decode values."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_fail, ())
+
+
+def _fail() -> None:
+    raise AssertionError("a waiting main element's value was decoded")
+
+
+def _coders(headers: bool = True) -> side_inputs._Coders:
+    """The stage's coders for elements in interval windows, one side input mapped 1:1.
+
+    ``headers=False``: as for a windowed coder whose header cannot be read apart.
+    """
     made = side_inputs._Coders.__new__(side_inputs._Coders)
-    made.input_impl = coders.WindowedValueCoder(
-        coders.VarIntCoder(), coders.IntervalWindowCoder()
-    ).get_impl()
+    coder = coders.WindowedValueCoder(coders.PickleCoder(), coders.IntervalWindowCoder())
+    made.input_impl = coder.get_impl()
+    made.headers = WindowedHeaders.of(coder) if headers else None
+    made._window_needs = {}
     made.mappings = [lambda w: w]
     made._needs = {}
     return made
 
 
-def test_neighbours_with_the_same_needs_wait_as_one_run() -> None:
+def _framed(elements: list[bytes]) -> bytes:
+    """A framed run of encoded elements, as ``rows.packed`` makes it for such a stage."""
+    return b"".join(struct.pack(">I", len(e)) + e for e in elements)
+
+
+def test_neighbours_with_the_same_needs_wait_as_one_run_without_their_values_decoded() -> None:
     made = _coders()
     a, b = IntervalWindow(0, 10), IntervalWindow(10, 20)
-    elements = [(1, 3, a), (2, 1, a), (3, 12, b), (4, 5, a)]
+    elements = [(_Undecodable(), 3, a), (2, 1, a), (3, 12, b), (4, 5, a)]
     encoded = [
         made.input_impl.encode_nested(WindowedValue(v, Timestamp(t), [w])) for v, t, w in elements
     ]
-    runs = list(made.main_runs(b"".join(encoded)))
+    runs = list(made.framed_runs(_framed(encoded)))
     need_a, need_b = (a.max_timestamp().micros,), (b.max_timestamp().micros,)
     assert runs == [
         (encoded[0] + encoded[1], 1 * SECOND, need_a),
@@ -105,6 +128,19 @@ def test_neighbours_with_the_same_needs_wait_as_one_run() -> None:
         need_a: [[encoded[0] + encoded[1], encoded[3]], 1 * SECOND, 0],
         need_b: [[encoded[2]], 12 * SECOND, 0],
     }
+
+
+def test_a_coder_without_a_readable_header_decodes_the_elements_for_their_needs() -> None:
+    made = _coders(headers=False)
+    a, b = IntervalWindow(0, 10), IntervalWindow(10, 20)
+    encoded = [
+        made.input_impl.encode_nested(WindowedValue(v, Timestamp(t), [w]))
+        for v, t, w in [(1, 3, a), (2, 12, b)]
+    ]
+    assert list(made.framed_runs(_framed(encoded))) == [
+        (encoded[0], 3 * SECOND, (a.max_timestamp().micros,)),
+        (encoded[1], 12 * SECOND, (b.max_timestamp().micros,)),
+    ]
 
 
 def test_a_state_written_before_buckets_is_read() -> None:

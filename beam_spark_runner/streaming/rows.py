@@ -15,8 +15,13 @@ addressed to it without looking inside:
 * ``producer`` ``watermark`` ``ptime``  a marker: who says it, its output watermark and the
   runner's processing time of the micro-batch, in microseconds; null for elements;
 * ``port``     0 for a main-input element, n for one of the target's n-th side input (sent
-  to every shard of the target), ``KEYED_RUN`` for a keyed run, ``COLUMNS`` for a Spark
-  stream's rows as columns.
+  to every shard of the target), ``KEYED_RUN`` for a keyed run, ``FRAMED_RUN`` for a framed
+  run, ``COLUMNS`` for a Spark stream's rows as columns.
+
+A stage with side inputs reads its main elements' timestamps and windows, not their values,
+until they are ready to run (``side_inputs``): its elements travel as a *framed run* (port
+``FRAMED_RUN``; each element framed with its length), so it can read each one's header
+without decoding the value.
 
 A ``ReadFromSparkStream`` read only by stateless stages sends each batch of rows it reads
 as one *columns* row (port ``COLUMNS``): the element cell is an Arrow IPC stream of the
@@ -76,6 +81,10 @@ KEYED_RUN = -1
 _FRAME = struct.Struct(">II")
 # The port of a Spark stream's rows as columns (see the module doc).
 COLUMNS = -2
+# The port of a framed run: a stage with side inputs' main elements, each framed with its
+# length (``_LENGTH``), then the element.
+FRAMED_RUN = -3
+_LENGTH = struct.Struct(">I")
 
 
 @functools.cache
@@ -189,12 +198,16 @@ def packed(rows: Iterable[Row], topology: Topology) -> list[Row]:
     ``PACKED_CELL_BYTES``. Only a GroupByKey's shard reads the key column (a stateful
     stage's elements carry their keys; the key chose the shard): a GroupByKey's elements
     are packed as a keyed run (``keyed_run_elements`` reads one back), the others' without
-    their keys. Markers are kept as they are, after the elements.
+    their keys. A stage with side inputs gets its main elements as a framed run
+    (``framed_run_elements`` reads one back). Markers are kept as they are, after the
+    elements.
     """
     runs: dict[tuple[int, int, int], list[bytes]] = {}
     sizes: dict[tuple[int, int, int], int] = {}
     grouped = {node.index for node in topology.nodes if node.kind == GROUP}
+    waiting = {node.index for node in topology.nodes if node.side_expected}
     frame = _FRAME.pack
+    length = _LENGTH.pack
     out: list[Row] = []
     markers: list[Row] = []
     for row in rows:
@@ -207,6 +220,9 @@ def packed(rows: Iterable[Row], topology: Topology) -> list[Row]:
             assert key is not None, "a GroupByKey's element without its key"
             element = frame(len(key), len(element)) + key + element
             port = KEYED_RUN
+        elif port == 0 and target in waiting:
+            element = length(len(element)) + element
+            port = FRAMED_RUN
         address = (target, shard, port)
         run = runs.get(address)
         if run is None:
@@ -238,6 +254,17 @@ def keyed_run_elements(run: bytes) -> Iterator[tuple[bytes, bytes]]:
         element_end = key_end + element_length
         yield run[position:key_end], run[key_end:element_end]
         position = element_end
+
+
+def framed_run_elements(run: bytes) -> Iterator[bytes]:
+    """The elements of a framed run, in order."""
+    unpack = _LENGTH.unpack_from
+    position, end = 0, len(run)
+    while position < end:
+        (length,) = unpack(run, position)
+        position += _LENGTH.size
+        yield run[position : position + length]
+        position += length
 
 
 def output_rows(

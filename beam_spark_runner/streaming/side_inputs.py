@@ -4,7 +4,9 @@ A stage that reads side inputs is a node of a stateful level. Its side inputs' e
 reach every one of its shards (``rows.side_element_rows``) and stay in the shard's state;
 its main elements are spread over the shards. Each micro-batch a shard:
 
-1. adds the new side-input elements and main elements to its state;
+1. adds the new side-input elements and main elements to its state. The main elements
+   come as a framed run (``rows.FRAMED_RUN``): each one's timestamp and windows are read
+   from its header, and its value is decoded only when it runs;
 2. advances its watermarks: the main input's, and each side input's (the minimum over the
    producers that feed it);
 3. runs, in one bundle, the main elements whose side inputs are ready: for each side
@@ -44,7 +46,15 @@ from beam_spark_runner.execution.stage_worker import (
     stage_worker,
 )
 from beam_spark_runner.metrics import task_metrics
-from beam_spark_runner.streaming.rows import ELEMENT, PORT, Row, marker_of, routed_marker
+from beam_spark_runner.streaming.rows import (
+    ELEMENT,
+    FRAMED_RUN,
+    PORT,
+    Row,
+    framed_run_elements,
+    marker_of,
+    routed_marker,
+)
 from beam_spark_runner.streaming.stateful import routed_outputs, run_user_code
 from beam_spark_runner.streaming.topology import Node, Topology
 from beam_spark_runner.streaming.watermarks import (
@@ -195,7 +205,10 @@ class _Coders:
 
     def __init__(self, spec: SideInputStageSpec) -> None:
         context = bi.PipelineContext(bi.beam_runner_api_pb2.Components.FromString(spec.components))
-        self.input_impl = context.coders[spec.input_coder_id].get_impl()
+        input_coder = context.coders[spec.input_coder_id]
+        self.input_impl = input_coder.get_impl()
+        self.headers = bi.WindowedHeaders.of(input_coder)
+        self._window_needs: dict[bytes, tuple[int, ...]] = {}
         self.value_coders = [context.coders[s.value_coder_id] for s in spec.side_inputs]
         self.mappings = [
             bi.window_mapping_fn(bi.beam_runner_api_pb2.FunctionSpec.FromString(s.window_mapping))
@@ -224,28 +237,54 @@ class _Coders:
             self._needs[windows] = needs
         return needs
 
-    def main_runs(self, data: bytes) -> Iterator[tuple[bytes, int, tuple[int, ...]]]:
-        """The main elements packed in ``data``, as runs of neighbours with the same needs.
+    def framed_runs(self, run: bytes) -> Iterator[tuple[bytes, int, tuple[int, ...]]]:
+        """A framed run's main elements (``rows.FRAMED_RUN``) as runs of equal needs.
 
-        Yields each run's bytes, its earliest timestamp (microseconds) and its needs.
+        Neighbours with the same needs make one run. Yields each run's elements (encoded,
+        concatenated), its earliest timestamp (microseconds) and its needs. Each element's
+        timestamp and windows are read from its header, the needs looked up by its
+        windows' bytes; its value is not decoded (it is, once, when the element runs).
         """
-        impl = self.input_impl
-        stream = bi.create_InputStream(data)
-        total = len(data)
-        start = end = 0
+        headers = self.headers
+        elements_needs: Iterator[tuple[bytes, int, tuple[int, ...]]]
+        if headers is None:
+            decode = self.input_impl.decode_nested
+            elements_needs = (
+                (element, value.timestamp.micros, self.needs(value.windows))
+                for element in framed_run_elements(run)
+                for value in (decode(element),)
+            )
+        else:
+            elements_needs = self._header_needs(headers, run)
+        elements: list[bytes] = []
         run_needs: tuple[int, ...] | None = None
         earliest = MAX_MICROS
-        while stream.size() > 0:
-            value = impl.decode_from_stream(stream, True)
-            needs = self.needs(value.windows)
+        for element, timestamp, needs in elements_needs:
             if needs != run_needs:
                 if run_needs is not None:
-                    yield data[start:end], earliest, run_needs
-                start, run_needs, earliest = end, needs, MAX_MICROS
-            end = total - stream.size()
-            earliest = min(earliest, value.timestamp.micros)
+                    yield b"".join(elements), earliest, run_needs
+                elements, run_needs, earliest = [], needs, MAX_MICROS
+            elements.append(element)
+            if timestamp < earliest:
+                earliest = timestamp
         if run_needs is not None:
-            yield data[start:end], earliest, run_needs
+            yield b"".join(elements), earliest, run_needs
+
+    def _header_needs(
+        self, headers: bi.WindowedHeaders, run: bytes
+    ) -> Iterator[tuple[bytes, int, tuple[int, ...]]]:
+        """Each element of a framed run, its timestamp and its needs, from its header."""
+        cached = self._window_needs
+        header = headers.header
+        for element in framed_run_elements(run):
+            timestamp, windows = header(element)
+            needs = cached.get(windows)
+            if needs is None:
+                needs = self.needs(headers.windows(windows))
+                if len(cached) >= _NEEDS_CACHED:
+                    cached.clear()
+                cached[windows] = needs
+            yield element, timestamp, needs
 
 
 _NEEDS_CACHED = 4096
@@ -285,11 +324,16 @@ def run_side_input_shard(
     for row in rows:
         if row[ELEMENT] is None:
             markers.append(marker_of(row))
-        elif row[PORT]:
+        elif row[PORT] == FRAMED_RUN:
+            for elements, earliest, needs in coders.framed_runs(bytes(row[ELEMENT])):
+                state.wait(elements, earliest, needs)
+        elif row[PORT] > 0:
             state.sides[row[PORT] - 1].append(bytes(row[ELEMENT]))
         else:
-            for elements, earliest, needs in coders.main_runs(bytes(row[ELEMENT])):
-                state.wait(elements, earliest, needs)
+            raise ValueError(
+                f"{node.name}: expected its main elements as a framed run (port {FRAMED_RUN}, "
+                f"rows.packed), found port {row[PORT]}"
+            )
     for entry in state.waiting:  # from a checkpoint written before buckets
         if len(entry) == 2:
             entry = (*entry, coders.needs(coders.input_impl.decode_nested(entry[0]).windows))
