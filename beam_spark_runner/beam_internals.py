@@ -611,6 +611,7 @@ def trigger_state() -> Any:
 interval_bounds: Callable[[Any], tuple[int, int]] = operator.attrgetter(
     "_start_micros", "_end_micros"
 )
+_INTERVAL_WINDOW = window.IntervalWindow
 
 
 def _timestamp_maker() -> Callable[[int], Any]:
@@ -917,20 +918,24 @@ def unbatchable_dofn_reason(dofn: Any, args: Any, kwargs: Any, side_inputs: int 
 
 
 def is_simple_callable(dofn: Any) -> bool:
-    """Whether ``dofn`` is a Map/FlatMap/Filter whose callable takes only the element.
+    """Whether Beam calls ``dofn``'s ``process`` with the element and extra arguments alone.
 
-    Beam runs those with its ``SimpleInvoker``: ``process(element)``, each output with the
-    input's timestamp, windows and pane unless it is a ``WindowedValue``, a
-    ``TimestampedValue`` or a ``TaggedOutput``. A callable with plain defaults (no
-    ``DoFn.*Param``) gets Beam's ``PerWindowInvoker``, which calls and outputs the same
-    way for it.
+    A Map/FlatMap/Filter whose callable takes only the element, or a user DoFn whose
+    ``process`` has no defaults. Beam runs those with its ``SimpleInvoker``:
+    ``process(element)``, each output with the input's timestamp, windows and pane unless
+    it is a ``WindowedValue``, a ``TimestampedValue`` or a ``TaggedOutput``; with side
+    inputs or extra arguments, its ``PerWindowInvoker``, which calls
+    ``process(element, *arguments)`` (side inputs' values for the element's window in
+    their placeholders) and outputs the same way for an element in one window. A callable
+    with plain defaults (no ``DoFn.*Param``) gets the ``PerWindowInvoker`` too, which
+    fills no plain default.
     """
     from apache_beam.transforms import core
 
-    if type(dofn) is not core.CallableWrapperDoFn:
-        return False
     defaults = runners_common.DoFnSignature(dofn).process_method.defaults
-    return not any(map(_is_dofn_param, defaults))
+    if type(dofn) is core.CallableWrapperDoFn:
+        return not any(map(_is_dofn_param, defaults))
+    return not defaults
 
 
 def windowing_from_proto(
@@ -1294,10 +1299,11 @@ class _PerWindowSideInput:
         self._values: dict[Any, Any] = {}
 
     def __getitem__(self, window: Any) -> Any:
+        key = window_key(window)
         try:
-            return self._values[window]
+            return self._values[key]
         except KeyError:
-            value = self._values[window] = self._map[window]
+            value = self._values[key] = self._map[window]
             return value
 
     def is_globally_windowed(self) -> bool:
@@ -1345,23 +1351,30 @@ def side_input_maps(
     return make
 
 
-def global_side_input_arguments(
-    side_inputs: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+def side_input_arguments(
+    side_inputs: list[Any], window: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """A step's extra arguments with its globally windowed side inputs' values in place.
+    """A step's extra arguments with its side inputs' values for ``window`` in place.
 
-    What Beam's ``PerWindowInvoker`` passes when every side input is globally windowed:
-    each map read for the global window, in side-input order, into the placeholders of
-    the positional arguments, then of the keyword arguments by name
-    (``internal.util.insert_values_in_args``).
+    What Beam's ``PerWindowInvoker`` passes for an element in ``window``: each map read for
+    the window, in side-input order, into the placeholders of the positional arguments,
+    then of the keyword arguments by name (``internal.util.insert_values_in_args``).
+    Globally windowed side inputs are read for the global window whatever ``window`` is.
     """
     from apache_beam.internal import util
-    from apache_beam.transforms.window import GlobalWindow
 
-    window = GlobalWindow()
     values = [side_input[window] for side_input in side_inputs]
     new_args, new_kwargs = util.insert_values_in_args(args, kwargs, values)
     return tuple(new_args), new_kwargs
+
+
+def window_key(window: Any) -> Any:
+    """What tells ``window`` from other windows, cheaply: an ``IntervalWindow``'s bounds.
+
+    An ``IntervalWindow``'s own hash and equality read six ``Timestamp.micros`` properties
+    (``MIN_TIMESTAMP``'s and ``MAX_TIMESTAMP``'s); any other window is its own key.
+    """
+    return interval_bounds(window) if type(window) is _INTERVAL_WINDOW else window
 
 
 def simple_output_handler(windowing: Any, receiver: ListReceiver) -> Any:

@@ -65,3 +65,40 @@ def test_a_pipeline_gives_the_same_results_and_metrics_with_the_path_on_and_off(
     }
     assert counts["on"] == counts["off"]
     assert counts["on"], "no element counts"
+
+
+class KeepHighest(beam.DoFn):
+    """Nexmark q7's selection: a user DoFn taking the element and its window's maximum."""
+
+    def process(self, element: int, highest: int) -> Iterator[int]:
+        Metrics.counter("batched", "compared").inc()
+        if element == highest:
+            yield element
+
+
+def _windowed_sides(batched: str) -> None:
+    options = PipelineOptions([*SPARK_ARGS, f"--spark_batched_steps={batched}"])
+    p = beam.Pipeline(options=options)
+    values = (
+        p
+        | beam.Create(range(60))
+        | "Stamp" >> beam.Map(lambda x: window.TimestampedValue(x * 7 % 61, x))
+        | beam.WindowInto(window.FixedWindows(10))
+    )
+    highest = beam.pvalue.AsSingleton(values | beam.CombineGlobally(max).without_defaults())
+    kept = values | beam.ParDo(KeepHighest(), highest)
+    below = (
+        values
+        | beam.Filter(lambda x, top: x < top, highest)
+        | beam.Map(lambda x, top: (top, x), highest)
+        | "Count" >> beam.combiners.Count.PerKey()
+    )
+    windows = [[x * 7 % 61 for x in range(start, start + 10)] for start in range(0, 60, 10)]
+    assert_that(kept, equal_to([max(w) for w in windows]), label="Kept")
+    assert_that(below, equal_to([(max(w), 9) for w in windows]), label="Below")
+    p.run().wait_until_finish()
+
+
+def test_windowed_side_inputs_give_each_window_its_value_with_the_path_on_and_off() -> None:
+    for batched in ("on", "off"):
+        _windowed_sides(batched)

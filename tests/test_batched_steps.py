@@ -110,6 +110,32 @@ class WithSide(beam.DoFn):
         yield element, side, repr(win)
 
 
+class SelectWithSide(beam.DoFn):
+    """A user DoFn taking the element and a side input (Nexmark q7's form), counting."""
+
+    def process(self, element: Any, side: Any) -> Iterator[Any]:
+        Metrics.counter("test", "selected").inc()
+        if element[0] % 2:
+            yield element, type(side).__name__
+
+
+class Selecting(beam.DoFn):
+    """A user DoFn taking only the element; some outputs timestamped."""
+
+    def process(self, element: Any) -> Iterator[Any]:
+        if element % 3 == 1:
+            yield element
+        elif element % 3 == 2:
+            yield window.TimestampedValue(element, Timestamp(element))
+
+
+def _windowed_side(pc: Any, label: str = "") -> Any:
+    """A side input in fixed windows of 10 s (its values: _side_input_state's)."""
+    return beam.pvalue.AsSingleton(
+        _side(pc, label) | f"SideWindows{label}" >> beam.WindowInto(window.FixedWindows(10))
+    )
+
+
 def _side(pc: Any, label: str = "") -> Any:
     """A side input's PCollection; its elements are _side_input_state's, not Create's."""
     return pc.pipeline | f"Side{label}" >> beam.Create([(0, 0)])
@@ -295,6 +321,24 @@ STEPS: dict[str, Callable[[Any], Any]] = {
             ),
         )
     ),
+    # Windowed side inputs read by Map, FlatMap and a user DoFn taking the element and the
+    # side input: called directly, bound once per window and batch.
+    "windowed_side_direct": lambda pc: (
+        pc
+        | beam.WindowInto(window.FixedWindows(10))
+        | beam.Map(lambda x, k: (x, k), _windowed_side(pc))
+        | "Again" >> beam.Map(lambda xk, k: (*xk, k), _windowed_side(pc, "Again"))
+        | beam.FlatMap(lambda xk, k: [xk, (xk[0], k)], _windowed_side(pc, "FlatMap"))
+        | beam.ParDo(SelectWithSide(), _windowed_side(pc, "Select"))
+    ),
+    # Elements in two windows each: Beam's DoFnRunner calls once per window.
+    "windowed_side_sliding": lambda pc: (
+        pc
+        | beam.WindowInto(window.SlidingWindows(20, 10))
+        | beam.Map(lambda x, k: (x, k), _windowed_side(pc))
+        | beam.ParDo(SelectWithSide(), _windowed_side(pc, "Select"))
+    ),
+    "user_dofn": lambda pc: pc | beam.ParDo(Selecting()),
     # Steps the batched path hands to the bundle processor.
     "multimap_side_input": lambda pc: (
         _three_maps(pc)
@@ -761,19 +805,40 @@ def test_a_native_text_reads_lines_run_batched_when_nothing_hands_off(tmp_path: 
 def test_globally_windowed_side_inputs_are_read_once_per_batch_for_a_direct_call() -> None:
     spec = _stage(STEPS["keyword_side_input"], f"global-sides-{next(_RUNS)}", True)
     reads = []
-    original = bi.global_side_input_arguments
+    original = bi.side_input_arguments
 
     def counted(*args: Any) -> Any:
         reads.append(1)
         return original(*args)
 
-    with mock.patch.object(bi, "global_side_input_arguments", counted):
+    with mock.patch.object(bi, "side_input_arguments", counted):
         _run(spec, bundles=3)
     batched = stage_worker(spec).batched
     assert batched is not None
     (step,) = [s for s in batched._steps if s.reads_global_sides]
     # Read once per batch; the call made with the values is dropped at the batch's end.
     assert len(reads) == 3 and step.call is None
+    tear_down_stage_workers()
+
+
+def test_windowed_side_inputs_are_bound_once_per_window_and_batch_for_a_direct_call() -> None:
+    spec = _stage(STEPS["windowed_side_direct"], f"window-sides-{next(_RUNS)}", True)
+    windows = []
+    original = bi.side_input_arguments
+
+    def counted(side_inputs: Any, window: Any, *args: Any) -> Any:
+        windows.append(window)
+        return original(side_inputs, window, *args)
+
+    with mock.patch.object(bi, "side_input_arguments", counted):
+        _run(spec, bundles=3)
+    batched = stage_worker(spec).batched
+    assert batched is not None
+    steps = [s for s in batched._steps if s.reads_window_sides]
+    assert len(steps) == 4 and all(s.call is None and not s.window_calls for s in steps)
+    # The source's 40 elements span 7 windows of 10 s: 4 steps bind each once per batch.
+    assert len(windows) == 3 * 4 * 7
+    assert len({bi.window_key(w) for w in windows}) == 7
     tear_down_stage_workers()
 
 

@@ -83,3 +83,35 @@ def test_a_parameterized_windowed_coder_has_no_header() -> None:
         bi.global_window_param_payload(), [coders.BytesCoder(), coders.GlobalWindowCoder()]
     )
     assert bi.WindowedHeaders.of(coder) is None
+
+
+class _CountingMap:
+    """A side-input map that counts its look-ups."""
+
+    def __init__(self) -> None:
+        self.looked_up: list[Any] = []
+        self.resets = 0
+
+    def __getitem__(self, window: Any) -> Any:
+        self.looked_up.append(window)
+        return f"value of {window}"
+
+    def is_globally_windowed(self) -> bool:
+        return False
+
+    def reset(self) -> None:
+        self.resets += 1
+
+
+def test_a_per_window_side_input_looks_each_window_up_once_until_reset() -> None:
+    side_map = _CountingMap()
+    side_input = bi._PerWindowSideInput(side_map)
+    # Equal windows decoded apart are different objects: one look-up for both.
+    first, same, other = IntervalWindow(0, 10), IntervalWindow(0, 10), IntervalWindow(10, 20)
+    assert side_input[first] == side_input[same] == f"value of {first}"
+    assert side_input[other] == f"value of {other}"
+    assert side_input[GlobalWindow()] == side_input[GlobalWindow()]
+    assert side_map.looked_up == [first, other, GlobalWindow()]
+    side_input.reset()
+    assert side_input[same] == f"value of {same}"
+    assert side_map.looked_up[-1] is same and side_map.resets == 1

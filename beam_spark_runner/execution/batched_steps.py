@@ -49,6 +49,8 @@ import typing
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
+from apache_beam.transforms.window import GlobalWindow
+
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution import collector
 from beam_spark_runner.execution.batched_plan import BatchedPlan, StepSpec
@@ -63,6 +65,9 @@ _CHUNK = 256
 
 def _nanos_to_ms(nanos: int) -> int:
     return nanos // 1_000_000
+
+
+_GLOBAL_WINDOW = GlobalWindow()
 
 
 def _with_arguments(
@@ -110,6 +115,10 @@ class _Step:
         # reads them once, for the global window) and dropped when the batch finishes.
         self.call: Callable[[Any], Any] | None = None
         self.reads_global_sides = False
+        # Side inputs not all globally windowed: ``callable`` with their values for a
+        # window, bound once per window and batch (by ``bi.window_key``).
+        self.reads_window_sides = False
+        self.window_calls: dict[Any, Callable[[Any], Any]] = {}
         self.handler: Any = None
         # The step's windows of a ``TimestampedValue`` output, by its timestamp, where its
         # window function is one ``bi.timestamp_windows`` takes.
@@ -142,28 +151,67 @@ class _Step:
             self.handler = bi.simple_output_handler(windowing, self.receiver)
             self.kind, self.callable = "map", dofn.apply_kv
             self.call = self.callable
-        self.reads_global_sides = bool(self.side_inputs) and all(
-            side_input.is_globally_windowed() for side_input in self.side_inputs
-        )
-        if bi.is_simple_callable(dofn) and (not self.side_inputs or self.reads_global_sides):
+        if bi.is_simple_callable(dofn):
             self.handler = bi.simple_output_handler(windowing, self.receiver)
             self.timestamped = bi.timestamp_windows(windowing.windowfn)
             self.kind, self.callable = bi.wrapped_callable(dofn) or ("flat_map", dofn.process)
             self.arguments = (args, kwargs)
             if not self.side_inputs:
                 self.call = _with_arguments(self.callable, args, kwargs)
+            elif all(side_input.is_globally_windowed() for side_input in self.side_inputs):
+                self.reads_global_sides = True
+            else:
+                self.reads_window_sides = True
         with self.states[0]:
             self.runner.setup()
 
     def _bind_global_sides(self) -> None:
         """The batch's call, with the globally windowed side inputs' values in place."""
+        self.call = self._bound(_GLOBAL_WINDOW)
+
+    def _bound(self, window: Any) -> Callable[[Any], Any]:
+        """``callable`` with the side inputs' values for ``window`` in place."""
         assert self.callable is not None
         try:
-            args, kwargs = bi.global_side_input_arguments(self.side_inputs, *self.arguments)
+            args, kwargs = bi.side_input_arguments(self.side_inputs, window, *self.arguments)
         except BaseException as error:  # noqa: BLE001 - re-raised naming the step, as Beam
             bi.reraise_augmented(self.runner, error, None)
             raise
-        self.call = _with_arguments(self.callable, args, kwargs)
+        return _with_arguments(self.callable, args, kwargs)
+
+    def _run_per_window(self, values: list[Any], flush: Callable[[], None]) -> None:
+        """A direct call reading side inputs per window, a run of neighbours at a time.
+
+        Beam's ``PerWindowInvoker`` calls with the side inputs' values for the element's
+        window; neighbours in the same window share one call, bound once per window and
+        batch. An element in several windows (Beam calls once per window, the element in
+        that window alone) goes through Beam's DoFnRunner.
+        """
+        calls = self.window_calls
+        key_of = bi.window_key
+        start, count = 0, len(values)
+        while start < count:
+            windows = values[start].windows
+            if len(windows) != 1:
+                try:
+                    self.runner.process(values[start])
+                finally:
+                    start += 1
+                continue
+            (window,) = windows
+            key = key_of(window)
+            end = start + 1
+            while end < count:
+                following = values[end].windows
+                if len(following) != 1 or key_of(following[0]) != key:
+                    break
+                end += 1
+            call = calls.get(key)
+            if call is None:
+                call = calls[key] = self._bound(window)
+            self.call = call
+            self._run_simple(values[start:end], flush)
+            start = end
 
     def tear_down(self) -> None:
         runner, self.runner = self.runner, None
@@ -171,7 +219,8 @@ class _Step:
         self.handler = self.assign = self.precombine = None
         self.kind = self.callable = self.call = None
         self.arguments = ((), {})
-        self.reads_global_sides = False
+        self.reads_global_sides = self.reads_window_sides = False
+        self.window_calls = {}
         self.timestamped = None
         self.passes = False
         if runner is not None:
@@ -211,6 +260,8 @@ class _Step:
                     self._precombine(values)
                 elif self.assign is not None:
                     self._window_into(values)
+                elif self.reads_window_sides:
+                    self._run_per_window(values, flush)
                 elif self.kind is not None:
                     if self.call is None:
                         self._bind_global_sides()
@@ -235,8 +286,9 @@ class _Step:
         # As Beam's DoOperation.reset: the next batch reads the side inputs again.
         for side_input in self.side_inputs:
             side_input.reset()
-        if self.reads_global_sides:
+        if self.reads_global_sides or self.reads_window_sides:
             self.call = None
+            self.window_calls.clear()
         return outputs
 
     def _window_into(self, values: list[Any]) -> None:
