@@ -91,6 +91,8 @@ ENCODED_IMPULSE_VALUE: bytes = runners_common.ENCODED_IMPULSE_VALUE
 STATE_BACKED_ITERABLE_CODER_URN: str = common_urns.coders.STATE_BACKED_ITERABLE.urn
 WINDOWED_VALUE_CODER_URN: str = common_urns.coders.WINDOWED_VALUE.urn
 PARAM_WINDOWED_VALUE_CODER_URN: str = common_urns.coders.PARAM_WINDOWED_VALUE.urn
+LENGTH_PREFIX_CODER_URN: str = common_urns.coders.LENGTH_PREFIX.urn
+BYTES_CODER_URN: str = common_urns.coders.BYTES.urn
 GLOBAL_WINDOW_CODER_URN: str = common_urns.coders.GLOBAL_WINDOW.urn
 
 # The URNs the Python SDK harness can execute inside a fused stage.

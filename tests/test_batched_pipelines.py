@@ -102,3 +102,47 @@ def _windowed_sides(batched: str) -> None:
 def test_windowed_side_inputs_give_each_window_its_value_with_the_path_on_and_off() -> None:
     for batched in ("on", "off"):
         _windowed_sides(batched)
+
+
+def _cogroup(batched: str) -> None:
+    """A CoGroupByKey in fixed windows, its result checked: the stage of its Flatten's read
+    and GroupByKey's write passes the elements on (their bytes, with the path on)."""
+    options = PipelineOptions([*SPARK_ARGS, f"--spark_batched_steps={batched}"])
+    p = beam.Pipeline(options=options)
+    stamped = (
+        p
+        | beam.Create(range(60))
+        | beam.Map(lambda x: window.TimestampedValue(x, x))
+        | beam.WindowInto(window.FixedWindows(20))
+    )
+    left = stamped | "Left" >> beam.Map(lambda x: (x % 4, x))
+    right = stamped | "Right" >> beam.Map(lambda x: (x % 3, str(x)))
+    joined = (
+        {"left": left, "right": right}
+        | beam.CoGroupByKey()
+        | beam.Map(
+            lambda kv, w=beam.DoFn.WindowParam: (
+                int(w.start),
+                kv[0],
+                sorted(kv[1]["left"]),
+                sorted(kv[1]["right"]),
+            )
+        )
+    )
+    expected = [
+        (
+            start,
+            key,
+            [x for x in range(start, start + 20) if x % 4 == key],
+            sorted(str(x) for x in range(start, start + 20) if x % 3 == key),
+        )
+        for start in (0, 20, 40)
+        for key in range(4)
+    ]
+    assert_that(joined, equal_to(expected))
+    p.run().wait_until_finish()
+
+
+def test_a_cogroup_by_key_gives_the_same_results_with_the_path_on_and_off() -> None:
+    for batched in ("on", "off"):
+        _cogroup(batched)

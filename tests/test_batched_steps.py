@@ -721,6 +721,98 @@ def test_a_flatten_inside_the_stage_runs_batched() -> None:
     tear_down_stage_workers()
 
 
+class Payload:
+    """A value Beam's FastPrimitivesCoder pickles: a user object on the data channel."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+
+def _cogroup_plan(window_fn: Any) -> tuple[Plan, PlannedStage, PlannedStage]:
+    """A CoGroupByKey's plan: the stage writing its Flatten, and the stage reading the
+    Flatten and writing the GroupByKey (nothing else: a pass-through)."""
+    p = beam.Pipeline()
+    source = p | beam.Impulse() | "Source" >> beam.ParDo(Source()) | beam.WindowInto(window_fn)
+    left = source | "Left" >> beam.Map(lambda x: (x % 5, x))
+    right = source | "Right" >> beam.Map(lambda x: (x % 3, Payload(x)))
+    _ = {"left": left, "right": right} | beam.CoGroupByKey()
+    plan = build_plan(bi.prepare_pipeline_proto(p.to_runner_api()))
+    (writer,) = [s for s in plan.stages if any("Source" in n for n in s.user_transform_names)]
+    (stage,) = [s for s in plan.stages if plan.buffers[s.input_buffer_id].kind == "materialize"]
+    return plan, writer, stage
+
+
+def _in_other_windows_and_panes(
+    plan: Plan, stage: PlannedStage, elements: list[bytes]
+) -> list[bytes]:
+    """The elements again, each in one or two windows of its own, in panes of every form."""
+    impl = bi.PipelineContext(plan.components).coders[stage.input_coder_id].get_impl()
+    out = []
+    for i, element in enumerate(elements):
+        value = impl.decode_nested(element).value
+        windows = [window.IntervalWindow(i, i + 10), window.IntervalWindow(i - 5, i + 5)]
+        timing = (PaneInfoTiming.EARLY, PaneInfoTiming.ON_TIME, PaneInfoTiming.LATE)[i % 3]
+        nonspeculative = -1 if timing == PaneInfoTiming.EARLY else i // 3
+        pane = PaneInfo(i % 2 == 0, i % 5 == 0, timing, i % 7 * 40, nonspeculative)
+        timestamp = Timestamp(micros=i * 1_700_000 - 20_000_000)
+        out.append(impl.encode_nested(WindowedValue(value, timestamp, windows[: 1 + i % 2], pane)))
+    return out
+
+
+def _run_input(spec: StageSpec, pieces: list[bytes]) -> tuple[list[bytes], dict[Any, Any]]:
+    """The stage over one bundle of ``pieces`` (concatenated elements), twice."""
+    worker = stage_worker(spec)
+    metrics = TaskMetrics()
+    elements: list[bytes] = []
+    for _ in range(2):
+        for outputs in worker.process(pieces, metrics):
+            for batch in outputs.record_batches(spec.outputs, worker.key_extractors):
+                elements.extend(batch.column(ELEMENT).to_pylist())
+    return elements, _comparable_metrics(metrics.infos, worker.descriptor)
+
+
+@pytest.mark.parametrize(
+    "window_fn", [window.FixedWindows(10), window.GlobalWindows()], ids=["fixed", "global"]
+)
+def test_a_cogroup_by_keys_pass_through_stage_runs_batched(window_fn: Any) -> None:
+    """The stage between a CoGroupByKey's Flatten and its GroupByKey holds no step (a
+    data input and a data output): it ran in the bundle processor, which decodes each
+    element (user objects unpickled) and encodes it again. Batched, it gives the same
+    bytes (values, timestamps, windows, panes), element counts and read index. Where its
+    output writes its input's coder (fixed windows), it hands the input's bytes through;
+    in the global window of a batch run the GroupByKey's writers send values only, so it
+    decodes and encodes them, batched."""
+    run = next(_RUNS)
+    plan, writer, stage = _cogroup_plan(window_fn)
+    written, _ = _run(stage_spec(plan, writer, f"cogroup-writer-{run}", keyed=False), bundles=1)
+    assert len(written) == 2 * ELEMENTS
+    fixed = isinstance(window_fn, window.FixedWindows)
+    elements = _in_other_windows_and_panes(plan, stage, written) if fixed else written
+    # One bundle in two pieces, as a native text read's blocks come.
+    pieces = [b"".join(elements[:ELEMENTS]), b"".join(elements[ELEMENTS:])]
+    results = []
+    for batched in (True, False):
+        spec = dataclasses.replace(
+            stage_spec(plan, stage, f"cogroup-{batched}-{run}", keyed=False),
+            batched_steps=batched,
+        )
+        results.append(_run_input(spec, pieces))
+        worker = stage_worker(spec)
+        if batched:
+            assert worker.batched is not None
+            assert worker.batched.plan.steps == () and worker.batched.plan.remainder is None
+            assert (worker.batched.plan.pass_through_coder_id is not None) is fixed
+        else:
+            assert worker.batched is None
+    (on_elements, on_metrics), (off_elements, off_metrics) = results
+    assert on_elements == off_elements
+    assert on_metrics == off_metrics
+    assert on_metrics[("read index", stage.input_transform_id)] == 2 * 2 * ELEMENTS
+    if fixed:
+        assert on_elements == elements * 2  # the bytes it read
+    tear_down_stage_workers()
+
+
 def test_a_precombine_flushes_past_beams_key_limit_as_beam_does() -> None:
     """Beam's PGBKCVOperation outputs the oldest tenth of its table once it holds 100 000
     keys (a CombineFn outside its short list): the same outputs, in the same order."""

@@ -183,9 +183,38 @@ def _processing_time_timer(pipeline: beam.Pipeline) -> Any:
     return pipeline | stream | beam.ParDo(_FlushOnProcessingTime())
 
 
+def _cogroup(pipeline: beam.Pipeline) -> Any:
+    """A CoGroupByKey with on-time panes and a late one: the stage of its Flatten's read
+    and GroupByKey's write hands the elements' bytes through (``execution.batched_steps``).
+
+    The late element reaches one branch only: late data in both would fire one pane here
+    and one per branch on DirectRunner, which gives each its own bundle.
+    """
+    stream = (
+        ScriptedStream()
+        .add_elements([TimestampedValue(("k", 1), 1), TimestampedValue(("j", 2), 12)])
+        .advance_watermark_to(12)
+        .add_elements([TimestampedValue(("k", 3), 3)])
+        .advance_watermark_to_infinity()
+    )
+    windowed = pipeline | stream | beam.WindowInto(window.FixedWindows(10), allowed_lateness=5)
+    doubled = (
+        windowed
+        | "OnTime" >> beam.Filter(lambda kv: kv[1] != 3)
+        | "Double" >> beam.MapTuple(lambda key, value: (key, value * 2))
+    )
+    return (
+        {"once": windowed, "twice": doubled}
+        | beam.CoGroupByKey()
+        | beam.MapTuple(
+            lambda key, groups: (key, sorted((t, sorted(v)) for t, v in groups.items()))
+        )
+    )
+
+
 @pytest.mark.parametrize(
     "build",
-    [_late_data, _sessions, _processing_time, _processing_time_timer],
+    [_late_data, _sessions, _processing_time, _processing_time_timer, _cogroup],
     ids=lambda b: b.__name__.strip("_"),
 )
 def test_the_same_panes_as_direct_runner(build: Callable[[beam.Pipeline], Any]) -> None:

@@ -10,6 +10,12 @@ from the stage's input, a PCollection whose readers all qualify (or are stage ou
 processed batched; one read by a step that does not qualify is the *hand-off*, and the
 bundle processor runs the rest of the stage from a copy of the descriptor without the
 batched steps, whose data input reads the hand-off.
+
+A stage with no steps at all, whose input is read only by its outputs (a Flatten's read
+and a GroupByKey's write, the middle of every CoGroupByKey), runs batched too: the bundle
+processor would decode and re-encode each element to pass it on. Where every output
+writes the input's coder, the batch hands the encoded elements through as they are and
+reads only where each ends (``pass_through_coder_id``).
 """
 
 from __future__ import annotations
@@ -66,6 +72,10 @@ class BatchedPlan:
     coder_ids: dict[str, str]
     # A copy of the descriptor holding every coder above.
     coders: Any
+    # A stage of no steps whose outputs all write the input's coder: the coder that reads
+    # where each input element ends (its length-prefixed parts as bytes), and the batch
+    # hands the encoded elements through. None for any other stage.
+    pass_through_coder_id: str | None = None
 
 
 def _consumers(descriptor: Any) -> dict[str, list[str]]:
@@ -93,6 +103,38 @@ def _windowed_coder_id(descriptor: Any, pcollection_id: str) -> str:
         coder = descriptor.coders[coder_id]
         coder.spec.urn = bi.WINDOWED_VALUE_CODER_URN
         coder.component_coder_ids.extend([pcollection.coder_id, strategy.window_coder_id])
+    return coder_id
+
+
+def _opaque_coder_id(descriptor: Any, coder_id: str) -> str:
+    """A coder reading exactly what ``coder_id`` writes, its length-prefixed parts as bytes.
+
+    A data channel's coder length-prefixes every coder the runner may not know (Beam's
+    ``TransformContext.maybe_length_prefixed_coder``), so reading those parts as bytes, as
+    Beam's runner-side safe coders do, finds where each element ends without running user
+    coders (unpickling user objects). ``LengthPrefixCoder(BytesCoder)`` reads a
+    length-prefixed part in every context. Added to ``descriptor`` if needed.
+    """
+    coders = descriptor.coders
+    coder = bi.beam_runner_api_pb2.Coder()
+    coder.CopyFrom(coders[coder_id])  # a copy: the map may change below
+    if coder.spec.urn == bi.LENGTH_PREFIX_CODER_URN:
+        components = [_bytes_coder_id(descriptor)]
+    else:
+        components = [_opaque_coder_id(descriptor, c) for c in coder.component_coder_ids]
+    if components == list(coder.component_coder_ids):
+        return coder_id
+    opaque_id = f"batched_opaque_{coder_id}"
+    if opaque_id not in coders:
+        coders[opaque_id].spec.CopyFrom(coder.spec)
+        coders[opaque_id].component_coder_ids.extend(components)
+    return opaque_id
+
+
+def _bytes_coder_id(descriptor: Any) -> str:
+    coder_id = "batched_bytes"
+    if coder_id not in descriptor.coders:
+        descriptor.coders[coder_id].spec.urn = bi.BYTES_CODER_URN
     return coder_id
 
 
@@ -213,7 +255,8 @@ def plan_batched_steps(
     stage's outputs) is processed batched; one read by a step that does not qualify is the
     hand-off, and everything from there runs in the bundle processor. A stage that would
     need two hand-offs, or a hand-off after fewer than ``MIN_STEPS_BEFORE_HANDOFF`` steps,
-    runs as before, unbatched. ``token`` names the stage worker's
+    runs as before, unbatched. A stage whose input only its outputs read has no steps and
+    runs batched (see the module doc). ``token`` names the stage worker's
     hand-off (see ``beam_internals.HandoffCoder``).
     """
     context = bi.PipelineContext(descriptor)
@@ -251,7 +294,8 @@ def plan_batched_steps(
         steps.extend(specs)
         direct_outputs.update(outputs)
         pending.extend(spec.output_pcollection for spec in specs)
-    if not steps or len(handoffs) > 1:
+    if len(handoffs) > 1 or (not steps and (handoffs or not direct_outputs)):
+        # Nothing batched. (No steps and no hand-off: the stage only passes elements on.)
         return None
     if handoffs and len(steps) < MIN_STEPS_BEFORE_HANDOFF:
         # Handing each element to the bundle processor costs more than a few steps save.
@@ -283,6 +327,11 @@ def plan_batched_steps(
         port = bi.remote_grpc_port(data_input.spec.payload)
         port.coder_id = handoff[1]
         data_input.spec.payload = port.SerializeToString()
+    pass_through_coder_id = None
+    if not steps and all(coder_id == input_coder_id for _, coder_id in direct_outputs.values()):
+        # The bundle processor would decode each element and encode it with the same coder
+        # (the same bytes, for a deterministic coder; the same element in any case).
+        pass_through_coder_id = _opaque_coder_id(sized, input_coder_id)
     return BatchedPlan(
         input_transform_id=input_transform_id,
         input_coder_id=input_coder_id,
@@ -294,4 +343,5 @@ def plan_batched_steps(
         remainder=remainder,
         coder_ids=coder_ids,
         coders=sized,
+        pass_through_coder_id=pass_through_coder_id,
     )

@@ -31,6 +31,13 @@ without being encoded (``beam_internals.HandoffCoder``), which runs the rest of 
 from a descriptor without the batched steps. Outputs of batched steps bound for the stage's
 outputs are encoded here directly.
 
+A stage of no steps whose outputs write its input's coder (a CoGroupByKey's Flatten read
+and GroupByKey write) is a *pass-through*: the bundle processor would decode each element
+(user objects unpickled) and encode it again, giving the bytes it read. Here the encoded
+elements go to the outputs as they are; only where each ends is read, with the input's
+coder reading its length-prefixed (user-coded) parts as bytes. Element counts, the read
+index and sampled sizes (the sampled elements decoded) are reported as for any batch.
+
 Known difference: the steps of a batch run a chunk at a time, not interleaved element by
 element, so a DoFn that mutates its input or output after emitting it, or steps sharing
 mutable globals, may see other values than on Beam's path (Beam forbids such mutation).
@@ -430,6 +437,10 @@ class _Batch:
     """One batch on its way through the steps: counts, sizes, outputs, the hand-off."""
 
     def __init__(self, steps: BatchedSteps) -> None:
+        # A pass-through's input, as it came (pieces of encoded elements), and the end of
+        # each element in their concatenation.
+        self.passed: list[bytes] = []
+        self.passed_ends: list[int] = []
         self._steps = steps
         self.counts = dict.fromkeys(steps.plan.coder_ids, 0)
         self.sizes: dict[str, list[int]] = {p: [] for p in steps.plan.coder_ids}
@@ -448,14 +459,7 @@ class _Batch:
         if not values:
             return
         steps = self._steps
-        count = self.counts[pcollection]
-        self.counts[pcollection] = count + len(values)
-        sizes = self.sizes[pcollection]
-        # Beam samples the first elements, then fewer and fewer: here the first ten of the
-        # batch, then one per chunk.
-        wanted = min(len(values), 10 - len(sizes)) if len(sizes) < 10 else 1
-        estimate = steps._sizes[pcollection].estimate_size
-        sizes.extend(estimate(values[i]) for i in range(wanted))
+        self._sample(pcollection, values[: self._count(pcollection, len(values))])
         if pcollection == steps._handoff:
             self.handoff.extend(values)
         for transform_id in steps._outputs_of.get(pcollection, ()):
@@ -465,6 +469,62 @@ class _Batch:
             self.io_nanos[transform_id] += time.perf_counter_ns() - began
         for step in steps._readers.get(pcollection, ()):
             step.process(values, functools.partial(self.emit, step.spec.output_pcollection))
+
+    def _count(self, pcollection: str, count: int) -> int:
+        """Counts a chunk of ``count`` elements; returns how many of its first to sample.
+
+        Beam samples the first elements, then fewer and fewer: here the first ten of the
+        batch, then one per chunk.
+        """
+        self.counts[pcollection] += count
+        sampled = len(self.sizes[pcollection])
+        return min(count, 10 - sampled) if sampled < 10 else 1
+
+    def _sample(self, pcollection: str, values: list[Any]) -> None:
+        estimate = self._steps._sizes[pcollection].estimate_size
+        self.sizes[pcollection].extend(map(estimate, values))
+
+    def pass_through(self, pieces: Iterable[bytes]) -> None:
+        """A pass-through's input (see the module doc): where its elements end, counted.
+
+        Only the elements sampled for their sizes are decoded, as ``emit`` samples them.
+        """
+        steps = self._steps
+        assert steps._pass_through is not None
+        read = steps._pass_through.decode_from_stream
+        decode = steps._input.decode_nested
+        input_id = steps.plan.input_transform_id
+        pcollection = steps.plan.input_pcollection
+        offset = self.passed_ends[-1] if self.passed_ends else 0
+        for piece in pieces:
+            began = time.perf_counter_ns()
+            stream = bi.create_InputStream(piece)
+            remaining = stream.size
+            size = len(piece)
+            ends: list[int] = []  # in the piece
+            while remaining():
+                read(stream, True)
+                ends.append(size - remaining())
+            self.io_nanos[input_id] += time.perf_counter_ns() - began
+            for chunk in range(0, len(ends), _CHUNK):
+                wanted = self._count(pcollection, min(_CHUNK, len(ends) - chunk))
+                sampled = range(chunk, chunk + wanted)
+                self._sample(
+                    pcollection, [decode(piece[ends[i - 1] if i else 0 : ends[i]]) for i in sampled]
+                )
+            self.passed.append(piece)
+            self.passed_ends.extend([offset + end for end in ends] if offset else ends)
+            offset += size
+
+    def encoded_outputs(self) -> dict[str, tuple[bytes, list[int]]]:
+        """Per data output, its encoded elements and each one's end."""
+        if self._steps._pass_through is not None:
+            data = self.passed[0] if len(self.passed) == 1 else b"".join(self.passed)
+            return dict.fromkeys(self.outputs, (data, self.passed_ends))
+        return {
+            transform_id: (stream.get(), ends)
+            for transform_id, (stream, ends) in self.outputs.items()
+        }
 
 
 @typing.runtime_checkable
@@ -521,6 +581,10 @@ class BatchedSteps:
             for transform_id, (pcollection, coder_id) in plan.direct_outputs.items()
         }
         self._handoff = plan.handoff[0] if plan.handoff else None
+        # A pass-through (see the module doc): reads where each input element ends.
+        self._pass_through = (
+            coders[plan.pass_through_coder_id].get_impl() if plan.pass_through_coder_id else None
+        )
         self._sizes = {p: coders[c].get_impl() for p, c in plan.coder_ids.items()}
         self._sampler = bi.state_sampler(display_name)
         self._steps = [_Step(spec, self._sampler, state_handler) for spec in plan.steps]
@@ -569,22 +633,10 @@ class BatchedSteps:
                     # first.
                     for step in reversed(self._steps):
                         step.start()
-                    decode = self._input.decode_all
-                    made = data.windowed_values() if isinstance(data, ValuesInput) else None
-                    if made is not None:
-                        values = made
-                    elif isinstance(data, bytes):
-                        values = decode(data)
+                    if self._pass_through is not None:
+                        batch.pass_through([data] if isinstance(data, bytes) else data)
                     else:
-                        values = itertools.chain.from_iterable(map(decode, data))
-                    input_id = self.plan.input_transform_id
-                    while True:
-                        began = time.perf_counter_ns()
-                        chunk = list(itertools.islice(values, _CHUNK))
-                        batch.io_nanos[input_id] += time.perf_counter_ns() - began
-                        if not chunk:
-                            break
-                        batch.emit(self.plan.input_pcollection, chunk)
+                        self._decode_and_emit(data, batch)
                     for step in self._steps:
                         batch.emit(step.spec.output_pcollection, step.finish())
             except BaseException:
@@ -597,11 +649,26 @@ class BatchedSteps:
             handoff = None
             if self._handoff is not None:
                 handoff = bi.hand_off(self.plan.token, batch.handoff)
-            outputs = {
-                transform_id: (stream.get(), ends)
-                for transform_id, (stream, ends) in batch.outputs.items()
-            }
-            return BatchResult(outputs, handoff, self._monitoring_infos(batch))
+            return BatchResult(batch.encoded_outputs(), handoff, self._monitoring_infos(batch))
+
+    def _decode_and_emit(self, data: bytes | Iterable[bytes], batch: _Batch) -> None:
+        """The batch's input values, a chunk at a time, through the steps."""
+        decode = self._input.decode_all
+        made = data.windowed_values() if isinstance(data, ValuesInput) else None
+        if made is not None:
+            values = made
+        elif isinstance(data, bytes):
+            values = decode(data)
+        else:
+            values = itertools.chain.from_iterable(map(decode, data))
+        input_id = self.plan.input_transform_id
+        while True:
+            began = time.perf_counter_ns()
+            chunk = list(itertools.islice(values, _CHUNK))
+            batch.io_nanos[input_id] += time.perf_counter_ns() - began
+            if not chunk:
+                break
+            batch.emit(self.plan.input_pcollection, chunk)
 
     def _monitoring_infos(self, batch: _Batch) -> list[Any]:
         """Per step and PCollection, as Beam's operations report them for a bundle.

@@ -472,12 +472,15 @@ def _batched_steps(spec: StageSpec, descriptor: Any, state_handler: Any) -> Batc
     if plan is None or (spec.text_read_header is not None and plan.remainder is not None):
         return None
     batched = BatchedSteps(plan, spec.display_name, state_handler)
-    _LOGGER.debug(
-        "Stage %s: batched steps %s, %s",
-        spec.display_name,
-        batched.step_names,
-        "the rest in the bundle processor" if plan.remainder is not None else "no others",
-    )
+    if plan.pass_through_coder_id is not None:
+        _LOGGER.debug("Stage %s: passes its elements through encoded", spec.display_name)
+    else:
+        _LOGGER.debug(
+            "Stage %s: batched steps %s, %s",
+            spec.display_name,
+            batched.step_names,
+            "the rest in the bundle processor" if plan.remainder is not None else "no others",
+        )
     return batched
 
 
