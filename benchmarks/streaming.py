@@ -205,18 +205,32 @@ def _progress_batches(query: Any, skip: int = 2) -> list[tuple[int, float]]:
 
 
 class _Panes(beam.DoFn):  # type: ignore[misc]
-    """Records each pane's window end and the wall time it is output, to a file."""
+    """Records each pane's window end and the wall time it is output, to a file per process.
+
+    A bundle's lines are appended at its end, with one open: opening the file for every
+    pane was ~5 % of the workers' time on q8 (~100 000 panes a trial).
+    """
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
+        self._lines: list[str] = []
+
+    def start_bundle(self) -> None:
+        self._lines = []
 
     def process(self, element: Any, w: Any = beam.DoFn.WindowParam) -> None:
         end = getattr(w, "end", None)
         if end is None:
             return
+        self._lines.append(f"{float(end)} {time.time()}\n")
+
+    def finish_bundle(self) -> None:
+        if not self._lines:
+            return
         path = os.path.join(self.directory, f"{os.getpid()}.txt")
         with open(path, "a") as out:
-            out.write(f"{float(end)} {time.time()}\n")
+            out.write("".join(self._lines))
+        self._lines = []
 
 
 class _Drop(beam.DoFn):  # type: ignore[misc]

@@ -70,6 +70,36 @@ def test_pane_latencies_leave_out_windows_that_ended_while_it_warmed_up(tmp_path
     assert sorted(pane_latencies(str(directory), warm=105.0)) == [1.5, 2.0]
 
 
+def test_the_pane_sink_writes_a_bundles_lines_at_its_end(tmp_path: object) -> None:
+    """One append per bundle, in the format ``pane_latencies`` reads."""
+    import builtins
+    from pathlib import Path
+    from unittest import mock
+
+    from apache_beam.transforms import window
+
+    from benchmarks.streaming import _Panes, pane_latencies
+
+    def written_lines() -> int:
+        return sum(len(path.read_text().splitlines()) for path in Path(str(tmp_path)).iterdir())
+
+    panes = _Panes(str(tmp_path))
+    opened = mock.Mock(side_effect=builtins.open)
+    for bundle in range(2):
+        with mock.patch("builtins.open", opened):
+            panes.start_bundle()
+            for start in (100, 110, 120):
+                panes.process(None, window.IntervalWindow(start + bundle, start + bundle + 10))
+        assert written_lines() == 3 * bundle, "written before the bundle ended"
+        with mock.patch("builtins.open", opened):
+            panes.finish_bundle()
+    assert opened.call_count == 2
+    (written,) = Path(str(tmp_path)).iterdir()
+    ends = [float(line.split()[0]) for line in written.read_text().splitlines()]
+    assert ends == [110.0, 120.0, 130.0, 111.0, 121.0, 131.0]
+    assert len(pane_latencies(str(tmp_path), warm=0.0)) == 6
+
+
 def test_direct_runner_keeps_up_when_it_ends_soon_after_its_last_event() -> None:
     assert Trial("direct", 0, 1000, [], overrun=2.0).keeps_up
     assert not Trial("direct", 0, 1000, [], overrun=30.0).keeps_up
