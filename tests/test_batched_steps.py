@@ -759,7 +759,7 @@ def _in_other_windows_and_panes(
     return out
 
 
-def _run_input(spec: StageSpec, pieces: list[bytes]) -> tuple[list[bytes], dict[Any, Any]]:
+def _run_input(spec: StageSpec, pieces: bytes | list[bytes]) -> tuple[list[bytes], dict[Any, Any]]:
     """The stage over one bundle of ``pieces`` (concatenated elements), twice."""
     worker = stage_worker(spec)
     metrics = TaskMetrics()
@@ -994,13 +994,7 @@ def test_a_combines_merge_and_extract_run_batched_with_the_bundle_processors_byt
             assert worker.batched.plan.remainder is None
             assert any(n.endswith("/Merge") for n in worker.batched.step_names)
             assert any(n.endswith("/ExtractOutputs") for n in worker.batched.step_names)
-        metrics = TaskMetrics()
-        elements: list[bytes] = []
-        for _ in range(2):
-            for outputs in worker.process(data, metrics):
-                for batch in outputs.record_batches(spec.outputs, worker.key_extractors):
-                    elements.extend(batch.column(ELEMENT).to_pylist())
-        results.append((elements, _comparable_metrics(metrics.infos, worker.descriptor)))
+        results.append(_run_input(spec, data))
     (on_elements, on_metrics), (off_elements, off_metrics) = results
     assert on_elements == off_elements and len(on_elements) == 2 * 12
     assert on_metrics == off_metrics
