@@ -131,3 +131,24 @@ def test_an_element_batch_for_a_stateful_target_packs_per_shard() -> None:
         shard = routed.shard_of(element, SHARDS)
         expected.setdefault((1, shard, 0), []).append((None, element))
     assert _runs(rows) == expected  # type: ignore[arg-type]
+
+
+def test_a_sources_elements_travel_packed_a_stage_with_side_inputs_getting_a_framed_run() -> None:
+    from beam_spark_runner.streaming.source_plan import SourcePlan, SourceStep
+
+    topology = _topology()
+    topology = Topology(topology.nodes, {"ts": (0, 4)}, 2, SHARDS, frozenset())
+    step = SourceStep(
+        elements=(("ts", tuple(_element(i) for i in range(6))),),
+        watermarks=(("ts", 9),),
+        advance=0,
+    )
+    rows = list(SourcePlan(topology, None, ((step,),)).rows(0, 0))
+    elements = [r for r in rows if r[3] is not None]
+    # The stateless reader gets one row; the stage with side inputs framed runs, per shard.
+    assert {(r[0], r[7]) for r in elements} == {(0, 0), (4, routed.FRAMED_RUN)}
+    assert _runs(elements) == _runs(
+        [routed.element_row(topology, t, None, _element(i)) for t in (0, 4) for i in range(6)]
+    )
+    # Then one marker per root reader and shard.
+    assert [r[5] for r in rows[len(elements) :]] == [9] * (1 + SHARDS)

@@ -20,7 +20,7 @@ import dataclasses
 import pickle
 from collections.abc import Iterator
 
-from beam_spark_runner.streaming.rows import Row, element_row, marker_rows
+from beam_spark_runner.streaming.rows import Row, element_row, marker_rows, packed
 from beam_spark_runner.streaming.topology import Topology
 from beam_spark_runner.streaming.watermarks import MAX_MICROS, MIN_MICROS, Marker
 
@@ -72,27 +72,34 @@ class SourcePlan:
         return max(sum(step.advance for step in steps[: batch + 1]) for steps in self.test_streams)
 
     def rows(self, batch: int, wall_clock: int) -> Iterator[Row]:
-        """The rows of micro-batch ``batch``: elements, then one marker per root reader."""
+        """The rows of micro-batch ``batch``: elements, then one marker per root reader.
+
+        The elements travel packed (``rows.packed``), as a router's or a level's do: a
+        stage with side inputs reads its main elements as a framed run.
+        """
         topology = self.topology
         now = self.processing_time(batch, wall_clock)
         watermarks: dict[str, int] = {}
+        elements: list[Row] = []
         if self.impulse is not None:
             if batch == 0:
                 # Here, in a task (Beam already imported): the module imports no Beam.
                 from beam_spark_runner.beam_internals import ENCODED_IMPULSE_VALUE
 
                 for target in topology.roots[self.impulse]:
-                    yield element_row(topology, target, None, ENCODED_IMPULSE_VALUE)
+                    elements.append(element_row(topology, target, None, ENCODED_IMPULSE_VALUE))
             watermarks[self.impulse] = MAX_MICROS
         for steps in self.test_streams:
             if batch < len(steps):
                 step = steps[batch]
-                for producer, elements in step.elements:
+                for producer, produced in step.elements:
                     for target in topology.roots[producer]:
-                        for element in elements:
-                            yield element_row(topology, target, None, element)
+                        elements.extend(
+                            element_row(topology, target, None, element) for element in produced
+                        )
                 watermarks.update(step.watermarks)
-            # After its last event a TestStream's outputs are at +inf (the default below).
+        yield from packed(elements, topology)
+        # After its last event a TestStream's outputs are at +inf (the default below).
         for producer, targets in topology.roots.items():
             default = MIN_MICROS if producer in self.open_roots else MAX_MICROS
             marker = Marker(producer, watermarks.get(producer, default), now)
