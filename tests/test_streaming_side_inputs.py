@@ -95,7 +95,6 @@ def _coders(headers: bool = True) -> side_inputs._Coders:
     coder = coders.WindowedValueCoder(coders.PickleCoder(), coders.IntervalWindowCoder())
     made.input_impl = coder.get_impl()
     made.headers = WindowedHeaders.of(coder) if headers else None
-    made._window_needs = {}
     made.mappings = [lambda w: w]
     made._needs = {}
     return made

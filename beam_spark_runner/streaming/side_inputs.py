@@ -34,7 +34,7 @@ import functools
 import hashlib
 import pickle
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from typing import Any, Protocol
 
 from beam_spark_runner import beam_globals
@@ -208,25 +208,27 @@ class _Coders:
         input_coder = context.coders[spec.input_coder_id]
         self.input_impl = input_coder.get_impl()
         self.headers = bi.WindowedHeaders.of(input_coder)
-        self._window_needs: dict[bytes, tuple[int, ...]] = {}
         self.value_coders = [context.coders[s.value_coder_id] for s in spec.side_inputs]
         self.mappings = [
             bi.window_mapping_fn(bi.beam_runner_api_pb2.FunctionSpec.FromString(s.window_mapping))
             for s in spec.side_inputs
         ]
-        self._needs: dict[tuple[Any, ...], tuple[int, ...]] = {}
+        self._needs: dict[Hashable, tuple[int, ...]] = {}
 
-    def needs(self, windows: Iterable[Any]) -> tuple[int, ...]:
+    def needs(self, windows: Iterable[Any], key: Hashable = None) -> tuple[int, ...]:
         """Per side input, the watermark it must reach for an element in ``windows``.
 
         That is the latest end (max timestamp, microseconds) of the side-input windows
         they map to.
 
-        Elements share a few windows: the mapping runs once per window set (the cache is
+        Elements share a few windows: the mapping runs once per window set, cached by
+        ``key`` (the windows' bytes, from a header) or else by the windows (the cache is
         emptied when it holds more than ``_NEEDS_CACHED``).
         """
         windows = tuple(windows)
-        needs = self._needs.get(windows)
+        if key is None:
+            key = windows
+        needs = self._needs.get(key)
         if needs is None:
             needs = tuple(
                 max((mapping(w).max_timestamp().micros for w in windows), default=MIN_MICROS)
@@ -234,7 +236,7 @@ class _Coders:
             )
             if len(self._needs) >= _NEEDS_CACHED:
                 self._needs.clear()
-            self._needs[windows] = needs
+            self._needs[key] = needs
         return needs
 
     def framed_runs(self, run: bytes) -> Iterator[tuple[bytes, int, tuple[int, ...]]]:
@@ -274,16 +276,13 @@ class _Coders:
         self, headers: bi.WindowedHeaders, run: bytes
     ) -> Iterator[tuple[bytes, int, tuple[int, ...]]]:
         """Each element of a framed run, its timestamp and its needs, from its header."""
-        cached = self._window_needs
+        cached = self._needs
         header = headers.header
         for element in framed_run_elements(run):
             timestamp, windows = header(element)
             needs = cached.get(windows)
             if needs is None:
-                needs = self.needs(headers.windows(windows))
-                if len(cached) >= _NEEDS_CACHED:
-                    cached.clear()
-                cached[windows] = needs
+                needs = self.needs(headers.windows(windows), key=windows)
             yield element, timestamp, needs
 
 
