@@ -245,7 +245,11 @@ ACCEPTED_SCRIPTS: dict[str, Callable[[], tuple[ScriptedStream, beam.WindowInto, 
 
 
 @pytest.mark.parametrize("name", sorted(ACCEPTED_SCRIPTS))
-@pytest.mark.parametrize("runner_args", [DIRECT_STREAMING, SPARK_ARGS], ids=["direct", "spark"])
+@pytest.mark.parametrize(
+    "runner_args",
+    [DIRECT_STREAMING, pytest.param(SPARK_ARGS, marks=pytest.mark.slow)],
+    ids=["direct", "spark"],
+)
 def test_time_passing_between_elements_where_no_observer_sees_it(
     name: str, runner_args: list[str]
 ) -> None:
@@ -286,6 +290,7 @@ def test_a_refused_script_really_differs_between_streaming_and_batch() -> None:
     )
 
 
+@pytest.mark.slow
 def test_deduplicate_per_window_from_a_test_stream() -> None:
     # Beam's DeduplicateTest.test_deduplication_in_different_windows, on this runner.
     stream = (
@@ -328,6 +333,7 @@ def test_deduplicate_per_window_from_a_test_stream() -> None:
         )
 
 
+@pytest.mark.slow
 def test_tagged_outputs_timestamps_and_timestamp_combiner() -> None:
     stream = (
         ScriptedStream()

@@ -77,9 +77,9 @@ def _run_script(
 @pytest.mark.parametrize(
     ("pickle_library", "mode"),
     [
-        ("cloudpickle", "batch"),
+        pytest.param("cloudpickle", "batch", marks=pytest.mark.slow),
         ("dill", "batch"),
-        pytest.param("cloudpickle", "streaming", marks=needs_streaming),
+        pytest.param("cloudpickle", "streaming", marks=[needs_streaming, pytest.mark.slow]),
     ],
 )
 def test_main_script_classes_with_save_main_session(
@@ -100,7 +100,9 @@ def test_main_script_classes_with_save_main_session(
     assert lines == ["a:4", "b:2"]
 
 
-@pytest.mark.parametrize("pickle_library", ["cloudpickle", "dill"])
+@pytest.mark.parametrize(
+    "pickle_library", [pytest.param("cloudpickle", marks=pytest.mark.slow), "dill"]
+)
 def test_without_save_main_session_the_error_says_to_use_it(
     run_python: Callable[..., subprocess.CompletedProcess[str]],
     tmp_path: Path,

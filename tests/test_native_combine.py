@@ -355,7 +355,7 @@ def _fn_api_runner_results() -> dict[str, list]:
     return dict(_KEPT)
 
 
-@pytest.mark.parametrize("native", ["on", "off"])
+@pytest.mark.parametrize("native", ["on", pytest.param("off", marks=pytest.mark.slow)])
 def test_pipelines_give_what_fn_api_runner_gives(beam_options, native, caplog):
     expected = _fn_api_runner_results()
     assert sum(v for _, v in INT_PAIRS) > 2**63 - 1

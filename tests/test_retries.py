@@ -14,12 +14,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cluster.retries_driver import check_retried_run
 
 DRIVER = Path(__file__).resolve().parent / "cluster" / "retries_driver.py"
 RETRYING_MASTER = "local[2,2]"
 
 
+@pytest.mark.slow
 def test_failed_attempts_are_retried_exactly_once(
     tmp_path: Path, run_python: Callable[..., Any]
 ) -> None:

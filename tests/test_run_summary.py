@@ -46,6 +46,7 @@ def test_describe_lists_a_few_files() -> None:
     )
 
 
+@pytest.mark.slow
 def test_a_normal_run_is_quiet_and_ends_with_the_summary(
     run_python: Callable[..., subprocess.CompletedProcess[str]],
     tmp_path: Path,

@@ -214,8 +214,14 @@ def _cogroup(pipeline: beam.Pipeline) -> Any:
 
 @pytest.mark.parametrize(
     "build",
-    [_late_data, _sessions, _processing_time, _processing_time_timer, _cogroup],
-    ids=lambda b: b.__name__.strip("_"),
+    [
+        _late_data,
+        pytest.param(_sessions, marks=pytest.mark.slow),
+        pytest.param(_processing_time, marks=pytest.mark.slow),
+        pytest.param(_processing_time_timer, marks=pytest.mark.slow),
+        _cogroup,
+    ],
+    ids=["late_data", "sessions", "processing_time", "processing_time_timer", "cogroup"],
 )
 def test_the_same_panes_as_direct_runner(build: Callable[[beam.Pipeline], Any]) -> None:
     expected = _direct_output(build)
@@ -240,6 +246,7 @@ def _two_groupings(pipeline: beam.Pipeline) -> Any:
     )
 
 
+@pytest.mark.slow
 def test_a_second_grouping_fires_in_the_micro_batch_of_the_first() -> None:
     expected = _direct_output(_two_groupings)
     result = _spark_run(_two_groupings, expected)
@@ -285,6 +292,7 @@ class _SeenWithSide(beam.DoFn):  # type: ignore[misc]
         yield f"{kv[1]}{len(side)}"
 
 
+@pytest.mark.slow
 def test_a_timers_output_timestamp_holds_the_downstream_watermark() -> None:
     stream = (
         ScriptedStream()
@@ -332,6 +340,7 @@ def _written(directory: Path) -> dict[str, list[str]]:
     }
 
 
+@pytest.mark.slow
 def test_an_unbounded_pipeline_writes_direct_runners_files(tmp_path: Path) -> None:
     # Started 6 s ago, so part of the sequence is due at once and the rest is deferred:
     # the splittable DoFn's residuals wait in state for their time. Windows are aligned
@@ -351,6 +360,7 @@ def test_an_unbounded_pipeline_writes_direct_runners_files(tmp_path: Path) -> No
     assert outputs["SparkStructuredRunner"] == outputs["DirectRunner"]
 
 
+@pytest.mark.slow
 def test_main_elements_wait_for_their_side_input_window() -> None:
     main = (
         ScriptedStream()
@@ -429,6 +439,7 @@ def _note_first(path: str, marker: str) -> str:
     return path
 
 
+@pytest.mark.slow
 def test_continuous_file_matching_reads_files_that_arrive_while_it_runs(tmp_path: Path) -> None:
     """``MatchContinuously`` reads a file there at the start and one dropped while it runs.
 

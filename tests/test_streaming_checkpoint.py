@@ -69,7 +69,9 @@ def test_another_parallelism_is_refused(spark: Any, tmp_path: Path) -> None:
 @pytest.mark.skipif(
     pyspark_version() < STREAMING_SPARK, reason="the query module needs PySpark 4.1+"
 )
-@pytest.mark.parametrize(("sink", "processes"), [("text", 3), ("files", 6)])
+@pytest.mark.parametrize(
+    ("sink", "processes"), [("text", 3), pytest.param("files", 6, marks=pytest.mark.slow)]
+)
 def test_the_streaming_plan_is_the_same_in_every_process(
     run_python: Callable[..., subprocess.CompletedProcess[str]], sink: str, processes: int
 ) -> None:
