@@ -165,8 +165,6 @@ def test_elements_with_longer_panes_or_other_window_counts_are_decoded(monkeypat
 @pytest.mark.parametrize(
     "coder",
     [
-        # Non-global windows: the window's encoding has a size of its own.
-        windowed_coder(STR, window_coder=coders.IntervalWindowCoder()),
         # Key coders whose slice is not proven equal to their re-encoding.
         windowed_coder(coders.FloatCoder()),
         windowed_coder(coders.BooleanCoder()),
@@ -184,7 +182,6 @@ def test_elements_with_longer_panes_or_other_window_counts_are_decoded(monkeypat
     ],
     # Some of these coders' str() raises on older Beam (a 1-tuple's, on 2.68).
     ids=[
-        "interval-window",
         "float",
         "bool",
         "fast-primitives",
@@ -200,14 +197,83 @@ def test_other_coders_take_the_decoding_path(coder):
     assert sliceable_key_parts(coder) is None
 
 
-def test_non_global_windows_give_the_same_keys_as_before():
-    coder = windowed_coder(STR, window_coder=coders.IntervalWindowCoder())
+# Interval windows whose spans take 1, 2, 3 and 10 varint bytes (a negative span), at the
+# ends of time and around zero.
+INTERVAL_WINDOWS = [
+    IntervalWindow(0, 10),
+    IntervalWindow(-7, 3),
+    IntervalWindow(Timestamp(micros=-1_500), Timestamp(micros=2_500)),
+    IntervalWindow(100, 100 + 60),
+    IntervalWindow(0, 3_600),
+    IntervalWindow(5, 4),
+    IntervalWindow(MIN_TIMESTAMP, Timestamp(0)),
+    IntervalWindow(Timestamp(0), MAX_TIMESTAMP),
+]
+
+
+@pytest.mark.parametrize("value_case", sorted(VALUE_CODERS))
+@pytest.mark.parametrize("key_case", sorted(KEY_CASES))
+def test_keys_of_elements_in_one_interval_window_are_sliced(key_case, value_case, monkeypatch):
+    key_coder, keys = KEY_CASES[key_case]
+    value_coder, value = VALUE_CODERS[value_case]
+    coder = windowed_coder(key_coder, value_coder, window_coder=coders.IntervalWindowCoder())
+    assert sliceable_key_parts(coder) is not None, "expected the sliced path"
     elements = [
-        WindowedValue((s, 1), Timestamp(i), (IntervalWindow(i, i + 10),))
-        for i, s in enumerate(STRS)
+        WindowedValue((key, value), Timestamp(i), (INTERVAL_WINDOWS[i % len(INTERVAL_WINDOWS)],))
+        for i, key in enumerate(keys)
     ]
-    sliced, decoded = both_ways(coder, elements)
-    assert sliced == decoded == [s.encode() for s in STRS]
+    data, ends = encode(coder, elements)
+    extractor = KeyExtractor(coder)
+    decoded = extractor.decoded_keys(data, ends)
+    monkeypatch.setattr(extractor, "decoded_keys", lambda *_: pytest.fail("decoded"))
+    assert extractor.keys(data, ends) == decoded == [key_coder.encode(key) for key in keys]
+
+
+def test_interval_windowed_elements_in_other_than_one_window_or_long_panes_are_decoded(
+    monkeypatch,
+):
+    coder = windowed_coder(coders.TupleCoder([STR, INT]), STR, coders.IntervalWindowCoder())
+    early = PaneInfo(False, False, PaneInfoTiming.EARLY, 3, -1)  # a pane with an index
+    odd = [
+        ((), PaneInfo(True, True, PaneInfoTiming.ON_TIME, 0, 0)),
+        (
+            (IntervalWindow(0, 10), IntervalWindow(5, 15)),
+            PaneInfo(True, True, PaneInfoTiming.ON_TIME, 0, 0),
+        ),
+        ((IntervalWindow(0, 10),), early),
+    ]
+    elements = []
+    for i, s in enumerate(STRS):
+        windows, pane = odd[i % len(odd)]
+        elements.append(WindowedValue(((s, i), "v"), Timestamp(i), windows, pane))
+        elements.append(WindowedValue(((s, -i), "w"), Timestamp(i), (IntervalWindow(i, i + 60),)))
+    extractor = KeyExtractor(coder)
+    decoded_elements = []
+    original = extractor.decoded_keys
+
+    def counting(data, ends):
+        decoded_elements.append(len(ends))
+        return original(data, ends)
+
+    data, ends = encode(coder, elements)
+    monkeypatch.setattr(extractor, "decoded_keys", counting)
+    sliced = extractor.keys(data, ends)
+    array, value_starts, decoded_indexes = extractor.key_array_and_value_starts(data, ends)
+    monkeypatch.undo()
+    assert sliced == array.to_pylist() == extractor.decoded_keys(data, ends)
+    # Every other element, the odd ones, was decoded, one at a time, by each method.
+    assert decoded_elements == [1] * len(elements)
+    assert decoded_indexes.tolist() == list(range(0, len(elements), 2))
+    # A sliced element's value starts where its key ends.
+    value_impl = STR.get_impl()
+    for index in range(1, len(elements), 2):
+        end = ends[index]
+        assert (
+            value_impl.decode_from_stream(
+                bi.create_InputStream(data[value_starts[index] : end]), True
+            )
+            == elements[index].value[1]
+        )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,9 @@ exactly when their deterministic encodings are equal, as in Beam's own FnApiRunn
 
 Most elements need no decoding at all. In the global window an element's encoding is a
 fixed-size header (timestamp, window count, a one-byte pane), then the key in the nested
-context, then the value; for the key coders the shuffle meets most (varints, strings,
+context, then the value; in one interval window (fixed, sliding, merged sessions) the
+header also holds the window (its end, 8 bytes, and its span, a varint), so its size
+varies with the span; for the key coders the shuffle meets most (varints, strings,
 bytes, length-prefixed user keys and KVs of these) the key's encoding is that nested
 slice, or a part of it. :class:`KeyExtractor` finds the slices of a whole bundle with numpy
 and copies them out with Arrow, and decodes only the elements it cannot slice. A
@@ -32,6 +34,10 @@ from beam_spark_runner import beam_internals as bi
 _WINDOW_COUNT_OFFSET = 8
 _PANE_OFFSET = 12
 _GLOBAL_HEADER_BYTES = 13
+# An element in one interval window: the timestamp, a window count of exactly 1, the
+# window's end (8 bytes) and its span in milliseconds (a varint), then the pane.
+_ONE_WINDOW = np.frombuffer(b"\x00\x00\x00\x01", dtype=np.uint8)
+_SPAN_OFFSET = 20
 # The longest varint a length may take here (35 bits); longer ones are decoded instead.
 _MAX_LENGTH_VARINT_BYTES = 5
 _MAX_VARINT_BYTES = 10
@@ -71,24 +77,35 @@ def _key_parts(coder: Coder) -> list[_Part] | None:
     return None
 
 
-# Windowed elements (a header, then the KV) and value-only ones (the KV alone).
-_SLICEABLE_ELEMENT_CODERS = (coders.WindowedValueCoder, coders.ParamWindowedValueCoder)
+class _Header(enum.Enum):
+    """What comes before an element's key."""
+
+    NONE = "none"  # a value-only (param) element: the key starts it
+    GLOBAL = "global"  # _GLOBAL_HEADER_BYTES: timestamp, window count, pane
+    INTERVAL = "interval"  # timestamp, window count 1, the window's end and span, pane
 
 
-def _header_bytes(safe_windowed_kv_coder: Coder) -> int:
-    """How many bytes come before the key: none for a value-only (param) coder."""
-    if type(safe_windowed_kv_coder) is coders.ParamWindowedValueCoder:
-        return 0
-    return _GLOBAL_HEADER_BYTES
+def _header(safe_windowed_kv_coder: Coder) -> _Header | None:
+    """The header of this coder's elements when their keys can be sliced, else None."""
+    kind = type(safe_windowed_kv_coder)
+    window_coder = type(getattr(safe_windowed_kv_coder, "window_coder", None))
+    if kind is coders.ParamWindowedValueCoder:
+        # Its windows are in the payload, not in each element (planning: value-only).
+        return _Header.NONE if window_coder is coders.GlobalWindowCoder else None
+    if kind is not coders.WindowedValueCoder:
+        return None
+    if window_coder is coders.GlobalWindowCoder:
+        return _Header.GLOBAL
+    if window_coder is coders.IntervalWindowCoder:
+        return _Header.INTERVAL
+    return None
 
 
 def sliceable_key_parts(safe_windowed_kv_coder: Coder) -> list[_Part] | None:
     """The key's parts when elements of this coder can have their keys sliced, else None."""
-    if type(safe_windowed_kv_coder) not in _SLICEABLE_ELEMENT_CODERS:
+    if _header(safe_windowed_kv_coder) is None:
         return None
     windowed = cast(coders.WindowedValueCoder, safe_windowed_kv_coder)
-    if type(windowed.window_coder) is not coders.GlobalWindowCoder:
-        return None
     kv_coder = windowed.wrapped_value_coder
     if type(kv_coder) is not coders.TupleCoder or len(kv_coder.coders()) != 2:
         return None
@@ -152,7 +169,7 @@ class KeyExtractor:
         kv_coder = safe_windowed_kv_coder.wrapped_value_coder  # type: ignore[attr-defined]
         self._key_impl = kv_coder.key_coder().get_impl()
         self._parts = sliceable_key_parts(safe_windowed_kv_coder)
-        self._header = _header_bytes(safe_windowed_kv_coder)
+        self._header = _header(safe_windowed_kv_coder)
 
     def keys(self, data: bytes, ends: Sequence[int]) -> list[bytes]:
         """One key per element of ``data``; ``ends`` are the elements' end offsets."""
@@ -205,20 +222,16 @@ class KeyExtractor:
         index.
 
         An element is sliced when its pane takes one byte, its window count is a plain
-        (non-negative) count and its key lies within it; any other element is decoded. A
-        value-only element has neither: it is sliced when its key lies within it.
+        (non-negative) count (in interval windows: exactly one) and its key lies within it;
+        any other element is decoded. A value-only element has neither: it is sliced when
+        its key lies within it.
         """
         buf = np.frombuffer(data, dtype=np.uint8)
         element_ends = np.asarray(ends, dtype=np.int64)
         starts = np.empty_like(element_ends)
         starts[0] = 0
         starts[1:] = element_ends[:-1]
-        last = len(buf) - 1
-        sliceable = element_ends >= starts + self._header
-        if self._header:
-            sliceable &= buf[np.minimum(starts + _PANE_OFFSET, last)] < 0x10
-            sliceable &= buf[np.minimum(starts + _WINDOW_COUNT_OFFSET, last)] < 0x80
-        key_starts = starts + self._header
+        key_starts, sliceable = self._key_starts(buf, starts)
         position = key_starts
         last_part_start = key_starts
         for part in parts:
@@ -231,6 +244,8 @@ class KeyExtractor:
                 position = position + size + length
             sliceable &= ended
             sliceable &= position <= element_ends
+        # Reads past an element (clamped to the buffer) are harmless: those are not sliced.
+        sliceable &= key_starts <= element_ends
         key_ends = position
         if parts[-1] is _Part.BYTES:
             # The outer context drops the last leaf's length prefix: two segments.
@@ -250,3 +265,20 @@ class KeyExtractor:
             for index in odd.tolist()
         }
         return _gather(data, segment_starts, segment_lengths), key_ends, decoded
+
+    def _key_starts(self, buf: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where each element's key starts, and whether its header allows slicing it."""
+        last = len(buf) - 1
+        if self._header is _Header.NONE:
+            return starts, np.ones(len(starts), dtype=bool)
+        if self._header is _Header.GLOBAL:
+            sliceable = buf[np.minimum(starts + _WINDOW_COUNT_OFFSET, last)] < 0x80
+            sliceable &= buf[np.minimum(starts + _PANE_OFFSET, last)] < 0x10
+            return starts + _GLOBAL_HEADER_BYTES, sliceable
+        counts = buf[np.minimum(starts[:, None] + _WINDOW_COUNT_OFFSET + np.arange(4), last)]
+        sliceable = (counts == _ONE_WINDOW).all(axis=1)
+        _, span_bytes, ended = read_varints(buf, starts + _SPAN_OFFSET, _MAX_VARINT_BYTES)
+        sliceable &= ended
+        panes = starts + _SPAN_OFFSET + span_bytes
+        sliceable &= buf[np.minimum(panes, last)] < 0x10
+        return panes + 1, sliceable
