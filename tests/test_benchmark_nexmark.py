@@ -16,6 +16,9 @@ from typing import Any
 
 import pytest
 
+# The benchmarks' own queries against Beam's, not the runner on a Spark/Beam line.
+pytestmark = pytest.mark.slow
+
 beam = pytest.importorskip("apache_beam")
 pytest.importorskip("apache_beam.testing.benchmarks.nexmark.queries.winning_bids")
 
