@@ -13,7 +13,8 @@
 # the exit status is non-zero if any failed. The whole run stops after MATRIX_TIMEOUT
 # seconds (default 3000), counted as a failure. .ci/run runs it after `make test` (about
 # 1 850 s on CI's machine in 2026-11), inside CI's 5 400: the three sessions took 2 700+ s
-# there with every unit test, and about 2 300 s without those marked slow (noxfile.py).
+# there with every unit test; without those marked slow (noxfile.py) 2 500 s on a machine
+# as slow (778, 970 and 750 s, 2026-11-27).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
