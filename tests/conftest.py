@@ -6,11 +6,27 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 
 # Spark with two cores: exercises more than one partition, and stays light on a laptop.
 SPARK_TEST_MASTER = "local[2]"
+
+
+@pytest.fixture(scope="session")
+def spark_session() -> Any:
+    """The test process's one local[2] SparkSession, as the runner obtains it."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from beam_spark_runner.options import spark_settings
+    from beam_spark_runner.session import obtain_session
+
+    options = PipelineOptions(
+        ["--runner=SparkStructuredRunner", f"--spark_master={SPARK_TEST_MASTER}"]
+    )
+    session, _ = obtain_session(spark_settings(options))
+    return session
 
 
 @pytest.fixture

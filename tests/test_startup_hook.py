@@ -122,3 +122,49 @@ def test_register_adds_our_entry_and_keeps_existing_ones():
     runner_map["sparkstructuredrunner"] = "somebody.else.Runner"
     _startup_hook.register(module)
     assert runner_map["sparkstructuredrunner"] == "somebody.else.Runner"
+
+
+def _spark_home_layout(site, py4j_installed="0.10.9.9"):
+    """A pip-installed PySpark under ``site``: the package, its zips, and py4j."""
+    (site / "pyspark" / "python" / "lib").mkdir(parents=True)
+    (site / "pyspark" / "__init__.py").write_text("")
+    lib = site / "pyspark" / "python" / "lib"
+    (lib / "pyspark.zip").write_bytes(b"")
+    (lib / "py4j-0.10.9.9-src.zip").write_bytes(b"")
+    (site / f"py4j-{py4j_installed}.dist-info").mkdir()
+    return str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip")
+
+
+def test_sparks_zips_give_way_to_the_same_installed_packages(tmp_path):
+    site = tmp_path / "site-packages"
+    pyspark_zip, py4j_zip = _spark_home_layout(site)
+    other = str(tmp_path / "elsewhere" / "pyspark.zip")
+    path = [pyspark_zip, py4j_zip, other, "/tmp", str(site)]
+    assert _startup_hook.prefer_installed_pyspark(path) == [pyspark_zip, py4j_zip]
+    assert path == [other, "/tmp", str(site)]
+
+
+def test_sparks_zips_stay_where_the_installed_copy_differs_or_is_not_on_the_path(tmp_path):
+    site = tmp_path / "site-packages"
+    pyspark_zip, py4j_zip = _spark_home_layout(site, py4j_installed="0.10.9.7")
+    path = [pyspark_zip, py4j_zip, str(site)]
+    # Another py4j is installed: its zip stays.
+    assert _startup_hook.prefer_installed_pyspark(path) == [pyspark_zip]
+    assert path == [py4j_zip, str(site)]
+    # The site directory is not on the path: nothing would replace the zips.
+    path = [pyspark_zip, py4j_zip]
+    assert _startup_hook.prefer_installed_pyspark(path) == []
+    assert path == [pyspark_zip, py4j_zip]
+
+
+def test_spark_python_workers_import_the_installed_pyspark(spark_session):
+    """Spark puts pyspark.zip first on its workers' path; they import the installed copy."""
+
+    def where(_):
+        import pyspark
+
+        return pyspark.__file__
+
+    (found,) = spark_session.sparkContext.parallelize([0], 1).map(where).collect()
+    assert ".zip" not in found
+    assert found.endswith("pyspark/__init__.py")

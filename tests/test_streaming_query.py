@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
@@ -14,10 +15,12 @@ if pyspark_version() < STREAMING_SPARK:
 
 from beam_spark_runner.streaming.query import (
     ROCKSDB_PROVIDER,
+    SIMPLIFIED_TRACEBACK_CONF,
     STATE_STORE_PROVIDER_CONF,
     QueryInterrupted,
     ensure_state_store,
     is_interruption,
+    one_worker_daemon,
 )
 
 # A session's own setting the runner leaves alone (query.ensure_state_store says why).
@@ -88,6 +91,9 @@ class _Conf:
     def set(self, key: str, value: str) -> None:
         self.values[key] = value
 
+    def unset(self, key: str) -> None:
+        del self.values[key]
+
 
 class _Session:
     def __init__(self, values: dict[str, str]) -> None:
@@ -101,3 +107,40 @@ def test_state_stores_are_rocksdb_and_changelog_checkpointing_is_the_sessions() 
     spark = _Session({CHANGELOG_CHECKPOINTING_CONF: "true"})
     ensure_state_store(spark)  # type: ignore[arg-type]
     assert spark.conf.values[CHANGELOG_CHECKPOINTING_CONF] == "true"
+
+
+@pytest.mark.parametrize("before", [{}, {SIMPLIFIED_TRACEBACK_CONF: "true"}])
+def test_a_query_starts_without_simplified_tracebacks_and_the_session_keeps_its_setting(
+    before: dict[str, str],
+) -> None:
+    spark = _Session(before)
+    with one_worker_daemon(spark):  # type: ignore[arg-type]
+        assert spark.conf.values == {SIMPLIFIED_TRACEBACK_CONF: "false"}
+    assert spark.conf.values == before
+    with pytest.raises(RuntimeError), one_worker_daemon(spark):  # type: ignore[arg-type]
+        raise RuntimeError("start() failed")
+    assert spark.conf.values == before
+
+
+def test_without_simplified_tracebacks_arrow_workers_get_transform_with_states_environment(
+    spark_session: Any,
+) -> None:
+    """Spark's ``mapInArrow`` workers get ``SPARK_SIMPLIFIED_TRACEBACK`` from the setting,
+    its ``transformWithState`` workers never: with it off, both run in one daemon's forks."""
+
+    def environment(batches: Any) -> Any:
+        import os
+
+        import pyarrow as pa
+
+        for _ in batches:
+            value = os.environ.get("SPARK_SIMPLIFIED_TRACEBACK", "")
+            yield pa.RecordBatch.from_pylist([{"value": value}])
+
+    def worker_setting() -> str:
+        frame = spark_session.range(1, numPartitions=1).mapInArrow(environment, "value string")
+        return frame.collect()[0]["value"]
+
+    assert worker_setting() == "1", "Spark no longer sets it: one_worker_daemon is not needed"
+    with one_worker_daemon(spark_session):
+        assert worker_setting() == ""

@@ -11,12 +11,14 @@ CANCELLED.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from apache_beam.runners.runner import PipelineState
@@ -77,6 +79,7 @@ STATE_STORE_PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
 _ROOT_KINDS = ("impulse", TEST_STREAM_BUFFER_KIND, SPARK_STREAM_BUFFER_KIND)
 # How often the driver logs a running query's progress.
 _PROGRESS_SECONDS = 5.0
+SIMPLIFIED_TRACEBACK_CONF = "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled"
 
 
 def _feeders(plan: Plan, buffer_id: bytes) -> tuple[tuple[str, str], ...]:
@@ -322,6 +325,30 @@ def ensure_state_store(spark: SparkSession) -> None:
         spark.conf.set(STATE_STORE_PROVIDER_CONF, ROCKSDB_PROVIDER)
 
 
+@contextlib.contextmanager
+def one_worker_daemon(spark: SparkSession) -> Iterator[None]:
+    """Within: a query started gets one Python worker daemon for all its operators.
+
+    Spark keeps a daemon per Python environment, and its ``mapInArrow`` runners give their
+    workers ``SPARK_SIMPLIFIED_TRACEBACK=1`` (this setting, on by default) where its
+    ``transformWithState`` runners do not: a streaming query started two daemons, each
+    importing Beam (the worker daemon's 1.5-3.5 s), the second in the middle of the first
+    micro-batch. Off for the query (it keeps the session's settings as they were when it
+    started), so its routers' and levels' workers fork from one daemon. The runner names
+    the failing stage and the user's error itself (``job.describe_failure``); PySpark's
+    own frames are left in the traceback.
+    """
+    previous = spark.conf.get(SIMPLIFIED_TRACEBACK_CONF, None)
+    spark.conf.set(SIMPLIFIED_TRACEBACK_CONF, "false")
+    try:
+        yield
+    finally:
+        if previous is None:
+            spark.conf.unset(SIMPLIFIED_TRACEBACK_CONF)
+        else:
+            spark.conf.set(SIMPLIFIED_TRACEBACK_CONF, previous)
+
+
 def _source_plan(plan: Plan, topology: Topology) -> SourcePlan:
     impulse = next(
         (b.decode() for b, buffer in plan.buffers.items() if buffer.kind == "impulse"), None
@@ -488,13 +515,14 @@ def start_query(
     )
     spark_context.setJobDescription(f"Beam pipeline {job_name} (streaming)")
     try:
-        query = (
-            frame.writeStream.queryName(query_name)
-            .foreachBatch(watch.on_batch)
-            .option("checkpointLocation", checkpoint)
-            .trigger(processingTime=f"{trigger_seconds} seconds")
-            .start()
-        )
+        with one_worker_daemon(spark):
+            query = (
+                frame.writeStream.queryName(query_name)
+                .foreachBatch(watch.on_batch)
+                .option("checkpointLocation", checkpoint)
+                .trigger(processingTime=f"{trigger_seconds} seconds")
+                .start()
+            )
     finally:
         spark_context.setJobDescription(None)  # type: ignore[arg-type]
     cancelled = threading.Event()
