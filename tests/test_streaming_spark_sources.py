@@ -120,27 +120,32 @@ def test_counts_per_window_over_arriving_files_equal_a_batch_run(tmp_path: Path)
         _drop(inbox, "round-1", rounds[1])
         _wait_for(lambda: any(k.startswith(f"{T0 + 10}-") for k in _written(out)), "[10, 20)")
         _drop(inbox, "round-2", rounds[2])
-        _wait_for(lambda: any(k.startswith(f"{T0 + 20}-") for k in _written(out)), "[20, 30)")
+        batch = _batch_counts(inbox)
+        # Every pane of [20, 30) (one per key, each written by its shard's task as it runs),
+        # not just the first, before the query is cancelled.
+        _wait_for(lambda: set(_written(out)) >= set(batch), "every window's panes")
     finally:
         result.cancel()
     assert result.state == PipelineState.CANCELLED
     streamed = {name: pane["count"] for name, pane in _written(out).items()}
+    assert streamed == batch
+    assert sum(streamed.values()) == 9  # the two events past 30 s are in an open window
 
-    # The same files in a Spark batch job, windows below the last watermark (33 s).
+
+def _batch_counts(inbox: Path) -> dict[str, int]:
+    """The same files in a Spark batch job, windows below the last watermark (33 s)."""
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
     spark = SparkSession.builder.getOrCreate()  # the runner's session
     frame = spark.read.schema("user STRING, ts TIMESTAMP").json(str(inbox))
-    batch = {
+    return {
         f"{int(row.start.timestamp())}-{row.user}": row["count"]
         for row in frame.groupBy(F.window("ts", "10 seconds").start.alias("start"), "user")
         .count()
         .collect()
         if row.start.timestamp() < T0 + 30
     }
-    assert streamed == batch
-    assert sum(streamed.values()) == 9  # the two events past 30 s are in an open window
 
 
 def test_rate_windows_fire_as_its_watermark_passes(tmp_path: Path) -> None:
