@@ -82,10 +82,11 @@ SMOKE_PIPELINE_TESTS = (
     " or combiners or flatten or reshuffle or failing_dofn or map_flatmap_filter"
 )
 # Everything but the pipeline tests, the cluster tests, the CLI's demo run on Spark and the
-# end-to-end runs marked slow (8 s or more each; `make test` runs them on the default line,
-# and the ones kept here cover the same paths: one streaming pane comparison and a
-# CoGroupByKey's, one main-session pickler, one TestStream-in-batch run). With them the
-# three sessions took 2 700+ s on CI's machine, beside `make test`'s 1 850 s of CI's 5 400.
+# end-to-end runs marked slow (most 8 s or more; `make test` runs them on the default line).
+# Of those paths the sessions keep one case each: streaming panes against DirectRunner
+# (late data and a CoGroupByKey), the main session with dill, the native combine on. With
+# them the three sessions took 2 700+ s on CI's machine, beside `make test`'s 1 850 s of
+# CI's 5 400.
 UNIT_TEST_ARGS = (
     "tests",
     "-m",

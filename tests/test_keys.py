@@ -77,6 +77,19 @@ def both_ways(coder, elements):
     return extractor.keys(data, ends), extractor.decoded_keys(data, ends)
 
 
+def count_decodes(extractor, monkeypatch):
+    """The sizes of the decoded_keys calls ``extractor`` makes from now (until undone)."""
+    decoded_elements = []
+    original = extractor.decoded_keys
+
+    def counting(data, ends):
+        decoded_elements.append(len(ends))
+        return original(data, ends)
+
+    monkeypatch.setattr(extractor, "decoded_keys", counting)
+    return decoded_elements
+
+
 @pytest.mark.parametrize("value_case", sorted(VALUE_CODERS))
 @pytest.mark.parametrize("key_case", sorted(KEY_CASES))
 def test_sliced_keys_equal_decoded_keys(key_case, value_case):
@@ -146,15 +159,8 @@ def test_elements_with_longer_panes_or_other_window_counts_are_decoded(monkeypat
         for j in range(4)
     ]
     extractor = KeyExtractor(coder)
-    decoded_elements = []
-    original = extractor.decoded_keys
-
-    def counting(data, ends):
-        decoded_elements.append(len(ends))
-        return original(data, ends)
-
     data, ends = encode(coder, elements)
-    monkeypatch.setattr(extractor, "decoded_keys", counting)
+    decoded_elements = count_decodes(extractor, monkeypatch)
     sliced = extractor.keys(data, ends)
     monkeypatch.undo()
     assert sliced == extractor.decoded_keys(data, ends)
@@ -248,15 +254,8 @@ def test_interval_windowed_elements_in_other_than_one_window_or_long_panes_are_d
         elements.append(WindowedValue(((s, i), "v"), Timestamp(i), windows, pane))
         elements.append(WindowedValue(((s, -i), "w"), Timestamp(i), (IntervalWindow(i, i + 60),)))
     extractor = KeyExtractor(coder)
-    decoded_elements = []
-    original = extractor.decoded_keys
-
-    def counting(data, ends):
-        decoded_elements.append(len(ends))
-        return original(data, ends)
-
     data, ends = encode(coder, elements)
-    monkeypatch.setattr(extractor, "decoded_keys", counting)
+    decoded_elements = count_decodes(extractor, monkeypatch)
     sliced = extractor.keys(data, ends)
     array, value_starts, decoded_indexes = extractor.key_array_and_value_starts(data, ends)
     monkeypatch.undo()

@@ -334,9 +334,10 @@ def one_worker_daemon(spark: SparkSession) -> Iterator[None]:
     ``transformWithState`` runners do not: a streaming query started two daemons, each
     importing Beam (the worker daemon's 1.5-3.5 s), the second in the middle of the first
     micro-batch. Off for the query (it keeps the session's settings as they were when it
-    started), so its routers' and levels' workers fork from one daemon. The runner names
-    the failing stage and the user's error itself (``job.describe_failure``); PySpark's
-    own frames are left in the traceback.
+    started), so its routers' and levels' workers fork from one daemon. What a failure
+    shows is unchanged: the workers format the user's traceback themselves
+    (``errors.StageExecutionError``) and the driver names the stage
+    (``job.describe_failure``).
     """
     previous = spark.conf.get(SIMPLIFIED_TRACEBACK_CONF, None)
     spark.conf.set(SIMPLIFIED_TRACEBACK_CONF, "false")
