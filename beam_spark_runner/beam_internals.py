@@ -1003,6 +1003,27 @@ def flatten_dofn() -> Any:
     return FlattenDoFn()
 
 
+# Beam's ``_KeyWithNone`` (every ``CombineGlobally``'s ``KeyWithVoid``): a DoFn registered
+# by URN, not pickled.
+KEY_WITH_NONE_DOFN_URN: str = python_urns.KEY_WITH_NONE_DOFN
+
+
+def _key_with_none(value: Any) -> tuple[None, Any]:
+    return None, value
+
+
+def key_with_none_dofn() -> Any:
+    """The DoFn the batched path runs for ``KEY_WITH_NONE_DOFN_URN``.
+
+    Beam's ``_KeyWithNone.process`` yields ``(None, v)`` for each ``v``, with its input's
+    timestamp, windows and pane; so does ``Map`` of the same function, which the batched
+    path calls directly (``wrapped_callable``).
+    """
+    from apache_beam.transforms import core
+
+    return core.Map(_key_with_none).fn
+
+
 PRECOMBINE_URN: str = common_urns.combine_components.COMBINE_PER_KEY_PRECOMBINE.urn
 # A lifted combine's phases after its GroupByKey, by Beam's phase names.
 COMBINE_PHASE_URNS: dict[str, str] = {

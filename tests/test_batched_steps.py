@@ -257,6 +257,11 @@ STEPS: dict[str, Callable[[Any], Any]] = {
     "count_per_element": lambda pc: (
         pc | beam.Map(lambda x: x % 7) | beam.combiners.Count.PerElement()
     ),
+    # CombineGlobally's KeyWithVoid (Beam's _KeyWithNone, a DoFn by URN) and precombine.
+    "combine_globally": lambda pc: pc | beam.Map(lambda x: x % 5) | beam.CombineGlobally(sum),
+    "combine_globally_fixed": lambda pc: (
+        pc | beam.WindowInto(window.FixedWindows(10)) | beam.CombineGlobally(max).without_defaults()
+    ),
     # Elements in several windows, the earliest timestamp kept, a CombineFn with compact.
     "combine_sliding_earliest": lambda pc: (
         pc

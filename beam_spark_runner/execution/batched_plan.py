@@ -5,7 +5,8 @@ read as iterables (``AsSingleton``, ``AsIter``, ``AsList``, ``AsDict``), no stat
 restriction or finalization, whose pickled DoFn the batched path can run
 (``beam_internals.unbatchable_dofn_reason``), ``WindowInto`` with one of Beam's standard
 window functions, a Flatten of one input (each element passed on as it is), and a lifted
-combine's precombine (``beam_internals.precombine_dofn``). Walking
+combine's precombine (``beam_internals.precombine_dofn``), its merge and extract phases,
+and ``CombineGlobally``'s ``KeyWithVoid`` (``beam_internals.key_with_none_dofn``). Walking
 from the stage's input, a PCollection whose readers all qualify (or are stage outputs) is
 processed batched; one read by a step that does not qualify is the *hand-off*, and the
 bundle processor runs the rest of the stage from a copy of the descriptor without the
@@ -192,6 +193,12 @@ def _step_spec(descriptor: Any, context: Any, transform_id: str) -> StepSpec | s
             return dofn, input_windowing, (), {}
 
         make = make_combine
+    elif payload is not None and payload.do_fn.urn == bi.KEY_WITH_NONE_DOFN_URN:
+
+        def make_key_with_none() -> tuple[Any, Any, tuple[Any, ...], dict[str, Any]]:
+            return bi.key_with_none_dofn(), input_windowing, (), {}
+
+        make = make_key_with_none
     elif payload is not None:
         if any(
             side.access_pattern.urn != bi.common_urns.side_inputs.ITERABLE.urn
