@@ -10,6 +10,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import math
+import random
 import time
 import typing
 from collections.abc import Callable, Iterator
@@ -31,6 +33,7 @@ from beam_spark_runner import planning
 from beam_spark_runner.errors import StageExecutionError
 from beam_spark_runner.execution import text_read
 from beam_spark_runner.execution.batched_plan import plan_batched_steps
+from beam_spark_runner.execution.batched_steps import _CHUNK, SizeSampler
 from beam_spark_runner.execution.side_inputs import side_input_state_entries
 from beam_spark_runner.execution.stage_worker import (
     ELEMENT,
@@ -1007,3 +1010,22 @@ def test_a_combines_merge_and_extract_run_batched_with_the_bundle_processors_byt
     assert [v for k, v in user.items() if k[-1] == "merged"] == [24]
     assert [v for k, v in user.items() if k[-1] == "extracted"] == [24]
     tear_down_stage_workers()
+
+
+def test_sizes_are_sampled_at_beams_decaying_rate_over_the_steps_life() -> None:
+    """The first ten elements, then about 10/N after the N-th: ~10 ln 2 per doubling."""
+    random.seed(7)
+    sampler = SizeSampler()
+    first = sampler.pick(_CHUNK)
+    assert first[:10] == list(range(10))
+    picked = len(first)
+    total = _CHUNK
+    while total < 1_000_000:
+        indexes = sampler.pick(_CHUNK)
+        assert all(0 <= i < _CHUNK for i in indexes) and indexes == sorted(set(indexes))
+        picked += len(indexes)
+        total += _CHUNK
+    expected = 10 + 10 * math.log(total / 10)  # Beam's rate, integrated
+    assert 0.7 * expected < picked < 1.3 * expected, (picked, expected)
+    # Not per batch: a sampler that has seen a million elements samples few more.
+    assert len(sampler.pick(_CHUNK)) <= 2

@@ -49,6 +49,8 @@ import dataclasses
 import functools
 import itertools
 import logging
+import math
+import random
 import sys
 import threading
 import time
@@ -433,6 +435,40 @@ class _Step:
         return infos
 
 
+class SizeSampler:
+    """Which elements of a PCollection to sample for their sizes, as Beam picks them.
+
+    Beam's ``OperationCounters`` samples the first ten elements an operation sees, then
+    about 10/N of the elements after the N-th (reservoir sampling's fast approximation: a
+    random gap after each sample), over the operation's life, not per bundle. So does this,
+    over the batched steps' life: a long-running stage samples ever fewer (one sample per
+    chunk and PCollection cost a few per cent of a streaming query's time).
+    """
+
+    FIRST = 10
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self.next = 0  # the index of the next element to sample, over the life
+
+    def pick(self, count: int) -> list[int]:
+        """The indexes, in the next ``count`` elements, of those to sample."""
+        start = self.seen
+        end = self.seen = start + count
+        picked: list[int] = []
+        while self.next < end:
+            picked.append(self.next - start)
+            seen = self.next + 1
+            if seen < self.FIRST:
+                self.next = seen
+            else:
+                gap = math.floor(
+                    math.log(1.0 - random.random()) / math.log(1.0 - self.FIRST / (seen + 1))
+                )
+                self.next = seen + gap
+        return picked
+
+
 class _Batch:
     """One batch on its way through the steps: counts, sizes, outputs, the hand-off."""
 
@@ -459,7 +495,9 @@ class _Batch:
         if not values:
             return
         steps = self._steps
-        self._sample(pcollection, values[: self._count(pcollection, len(values))])
+        picked = self._count(pcollection, len(values))
+        if picked:
+            self._sample(pcollection, [values[i] for i in picked])
         if pcollection == steps._handoff:
             self.handoff.extend(values)
         for transform_id in steps._outputs_of.get(pcollection, ()):
@@ -470,15 +508,10 @@ class _Batch:
         for step in steps._readers.get(pcollection, ()):
             step.process(values, functools.partial(self.emit, step.spec.output_pcollection))
 
-    def _count(self, pcollection: str, count: int) -> int:
-        """Counts a chunk of ``count`` elements; returns how many of its first to sample.
-
-        Beam samples the first elements, then fewer and fewer: here the first ten of the
-        batch, then one per chunk.
-        """
+    def _count(self, pcollection: str, count: int) -> list[int]:
+        """Counts a chunk of ``count`` elements; returns which of them to sample for sizes."""
         self.counts[pcollection] += count
-        sampled = len(self.sizes[pcollection])
-        return min(count, 10 - sampled) if sampled < 10 else 1
+        return self._steps._samplers[pcollection].pick(count)
 
     def _sample(self, pcollection: str, values: list[Any]) -> None:
         estimate = self._steps._sizes[pcollection].estimate_size
@@ -507,11 +540,13 @@ class _Batch:
                 ends.append(size - remaining())
             self.io_nanos[input_id] += time.perf_counter_ns() - began
             for chunk in range(0, len(ends), _CHUNK):
-                wanted = self._count(pcollection, min(_CHUNK, len(ends) - chunk))
-                sampled = range(chunk, chunk + wanted)
-                self._sample(
-                    pcollection, [decode(piece[ends[i - 1] if i else 0 : ends[i]]) for i in sampled]
-                )
+                picked = self._count(pcollection, min(_CHUNK, len(ends) - chunk))
+                if picked:
+                    sampled = [chunk + i for i in picked]
+                    self._sample(
+                        pcollection,
+                        [decode(piece[ends[i - 1] if i else 0 : ends[i]]) for i in sampled],
+                    )
             self.passed.append(piece)
             self.passed_ends.extend([offset + end for end in ends] if offset else ends)
             offset += size
@@ -586,6 +621,7 @@ class BatchedSteps:
             coders[plan.pass_through_coder_id].get_impl() if plan.pass_through_coder_id else None
         )
         self._sizes = {p: coders[c].get_impl() for p, c in plan.coder_ids.items()}
+        self._samplers = {p: SizeSampler() for p in plan.coder_ids}
         self._sampler = bi.state_sampler(display_name)
         self._steps = [_Step(spec, self._sampler, state_handler) for spec in plan.steps]
         self.reads_side_inputs = any(spec.side_inputs is not None for spec in plan.steps)
