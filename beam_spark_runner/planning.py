@@ -254,6 +254,8 @@ class Plan:
     group_input_coders: dict[bytes, str] = dataclasses.field(default_factory=dict)
     # Stages run their stateless steps batched (--spark_batched_steps).
     batched_steps: bool = True
+    # Planned for a streaming query (its stages run micro-batch after micro-batch).
+    streaming: bool = False
 
     def is_keyed(self, buffer_id: bytes) -> bool:
         """Whether the buffer's writers must compute each element's key.
@@ -900,4 +902,5 @@ def build_plan(
         safe_coders=dict(context.safe_coders),
         group_input_coders=group_coders,
         batched_steps=batched_steps,
+        streaming=streaming,
     )

@@ -191,6 +191,7 @@ class FakeSpec(typing.NamedTuple):
     name: str
     pickle_library: str = "default"
     main_session: object = None
+    idle_teardown_seconds: float = sw.IDLE_TEARDOWN_SECONDS
 
     @property
     def cache_key(self) -> str:
@@ -280,3 +281,43 @@ def test_idle_dofns_are_torn_down_only_when_the_process_is_idle(
     assert list(fake_workers) == ["run-1/a"]
     # Nothing left to tear down.
     assert sw.tear_down_idle_dofns(now + 120, idle_seconds=5.0) == 0
+
+
+def test_a_streaming_querys_dofns_outlive_the_gaps_between_a_processs_tasks(
+    fake_workers: collections.OrderedDict[str, typing.Any],
+) -> None:
+    """Without an explicit delay the process uses its run's own (its specs')."""
+    spec = FakeSpec("run-1", "a", idle_teardown_seconds=sw.STREAMING_IDLE_TEARDOWN_SECONDS)
+    cache = get_worker(spec).worker.bundle_processor_cache
+    now = time.time()
+    # A gap between micro-batches' tasks longer than batch's delay: nothing torn down.
+    assert sw.tear_down_idle_dofns(now + 20) == 0
+    assert not any(p.shut_down for p in cache.processors)
+    # The query ended: torn down before Spark's 60 s idle-worker timeout.
+    assert sw.STREAMING_IDLE_TEARDOWN_SECONDS < 60
+    assert sw.tear_down_idle_dofns(now + sw.STREAMING_IDLE_TEARDOWN_SECONDS + 1) == 2
+
+
+def test_a_batch_runs_dofns_are_torn_down_after_the_batch_delay(
+    fake_workers: collections.OrderedDict[str, typing.Any],
+) -> None:
+    cache = get_worker(FakeSpec("run-1", "a")).worker.bundle_processor_cache
+    assert sw.tear_down_idle_dofns(time.time() + sw.IDLE_TEARDOWN_SECONDS + 1) == 2
+    assert all(p.shut_down for p in cache.processors)
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_stage_specs_carry_the_delay_of_their_mode(streaming: bool) -> None:
+    from types import SimpleNamespace
+
+    from beam_spark_runner import beam_internals as bi
+    from beam_spark_runner.planning import build_plan
+    from beam_spark_runner.translators.fused_stage import stage_spec
+
+    p = beam.Pipeline()
+    _ = p | beam.Create([1, 2]) | beam.Map(lambda x: (x, x)) | beam.GroupByKey()
+    plan = build_plan(bi.prepare_pipeline_proto(p.to_runner_api()), streaming=streaming)
+    context = SimpleNamespace(plan=plan, run_id="run", pickle_library="default", main_session=None)
+    specs = [stage_spec(stage, typing.cast(typing.Any, context)) for stage in plan.stages]
+    expected = sw.STREAMING_IDLE_TEARDOWN_SECONDS if streaming else sw.IDLE_TEARDOWN_SECONDS
+    assert specs and all(spec.idle_teardown_seconds == expected for spec in specs)

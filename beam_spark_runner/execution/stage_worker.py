@@ -63,6 +63,19 @@ _MAX_RESUME_DELAY_SECONDS = 5.0
 _SIDE_INPUT_CACHE_BYTES = 256 << 20
 # Worker processes keep this many stage workers (descriptors, DoFn instances) alive.
 _MAX_CACHED_STAGES = 64
+# DoFn (and CombineFn) teardown, as batch users expect it: a process tears down its idle
+# DoFn instances once it has run no bundle for IDLE_TEARDOWN_SECONDS (in batch, shortly
+# after its last task of a pipeline run), and tears down the stage workers of a run when it
+# starts a stage of another run, when it evicts them and at interpreter exit. The delay is
+# longer than Spark's locality wait (3 s) between task waves and shorter than Spark's 60 s
+# idle-worker timeout, after which Spark ends the process without running Python exit hooks.
+IDLE_TEARDOWN_SECONDS = 5.0
+# In a streaming query a process's DoFns live across micro-batches, as Beam's streaming
+# runners keep them: Spark hands a micro-batch's few tasks to any of its worker processes,
+# and one of them went 5-20 s without a task in a 2 s-trigger query (measured: its DoFns
+# were torn down and set up again every 10-20 s, an expensive ``setup`` paid each time).
+# The query's end still tears them down, this long after, before Spark's 60 s timeout.
+STREAMING_IDLE_TEARDOWN_SECONDS = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +122,9 @@ class StageSpec:
     text_read_header: bytes | None = None
     # Run the stage's stateless steps batched (execution.batched_steps; --spark_batched_steps).
     batched_steps: bool = True
+    # A process tears its DoFns down after running no bundle for this long (see
+    # IDLE_TEARDOWN_SECONDS; STREAMING_IDLE_TEARDOWN_SECONDS in a streaming query).
+    idle_teardown_seconds: float = IDLE_TEARDOWN_SECONDS
 
     @functools.cached_property
     def cache_key(self) -> str:
@@ -486,13 +502,6 @@ def _batched_steps(spec: StageSpec, descriptor: Any, state_handler: Any) -> Batc
 
 _WORKERS: collections.OrderedDict[str, StageWorker] = collections.OrderedDict()
 
-# DoFn (and CombineFn) teardown, as batch users expect it: a process tears down its idle
-# DoFn instances once it has run no bundle for _IDLE_TEARDOWN_SECONDS (in batch, shortly
-# after its last task of a pipeline run), and tears down the stage workers of a run when it
-# starts a stage of another run, when it evicts them and at interpreter exit. The delay is
-# longer than Spark's locality wait (3 s) between task waves and shorter than Spark's 60 s
-# idle-worker timeout, after which Spark ends the process without running Python exit hooks.
-_IDLE_TEARDOWN_SECONDS = 5.0
 _IDLE_POLL_SECONDS = 1.0
 
 
@@ -549,8 +558,11 @@ def tear_down_stage_workers() -> None:
     _shut_down(workers, "process exit")
 
 
-def tear_down_idle_dofns(now: float, idle_seconds: float = _IDLE_TEARDOWN_SECONDS) -> int:
+def tear_down_idle_dofns(now: float, idle_seconds: float | None = None) -> int:
     """Tears down the DoFns of this process if it has run no bundle for ``idle_seconds``.
+
+    By default, the longest ``idle_teardown_seconds`` of the cached stage workers' specs
+    (a process runs one pipeline's stages at a time: the run's own setting).
 
     Only bundle processors waiting in Beam's cache are torn down: one running a bundle is
     never touched, and a bundle starting meanwhile takes a processor from the cache (an
@@ -561,6 +573,11 @@ def tear_down_idle_dofns(now: float, idle_seconds: float = _IDLE_TEARDOWN_SECOND
         stages = [(w.worker.bundle_processor_cache, w.spec.display_name) for w in _WORKERS.values()]
         batched = [b for w in _WORKERS.values() if (b := getattr(w, "batched", None)) is not None]
         last_used = _LIFECYCLE.last_used
+        if idle_seconds is None:
+            idle_seconds = max(
+                (w.spec.idle_teardown_seconds for w in _WORKERS.values()),
+                default=IDLE_TEARDOWN_SECONDS,
+            )
     caches = [cache for cache, _ in stages]
     if any(bi.bundle_processors_busy(c) for c in caches):
         return 0

@@ -26,7 +26,9 @@ from beam_spark_runner.execution.native_combine import run_native_combined_stage
 from beam_spark_runner.execution.side_inputs import side_input_state_entries
 from beam_spark_runner.execution.stage_worker import (
     ELEMENT,
+    IDLE_TEARDOWN_SECONDS,
     KEY,
+    STREAMING_IDLE_TEARDOWN_SECONDS,
     OutputSpec,
     StageSpec,
     has_typed_outputs,
@@ -158,6 +160,9 @@ def stage_spec(
         pickle_library=context.pickle_library,
         main_session=context.main_session,
         batched_steps=plan.batched_steps,
+        idle_teardown_seconds=(
+            STREAMING_IDLE_TEARDOWN_SECONDS if plan.streaming else IDLE_TEARDOWN_SECONDS
+        ),
         text_read_header=(
             _text_line_header(node, context)
             if plan.buffers[node.input_buffer_id].kind == TEXT_READ_BUFFER_KIND
