@@ -22,6 +22,7 @@ reads only where each ends (``pass_through_coder_id``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -139,6 +140,17 @@ def _bytes_coder_id(descriptor: Any) -> str:
     return coder_id
 
 
+def _input_windowed(
+    new_dofn: Callable[[], Any], windowing: Any
+) -> Callable[[], tuple[Any, Any, tuple[Any, ...], dict[str, Any]]]:
+    """A step's ``make_dofn`` for a DoFn the runner makes: a fresh one, in ``windowing``."""
+
+    def make() -> tuple[Any, Any, tuple[Any, ...], dict[str, Any]]:
+        return new_dofn(), windowing, (), {}
+
+    return make
+
+
 def _step_spec(descriptor: Any, context: Any, transform_id: str) -> StepSpec | str:
     """The step for a transform, or why it does not qualify."""
     transform = descriptor.transforms[transform_id]
@@ -168,37 +180,22 @@ def _step_spec(descriptor: Any, context: Any, transform_id: str) -> StepSpec | s
         if not bi.is_standard_window_fn(windowing.windowfn):
             return f"a custom window function {type(windowing.windowfn).__name__}"
 
-        def make_window_into() -> tuple[Any, Any, tuple[Any, ...], dict[str, Any]]:
-            return bi.window_into_dofn(windowing), input_windowing, (), {}
-
-        make = make_window_into
+        make = _input_windowed(functools.partial(bi.window_into_dofn, windowing), input_windowing)
     elif urn == FLATTEN_URN:
         # One input inside the stage (Beam's fusion gives each input its own transcode).
-
-        def make_flatten() -> tuple[Any, Any, tuple[Any, ...], dict[str, Any]]:
-            return bi.flatten_dofn(), input_windowing, (), {}
-
-        make = make_flatten
+        make = _input_windowed(bi.flatten_dofn, input_windowing)
     elif urn == bi.PRECOMBINE_URN or urn in bi.COMBINE_PHASE_URNS:
         # A lifted combine's partial aggregation (Beam's PGBKCVOperation), chunk by chunk,
         # or its merge or extract phase (Beam's CombineOperation), per element.
         combine_payload = transform.spec.payload
-
-        def make_combine() -> tuple[Any, Any, tuple[Any, ...], dict[str, Any]]:
-            dofn = (
-                bi.precombine_dofn(combine_payload, context, input_windowing)
-                if urn == bi.PRECOMBINE_URN
-                else bi.combine_phase_dofn(urn, combine_payload, context)
-            )
-            return dofn, input_windowing, (), {}
-
-        make = make_combine
+        make = _input_windowed(
+            functools.partial(bi.precombine_dofn, combine_payload, context, input_windowing)
+            if urn == bi.PRECOMBINE_URN
+            else functools.partial(bi.combine_phase_dofn, urn, combine_payload, context),
+            input_windowing,
+        )
     elif payload is not None and payload.do_fn.urn == bi.KEY_WITH_NONE_DOFN_URN:
-
-        def make_key_with_none() -> tuple[Any, Any, tuple[Any, ...], dict[str, Any]]:
-            return bi.key_with_none_dofn(), input_windowing, (), {}
-
-        make = make_key_with_none
+        make = _input_windowed(bi.key_with_none_dofn, input_windowing)
     elif payload is not None:
         if any(
             side.access_pattern.urn != bi.common_urns.side_inputs.ITERABLE.urn
