@@ -80,7 +80,9 @@ def enter_run(run_id: str, library: str, saved_main_session: Any = None) -> None
     """In a worker: the first time this process runs a task of ``run_id``, apply its globals.
 
     A worker process runs one task at a time; tasks of one run share the globals, so the
-    caches fill once per run and process. ``saved_main_session`` is a Spark broadcast of the
+    caches fill once per run and process. The first run in a process also installs
+    :func:`~beam_spark_runner.beam_internals.cache_function_signatures` (Beam's DoFn
+    signature inspection, remembered per function). ``saved_main_session`` is a Spark broadcast of the
     run's :class:`~beam_spark_runner.main_session.MainSession` (``--save_main_session``),
     restored into this process's ``__main__`` before anything of the run is unpickled.
     """
@@ -88,6 +90,7 @@ def enter_run(run_id: str, library: str, saved_main_session: Any = None) -> None
     with _lock:
         if run_id == _current_run:
             return
+        bi.cache_function_signatures()
         bi.set_pickle_library(library)
         reset_type_pickle_caches()
         if saved_main_session is not None:

@@ -20,6 +20,8 @@ import os
 import struct
 import sys
 import threading
+import types
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -265,6 +267,55 @@ def set_pickle_library(library: str) -> None:
     It pickles DoFns, coders and windowing on the driver and unpickles them in workers.
     """
     pickler.set_library(library)
+
+
+_ArgsDefaults = tuple[list[str], list[Any]]
+_SIGNATURES_CACHED = "_beam_spark_runner_cached"
+
+
+def cache_function_signatures() -> None:
+    """Makes Beam's ``get_function_args_defaults`` remember what it found per function.
+
+    Beam inspects the signature of every method of a DoFn each time it builds a
+    ``DoFnSignature`` (``get_dofn_specs`` walks ``dir(dofn)``, some 30 methods, twice per
+    signature), and a worker builds a few signatures per step and run. Most of those
+    methods are Beam's own, the same function objects in every run: without the memo that
+    inspection was most of a short pipeline's Python CPU in the workers. The memo is
+    exact: it holds plain functions only (not ``functools.wraps`` wrappers, not callables
+    with a ``__signature__``), keyed by the function and whether it is bound, and a hit
+    counts only while the function's code and defaults are the objects it was inspected
+    with. Installed once per process, where the runner runs stages.
+    """
+    from apache_beam.transforms import core
+
+    original = core.get_function_args_defaults
+    if getattr(original, _SIGNATURES_CACHED, False):
+        return
+    caches: tuple[weakref.WeakKeyDictionary[Any, Any], ...] = (
+        weakref.WeakKeyDictionary(),  # plain functions
+        weakref.WeakKeyDictionary(),  # functions bound as methods (the first argument taken)
+    )
+
+    def get_function_args_defaults(f: Any) -> _ArgsDefaults:
+        bound = type(f) is types.MethodType
+        func = f.__func__ if bound else f
+        if (
+            type(func) is not types.FunctionType
+            or hasattr(func, "__wrapped__")
+            or hasattr(func, "__signature__")
+        ):
+            return original(f)
+        code, defaults, kwdefaults = func.__code__, func.__defaults__, func.__kwdefaults__
+        cache = caches[bound]
+        hit = cache.get(func)
+        if hit is None or hit[0] is not code or hit[1] is not defaults or hit[2] is not kwdefaults:
+            hit = (code, defaults, kwdefaults, original(f))
+            cache[func] = hit
+        names, values = hit[3]
+        return list(names), list(values)
+
+    setattr(get_function_args_defaults, _SIGNATURES_CACHED, True)
+    core.get_function_args_defaults = get_function_args_defaults
 
 
 def python_transforms(pipeline: Any) -> Iterator[Any]:

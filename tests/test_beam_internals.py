@@ -115,3 +115,105 @@ def test_a_per_window_side_input_looks_each_window_up_once_until_reset() -> None
     side_input.reset()
     assert side_input[same] == f"value of {same}"
     assert side_map.looked_up[-1] is same and side_map.resets == 1
+
+
+class _Stateful:
+    """Methods whose defaults Beam reads: a state parameter, a timestamp, a plain default."""
+
+    def process(self, element: Any, ts: Any = None, count: int = 3) -> None:
+        pass
+
+    @classmethod
+    def make(cls, a: int, b: int = 1) -> None:
+        pass
+
+
+def _plain(a: Any, b: Any = 2, *rest: Any, c: Any = 3) -> None:
+    pass
+
+
+def test_remembered_signatures_are_beams_and_follow_changed_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import functools
+
+    from apache_beam.transforms import core
+
+    calls: list[Any] = []
+    unmemoized = core.get_function_args_defaults
+
+    def counted(f: Any) -> Any:
+        calls.append(f)
+        return unmemoized(f)
+
+    monkeypatch.setattr(core, "get_function_args_defaults", counted)
+    bi.cache_function_signatures()
+    memo = core.get_function_args_defaults
+    assert memo is not counted
+    bi.cache_function_signatures()  # once per process: not wrapped twice
+    assert core.get_function_args_defaults is memo
+
+    obj = _Stateful()
+    cases = [_plain, obj.process, _Stateful.make, _Stateful.process]
+    for f in cases:
+        assert memo(f) == unmemoized(f)
+    assert len(calls) == len(cases)
+    for f in cases:  # hits: the same answers, without Beam's inspection
+        assert memo(f) == unmemoized(f)
+    assert len(calls) == len(cases)
+    # A bound method and its function differ by the first argument: two entries.
+    assert memo(obj.process)[0] == ["element", "ts", "count"]
+    assert memo(_Stateful.process)[0] == ["self", "element", "ts", "count"]
+
+    # Callers get their own lists.
+    memo(_plain)[1].append("mutated")
+    assert memo(_plain) == (["a", "b"], [2])
+
+    # New defaults (or code) on the same function object are inspected again.
+    _plain.__defaults__ = (5,)
+    try:
+        assert memo(_plain) == (["a", "b"], [5])
+    finally:
+        _plain.__defaults__ = (2,)
+    assert memo(_plain) == (["a", "b"], [2])
+
+    # Wrappers and other callables are never remembered.
+    @functools.wraps(_plain)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        pass
+
+    before = len(calls)
+    for f in (wrapper, wrapper, len, len, functools.partial(_plain, 1)):
+        assert memo(f) == unmemoized(f)
+    assert len(calls) == before + 5
+
+
+def test_remembered_signatures_give_beams_dofn_signature(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import apache_beam as beam
+    from apache_beam.runners import common
+    from apache_beam.transforms import core, userstate
+
+    spec = userstate.BagStateSpec("seen", coders.VarIntCoder())
+
+    class StatefulDoFn(beam.DoFn):
+        def process(self, element: Any, seen: Any = beam.DoFn.StateParam(spec)) -> None:
+            pass
+
+    def describe(dofn: Any) -> tuple[Any, ...]:
+        signature = common.DoFnSignature(dofn)
+        return (
+            signature.is_stateful_dofn(),
+            signature.process_method.args,
+            signature.process_method.defaults,
+            userstate.get_dofn_specs(dofn),
+        )
+
+    dofns = [StatefulDoFn(), beam.Map(lambda x, t=beam.DoFn.TimestampParam: x).fn]
+    expected = [describe(d) for d in dofns]
+    monkeypatch.setattr(core, "get_function_args_defaults", core.get_function_args_defaults)
+    bi.cache_function_signatures()
+    for _ in range(2):
+        assert [describe(d) for d in dofns] == expected
+    assert expected[0][0] is True and expected[0][3] == ({spec}, set())
