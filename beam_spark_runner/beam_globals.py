@@ -22,7 +22,9 @@ after another, so whatever the last pipeline left there would apply to the next:
 The driver applies the pipeline's settings (:func:`apply`) before it pickles and plans the
 pipeline; each Spark task applies its run's settings (:func:`enter_run`) the first time its
 worker process runs a task of that run. Both empty the type caches, so a run encodes types
-as a fresh process would, like Beam's harness starting for a job.
+as a fresh process would, like Beam's harness starting for a job. Both also install
+:func:`~beam_spark_runner.beam_internals.cache_function_signatures` (once per process):
+Beam's inspection of DoFn signatures, remembered per function, which is exact.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ def reset_type_pickle_caches() -> bool:
 def apply(library: str) -> None:
     """Makes this process's Beam globals those of the pipeline about to run (driver)."""
     with _lock:
+        bi.cache_function_signatures()
         bi.set_pickle_library(library)
         reset_type_pickle_caches()
 
@@ -80,9 +83,7 @@ def enter_run(run_id: str, library: str, saved_main_session: Any = None) -> None
     """In a worker: the first time this process runs a task of ``run_id``, apply its globals.
 
     A worker process runs one task at a time; tasks of one run share the globals, so the
-    caches fill once per run and process. The first run in a process also installs
-    :func:`~beam_spark_runner.beam_internals.cache_function_signatures` (Beam's DoFn
-    signature inspection, remembered per function). ``saved_main_session`` is a Spark broadcast of the
+    caches fill once per run and process. ``saved_main_session`` is a Spark broadcast of the
     run's :class:`~beam_spark_runner.main_session.MainSession` (``--save_main_session``),
     restored into this process's ``__main__`` before anything of the run is unpickled.
     """

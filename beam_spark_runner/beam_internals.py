@@ -284,7 +284,8 @@ def cache_function_signatures() -> None:
     exact: it holds plain functions only (not ``functools.wraps`` wrappers, not callables
     with a ``__signature__``), keyed by the function and whether it is bound, and a hit
     counts only while the function's code and defaults are the objects it was inspected
-    with. Installed once per process, where the runner runs stages.
+    with. Installed once per process: in the driver when a pipeline runs (its
+    ``to_runner_api`` inspects every DoFn again), in a worker on its first task.
     """
     from apache_beam.transforms import core
 
