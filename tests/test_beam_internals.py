@@ -217,3 +217,13 @@ def test_remembered_signatures_give_beams_dofn_signature(
     for _ in range(2):
         assert [describe(d) for d in dofns] == expected
     assert expected[0][0] is True and expected[0][3] == ({spec}, set())
+
+
+def test_key_with_none_dofns_are_fresh_copies_of_one_map() -> None:
+    from apache_beam.transforms import core
+
+    first, second = bi.key_with_none_dofn(), bi.key_with_none_dofn()
+    assert first is not second
+    assert type(first) is core.CallableWrapperDoFn
+    assert list(first.process("v")) == list(second.process("v")) == [(None, "v")]
+    assert bi.wrapped_callable(first) == bi.wrapped_callable(second)
