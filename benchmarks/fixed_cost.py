@@ -4,7 +4,10 @@
 ``--warmup`` runs, on SparkStructuredRunner (``local[2]``) and, interleaved run by run, on
 FnApiRunner (what DirectRunner runs batch pipelines on). Each run is timed from building
 the pipeline to ``wait_until_finish()``; construction alone is reported too, since Beam
-pays it whatever the runner.
+pays it whatever the runner. FnApiRunner runs in ours' process: after ours' warm-up, the
+memo of Beam's signature inspection that ours installs
+(``beam_internals.cache_function_signatures``) serves FnApiRunner's construction and
+``to_runner_api`` too, so its figure here is below its time in a process of its own.
 
 Also interleaved: ``pyspark``, the same shape hand-written in PySpark on the same session,
 Spark's own floor for it: 8 rows, a Python stage (``mapInArrow``: each row and its
