@@ -117,8 +117,8 @@ def test_a_per_window_side_input_looks_each_window_up_once_until_reset() -> None
     assert side_map.looked_up[-1] is same and side_map.resets == 1
 
 
-class _Stateful:
-    """Methods whose defaults Beam reads: a state parameter, a timestamp, a plain default."""
+class _Methods:
+    """A method and a classmethod with plain defaults, bound and unbound."""
 
     def process(self, element: Any, ts: Any = None, count: int = 3) -> None:
         pass
@@ -153,8 +153,8 @@ def test_remembered_signatures_are_beams_and_follow_changed_defaults(
     bi.cache_function_signatures()  # once per process: not wrapped twice
     assert core.get_function_args_defaults is memo
 
-    obj = _Stateful()
-    cases = [_plain, obj.process, _Stateful.make, _Stateful.process]
+    obj = _Methods()
+    cases = [_plain, obj.process, _Methods.make, _Methods.process]
     for f in cases:
         assert memo(f) == unmemoized(f)
     assert len(calls) == len(cases)
@@ -163,7 +163,7 @@ def test_remembered_signatures_are_beams_and_follow_changed_defaults(
     assert len(calls) == len(cases)
     # A bound method and its function differ by the first argument: two entries.
     assert memo(obj.process)[0] == ["element", "ts", "count"]
-    assert memo(_Stateful.process)[0] == ["self", "element", "ts", "count"]
+    assert memo(_Methods.process)[0] == ["self", "element", "ts", "count"]
 
     # Callers get their own lists.
     memo(_plain)[1].append("mutated")
@@ -212,6 +212,7 @@ def test_remembered_signatures_give_beams_dofn_signature(
 
     dofns = [StatefulDoFn(), beam.Map(lambda x, t=beam.DoFn.TimestampParam: x).fn]
     expected = [describe(d) for d in dofns]
+    # Undone after the test, should this install the memo (it may be installed already).
     monkeypatch.setattr(core, "get_function_args_defaults", core.get_function_args_defaults)
     bi.cache_function_signatures()
     for _ in range(2):
