@@ -22,6 +22,7 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from beam_spark_runner import spark_compat
 from beam_spark_runner.java import check_java, required_java_major
 from beam_spark_runner.master_reachability import check_master_reachable
 from beam_spark_runner.options import DEFAULT_MASTER, SparkSettings
@@ -136,6 +137,12 @@ def session_conf(master: str, settings: SparkSettings) -> dict[str, str]:
     # per element (a lifted combine's merge, a GroupByKey's grouping), so a small
     # shuffle can still be seconds of work: keep it spread over every core.
     conf["spark.sql.adaptive.coalescePartitions.enabled"] = "false"
+    if spark_compat.has_unix_domain_sockets():
+        # Over loopback TCP each Python task waits 40 ms for its input: the JVM writes the
+        # task's command and then its first rows in two small segments, and Nagle's
+        # algorithm holds the second until the worker's delayed acknowledgement of the
+        # first. A Unix domain socket has neither (docs/performance.md).
+        conf[spark_compat.UNIX_DOMAIN_SOCKETS] = "true"
     if settings.default_parallelism:
         conf["spark.default.parallelism"] = str(settings.default_parallelism)
         conf["spark.sql.shuffle.partitions"] = str(settings.default_parallelism)

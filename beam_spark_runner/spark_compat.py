@@ -17,6 +17,18 @@ def pyspark_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+# PySpark's setting for its workers' sockets to the executor's JVM: Unix domain sockets
+# instead of TCP over loopback (SPARK-51688, Spark 4.1).
+UNIX_DOMAIN_SOCKETS = "spark.python.unix.domain.socket.enabled"
+
+
+def has_unix_domain_sockets() -> bool:
+    """Whether PySpark can talk to its workers over Unix domain sockets here (Spark 4.1+)."""
+    import socket
+
+    return pyspark_version() >= (4, 1) and hasattr(socket, "AF_UNIX")
+
+
 def require_spark(feature: str, minimum: tuple[int, int]) -> None:
     """Raises ``UnsupportedFeatureError`` naming the Spark ``feature`` needs, if older.
 

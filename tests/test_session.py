@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
-from beam_spark_runner import session
+from beam_spark_runner import session, spark_compat
 from beam_spark_runner.options import SparkSettings
 from beam_spark_runner.session import LOCAL_DRIVER_JAVA_OPTIONS, QUIET_LOG4J_PROFILE, session_conf
 
@@ -62,6 +63,18 @@ def test_local_sessions_get_a_quarter_of_the_memory_within_bounds(monkeypatch) -
     assert "spark.driver.memory" not in session_conf("spark://host:7077", _settings())
 
 
+def test_workers_talk_over_unix_domain_sockets_where_pyspark_can(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    key = "spark.python.unix.domain.socket.enabled"
+    monkeypatch.setattr(spark_compat, "pyspark_version", lambda: (4, 0))
+    assert key not in session_conf("local[2]", _settings())
+    monkeypatch.setattr(spark_compat, "pyspark_version", lambda: (4, 1))
+    assert session_conf("local[2]", _settings())[key] == "true"
+    assert session_conf("spark://host:7077", _settings())[key] == "true"
+    assert session_conf("local[2]", _settings(**{key: "false"}))[key] == "false"
+
+
 def test_an_embedded_session_binds_to_loopback_unless_told_otherwise(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -88,3 +101,10 @@ def test_the_test_sessions_ui_listens_on_loopback(beam_options: list[str]) -> No
     if os.environ.get("SPARK_LOCAL_IP") != session.LOOPBACK:
         pytest.skip("this environment chose its own SPARK_LOCAL_IP")
     assert "127.0.0.1" in url or "localhost" in url, url
+
+
+def test_the_test_session_talks_to_its_workers_as_the_runner_chose(spark_session: Any) -> None:
+    # The runner's own session, as every Spark test here runs on it.
+    expected = "true" if spark_compat.has_unix_domain_sockets() else "false"
+    setting = spark_session.sparkContext.getConf().get(spark_compat.UNIX_DOMAIN_SOCKETS, "false")
+    assert setting == expected
