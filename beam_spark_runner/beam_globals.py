@@ -37,6 +37,7 @@ from apache_beam.options.pipeline_options import SetupOptions
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner import main_session
+from beam_spark_runner.execution.zip_directories import remember_zip_directories
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -75,6 +76,8 @@ def apply(library: str) -> None:
     """Makes this process's Beam globals those of the pipeline about to run (driver)."""
     with _lock:
         bi.cache_function_signatures()
+        # Local workers have it from the runner's daemon; a cluster's, from their first run.
+        remember_zip_directories()
         bi.set_pickle_library(library)
         reset_type_pickle_caches()
 

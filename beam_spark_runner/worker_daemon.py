@@ -28,10 +28,12 @@ from pyspark.daemon import manager  # noqa: E402
 import beam_spark_runner.execution.grouping  # noqa: E402, F401
 import beam_spark_runner.execution.stage_worker  # noqa: E402, F401
 from beam_spark_runner import beam_internals  # noqa: E402
+from beam_spark_runner.execution.zip_directories import remember_zip_directories  # noqa: E402
 
 if __name__ == "__main__":
     # Found once here (a search of the heap) rather than in every forked worker.
     beam_internals.type_pickle_caches()
+    remember_zip_directories()
     # PySpark's daemon runs a full garbage collection after every task of a reused worker;
     # what the imports above allocated lives as long as the process: frozen, those
     # collections no longer walk it (nor write to its pages, shared with every fork).

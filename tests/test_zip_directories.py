@@ -1,0 +1,96 @@
+"""Zip archives on sys.path are read again only when they changed."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import zipfile
+import zipimport
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from beam_spark_runner.execution import zip_directories
+
+
+@pytest.fixture
+def remembering(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Installs the memo (undone after the test); lists the archives whose directory is read."""
+    # Undone at the end: the memo replaces zipimporter's method for the whole process.
+    monkeypatch.setattr(
+        zipimport.zipimporter, "invalidate_caches", zipimport.zipimporter.invalidate_caches
+    )
+    reads: list[str] = []
+    read_directory = zipimport._read_directory  # type: ignore[attr-defined]
+
+    def counted(archive: str) -> Any:
+        reads.append(archive)
+        return read_directory(archive)
+
+    monkeypatch.setattr(zipimport, "_read_directory", counted)
+    zip_directories.remember_zip_directories()
+    return reads
+
+
+def _archive(path: Path, modules: dict[str, str]) -> str:
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, source in modules.items():
+            archive.writestr(f"{name}.py", source)
+    return str(path)
+
+
+def test_an_unchanged_archive_is_not_read_again(
+    tmp_path: Path, remembering: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    archive = _archive(tmp_path / "lib.zip", {"zd_first": "VALUE = 1\n"})
+    monkeypatch.syspath_prepend(archive)
+    monkeypatch.delitem(sys.modules, "zd_first", raising=False)
+    assert importlib.import_module("zd_first").VALUE == 1
+    importlib.invalidate_caches()  # the first time: read, and remembered
+    reads_before = remembering.count(archive)
+    for _ in range(5):
+        importlib.invalidate_caches()  # what PySpark 3.5 and 4.0 do before every task
+    assert remembering.count(archive) == reads_before
+    zip_directories.remember_zip_directories()  # a second install changes nothing
+    importlib.invalidate_caches()
+    assert remembering.count(archive) == reads_before
+
+
+def test_a_changed_archive_is_read_again(
+    tmp_path: Path, remembering: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    archive = _archive(tmp_path / "lib.zip", {"zd_second": "VALUE = 1\n"})
+    monkeypatch.syspath_prepend(archive)
+    monkeypatch.delitem(sys.modules, "zd_second", raising=False)
+    monkeypatch.delitem(sys.modules, "zd_added", raising=False)
+    assert importlib.import_module("zd_second").VALUE == 1
+    importlib.invalidate_caches()
+    # A new file in its place (PySpark's files directory gets a new zip of the same name).
+    (tmp_path / "lib.zip").unlink()
+    _archive(tmp_path / "lib.zip", {"zd_second": "VALUE = 2\n", "zd_added": "VALUE = 3\n"})
+    reads_before = remembering.count(archive)
+    importlib.invalidate_caches()
+    assert remembering.count(archive) == reads_before + 1
+    assert importlib.import_module("zd_added").VALUE == 3
+
+
+def test_importers_made_before_the_install_are_remembered_by_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        zipimport.zipimporter, "invalidate_caches", zipimport.zipimporter.invalidate_caches
+    )
+    archive = _archive(tmp_path / "early.zip", {"zd_early": "VALUE = 1\n"})
+    monkeypatch.syspath_prepend(archive)
+    monkeypatch.delitem(sys.modules, "zd_early", raising=False)
+    importlib.import_module("zd_early")  # its importer is made before the install
+    reads: list[str] = []
+    read_directory = zipimport._read_directory  # type: ignore[attr-defined]
+    monkeypatch.setattr(
+        zipimport, "_read_directory", lambda path: reads.append(path) or read_directory(path)
+    )
+    zip_directories.remember_zip_directories()
+    assert reads.count(archive) == 1  # read once by the install: forks inherit it
+    importlib.invalidate_caches()
+    assert reads.count(archive) == 1
