@@ -14,13 +14,19 @@ import pytest
 from beam_spark_runner.execution import zip_directories
 
 
+def _without_memo(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python's own method for this test, whether or not this process installed the memo
+    (the stage worker's tests run ``beam_globals.enter_run`` here); restored after it."""
+    method = zipimport.zipimporter.invalidate_caches
+    monkeypatch.setattr(
+        zipimport.zipimporter, "invalidate_caches", getattr(method, "__wrapped__", method)
+    )
+
+
 @pytest.fixture
 def remembering(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Installs the memo (undone after the test); lists the archives whose directory is read."""
-    # Undone at the end: the memo replaces zipimporter's method for the whole process.
-    monkeypatch.setattr(
-        zipimport.zipimporter, "invalidate_caches", zipimport.zipimporter.invalidate_caches
-    )
+    _without_memo(monkeypatch)
     reads: list[str] = []
     read_directory = zipimport._read_directory  # type: ignore[attr-defined]
 
@@ -78,9 +84,7 @@ def test_a_changed_archive_is_read_again(
 def test_importers_made_before_the_install_are_remembered_by_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(
-        zipimport.zipimporter, "invalidate_caches", zipimport.zipimporter.invalidate_caches
-    )
+    _without_memo(monkeypatch)
     archive = _archive(tmp_path / "early.zip", {"zd_early": "VALUE = 1\n"})
     monkeypatch.syspath_prepend(archive)
     monkeypatch.delitem(sys.modules, "zd_early", raising=False)

@@ -12,6 +12,7 @@ which is what the invalidation is for.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import zipimport
@@ -40,6 +41,7 @@ def remember_zip_directories() -> None:
     if getattr(original, _MARK, False):
         return
 
+    @functools.wraps(original)  # also keeps Python's own as __wrapped__
     def invalidate_caches(self: Any) -> None:
         identity = _identity(self.archive)
         if identity is not None and getattr(self, _READ, None) == identity:
