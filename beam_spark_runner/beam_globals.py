@@ -76,8 +76,6 @@ def apply(library: str) -> None:
     """Makes this process's Beam globals those of the pipeline about to run (driver)."""
     with _lock:
         bi.cache_function_signatures()
-        # Local workers have it from the runner's daemon; a cluster's, from their first run.
-        remember_zip_directories()
         bi.set_pickle_library(library)
         reset_type_pickle_caches()
 
@@ -95,6 +93,8 @@ def enter_run(run_id: str, library: str, saved_main_session: Any = None) -> None
         if run_id == _current_run:
             return
         bi.cache_function_signatures()
+        # Local workers have it from the runner's daemon; a cluster's, from their first run.
+        remember_zip_directories()
         bi.set_pickle_library(library)
         reset_type_pickle_caches()
         if saved_main_session is not None:

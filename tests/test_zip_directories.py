@@ -98,3 +98,14 @@ def test_importers_made_before_the_install_are_remembered_by_it(
     assert reads.count(archive) == 1  # read once by the install: forks inherit it
     importlib.invalidate_caches()
     assert reads.count(archive) == 1
+
+
+def test_a_workers_first_task_of_a_run_installs_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A cluster's workers run PySpark's own daemon, not the runner's: enter_run installs it.
+    from beam_spark_runner import beam_globals
+
+    _without_memo(monkeypatch)
+    monkeypatch.setattr(beam_globals, "_current_run", None)
+    beam_globals.enter_run("zip-directories-test", beam_globals.DEFAULT_PICKLE_LIBRARY)
+    # Python's own method has no __wrapped__; the memo keeps it there.
+    assert hasattr(zipimport.zipimporter.invalidate_caches, "__wrapped__")
