@@ -66,7 +66,7 @@ def test_local_sessions_get_a_quarter_of_the_memory_within_bounds(monkeypatch) -
 def test_workers_talk_over_unix_domain_sockets_where_pyspark_can(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    key = "spark.python.unix.domain.socket.enabled"
+    key = spark_compat.UNIX_DOMAIN_SOCKETS
     monkeypatch.setattr(spark_compat, "pyspark_version", lambda: (4, 0))
     assert key not in session_conf("local[2]", _settings())
     monkeypatch.setattr(spark_compat, "pyspark_version", lambda: (4, 1))

@@ -23,10 +23,8 @@ def _without_memo(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
-@pytest.fixture
-def remembering(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Installs the memo (undone after the test); lists the archives whose directory is read."""
-    _without_memo(monkeypatch)
+def _counted_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The archives whose directory is read from now on, one entry per read."""
     reads: list[str] = []
     read_directory = zipimport._read_directory  # type: ignore[attr-defined]
 
@@ -35,6 +33,14 @@ def remembering(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return read_directory(archive)
 
     monkeypatch.setattr(zipimport, "_read_directory", counted)
+    return reads
+
+
+@pytest.fixture
+def remembering(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Installs the memo (undone after the test); lists the archives whose directory is read."""
+    _without_memo(monkeypatch)
+    reads = _counted_reads(monkeypatch)
     zip_directories.remember_zip_directories()
     return reads
 
@@ -46,12 +52,19 @@ def _archive(path: Path, modules: dict[str, str]) -> str:
     return str(path)
 
 
+def _on_path(monkeypatch: pytest.MonkeyPatch, path: Path, modules: dict[str, str]) -> str:
+    """An archive of ``modules`` first on ``sys.path``, none of them imported yet."""
+    archive = _archive(path, modules)
+    monkeypatch.syspath_prepend(archive)
+    for name in modules:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    return archive
+
+
 def test_an_unchanged_archive_is_not_read_again(
     tmp_path: Path, remembering: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    archive = _archive(tmp_path / "lib.zip", {"zd_first": "VALUE = 1\n"})
-    monkeypatch.syspath_prepend(archive)
-    monkeypatch.delitem(sys.modules, "zd_first", raising=False)
+    archive = _on_path(monkeypatch, tmp_path / "lib.zip", {"zd_first": "VALUE = 1\n"})
     assert importlib.import_module("zd_first").VALUE == 1
     importlib.invalidate_caches()  # the first time: read, and remembered
     reads_before = remembering.count(archive)
@@ -66,9 +79,7 @@ def test_an_unchanged_archive_is_not_read_again(
 def test_a_changed_archive_is_read_again(
     tmp_path: Path, remembering: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    archive = _archive(tmp_path / "lib.zip", {"zd_second": "VALUE = 1\n"})
-    monkeypatch.syspath_prepend(archive)
-    monkeypatch.delitem(sys.modules, "zd_second", raising=False)
+    archive = _on_path(monkeypatch, tmp_path / "lib.zip", {"zd_second": "VALUE = 1\n"})
     monkeypatch.delitem(sys.modules, "zd_added", raising=False)
     assert importlib.import_module("zd_second").VALUE == 1
     importlib.invalidate_caches()
@@ -85,15 +96,9 @@ def test_importers_made_before_the_install_are_remembered_by_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _without_memo(monkeypatch)
-    archive = _archive(tmp_path / "early.zip", {"zd_early": "VALUE = 1\n"})
-    monkeypatch.syspath_prepend(archive)
-    monkeypatch.delitem(sys.modules, "zd_early", raising=False)
+    archive = _on_path(monkeypatch, tmp_path / "early.zip", {"zd_early": "VALUE = 1\n"})
     importlib.import_module("zd_early")  # its importer is made before the install
-    reads: list[str] = []
-    read_directory = zipimport._read_directory  # type: ignore[attr-defined]
-    monkeypatch.setattr(
-        zipimport, "_read_directory", lambda path: reads.append(path) or read_directory(path)
-    )
+    reads = _counted_reads(monkeypatch)
     zip_directories.remember_zip_directories()
     assert reads.count(archive) == 1  # read once by the install: forks inherit it
     importlib.invalidate_caches()
