@@ -10,6 +10,7 @@ A Beam upgrade that moves them is fixed here, and ``pyproject.toml`` pins the te
 
 from __future__ import annotations
 
+import argparse
 import collections
 import copy
 import functools
@@ -318,6 +319,91 @@ def cache_function_signatures() -> None:
 
     setattr(get_function_args_defaults, _SIGNATURES_CACHED, True)
     core.get_function_args_defaults = get_function_args_defaults
+
+
+_VIEWS_REMEMBERED = "_beam_spark_runner_views_remembered"
+# How many options objects' views are remembered at once: a pipeline's construction views
+# its own options and, now and then, a second object.
+_REMEMBERED_OPTIONS = 4
+
+
+def _flags_key(flags: Any) -> tuple[str, ...] | None:
+    """The command line an options view parses, as a key; None if it is not a plain one."""
+    if flags is None:  # argparse parses sys.argv then
+        flags = sys.argv[1:]
+    if not isinstance(flags, (list, tuple)) or not all(isinstance(f, str) for f in flags):
+        return None
+    return tuple(flags)
+
+
+def remember_option_views() -> None:
+    """Makes ``PipelineOptions.view_as`` parse each options class once per options object.
+
+    Beam's ``view_as(cls)`` builds an argument parser for ``cls`` and parses the options'
+    flags again on every call, about 0.9 ms, and constructing a short pipeline calls it
+    some 130 times (``TypeOptions`` at every ``apply``): about 0.1 s, two thirds of the
+    construction of issue 14's 8-element pipeline. A view is its class, the options'
+    flags and shared value store, and the parsed namespace, whose option names are all
+    Beam reads of it (``_visible_option_list``). After the first view of a class over an
+    options object's store, every one of the class's names is in the store, so a later
+    view adds nothing to it; the memo then builds the view without parsing, with a copy
+    of the first parse's namespace. It is exact: it applies only to classes that keep
+    ``PipelineOptions``' own ``__init__`` and ``__new__``, to flags that are a plain list
+    of strings, and while the store still has every name; otherwise Beam's method runs.
+    Installed once per process, when the runner is created (before the pipeline's
+    transforms are applied).
+    """
+    from apache_beam.options import pipeline_options as po
+
+    original = po.PipelineOptions.view_as
+    if getattr(original, _VIEWS_REMEMBERED, False):
+        return
+    base_init = po.PipelineOptions.__init__
+    lock = threading.Lock()
+    # id(store) -> (store, {(cls, flags): (names, namespace)}), the latest stores last.
+    remembered: collections.OrderedDict[
+        int, tuple[dict[str, Any], dict[tuple[type, tuple[str, ...]], tuple[list[str], Any]]]
+    ] = collections.OrderedDict()
+
+    def view_as(self: Any, cls: Any) -> Any:
+        store, flags = self._all_options, self._flags
+        key = _flags_key(flags)
+        if key is None or cls.__init__ is not base_init or cls.__new__ is not object.__new__:
+            return original(self, cls)
+        with lock:
+            entry = remembered.get(id(store))
+            if entry is not None and entry[0] is store:
+                remembered.move_to_end(id(store))
+                hit = entry[1].get((cls, key))
+            else:
+                hit = None
+        if hit is not None and all(name in store for name in hit[0]):
+            logging.basicConfig()  # as Beam's __init__ does
+            view = object.__new__(cls)
+            # Its own namespace object, sharing the first parse's values: Beam reads only
+            # the names (the values went to the store when the class was first viewed).
+            namespace = argparse.Namespace(**vars(hit[1]))
+            view.__dict__.update(_flags=flags, _visible_options=namespace, _all_options=store)
+            return view
+        view = original(self, cls)
+        try:
+            namespace = copy.deepcopy(view._visible_options)
+        except Exception:  # noqa: BLE001 - an option value that does not copy: not remembered
+            return view
+        with lock:
+            entry = remembered.get(id(store))
+            if entry is None or entry[0] is not store:
+                entry = (store, {})
+                remembered[id(store)] = entry
+                while len(remembered) > _REMEMBERED_OPTIONS:
+                    remembered.popitem(last=False)
+            entry[1][(cls, key)] = (view._visible_option_list(), namespace)
+        return view
+
+    setattr(view_as, _VIEWS_REMEMBERED, True)
+    view_as.__wrapped__ = original  # type: ignore[attr-defined]
+    view_as.__doc__ = original.__doc__
+    po.PipelineOptions.view_as = view_as  # type: ignore[method-assign]
 
 
 def python_transforms(pipeline: Any) -> Iterator[Any]:

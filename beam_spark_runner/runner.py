@@ -85,6 +85,12 @@ class SparkStructuredRunner(PipelineRunner):
     ``--runner=SparkStructuredRunner``; see :class:`~beam_spark_runner.options.SparkRunnerOptions`.
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+        # Beam creates the runner before the pipeline's transforms are applied: from here
+        # on, constructing a pipeline parses each options class once.
+        bi.remember_option_views()
+
     def run_pipeline(
         self, pipeline: Any, options: pipeline_options.PipelineOptions
     ) -> SparkPipelineResult:

@@ -143,6 +143,10 @@ def session_conf(master: str, settings: SparkSettings) -> dict[str, str]:
         # algorithm holds the second until the worker's delayed acknowledgement of the
         # first. A Unix domain socket has neither (docs/performance.md).
         conf[spark_compat.UNIX_DOMAIN_SOCKETS] = "true"
+    if spark_compat.has_dataframe_debugging():
+        # The call sites would name the runner's translators, not the user's code, and
+        # recording them was a third of a short pipeline's Py4J calls (docs/performance.md).
+        conf[spark_compat.DATAFRAME_DEBUGGING] = "false"
     if settings.default_parallelism:
         conf["spark.default.parallelism"] = str(settings.default_parallelism)
         conf["spark.sql.shuffle.partitions"] = str(settings.default_parallelism)

@@ -29,6 +29,17 @@ def has_unix_domain_sockets() -> bool:
     return pyspark_version() >= (4, 1) and hasattr(socket, "AF_UNIX")
 
 
+# PySpark's DataFrame call-site capture (Spark 4.0+): while it is on, every Column
+# function PySpark wraps (``df[name]``, ``F.lit``, ``filter``, ...) first makes some ten
+# Py4J calls to record where in the Python code it was called from.
+DATAFRAME_DEBUGGING = "spark.python.sql.dataFrameDebugging.enabled"
+
+
+def has_dataframe_debugging() -> bool:
+    """Whether this PySpark captures DataFrame call sites (Spark 4.0+)."""
+    return pyspark_version() >= (4, 0)
+
+
 def require_spark(feature: str, minimum: tuple[int, int]) -> None:
     """Raises ``UnsupportedFeatureError`` naming the Spark ``feature`` needs, if older.
 

@@ -24,6 +24,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from apache_beam.options import pipeline_options
 from pyspark.accumulators import AccumulatorParam
 
 from beam_spark_runner import beam_internals as bi
@@ -64,13 +65,28 @@ def _level(value: object, option: str) -> int:
     )
 
 
+def _harness_option(options: Any, name: str) -> Any:
+    """An SDK harness option by name, as Beam's harness reads it.
+
+    From a view of the options class that declares it (``WorkerOptions``; once
+    ``SdkHarnessOptions``): ``get_all_options`` parses the flags for every options class
+    Beam knows, about 10 ms a run.
+    """
+    for class_name in ("WorkerOptions", "SdkHarnessOptions"):
+        options_class = getattr(pipeline_options, class_name, None)
+        if options_class is None:
+            continue
+        try:
+            return getattr(options.view_as(options_class), name)
+        except AttributeError:  # not declared by this class in this Beam
+            continue
+    return options.get_all_options().get(name)
+
+
 def log_levels(options: Any) -> LogLevels:
     """The worker log levels a pipeline's options choose; raises ValueError if invalid."""
-    # By name, as Beam's SDK harness reads them: the options class holding them has moved
-    # between Beam releases (WorkerOptions, SdkHarnessOptions).
-    all_options = options.get_all_options()
-    default = all_options.get("default_sdk_harness_log_level")
-    overrides = all_options.get("sdk_harness_log_level_overrides") or {}
+    default = _harness_option(options, "default_sdk_harness_log_level")
+    overrides = _harness_option(options, "sdk_harness_log_level_overrides") or {}
     if isinstance(overrides, str):
         overrides = json.loads(overrides)
     if not isinstance(overrides, dict):

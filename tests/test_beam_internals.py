@@ -228,3 +228,111 @@ def test_key_with_none_dofns_are_fresh_copies_of_one_map() -> None:
     assert type(first) is core.CallableWrapperDoFn
     assert list(first.process("v")) == list(second.process("v")) == [(None, "v")]
     assert bi.wrapped_callable(first) == bi.wrapped_callable(second)
+
+
+@pytest.fixture
+def counted_views(monkeypatch: pytest.MonkeyPatch) -> list[type]:
+    """Installs the option-view memo over a counter of Beam's own ``view_as``.
+
+    Returns the classes Beam's method was called for through the memo; undone after the
+    test.
+    """
+    from apache_beam.options import pipeline_options as po
+
+    beams = getattr(po.PipelineOptions.view_as, "__wrapped__", po.PipelineOptions.view_as)
+    calls: list[type] = []
+
+    def counted(self: Any, cls: Any) -> Any:
+        calls.append(cls)
+        return beams(self, cls)
+
+    counted.__wrapped__ = beams  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(po.PipelineOptions, "view_as", counted)
+    bi.remember_option_views()
+    assert po.PipelineOptions.view_as is not counted
+    memo = po.PipelineOptions.view_as
+    bi.remember_option_views()  # once per process: not wrapped twice
+    assert po.PipelineOptions.view_as is memo
+    return calls
+
+
+def _view_facts(view: Any) -> tuple[Any, ...]:
+    names = view._visible_option_list()
+    return (type(view), names, {name: getattr(view, name) for name in names})
+
+
+def test_remembered_option_views_are_beams_views(counted_views: list[type]) -> None:
+    from apache_beam.options import pipeline_options as po
+
+    beams = po.PipelineOptions.view_as.__wrapped__.__wrapped__  # under the memo and counter
+    flags = ["--experiments=a,b", "--streaming", "--job_name=j", "--unknown_flag=3"]
+    classes = [po.TypeOptions, po.StandardOptions, po.DebugOptions, po.WorkerOptions]
+    mine, theirs = po.PipelineOptions(flags), po.PipelineOptions(list(flags))
+    for _ in range(3):
+        for cls in classes:
+            view, expected = mine.view_as(cls), beams(theirs, cls)
+            assert _view_facts(view) == _view_facts(expected)
+            assert view._flags is mine._flags and view._all_options is mine._all_options
+    assert mine._all_options == theirs._all_options
+    # Beam parsed each class once; every later view came from the memo.
+    assert counted_views == classes
+
+
+def test_a_remembered_view_shares_the_options_store(counted_views: list[type]) -> None:
+    from apache_beam.options import pipeline_options as po
+
+    options = po.PipelineOptions(["--experiments=a"], pipeline_type_check=False)
+    debug = options.view_as(po.DebugOptions)
+    debug.add_experiment("b")
+    assert options.view_as(po.TypeOptions).pipeline_type_check is False  # the kwarg kept
+    options.view_as(po.TypeOptions).pipeline_type_check = True
+    assert options.view_as(po.TypeOptions).pipeline_type_check is True
+    assert options.view_as(po.DebugOptions).experiments == ["a", "b"]
+    # Another options object with the same flags has its own values, parsed anew.
+    other = po.PipelineOptions(["--experiments=a"])
+    assert other.view_as(po.DebugOptions).experiments == ["a"]
+    assert other.view_as(po.TypeOptions).pipeline_type_check is True  # Beam's default
+    assert counted_views == [po.DebugOptions, po.TypeOptions, po.DebugOptions, po.TypeOptions]
+
+
+def test_beams_view_runs_where_the_memo_would_not_be_exact(counted_views: list[type]) -> None:
+    from apache_beam.options import pipeline_options as po
+
+    class OwnInit(po.PipelineOptions):
+        def __init__(self, flags: Any = None, **kwargs: Any) -> None:
+            super().__init__(flags, **kwargs)
+            object.__setattr__(self, "_made_by_init", True)
+
+        @classmethod
+        def _add_argparse_args(cls, parser: Any) -> None:
+            parser.add_argument("--own_value", default="x")
+
+    options = po.PipelineOptions(["--own_value=y"])
+    for _ in range(2):
+        view = options.view_as(OwnInit)
+        assert view.own_value == "y" and view._made_by_init
+    # Flags that are not a list of strings are parsed each time.
+    odd = po.PipelineOptions(("--job_name", "j"))
+    odd._flags = iter(["--job_name", "j"])
+    odd.view_as(po.GoogleCloudOptions)
+    odd.view_as(po.GoogleCloudOptions)
+    # A name taken out of the store is parsed and stored again, as Beam's view does.
+    typed = po.PipelineOptions([])
+    typed.view_as(po.TypeOptions)
+    del typed._all_options["pipeline_type_check"]
+    assert typed.view_as(po.TypeOptions).pipeline_type_check is True
+    assert counted_views == [OwnInit, OwnInit] + [po.GoogleCloudOptions] * 2 + [po.TypeOptions] * 2
+
+
+def test_the_runner_remembers_option_views_from_its_creation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from apache_beam.options import pipeline_options as po
+
+    from beam_spark_runner.runner import SparkStructuredRunner
+
+    beams = getattr(po.PipelineOptions.view_as, "__wrapped__", po.PipelineOptions.view_as)
+    monkeypatch.setattr(po.PipelineOptions, "view_as", beams)
+    SparkStructuredRunner()
+    assert po.PipelineOptions.view_as.__wrapped__ is beams

@@ -75,6 +75,18 @@ def test_workers_talk_over_unix_domain_sockets_where_pyspark_can(
     assert session_conf("local[2]", _settings(**{key: "false"}))[key] == "false"
 
 
+def test_dataframe_call_sites_are_not_recorded_where_pyspark_records_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    key = spark_compat.DATAFRAME_DEBUGGING
+    monkeypatch.setattr(spark_compat, "pyspark_version", lambda: (3, 5))
+    assert key not in session_conf("local[2]", _settings())
+    monkeypatch.setattr(spark_compat, "pyspark_version", lambda: (4, 0))
+    assert session_conf("local[2]", _settings())[key] == "false"
+    assert session_conf("spark://host:7077", _settings())[key] == "false"
+    assert session_conf("local[2]", _settings(**{key: "true"}))[key] == "true"
+
+
 def test_an_embedded_session_binds_to_loopback_unless_told_otherwise(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -108,3 +120,13 @@ def test_the_test_session_talks_to_its_workers_as_the_runner_chose(spark_session
     expected = "true" if spark_compat.has_unix_domain_sockets() else "false"
     setting = spark_session.sparkContext.getConf().get(spark_compat.UNIX_DOMAIN_SOCKETS, "false")
     assert setting == expected
+
+
+def test_the_test_session_records_no_dataframe_call_sites(spark_session: Any) -> None:
+    from pyspark.errors import utils as pyspark_error_utils
+
+    if not spark_compat.has_dataframe_debugging():
+        pytest.skip("this PySpark records no DataFrame call sites")
+    conf = spark_session.sparkContext.getConf()
+    assert conf.get(spark_compat.DATAFRAME_DEBUGGING) == "false"
+    assert not pyspark_error_utils.is_debugging_enabled()
