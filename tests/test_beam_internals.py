@@ -336,3 +336,33 @@ def test_the_runner_remembers_option_views_from_its_creation(
     monkeypatch.setattr(po.PipelineOptions, "view_as", beams)
     SparkStructuredRunner()
     assert po.PipelineOptions.view_as.__wrapped__ is beams
+
+
+def test_is_simple_callable_reads_the_process_method_as_beams_signature_does() -> None:
+    import apache_beam as beam
+    from apache_beam.runners import common
+    from apache_beam.transforms import core
+
+    class Plain(beam.DoFn):
+        def process(self, element: Any) -> Any:
+            yield element
+
+    class Stamped(beam.DoFn):
+        def process(self, element: Any, t: Any = beam.DoFn.TimestampParam) -> Any:
+            yield element
+
+    dofns = {
+        "Map(lambda)": (beam.Map(lambda x: x).fn, True),
+        "Map(float)": (beam.Map(float).fn, True),  # float(x=0, /): a plain default
+        "Map(timestamp)": (beam.Map(lambda x, t=beam.DoFn.TimestampParam: x).fn, False),
+        "Plain": (Plain(), True),
+        "Stamped": (Stamped(), False),
+    }
+    for name, (dofn, expected) in dofns.items():
+        defaults = common.DoFnSignature(dofn).process_method.defaults
+        beams = (
+            not any(isinstance(d, core._DoFnParam) for d in defaults)  # noqa: SLF001
+            if type(dofn) is core.CallableWrapperDoFn
+            else not defaults
+        )
+        assert bi.is_simple_callable(dofn) is beams is expected, name
