@@ -161,13 +161,24 @@ class TranslationContext:
             self._buffer_frames[buffer_id] = self._translate(buffer.urn, buffer)
         return self._buffer_frames[buffer_id]
 
+    def output_frame(self, stage_name: str, index: int) -> DataFrame:
+        """The rows of a stage's output ``index`` (all columns of the stage's output).
+
+        A stage with one output writes nothing else, so its rows are all of them: no
+        filter, whose analysis was ~12 ms of the driver's time a stage.
+        """
+        frame = self.stage_frame(stage_name)
+        if len(self.plan.stage(stage_name).outputs) == 1:
+            return frame
+        return frame.filter(frame[TAG] == index)
+
     def writer_frames(self, buffer: PlannedBuffer) -> list[DataFrame]:
         """Each writer's contribution to a buffer, as (key, element) DataFrames."""
         frames = []
         for stage_name, index in buffer.writers:
-            frame = self.stage_frame(stage_name)
+            frame = self.output_frame(stage_name, index)
             # The frame's own columns: F.col would look the session up through Py4J.
-            frames.append(frame.filter(frame[TAG] == index).select(frame[KEY], frame[ELEMENT]))
+            frames.append(frame.select(frame[KEY], frame[ELEMENT]))
         return frames
 
     def union(self, frames: list[DataFrame]) -> DataFrame:

@@ -23,7 +23,7 @@ import functools
 from typing import TYPE_CHECKING
 
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.coders.arrow_columns import KEY, TAG
+from beam_spark_runner.coders.arrow_columns import KEY
 from beam_spark_runner.execution.native_combine import (
     COUNT,
     RESULT,
@@ -115,11 +115,11 @@ def aggregated(node: PlannedBuffer, context: TranslationContext) -> DataFrame:
     aggregation = aggregation_of(context.plan, node)
     frames = []
     for stage_name, index in node.writers:
-        frame = context.stage_frame(stage_name)
+        frame = context.output_frame(stage_name, index)
         columns = [frame[KEY], frame[VALUE_COUNT]]
         if aggregation.value_type in VALUE_COLUMNS:
             columns.append(frame[VALUE_COLUMNS[aggregation.value_type]].alias(_VALUE))
-        frames.append(frame.filter(frame[TAG] == index).select(*columns))
+        frames.append(frame.select(*columns))
     union = context.union_frames(frames)
     return union.groupBy(union[KEY]).agg(*_aggregates(aggregation))
 
