@@ -346,10 +346,11 @@ def remember_option_views() -> None:
     flags and shared value store, and the parsed namespace, whose option names are all
     Beam reads of it (``_visible_option_list``). After the first view of a class over an
     options object's store, every one of the class's names is in the store, so a later
-    view adds nothing to it; the memo then builds the view without parsing, with a copy
-    of the first parse's namespace. It is exact: it applies only to classes that keep
-    ``PipelineOptions``' own ``__init__`` and ``__new__``, to flags that are a plain list
-    of strings, and while the store still has every name; otherwise Beam's method runs.
+    view adds nothing to it; the memo then builds the view without parsing, with a
+    namespace object of its own holding the first parse's values. It is exact: it applies
+    only to classes that keep ``PipelineOptions``' own ``__init__`` and ``__new__``, to
+    flags that are a plain list of strings (or ``sys.argv``), and while the store still
+    has every name; otherwise Beam's method runs.
     Installed once per process, when the runner is created (before the pipeline's
     transforms are applied).
     """

@@ -70,7 +70,7 @@ def _harness_option(options: Any, name: str) -> Any:
 
     From a view of the options class that declares it (``WorkerOptions``; once
     ``SdkHarnessOptions``): ``get_all_options`` parses the flags for every options class
-    Beam knows, about 10 ms a run.
+    Beam knows, about 8 ms a run.
     """
     for class_name in ("WorkerOptions", "SdkHarnessOptions"):
         options_class = getattr(pipeline_options, class_name, None)
