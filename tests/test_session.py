@@ -63,28 +63,29 @@ def test_local_sessions_get_a_quarter_of_the_memory_within_bounds(monkeypatch) -
     assert "spark.driver.memory" not in session_conf("spark://host:7077", _settings())
 
 
-def test_workers_talk_over_unix_domain_sockets_where_pyspark_can(
+@pytest.mark.parametrize(
+    ("key", "older", "first", "value", "other"),
+    [
+        # Python workers over Unix domain sockets (Spark 4.1+).
+        (spark_compat.UNIX_DOMAIN_SOCKETS, (4, 0), (4, 1), "true", "false"),
+        # No DataFrame call sites recorded (Spark 4.0+).
+        (spark_compat.DATAFRAME_DEBUGGING, (3, 5), (4, 0), "false", "true"),
+    ],
+)
+def test_version_gated_settings_apply_where_pyspark_has_them(
     monkeypatch: pytest.MonkeyPatch,
+    key: str,
+    older: tuple[int, int],
+    first: tuple[int, int],
+    value: str,
+    other: str,
 ) -> None:
-    key = spark_compat.UNIX_DOMAIN_SOCKETS
-    monkeypatch.setattr(spark_compat, "pyspark_version", lambda: (4, 0))
+    monkeypatch.setattr(spark_compat, "pyspark_version", lambda: older)
     assert key not in session_conf("local[2]", _settings())
-    monkeypatch.setattr(spark_compat, "pyspark_version", lambda: (4, 1))
-    assert session_conf("local[2]", _settings())[key] == "true"
-    assert session_conf("spark://host:7077", _settings())[key] == "true"
-    assert session_conf("local[2]", _settings(**{key: "false"}))[key] == "false"
-
-
-def test_dataframe_call_sites_are_not_recorded_where_pyspark_records_them(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    key = spark_compat.DATAFRAME_DEBUGGING
-    monkeypatch.setattr(spark_compat, "pyspark_version", lambda: (3, 5))
-    assert key not in session_conf("local[2]", _settings())
-    monkeypatch.setattr(spark_compat, "pyspark_version", lambda: (4, 0))
-    assert session_conf("local[2]", _settings())[key] == "false"
-    assert session_conf("spark://host:7077", _settings())[key] == "false"
-    assert session_conf("local[2]", _settings(**{key: "true"}))[key] == "true"
+    monkeypatch.setattr(spark_compat, "pyspark_version", lambda: first)
+    assert session_conf("local[2]", _settings())[key] == value
+    assert session_conf("spark://host:7077", _settings())[key] == value
+    assert session_conf("local[2]", _settings(**{key: other}))[key] == other  # the user's
 
 
 def test_an_embedded_session_binds_to_loopback_unless_told_otherwise(
