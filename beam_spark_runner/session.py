@@ -22,7 +22,7 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from beam_spark_runner import spark_compat
+from beam_spark_runner import java, spark_compat
 from beam_spark_runner.java import check_java, required_java_major
 from beam_spark_runner.master_reachability import check_master_reachable
 from beam_spark_runner.options import DEFAULT_MASTER, SparkSettings
@@ -72,6 +72,8 @@ def _configured_master() -> str | None:
     SparkContext._ensure_initialized()  # noqa: SLF001 - connects; creates no context
     return SparkConf().get("spark.master", None)
 
+
+JAVA_OPTIONS = "spark.driver.defaultJavaOptions"
 
 # The JVM of a local session the runner starts compiles with C1 only. There the JVM only
 # moves Arrow batches and shuffles what Python workers produce; C2's compilations cost
@@ -125,7 +127,7 @@ def session_conf(master: str, settings: SparkSettings) -> dict[str, str]:
     }
     java_options = _driver_java_options(master, settings)
     if java_options:
-        conf["spark.driver.defaultJavaOptions"] = java_options
+        conf[JAVA_OPTIONS] = java_options
     if is_local_master(master):
         # Workers forked from a daemon that already imported Beam start in milliseconds
         # instead of seconds (see worker_daemon). Remote executors may not have this
@@ -173,13 +175,43 @@ def bind_to_loopback(conf: dict[str, str]) -> bool:
     return True
 
 
-def _build_session(settings: SparkSettings) -> SparkSession:
+def with_class_archive(conf: dict[str, str], settings: SparkSettings, java_version: str) -> None:
+    """Adds the driver JVM's class archive options (see ``java``) to a session's settings.
+
+    Not with ``--spark_class_archive=off``, before Java 13, or when the user's
+    ``--spark_conf`` sets the JVM's default options: theirs replace the runner's.
+    """
+    if not settings.class_archive or JAVA_OPTIONS in settings.conf or _jvm_started():
+        return
+    executable = java.java_executable()
+    if executable is None or java.java_major(java_version) < java.CLASS_ARCHIVE_MIN_JAVA:
+        return
+    key = java.class_archive_key(executable, java.spark_home(), conf)
+    options = java.class_archive_options(java.class_archive_directory(), key)
+    if options:
+        conf[JAVA_OPTIONS] = " ".join([conf.get(JAVA_OPTIONS, ""), *options]).strip()
+
+
+def _jvm_started() -> bool:
+    """Whether this process's driver JVM is already up (spark-submit's, or a stopped session's)."""
+    from pyspark import SparkContext
+
+    return "PYSPARK_GATEWAY_PORT" in os.environ or SparkContext._gateway is not None  # noqa: SLF001
+
+
+def _start(master: str, settings: SparkSettings, conf: dict[str, str]) -> SparkSession:
     from pyspark.sql import SparkSession
 
-    check_java(required_java_major())
+    builder = SparkSession.builder.master(master).appName(settings.app_name)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def _build_session(settings: SparkSettings) -> SparkSession:
+    java_version = check_java(required_java_major())
     master = settings.master or _configured_master() or DEFAULT_MASTER
     check_master_reachable(master)
-    builder = SparkSession.builder.master(master).appName(settings.app_name)
     if is_local_master(master):
         bind_to_loopback(settings.conf)
     if is_local_master(master) and not os.environ.get("PYSPARK_PYTHON"):
@@ -187,10 +219,25 @@ def _build_session(settings: SparkSettings) -> SparkSession:
         # this runner). PySpark takes the worker interpreter from this variable only.
         os.environ["PYSPARK_PYTHON"] = sys.executable
     conf = session_conf(master, settings)
-    for key, value in conf.items():
-        builder = builder.config(key, value)
+    with_class_archive(conf, settings, java_version)
     _LOGGER.info("Starting a Spark session (master %s, app %s)", master, settings.app_name)
-    session = builder.getOrCreate()
+    try:
+        session = _start(master, settings, conf)
+    except Exception:
+        archive = java.archive_in(conf.get(JAVA_OPTIONS, ""))
+        if archive is None:
+            raise
+        # A JVM that cannot map its archive ignores it; one that crashed on it (a file
+        # damaged after it was written) must not stop every later session from starting.
+        _LOGGER.warning(
+            "The driver JVM failed to start from its class archive %s; removing the archive "
+            "and starting without it",
+            archive,
+            exc_info=True,
+        )
+        java.discard_class_archive(archive)
+        conf[JAVA_OPTIONS] = java.without_class_archive(conf[JAVA_OPTIONS])
+        session = _start(master, settings, conf)
     session.sparkContext.setLogLevel(settings.log_level)
     if "spark.sql.shuffle.partitions" not in conf:
         # Spark's default of 200 shuffle partitions is far too many on a laptop or a

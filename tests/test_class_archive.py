@@ -1,0 +1,201 @@
+"""The driver JVM's class archive: written once, checked, put in place, used, pruned."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from beam_spark_runner import java, session
+from beam_spark_runner.options import SparkSettings
+
+KEY = "k" * 20
+MAGIC = (0xF00BABA8).to_bytes(4, sys.byteorder)
+
+
+def _written(path: Path, size: int = 4096, magic: bytes = MAGIC) -> Path:
+    """A file as HotSpot leaves it: the header (magic first) written last, or not yet."""
+    path.write_bytes(magic + b"\0" * (size - len(magic)))
+    return path
+
+
+def _age(path: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def test_the_first_start_writes_the_archive_and_the_next_one_uses_it(tmp_path: Path) -> None:
+    options = java.class_archive_options(tmp_path, KEY)
+    partial = tmp_path / f"{KEY}.{os.getpid()}.partial"
+    assert options == [f"-XX:ArchiveClassesAtExit={partial}", "-Xlog:cds*=off"]
+    assert (tmp_path / f"{KEY}.claim").read_text() == str(os.getpid())
+    # While that JVM runs (and writes), other starts neither use nor write an archive.
+    assert java.class_archive_options(tmp_path, KEY) == []
+    _written(partial, size=8192)
+    options = java.class_archive_options(tmp_path, KEY)
+    archive = tmp_path / f"{KEY}-8192.jsa"
+    assert options == [f"-XX:SharedArchiveFile={archive}", "-Xlog:cds*=off"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [archive.name]
+    assert java.class_archive_options(tmp_path, KEY) == options
+
+
+def test_an_archive_being_written_or_cut_short_is_not_used(tmp_path: Path) -> None:
+    partial = _written(tmp_path / f"{KEY}.1.partial", magic=b"\0\0\0\0")
+    (tmp_path / f"{KEY}.claim").write_text("1")
+    assert java.class_archive_options(tmp_path, KEY) == []
+    assert partial.exists()
+    # Long after: its writer died. It is removed, and this start writes the archive.
+    _age(partial, 3600)
+    _age(tmp_path / f"{KEY}.claim", 3600)
+    options = java.class_archive_options(tmp_path, KEY)
+    assert options[0] == f"-XX:ArchiveClassesAtExit={tmp_path / f'{KEY}.{os.getpid()}.partial'}"
+    assert not partial.exists()
+
+
+def test_an_archive_whose_size_changed_is_removed(tmp_path: Path) -> None:
+    damaged = _written(tmp_path / f"{KEY}-9999.jsa", size=4096)
+    options = java.class_archive_options(tmp_path, KEY)
+    assert not damaged.exists()
+    assert options[0].startswith("-XX:ArchiveClassesAtExit=")
+
+
+def test_the_three_most_recently_used_archives_are_kept(tmp_path: Path) -> None:
+    for age, key in enumerate(["a" * 20, "b" * 20, "c" * 20]):
+        _age(_written(tmp_path / f"{key}-4096.jsa"), 100 + age)
+    _written(tmp_path / f"{KEY}.1.partial")
+    assert java.class_archive_options(tmp_path, KEY)[0].endswith(f"{KEY}-4096.jsa")
+    assert sorted(p.name[:2] for p in tmp_path.glob("*.jsa")) == ["aa", "bb", "kk"]
+
+
+def test_no_cache_directory_means_no_archive(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert java.class_archive_options(blocker / "jvm", KEY) == []
+
+
+def test_the_key_follows_java_spark_and_the_class_path(tmp_path: Path, monkeypatch) -> None:
+    binary = tmp_path / "jdk" / "bin" / "java"
+    binary.parent.mkdir(parents=True)
+    binary.write_text("")
+    jars = tmp_path / "spark" / "jars"
+    jars.mkdir(parents=True)
+    (jars / "spark-core.jar").write_text("1")
+    monkeypatch.delenv("SPARK_DIST_CLASSPATH", raising=False)
+    key = java.class_archive_key(str(binary), jars.parent, {})
+    assert key == java.class_archive_key(str(binary), jars.parent, {"spark.app.name": "x"})
+    changed = [java.class_archive_key(str(binary), jars.parent, {"spark.driver.memory": "9g"})]
+    changed.append(
+        java.class_archive_key(str(binary), jars.parent, {"spark.driver.extraClassPath": "a.jar"})
+    )
+    monkeypatch.setenv("SPARK_DIST_CLASSPATH", "/opt/hadoop/*")
+    changed.append(java.class_archive_key(str(binary), jars.parent, {}))
+    monkeypatch.delenv("SPARK_DIST_CLASSPATH")
+    (jars / "spark-sql.jar").write_text("2")
+    changed.append(java.class_archive_key(str(binary), jars.parent, {}))
+    assert len({key, *changed}) == 5
+
+
+def test_options_without_the_archive() -> None:
+    options = "-XX:TieredStopAtLevel=1 -XX:SharedArchiveFile=/c/k-1.jsa -Xlog:cds*=off -Dx=y"
+    assert java.archive_in(options) == Path("/c/k-1.jsa")
+    assert java.without_class_archive(options) == "-XX:TieredStopAtLevel=1 -Dx=y"
+    assert java.archive_in("-XX:ArchiveClassesAtExit=/c/k.1.partial") is None
+
+
+def test_a_real_jvm_writes_an_archive_that_another_maps(tmp_path: Path) -> None:
+    """The magic number and the file names against HotSpot itself (``java -version``)."""
+    executable = java.java_executable()
+    version = java.java_version(executable) if executable else None
+    if version is None or java.java_major(version) < java.CLASS_ARCHIVE_MIN_JAVA:
+        pytest.skip(f"needs Java {java.CLASS_ARCHIVE_MIN_JAVA}+ (found {version})")
+    assert executable is not None
+    writing = java.class_archive_options(tmp_path, KEY)
+    subprocess.run([executable, *writing, "-version"], check=True, capture_output=True)
+    using = java.class_archive_options(tmp_path, KEY)
+    assert using[0].startswith(f"-XX:SharedArchiveFile={tmp_path / KEY}-")
+    # -Xshare:on makes a JVM that cannot map the archive fail instead of ignoring it.
+    mapped = subprocess.run(
+        [executable, *using, "-Xshare:on", "-version"], capture_output=True, text=True
+    )
+    assert mapped.returncode == 0, mapped.stdout + mapped.stderr
+
+
+def _settings(**conf: str) -> SparkSettings:
+    return SparkSettings(
+        master=None, conf=dict(conf), app_name="t", default_parallelism=None, log_level="WARN"
+    )
+
+
+@pytest.fixture
+def archive_dir(tmp_path: Path, monkeypatch) -> Path:
+    monkeypatch.setattr(java, "class_archive_directory", lambda: tmp_path)
+    monkeypatch.setattr(session, "_jvm_started", lambda: False)
+    return tmp_path
+
+
+def test_a_session_the_runner_starts_gets_the_archive_options(archive_dir: Path) -> None:
+    conf = {session.JAVA_OPTIONS: "-XX:TieredStopAtLevel=1"}
+    session.with_class_archive(conf, _settings(), "17.0.15")
+    options = conf[session.JAVA_OPTIONS].split()
+    assert options[0] == "-XX:TieredStopAtLevel=1"
+    assert options[1].startswith(f"-XX:ArchiveClassesAtExit={archive_dir}/")
+    assert options[2] == "-Xlog:cds*=off"
+
+
+@pytest.mark.parametrize(
+    ("settings", "version"),
+    [
+        (SparkSettings(None, {}, "t", None, "WARN", class_archive=False), "17.0.15"),
+        (_settings(**{session.JAVA_OPTIONS: "-Xss4m"}), "17.0.15"),
+        (_settings(), "11.0.22"),
+    ],
+    ids=["turned-off", "users-java-options", "java-11"],
+)
+def test_no_archive_options(archive_dir: Path, settings: SparkSettings, version: str) -> None:
+    conf: dict[str, str] = {}
+    session.with_class_archive(conf, settings, version)
+    assert conf == {}
+    assert list(archive_dir.iterdir()) == []
+
+
+def test_a_jvm_that_fails_on_its_archive_starts_again_without_it(
+    archive_dir: Path, monkeypatch
+) -> None:
+    archive = _written(archive_dir / f"{KEY}-4096.jsa")
+    monkeypatch.setattr(java, "class_archive_key", lambda *_: KEY)
+    monkeypatch.setattr(session, "check_java", lambda _: "17.0.15")
+    monkeypatch.setattr(session, "check_master_reachable", lambda _: None)
+    started: list[str] = []
+
+    class FakeSession:
+        class sparkContext:  # noqa: N801 - PySpark's attribute name
+            defaultParallelism = 2
+
+            @staticmethod
+            def setLogLevel(_: str) -> None:  # noqa: N802 - PySpark's method name
+                pass
+
+        class conf:  # noqa: N801
+            @staticmethod
+            def set(*_: Any) -> None:
+                pass
+
+    def start(master: str, settings: SparkSettings, conf: dict[str, str]) -> Any:
+        started.append(conf[session.JAVA_OPTIONS])
+        if "SharedArchiveFile" in conf[session.JAVA_OPTIONS]:
+            raise RuntimeError("Java gateway process exited before sending its port number")
+        return FakeSession
+
+    monkeypatch.setattr(session, "_start", start)
+    settings = SparkSettings("local[2]", {}, "t", None, "WARN")
+    assert session._build_session(settings) is FakeSession  # noqa: SLF001
+    assert f"-XX:SharedArchiveFile={archive}" in started[0]
+    assert "SharedArchiveFile" not in started[1]
+    assert "-Xlog:cds*=off" not in started[1]
+    assert "-XX:TieredStopAtLevel=1" in started[1]
+    assert not archive.exists()
