@@ -187,6 +187,7 @@ def class_archive_options(directory: Path, key: str) -> list[str]:
         directory.mkdir(parents=True, exist_ok=True)
         archive = _usable_archive(directory, key) or _finished_archive(directory, key)
         if archive is not None:
+            _sweep(directory, key)
             with contextlib.suppress(OSError):
                 os.utime(archive)  # most recently used: kept when old ones are pruned
             return [f"-XX:SharedArchiveFile={archive}", _QUIET_CDS_LOG]
@@ -240,20 +241,35 @@ def _usable_archive(directory: Path, key: str) -> Path | None:
 
 
 def _finished_archive(directory: Path, key: str) -> Path | None:
-    """A written archive put in place under its size, or None; old partial files removed."""
-    found = None
+    """A written archive put in place under its size, or None."""
     for partial in directory.glob(f"{key}.*.partial"):
         stamp = _stamp(partial)
-        if found is None and stamp is not None and is_complete_archive(partial):
-            found = directory / f"{key}-{stamp[0]}.jsa"
+        if stamp is None or not is_complete_archive(partial):
+            continue
+        found = directory / f"{key}-{stamp[0]}.jsa"
+        try:
             os.replace(partial, found)
-            with contextlib.suppress(OSError):
-                (directory / f"{key}.claim").unlink()
-        elif stamp is not None and time.time() - stamp[1] / 1e9 > _CLAIM_SECONDS:
-            discard_class_archive(partial)  # a writer that died before finishing
-    if found is not None:
+        except FileNotFoundError:  # another start put it in place first
+            return _usable_archive(directory, key)
+        with contextlib.suppress(OSError):
+            (directory / f"{key}.claim").unlink()
         _prune(directory)
-    return found
+        return found
+    return None
+
+
+def _sweep(directory: Path, key: str) -> None:
+    """Removes partial files an archive in place makes useless.
+
+    Finished ones (a second writer, after a first one held its claim longer than
+    ``_CLAIM_SECONDS``), and unfinished ones that old (a writer that died while writing).
+    """
+    for partial in directory.glob(f"{key}.*.partial"):
+        stamp = _stamp(partial)
+        if stamp is not None and (
+            is_complete_archive(partial) or time.time() - stamp[1] / 1e9 > _CLAIM_SECONDS
+        ):
+            discard_class_archive(partial)
 
 
 def _claim(claim: Path) -> bool:

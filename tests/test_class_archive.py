@@ -49,12 +49,24 @@ def test_an_archive_being_written_or_cut_short_is_not_used(tmp_path: Path) -> No
     (tmp_path / f"{KEY}.claim").write_text("1")
     assert java.class_archive_options(tmp_path, KEY) == []
     assert partial.exists()
-    # Long after: its writer died. It is removed, and this start writes the archive.
+    # Long after: its writer died. This start writes the archive, and once it is in place
+    # the dead writer's file is removed.
     _age(partial, 3600)
     _age(tmp_path / f"{KEY}.claim", 3600)
     options = java.class_archive_options(tmp_path, KEY)
-    assert options[0] == f"-XX:ArchiveClassesAtExit={tmp_path / f'{KEY}.{os.getpid()}.partial'}"
+    mine = tmp_path / f"{KEY}.{os.getpid()}.partial"
+    assert options[0] == f"-XX:ArchiveClassesAtExit={mine}"
+    _written(mine)
+    assert java.class_archive_options(tmp_path, KEY)[0].endswith(f"{KEY}-4096.jsa")
     assert not partial.exists()
+
+
+def test_a_second_finished_writer_is_removed_once_one_is_in_place(tmp_path: Path) -> None:
+    _written(tmp_path / f"{KEY}.1.partial", size=8192)
+    _written(tmp_path / f"{KEY}.2.partial", size=4096)
+    options = java.class_archive_options(tmp_path, KEY)
+    assert options[0].startswith(f"-XX:SharedArchiveFile={tmp_path / KEY}-")
+    assert [p.suffix for p in tmp_path.iterdir()] == [".jsa"]
 
 
 def test_an_archive_whose_size_changed_is_removed(tmp_path: Path) -> None:
