@@ -112,13 +112,15 @@ _QUIET_CDS_LOG = "-Xlog:cds*=off"
 # start without an archive meanwhile rather than write the same one.
 _CLAIM_SECONDS = 15 * 60
 _ARCHIVES_KEPT = 3
-# Settings of a session that decide whether a JVM can map an archive: its class path,
-# and its heap size and options (compressed pointers).
-_ARCHIVE_CONF = (
-    "spark.driver.extraClassPath",
-    "spark.driver.memory",
-    "spark.driver.extraJavaOptions",
-)
+# Settings of a session that decide whether a JVM can map an archive: its class path and
+# its options. Its heap size matters only from 32 GiB, where the JVM stops compressing
+# pointers (an archive written with -Xmx6g mapped under -Xmx1g to -Xmx31g, not -Xmx40g).
+_ARCHIVE_CONF = ("spark.driver.extraClassPath", "spark.driver.extraJavaOptions")
+_HEAP = "spark.driver.memory"
+_COMPRESSED_POINTERS_MAX_BYTES = 32 << 30
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+# An archive is 100-200 MB; the runner writes none where the disk has less than this free.
+_MIN_FREE_BYTES = 2 << 30
 _ARCHIVE_ENV = ("SPARK_DIST_CLASSPATH", "SPARK_CONF_DIR", "HADOOP_CONF_DIR", "YARN_CONF_DIR")
 
 
@@ -152,9 +154,24 @@ def class_archive_key(java: str, spark: Path, conf: Mapping[str, str]) -> str:
     add(str(spark.resolve()))
     for name in _ARCHIVE_CONF:
         add(name, conf.get(name))
+    add(_HEAP, _large_heap(conf.get(_HEAP)))
     for name in _ARCHIVE_ENV:
         add(name, os.environ.get(name))
     return digest.hexdigest()[:20]
+
+
+def _large_heap(memory: str | None) -> bool | str:
+    """Whether a driver heap of ``memory`` (``6144m``, ``8g``) is too large for compressed pointers.
+
+    Spark's default (unset) is 1 GiB; a setting that does not parse is returned as it is.
+    """
+    if memory is None:
+        return False
+    match = re.fullmatch(r"(\d+)\s*([kmgt]?)b?", memory.strip().lower())
+    if match is None:
+        return memory
+    size = int(match.group(1)) * _SIZE_UNITS[match.group(2) or "m"]
+    return size >= _COMPRESSED_POINTERS_MAX_BYTES
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:
@@ -191,6 +208,9 @@ def class_archive_options(directory: Path, key: str) -> list[str]:
             with contextlib.suppress(OSError):
                 os.utime(archive)  # most recently used: kept when old ones are pruned
             return [f"-XX:SharedArchiveFile={archive}", _QUIET_CDS_LOG]
+        if shutil.disk_usage(directory).free < _MIN_FREE_BYTES:
+            _LOGGER.info("No class archive for the driver JVM: under 2 GiB free in %s", directory)
+            return []
         if not _claim(directory / f"{key}.claim"):
             return []
     except OSError as error:

@@ -84,6 +84,12 @@ def test_the_three_most_recently_used_archives_are_kept(tmp_path: Path) -> None:
     assert sorted(p.name[:2] for p in tmp_path.glob("*.jsa")) == ["aa", "bb", "kk"]
 
 
+def test_no_archive_is_written_on_a_full_disk(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(java, "_MIN_FREE_BYTES", 1 << 62)
+    assert java.class_archive_options(tmp_path, KEY) == []
+    assert not (tmp_path / f"{KEY}.claim").exists()
+
+
 def test_no_cache_directory_means_no_archive(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
@@ -98,9 +104,10 @@ def test_the_key_follows_java_spark_and_the_class_path(tmp_path: Path, monkeypat
     jars.mkdir(parents=True)
     (jars / "spark-core.jar").write_text("1")
     monkeypatch.delenv("SPARK_DIST_CLASSPATH", raising=False)
-    key = java.class_archive_key(str(binary), jars.parent, {})
-    assert key == java.class_archive_key(str(binary), jars.parent, {"spark.app.name": "x"})
-    changed = [java.class_archive_key(str(binary), jars.parent, {"spark.driver.memory": "9g"})]
+    key = java.class_archive_key(str(binary), jars.parent, {"spark.driver.memory": "6144m"})
+    for same in [{}, {"spark.app.name": "x"}, {"spark.driver.memory": "31g"}]:
+        assert key == java.class_archive_key(str(binary), jars.parent, same)
+    changed = [java.class_archive_key(str(binary), jars.parent, {"spark.driver.memory": "40g"})]
     changed.append(
         java.class_archive_key(str(binary), jars.parent, {"spark.driver.extraClassPath": "a.jar"})
     )
