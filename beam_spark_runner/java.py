@@ -108,9 +108,15 @@ _DYNAMIC_ARCHIVE_MAGIC = 0xF00BABA8
 # (classes of signed jars, generated accessors) to the user's console when it exits, and
 # one that cannot use an archive says so at its start.
 _QUIET_CDS_LOG = "-Xlog:cds*=off"
-# A process that is writing an archive holds a claim on it for this long; the others
-# start without an archive meanwhile rather than write the same one.
-_CLAIM_SECONDS = 15 * 60
+# A process whose JVM will write an archive holds a claim on it for this long; the others
+# start without an archive meanwhile rather than write the same one. Short, because the
+# JVM writes only when it exits: a process that runs for ten minutes (a test suite) would
+# otherwise keep every process started meanwhile (its tests' drivers) from an archive.
+# A later, shorter-lived writer then puts its archive in place first; the larger archive
+# (more classes) replaces a smaller one when it is finished.
+_CLAIM_SECONDS = 2 * 60
+# A partial file without its header this old was left by a JVM that died while writing.
+_STALE_PARTIAL_SECONDS = 15 * 60
 _ARCHIVES_KEPT = 3
 # Settings of a session that decide whether a JVM can map an archive: its class path and
 # its options. Its heap size matters only from 32 GiB, where the JVM stops compressing
@@ -202,9 +208,8 @@ def class_archive_options(directory: Path, key: str) -> list[str]:
     """
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        archive = _usable_archive(directory, key) or _finished_archive(directory, key)
+        archive = _finished_archive(directory, key, _usable_archive(directory, key))
         if archive is not None:
-            _sweep(directory, key)
             with contextlib.suppress(OSError):
                 os.utime(archive)  # most recently used: kept when old ones are pruned
             return [f"-XX:SharedArchiveFile={archive}", _QUIET_CDS_LOG]
@@ -260,36 +265,41 @@ def _usable_archive(directory: Path, key: str) -> Path | None:
     return None
 
 
-def _finished_archive(directory: Path, key: str) -> Path | None:
-    """A written archive put in place under its size, or None."""
+def _finished_archive(directory: Path, key: str, current: Path | None) -> Path | None:
+    """The archive to use: ``current``, or the largest finished one if larger, put in place.
+
+    Other partial files go once an archive is in place: finished ones no larger, and
+    unfinished ones older than ``_STALE_PARTIAL_SECONDS``.
+    """
+    finished: list[tuple[int, Path]] = []
     for partial in directory.glob(f"{key}.*.partial"):
         stamp = _stamp(partial)
-        if stamp is None or not is_complete_archive(partial):
+        if stamp is None:
             continue
-        found = directory / f"{key}-{stamp[0]}.jsa"
+        if is_complete_archive(partial):
+            finished.append((stamp[0], partial))
+        elif time.time() - stamp[1] / 1e9 > _STALE_PARTIAL_SECONDS:
+            discard_class_archive(partial)
+    finished.sort(reverse=True)
+    current_stamp = _stamp(current) if current is not None else None
+    current_size = current_stamp[0] if current_stamp is not None else 0
+    if finished and finished[0][0] > current_size:
+        size, partial = finished.pop(0)
+        placed = directory / f"{key}-{size}.jsa"
         try:
-            os.replace(partial, found)
+            os.replace(partial, placed)
         except FileNotFoundError:  # another start put it in place first
             return _usable_archive(directory, key)
+        if current is not None:
+            discard_class_archive(current)  # JVMs that mapped it keep their mapping
         with contextlib.suppress(OSError):
             (directory / f"{key}.claim").unlink()
         _prune(directory)
-        return found
-    return None
-
-
-def _sweep(directory: Path, key: str) -> None:
-    """Removes partial files an archive in place makes useless.
-
-    Finished ones (a second writer, after a first one held its claim longer than
-    ``_CLAIM_SECONDS``), and unfinished ones that old (a writer that died while writing).
-    """
-    for partial in directory.glob(f"{key}.*.partial"):
-        stamp = _stamp(partial)
-        if stamp is not None and (
-            is_complete_archive(partial) or time.time() - stamp[1] / 1e9 > _CLAIM_SECONDS
-        ):
+        current = placed
+    if current is not None:
+        for _, partial in finished:
             discard_class_archive(partial)
+    return current
 
 
 def _claim(claim: Path) -> bool:

@@ -61,12 +61,25 @@ def test_an_archive_being_written_or_cut_short_is_not_used(tmp_path: Path) -> No
     assert not partial.exists()
 
 
-def test_a_second_finished_writer_is_removed_once_one_is_in_place(tmp_path: Path) -> None:
-    _written(tmp_path / f"{KEY}.1.partial", size=8192)
-    _written(tmp_path / f"{KEY}.2.partial", size=4096)
+def test_the_largest_finished_archive_is_used(tmp_path: Path) -> None:
+    """A long-lived writer (more classes) replaces the archive a short-lived one put first."""
+    _written(tmp_path / f"{KEY}.1.partial", size=4096)
+    _written(tmp_path / f"{KEY}.2.partial", size=8192)
     options = java.class_archive_options(tmp_path, KEY)
-    assert options[0].startswith(f"-XX:SharedArchiveFile={tmp_path / KEY}-")
-    assert [p.suffix for p in tmp_path.iterdir()] == [".jsa"]
+    assert options[0] == f"-XX:SharedArchiveFile={tmp_path / KEY}-8192.jsa"
+    assert [p.name for p in tmp_path.iterdir()] == [f"{KEY}-8192.jsa"]
+    _written(tmp_path / f"{KEY}.3.partial", size=12288)
+    _written(tmp_path / f"{KEY}.4.partial", size=4096)
+    options = java.class_archive_options(tmp_path, KEY)
+    assert options[0] == f"-XX:SharedArchiveFile={tmp_path / KEY}-12288.jsa"
+    assert [p.name for p in tmp_path.iterdir()] == [f"{KEY}-12288.jsa"]
+
+
+def test_a_claim_lasts_two_minutes(tmp_path: Path) -> None:
+    assert java.class_archive_options(tmp_path, KEY)[0].startswith("-XX:ArchiveClassesAtExit=")
+    assert java.class_archive_options(tmp_path, KEY) == []
+    _age(tmp_path / f"{KEY}.claim", 121)
+    assert java.class_archive_options(tmp_path, KEY)[0].startswith("-XX:ArchiveClassesAtExit=")
 
 
 def test_an_archive_whose_size_changed_is_removed(tmp_path: Path) -> None:
