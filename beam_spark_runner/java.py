@@ -117,6 +117,8 @@ _QUIET_CDS_LOG = "-Xlog:cds*=off"
 _CLAIM_SECONDS = 2 * 60
 # A partial file without its header this old was left by a JVM that died while writing.
 _STALE_PARTIAL_SECONDS = 15 * 60
+# Partial and claim files of any key this old are removed when an archive is written.
+_LEFTOVER_SECONDS = 24 * 3600
 _ARCHIVES_KEPT = 3
 # Settings of a session that decide whether a JVM can map an archive: its class path and
 # its options. Its heap size matters only from 32 GiB, where the JVM stops compressing
@@ -216,6 +218,7 @@ def class_archive_options(directory: Path, key: str) -> list[str]:
         if shutil.disk_usage(directory).free < _MIN_FREE_BYTES:
             _LOGGER.info("No class archive for the driver JVM: under 2 GiB free in %s", directory)
             return []
+        _prune(directory)
         if not _claim(directory / f"{key}.claim"):
             return []
     except OSError as error:
@@ -321,8 +324,17 @@ def _claim(claim: Path) -> bool:
 
 
 def _prune(directory: Path) -> None:
+    """Keeps the most recently used archives, and no leftovers of any key a day old.
+
+    A key's own start cleans its partial files, but a key no start asks for again (a
+    Spark install since removed, a temporary ``SPARK_HOME``) leaves its files here.
+    """
     archives = sorted(
         directory.glob("*.jsa"), key=lambda path: (_stamp(path) or (0, 0))[1], reverse=True
     )
     for old in archives[_ARCHIVES_KEPT:]:
         discard_class_archive(old)
+    for leftover in [*directory.glob("*.partial"), *directory.glob("*.claim")]:
+        stamp = _stamp(leftover)
+        if stamp is not None and time.time() - stamp[1] / 1e9 > _LEFTOVER_SECONDS:
+            discard_class_archive(leftover)

@@ -97,6 +97,18 @@ def test_the_three_most_recently_used_archives_are_kept(tmp_path: Path) -> None:
     assert sorted(p.name[:2] for p in tmp_path.glob("*.jsa")) == ["aa", "bb", "kk"]
 
 
+def test_another_keys_leftovers_go_after_a_day(tmp_path: Path) -> None:
+    """A key no start asks for again (a temporary SPARK_HOME) leaves no files for ever."""
+    old = [_written(tmp_path / ("o" * 20 + ".1.partial")), tmp_path / ("o" * 20 + ".claim")]
+    old[1].write_text("1")
+    recent = _written(tmp_path / ("r" * 20 + ".2.partial"))
+    for path in old:
+        _age(path, 25 * 3600)
+    java.class_archive_options(tmp_path, KEY)
+    assert not any(path.exists() for path in old)
+    assert recent.exists()
+
+
 def test_no_archive_is_written_on_a_full_disk(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(java, "_MIN_FREE_BYTES", 1 << 62)
     assert java.class_archive_options(tmp_path, KEY) == []
