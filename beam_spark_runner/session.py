@@ -178,8 +178,9 @@ def bind_to_loopback(conf: dict[str, str]) -> bool:
 def with_class_archive(conf: dict[str, str], settings: SparkSettings, java_version: str) -> None:
     """Adds the driver JVM's class archive options (see ``java``) to a session's settings.
 
-    Not with ``--spark_class_archive=off``, before Java 13, or when the user's
-    ``--spark_conf`` sets the JVM's default options: theirs replace the runner's.
+    Not with ``--spark_class_archive=off``, before Java 13, when this process's JVM
+    already runs (its options are set), or when the user's ``--spark_conf`` sets the JVM's
+    default options: theirs replace the runner's.
     """
     if not settings.class_archive or JAVA_OPTIONS in settings.conf or _jvm_started():
         return
