@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -25,6 +26,13 @@ _MASTER_FORMS: tuple[tuple[str, str], ...] = (
     (r"yarn", "yarn"),
     (r"k8s://\S+", "k8s://https://host:443"),
 )
+
+
+def _add_switch(parser: Any, flag: str, env: str, default: str, help_text: str) -> None:
+    """An ``on``/``off`` option whose default the environment variable ``env`` may change."""
+    parser.add_argument(
+        flag, choices=("on", "off"), default=os.environ.get(env, default), help=help_text
+    )
 
 
 class SparkRunnerOptions(PipelineOptions):
@@ -90,11 +98,12 @@ class SparkRunnerOptions(PipelineOptions):
                 "FnApiRunner(use_state_iterables=True). Default: off."
             ),
         )
-        parser.add_argument(
+        _add_switch(
+            parser,
             "--spark_batched_steps",
-            choices=("on", "off"),
-            default=os.environ.get(BATCHED_STEPS_ENV, "on"),
-            help=(
+            BATCHED_STEPS_ENV,
+            "on",
+            (
                 "Run a fused stage's stateless steps (Map, FlatMap, Filter, MapTuple, "
                 "FlatMapTuple, WindowInto with Beam's standard window functions, DoFns whose "
                 "process takes only the element, timestamp or window) step by step over each "
@@ -105,11 +114,12 @@ class SparkRunnerOptions(PipelineOptions):
                 f"variable {BATCHED_STEPS_ENV} (on or off)."
             ),
         )
-        parser.add_argument(
+        _add_switch(
+            parser,
             "--spark_native_combines",
-            choices=("on", "off"),
-            default=os.environ.get(NATIVE_COMBINES_ENV, "off"),
-            help=(
+            NATIVE_COMBINES_ENV,
+            "off",
+            (
                 "Batch runs: run a CombinePerKey (and so CombineGlobally, Count, Mean) whose "
                 "CombineFn is Beam's sum, min, max, count or mean over integers or floats, "
                 "under default windowing, as partial aggregates per bundle in Arrow merged by "
@@ -120,11 +130,12 @@ class SparkRunnerOptions(PipelineOptions):
                 f"variable {NATIVE_COMBINES_ENV} (on or off)."
             ),
         )
-        parser.add_argument(
+        _add_switch(
+            parser,
             "--spark_class_archive",
-            choices=("on", "off"),
-            default=os.environ.get(CLASS_ARCHIVE_ENV, "on"),
-            help=(
+            CLASS_ARCHIVE_ENV,
+            "on",
+            (
                 "Start the driver JVM of a session the runner creates from a class archive "
                 "(Java 13+ class data sharing) kept in ~/.cache/beam-spark-runner/jvm, one "
                 "per Java, Spark install and class path, written by the first session's JVM "
