@@ -68,6 +68,7 @@ from beam_spark_runner.streaming.watermarks import MAX_MICROS
 from beam_spark_runner.translators.base import TranslationContext, spark_function_name
 from beam_spark_runner.translators.fused_stage import broadcast_side_inputs, stage_spec
 from beam_spark_runner.translators.group_by_key import group_spec
+from beam_spark_runner.translators.map_in_arrow import map_in_arrow
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -438,8 +439,8 @@ def build_frame(
                 ),
                 sinks=context.sinks,
             )
-            frame = frame.mapInArrow(
-                named_function(body, spark_function_name(names)), routed.routed_type()
+            frame = map_in_arrow(
+                frame, named_function(body, spark_function_name(names)), routed.routed_type()
             )
     return frame.filter(frame[routed.TARGET] == SINK)
 

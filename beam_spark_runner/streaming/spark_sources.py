@@ -38,6 +38,7 @@ from beam_spark_runner.streaming import rows as routed
 from beam_spark_runner.streaming.topology import Topology
 from beam_spark_runner.streaming.watermarks import MIN_MICROS, Marker
 from beam_spark_runner.translators.base import spark_function_name
+from beam_spark_runner.translators.map_in_arrow import map_in_arrow
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -359,8 +360,8 @@ def read_frame(
             "(spark.jars.packages)."
         ) from None
     body = RowsToElements(root.name, root.producer, topology, spec, coder).convert
-    return frame.mapInArrow(
-        named_function(body, spark_function_name(root.name)), routed.routed_type()
+    return map_in_arrow(
+        frame, named_function(body, spark_function_name(root.name)), routed.routed_type()
     )
 
 

@@ -52,6 +52,7 @@ from beam_spark_runner.translators.base import (
 )
 from beam_spark_runner.translators.driver_side_inputs import compute_on_driver, driver_stage
 from beam_spark_runner.translators.group_by_key import group_spec, sorted_by_key
+from beam_spark_runner.translators.map_in_arrow import map_in_arrow
 from beam_spark_runner.translators.native_combine import (
     aggregated,
     combined_in_stage,
@@ -272,7 +273,9 @@ class FusedStageTranslator:
                 input_frame = input_frame.repartition(KEY).sortWithinPartitions(KEY)
             body = functools.partial(run_stage, spec, sinks=context.sinks)
         function = named_function(body, spark_function_name(node.display_name))
-        return input_frame.mapInArrow(function, stage_output_type(has_typed_outputs(spec.outputs)))
+        return map_in_arrow(
+            input_frame, function, stage_output_type(has_typed_outputs(spec.outputs))
+        )
 
     @staticmethod
     def _inline_side_inputs(

@@ -21,6 +21,7 @@ from beam_spark_runner.execution.stage_worker import KEY
 from beam_spark_runner.planning import GROUP_BY_KEY_URN, Plan, PlannedBuffer
 from beam_spark_runner.spark_compat import named_function
 from beam_spark_runner.translators.base import keyed_rows_type, spark_function_name
+from beam_spark_runner.translators.map_in_arrow import map_in_arrow
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -88,4 +89,4 @@ class GroupByKeyTranslator:
         function = named_function(
             functools.partial(group_sorted, spec), spark_function_name(spec.name)
         )
-        return sorted_by_key(node, context).mapInArrow(function, keyed_rows_type())
+        return map_in_arrow(sorted_by_key(node, context), function, keyed_rows_type())

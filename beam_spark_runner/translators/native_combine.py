@@ -48,6 +48,7 @@ from beam_spark_runner.translators.base import (
     keyed_rows_type,
     spark_function_name,
 )
+from beam_spark_runner.translators.map_in_arrow import map_in_arrow
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -163,4 +164,4 @@ class NativeCombineTranslator:
         function = named_function(
             functools.partial(encode_results, spec), spark_function_name(spec.name)
         )
-        return aggregated(node, context).mapInArrow(function, keyed_rows_type())
+        return map_in_arrow(aggregated(node, context), function, keyed_rows_type())

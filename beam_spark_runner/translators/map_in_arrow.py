@@ -1,0 +1,180 @@
+"""``DataFrame.mapInArrow`` without PySpark's per-call set-up.
+
+Every stage the runner translates is a ``mapInArrow``. PySpark builds each one's Python UDF
+from scratch: it looks up the active session, reads settings, fetches the input's schema,
+sends the workers' environment and include paths to the JVM again (a Py4J call per entry),
+looks up three JVM classes by reflection and parses the result type in the JVM: some 33
+Py4J calls a stage, about 7 ms of a small pipeline's driver time each. Here what does not
+change within a session is made once per ``SparkContext`` and reused; a stage costs one
+call per input column and five more.
+
+The UDF is PySpark's own: the same command (the function and its result type, pickled the
+way PySpark pickles it), the same ``SimplePythonFunction`` and ``UserDefinedPythonFunction``,
+the same ``Dataset.mapInArrow``. Where this PySpark's JVM classes have another shape
+(``UserDefinedPythonFunction`` takes five arguments before Spark 4.1), or a command is
+large enough for PySpark to broadcast it, the stage is built by PySpark's ``mapInArrow``
+instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from beam_spark_runner import spark_compat
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark import SparkContext
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
+
+_LOGGER = logging.getLogger(__name__)
+
+ArrowFunction = Callable[[Iterator["pa.RecordBatch"]], Iterator["pa.RecordBatch"]]
+
+# The first PySpark whose UserDefinedPythonFunction takes seven arguments (the transpiled
+# expressions and their input categories after the five of Spark 3.5 and 4.0).
+_SEVEN_ARGUMENT_UDF = (4, 1)
+
+
+class _SessionUdfs:
+    """What every stage's UDF of one ``SparkContext`` shares, made once."""
+
+    def __init__(self, context: SparkContext) -> None:
+        jvm = context._jvm
+        assert jvm is not None
+        self._context = context
+        self._python_function = jvm.org.apache.spark.api.python.SimplePythonFunction
+        self._udf = jvm.org.apache.spark.sql.execution.python.UserDefinedPythonFunction
+        self._python_utils = jvm.org.apache.spark.api.python.PythonUtils
+        self._broadcast_threshold = int(
+            jvm.org.apache.spark.api.python.PythonUtils.getBroadcastThreshold(context._jsc)
+        )
+        gateway = context._gateway
+        assert gateway is not None
+        self._gateway = gateway
+        # Each lookup of a class through ``jvm`` is a Py4J call of its own.
+        array_list = jvm.java.util.ArrayList
+        self._new_list = lambda items: _java_list(array_list, items)
+        self._no_broadcasts = self._new_list([])
+        self._no_columns = self._new_list([])
+        self._environment: tuple[tuple[tuple[str, str], ...], Any] | None = None
+        self._includes: tuple[tuple[str, ...], Any] | None = None
+        self._types: dict[str, Any] = {}
+
+    def _java_environment(self) -> Any:
+        items = tuple(sorted(self._context.environment.items()))
+        if self._environment is None or self._environment[0] != items:
+            java_map = self._gateway.jvm.java.util.HashMap()  # once per session
+            for key, value in items:
+                java_map.put(key, value)
+            self._environment = (items, java_map)
+        return self._environment[1]
+
+    def _java_includes(self) -> Any:
+        includes = tuple(self._context._python_includes or ())
+        if self._includes is None or self._includes[0] != includes:
+            self._includes = (includes, self._new_list(list(includes)))
+        return self._includes[1]
+
+    def _java_type(self, frame: DataFrame, schema: StructType) -> Any:
+        json = schema.json()
+        if json not in self._types:
+            self._types[json] = frame.sparkSession._jsparkSession.parseDataType(json)
+        return self._types[json]
+
+    def map_in_arrow(
+        self, frame: DataFrame, function: ArrowFunction, schema: StructType
+    ) -> DataFrame | None:
+        """The ``mapInArrow`` of ``frame``; None where PySpark's own must build it."""
+        from pyspark.serializers import CloudPickleSerializer
+        from pyspark.sql import DataFrame
+        from pyspark.util import PythonEvalType
+
+        context = self._context
+        registry = context._pickled_broadcast_vars
+        registry.clear()
+        command = CloudPickleSerializer().dumps((function, schema))
+        # The broadcast variables pickled into the command: the workers load them.
+        broadcasts = [variable._jbroadcast for variable in registry]
+        registry.clear()
+        if len(command) > self._broadcast_threshold:
+            return None  # PySpark ships a large command as a broadcast of its own
+        python_function = self._python_function(
+            bytearray(command),
+            self._java_environment(),
+            self._java_includes(),
+            context.pythonExec,
+            context.pythonVer,
+            self._new_list(broadcasts) if broadcasts else self._no_broadcasts,
+            context._javaAccumulator,
+        )
+        arguments = [
+            function.__name__,
+            python_function,
+            self._java_type(frame, schema),
+            PythonEvalType.SQL_MAP_ARROW_ITER_UDF,
+            True,  # deterministic, as pandas_udf makes it
+        ]
+        if spark_compat.pyspark_version() >= _SEVEN_ARGUMENT_UDF:
+            arguments += [self._no_columns, self._no_columns]
+        udf = self._udf(*arguments)
+        jdf = frame._jdf
+        columns = self._python_utils.toSeq(
+            self._new_list([jdf.col(name) for name in frame.columns])
+        )
+        mapped = jdf.mapInArrow(udf.apply(columns), False, None)
+        return DataFrame(mapped, frame.sparkSession)
+
+
+def _java_list(array_list: Any, items: list[Any]) -> Any:
+    java_list = array_list()
+    for item in items:
+        java_list.add(item)
+    return java_list
+
+
+_SESSIONS: weakref.WeakKeyDictionary[Any, _SessionUdfs | None] = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def _session_udfs(context: SparkContext) -> _SessionUdfs | None:
+    with _LOCK:
+        if context not in _SESSIONS:
+            _SESSIONS[context] = _SessionUdfs(context)
+        return _SESSIONS[context]
+
+
+def map_in_arrow(frame: DataFrame, function: ArrowFunction, schema: StructType) -> DataFrame:
+    """``frame.mapInArrow(function, schema)``, built with the session's shared parts.
+
+    ``function`` is named as Spark should show it (``spark_compat.named_function``).
+    """
+    context = frame.sparkSession.sparkContext
+    udfs = _session_udfs(context)
+    if udfs is not None:
+        try:
+            mapped = udfs.map_in_arrow(frame, function, schema)
+        except Exception as error:  # noqa: BLE001 - PySpark's own call below decides
+            from py4j.protocol import Py4JError, Py4JJavaError
+
+            if isinstance(error, Py4JError) and not isinstance(error, Py4JJavaError):
+                # No such constructor or method: this PySpark's JVM classes differ.
+                _LOGGER.debug(
+                    "Building mapInArrow UDFs directly does not work with this PySpark "
+                    "(%s); PySpark's mapInArrow builds this session's stages",
+                    error,
+                )
+                with _LOCK:
+                    _SESSIONS[context] = None
+            else:
+                # PySpark's own call raises what a user would see, or builds the stage.
+                _LOGGER.debug("Building a mapInArrow UDF directly failed", exc_info=error)
+            mapped = None
+        if mapped is not None:
+            return mapped
+    return frame.mapInArrow(function, schema)
