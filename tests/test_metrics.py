@@ -110,6 +110,17 @@ def test_collector_ignores_garbage_and_keeps_serving(collector: AttemptCollector
     assert len(collector.attempts) == 1
 
 
+def test_a_closed_collector_stops_listening_at_once() -> None:
+    collector = AttemptCollector("127.0.0.1", "127.0.0.1")
+    assert report_failed_attempt(collector.address, "s", serialized(user_counter("S", "c", 1)))
+    listening = collector._thread  # noqa: SLF001 - the thread close() must end
+    collector.close()
+    # Woken by close(), not by a poll: the thread has ended by the time close() returns.
+    assert not listening.is_alive()
+    with pytest.raises(OSError):
+        socket.create_connection((collector.address.host, collector.address.port), timeout=2)
+
+
 def test_report_to_an_unreachable_driver_gives_up() -> None:
     address = AttemptReportAddress("127.0.0.1", closed_port(), b"t" * 16)
     started = time.monotonic()
