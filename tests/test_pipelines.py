@@ -45,6 +45,17 @@ def test_map_flatmap_filter() -> None:
         assert_that(out, equal_to(["A", "B", "D", "E"]))
 
 
+def test_identical_creates_in_one_pipeline_and_across_runs() -> None:
+    # The session makes small literal rows once per content (TranslationContext.literal_rows):
+    # the same rows read twice in a plan, and again by a later run, still count twice.
+    for _ in range(2):
+        with pipeline() as p:
+            first = p | "First" >> beam.Create(["a", "b"])
+            second = p | "Second" >> beam.Create(["a", "b"])
+            both = (first, second) | beam.Flatten() | beam.Map(str.upper)
+            assert_that(both, equal_to(["A", "A", "B", "B"]))
+
+
 def test_partition_and_tagged_outputs() -> None:
     class SplitParity(beam.DoFn):
         def process(self, x: int) -> typing.Iterator[typing.Any]:

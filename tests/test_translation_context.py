@@ -5,6 +5,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
+import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_spark_runner import beam_internals as bi
@@ -60,3 +61,30 @@ def test_a_session_builds_its_impulse_frame_once() -> None:
         (None, bi.ENCODED_IMPULSE_VALUE)
     ]
     assert frame.rdd.getNumPartitions() == 1
+
+
+def test_small_literal_rows_are_made_once_per_session_and_content(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from beam_spark_runner.translators import base
+
+    context, _ = _context(outputs=1)
+    later, _ = _context(outputs=1)  # another run's context, in the same session
+    rows = context.literal_rows([b"a", b"b", b"c"])
+    assert later.literal_rows([b"a", b"b", b"c"]) is rows
+    assert sorted(bytes(row.element) for row in rows.collect()) == [b"a", b"b", b"c"]
+    assert later.literal_rows([b"a", b"b"]) is not rows  # other content
+    later.parallelism = 1
+    single = later.literal_rows([b"a", b"b", b"c"])  # other partitions
+    assert single is not rows and single.rdd.getNumPartitions() == 1
+    # Large rows are made anew each time.
+    big = [b"x" * (base._REMEMBERED_LITERAL_BYTES + 1)]
+    assert context.literal_rows(big) is not context.literal_rows(big)
+    # The most recent few are kept.
+    monkeypatch.setattr(base, "_REMEMBERED_LITERALS", 2)
+    base._LITERALS.pop(context.spark, None)
+    one, two = context.literal_rows([b"1"]), context.literal_rows([b"2"])
+    assert context.literal_rows([b"1"]) is one  # used again: the most recent now
+    context.literal_rows([b"3"])  # the third: the least recently used (two) goes
+    assert context.literal_rows([b"1"]) is one
+    assert context.literal_rows([b"2"]) is not two

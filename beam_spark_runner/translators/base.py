@@ -5,7 +5,9 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from collections import Counter
+import threading
+import weakref
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -23,6 +25,18 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 _LOGGER = logging.getLogger(__name__)
+
+# Literal rows (a Create's elements, a text read's byte ranges) already made in a session,
+# by content: the same small Create recurs from run to run (``assert_that``'s
+# ``Create([(None, None)])`` in every test pipeline, a pipeline run again), and making its
+# DataFrame was ~30 Py4J calls and an analysis of its plan (~14 ms a Create). Only rows of
+# at most _REMEMBERED_LITERAL_BYTES in all; the _REMEMBERED_LITERALS most recent per session.
+_REMEMBERED_LITERALS = 32
+_REMEMBERED_LITERAL_BYTES = 64 * 1024
+_LITERALS: weakref.WeakKeyDictionary[Any, OrderedDict[tuple[Any, ...], DataFrame]] = (
+    weakref.WeakKeyDictionary()
+)
+_LITERALS_LOCK = threading.Lock()
 
 
 class Translator(Protocol):
@@ -198,13 +212,35 @@ class TranslationContext:
     def literal_rows(self, elements: Sequence[bytes]) -> DataFrame:
         """(key, element) rows holding ``elements`` (null keys), spread without a shuffle.
 
+        Small ones are made once per session and content (``_LITERALS``): DataFrames are
+        immutable plans, reused as the session's impulse rows are.
+        """
+        partitions = max(1, min(len(elements), self.parallelism))
+        if sum(len(element) for element in elements) > _REMEMBERED_LITERAL_BYTES:
+            return self._literal_rows(elements, partitions)
+        key = (partitions, *elements)
+        with _LITERALS_LOCK:
+            remembered = _LITERALS.setdefault(self.spark, OrderedDict())
+            frame = remembered.get(key)
+            if frame is not None:
+                remembered.move_to_end(key)
+                return frame
+        frame = self._literal_rows(elements, partitions)
+        with _LITERALS_LOCK:
+            remembered[key] = frame
+            while len(remembered) > _REMEMBERED_LITERALS:
+                remembered.popitem(last=False)
+        return frame
+
+    def _literal_rows(self, elements: Sequence[bytes], partitions: int) -> DataFrame:
+        """The rows of :meth:`literal_rows`, made anew.
+
         The rows are cut, in order, into ``min(len(elements), parallelism)`` partitions of
         near-equal size, so the stage that reads them uses every core: on PySpark 4+ from an
         Arrow table (local rows scanned in the JVM), on PySpark 3.5 from a ``parallelize``d
         RDD. Either costs ~30 Py4J calls whatever the number of elements, where a literal
         column costs ~9 per element.
         """
-        partitions = max(1, min(len(elements), self.parallelism))
         if spark_compat.pyspark_version() >= (4, 0):
             # An Arrow table goes to the JVM as it is, as local rows: no Python worker
             # process, where an RDD of Python rows needs one per task just to convert them.
