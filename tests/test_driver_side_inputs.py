@@ -69,6 +69,64 @@ def test_a_table_from_a_create_is_computed_on_the_driver() -> None:
     assert stage is not None and "Weigh" in plan.stage(stage).display_name
 
 
+def _chain(pipeline: beam.Pipeline, length: int) -> list[beam.PCollection]:
+    """Lookups, each built from a literal row and the lookups before it."""
+    tables: list[beam.PCollection] = []
+    for k in range(length):
+        tables.append(
+            pipeline
+            | f"Root{k}" >> beam.Create([None])
+            | f"Level{k}"
+            >> beam.Map(
+                lambda _, *before, k=k: (k, sum(len(t) for t in before)),
+                *[beam.pvalue.AsList(t) for t in tables],
+            )
+        )
+    return tables
+
+
+def test_a_chain_of_tables_from_literals_is_computed_on_the_driver() -> None:
+    pipeline = beam.Pipeline()
+    tables = _chain(pipeline, 4)
+    _lookup(pipeline, tables[-1] | "Pairs" >> beam.Map(lambda kv: kv))
+    plan = _plan(pipeline)
+    (reader,) = [s for s in plan.stages if "Look up" in s.display_name]
+    stage = driver_stage(plan, reader.side_inputs[0].buffer_id)
+    assert stage is not None and "Level3" in plan.stage(stage).display_name
+    # One link that needs a job (a grouping) keeps the job for what reads it.
+    pipeline = beam.Pipeline()
+    grouped = pipeline | "Pairs" >> beam.Create([(1, 2)]) | beam.GroupByKey()
+    root = pipeline | "Root" >> beam.Create([None])
+    table = root | "Level" >> beam.Map(lambda _, g: (1, len(g)), beam.pvalue.AsList(grouped))
+    _lookup(pipeline, table)
+    plan = _plan(pipeline)
+    (reader,) = [s for s in plan.stages if "Look up" in s.display_name]
+    assert driver_stage(plan, reader.side_inputs[0].buffer_id) is None
+
+
+def test_a_chain_computed_on_the_driver_gives_the_jobs_result(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="beam_spark_runner.translators.driver_side_inputs")
+    pipeline = beam.Pipeline(options=_options())
+    tables = _chain(pipeline, 4)  # level k saw the k one-element levels before it
+    looked_up = (
+        pipeline
+        | "Keys" >> beam.Create([3])
+        | "Look up" >> beam.Map(lambda k, d: (k, d[k]), d=beam.pvalue.AsDict(tables[-1]))
+    )
+    assert_that(looked_up, equal_to([(3, 3)]))
+    pipeline.run().wait_until_finish()
+    # Every level on the driver, each once, the earlier ones first.
+    computed = [line for line in caplog.messages if "computed on the driver" in line]
+    assert [[k for k in range(4) if f"Level{k}" in line] for line in computed] == [
+        [0],
+        [1],
+        [2],
+        [3],
+    ]
+
+
 def test_a_table_also_read_as_main_input_keeps_its_job() -> None:
     # Computed on the driver, it would run its user code again in the pipeline's job. (A
     # step fused into its stage, such as a Map reading the table, runs once, on the driver.)

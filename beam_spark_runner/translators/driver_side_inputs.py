@@ -9,10 +9,12 @@ input is computed here instead, in the driver process, by the same code a Spark 
 rows, with the same metrics, warnings and logs recorded.
 
 A stage qualifies when its main input is literal (an Impulse, or a runner-held ``Create``
-of at most ``DRIVER_SIDE_INPUT_MAX_ROWS`` values), it is stateless, reads no side inputs,
-has no splittable DoFn (a file read would read the files on the driver), and every output
-it writes is read only as a side input (otherwise the main path would run its user code a
-second time). Anything else keeps the collect job.
+of at most ``DRIVER_SIDE_INPUT_MAX_ROWS`` values), it is stateless, every side input it
+reads qualifies in turn (a chain of lookups, each built from the ones before: computed on
+the driver first, and handed to the stage as a task gets them), it has no splittable DoFn
+(a file read would read the files on the driver), and every output it writes is read only
+as a side input (otherwise the main path would run its user code a second time). Anything
+else keeps the collect job.
 """
 
 from __future__ import annotations
@@ -52,14 +54,26 @@ _SDF_URNS = frozenset(
 )
 
 
-def driver_stage(plan: Plan, buffer_id: bytes) -> str | None:
+def driver_stage(
+    plan: Plan, buffer_id: bytes, _known: dict[bytes, str | None] | None = None
+) -> str | None:
     """The stage that can compute side-input buffer ``buffer_id`` on the driver, if any."""
+    known = {} if _known is None else _known
+    if buffer_id not in known:
+        known[buffer_id] = None  # a side input read in a cycle would not qualify
+        known[buffer_id] = _driver_stage(plan, buffer_id, known)
+    return known[buffer_id]
+
+
+def _driver_stage(plan: Plan, buffer_id: bytes, known: dict[bytes, str | None]) -> str | None:
     buffer = plan.buffers[buffer_id]
     if len(buffer.writers) != 1 or buffer.main_readers:
         return None
     name = buffer.writers[0][0]
     stage = plan.stage(name)
-    if stage.stateful or stage.side_inputs:
+    if stage.stateful:
+        return None
+    if any(driver_stage(plan, side.buffer_id, known) is None for side in stage.side_inputs):
         return None
     if any(plan.buffers[output.buffer_id].main_readers for output in stage.outputs):
         return None
@@ -84,11 +98,16 @@ def literal_elements(plan: Plan, buffer_id: bytes, context: TranslationContext) 
 
 
 def compute_on_driver(stage_name: str, context: TranslationContext) -> dict[bytes, list[bytes]]:
-    """Runs the stage on the driver; the elements it wrote, per output buffer."""
-    from beam_spark_runner.translators.fused_stage import stage_spec
+    """Runs the stage on the driver; the elements it wrote, per output buffer.
+
+    Its side inputs (see :func:`driver_stage`) are computed first, on the driver too, and
+    handed to it as a task gets them, their state entries in the stage's spec.
+    """
+    from beam_spark_runner.translators.fused_stage import broadcast_side_inputs, stage_spec
 
     plan = context.plan
     stage = plan.stage(stage_name)
+    side_inputs = broadcast_side_inputs(stage, context, inline=True)
     started = time.monotonic()
     rows = literal_elements(plan, stage.input_buffer_id, context)
     batch = pa.RecordBatch.from_arrays(
@@ -96,7 +115,7 @@ def compute_on_driver(stage_name: str, context: TranslationContext) -> dict[byte
     )
     written: dict[bytes, list[bytes]] = {output.buffer_id: [] for output in stage.outputs}
     # The driver's own __main__ is the live one: no saved main session to restore into it.
-    spec = dataclasses.replace(stage_spec(stage, context, None), main_session=None)
+    spec = dataclasses.replace(stage_spec(stage, context, side_inputs), main_session=None)
     try:
         for output in run_stage(spec, [batch], context.sinks):
             for tag, element in zip(
