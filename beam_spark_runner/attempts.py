@@ -252,7 +252,9 @@ class AttemptCollector:
                 self._server.handle_request()  # accepts; a thread per connection handles it
 
     def close(self) -> None:
-        """Stops listening."""
+        """Stops listening (again: nothing)."""
+        if self._wake_writer.fileno() < 0:
+            return
         self._wake_writer.send(b"\0")
         self._thread.join(timeout=5)
         self._server.server_close()

@@ -143,9 +143,16 @@ _LOCK = threading.Lock()
 
 
 def _session_udfs(context: SparkContext) -> _SessionUdfs | None:
+    """The session's shared parts; None where this PySpark's JVM lacks one of them."""
+    from py4j.protocol import Py4JError
+
     with _LOCK:
         if context not in _SESSIONS:
-            _SESSIONS[context] = _SessionUdfs(context)
+            try:
+                _SESSIONS[context] = _SessionUdfs(context)
+            except Py4JError as error:
+                _LOGGER.debug("PySpark's mapInArrow builds this session's stages: %s", error)
+                _SESSIONS[context] = None
         return _SESSIONS[context]
 
 
