@@ -59,6 +59,18 @@ def no_pyspark_map_in_arrow(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_frame_class(), "mapInArrow", refused)
 
 
+def test_pyspark_35_sessions_use_pysparks_mapinarrow(monkeypatch: pytest.MonkeyPatch) -> None:
+    spark = _spark()
+    context = spark.sparkContext
+    monkeypatch.setattr(spark_compat, "pyspark_version", lambda: (3, 5))
+    monkeypatch.setattr(module, "_SESSIONS", type(module._SESSIONS)())
+    assert module._session_udfs(context) is None
+    assert _collected(map_in_arrow(_rows(spark), _suffixed(b"%"), keyed_rows_type()))[0] == (
+        b"k0",
+        b"v0%",
+    )
+
+
 def test_the_stage_gives_what_pysparks_mapinarrow_gives() -> None:
     spark = _spark()
     rows = _rows(spark)
@@ -70,9 +82,13 @@ def test_the_stage_gives_what_pysparks_mapinarrow_gives() -> None:
     assert "beam_suffixed" in ours._jdf.queryExecution().analyzed().toString()
 
 
-@pytest.mark.skipif(
-    spark_compat.pyspark_version() < (4, 1), reason="checked on PySpark 4.1+ (this venv: 4.3)"
+OWN_UDFS = pytest.mark.skipif(
+    spark_compat.pyspark_version() < (4, 0),
+    reason="on PySpark 3.5 every stage is PySpark's own mapInArrow (another JVM signature)",
 )
+
+
+@OWN_UDFS
 def test_the_runner_builds_the_udf_itself(no_pyspark_map_in_arrow: None) -> None:
     spark = _spark()
     frame = map_in_arrow(_rows(spark), _suffixed(b"?"), keyed_rows_type())
@@ -100,6 +116,7 @@ def test_workers_read_a_broadcast_pickled_into_the_function() -> None:
         suffix.destroy()
 
 
+@OWN_UDFS
 def test_a_command_over_the_broadcast_threshold_is_left_to_pyspark(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -121,6 +138,7 @@ def test_a_command_over_the_broadcast_threshold_is_left_to_pyspark(
     assert _collected(frame)[1] == (b"k1", b"v1+")
 
 
+@OWN_UDFS
 def test_other_jvm_classes_leave_the_session_to_pyspark(monkeypatch: pytest.MonkeyPatch) -> None:
     from py4j.protocol import Py4JError
 

@@ -10,10 +10,11 @@ call per input column and five more.
 
 The UDF is PySpark's own: the same command (the function and its result type, pickled the
 way PySpark pickles it), the same ``SimplePythonFunction`` and ``UserDefinedPythonFunction``,
-the same ``Dataset.mapInArrow``. Where this PySpark's JVM classes have another shape
-(``UserDefinedPythonFunction`` takes five arguments before Spark 4.1), or a command is
-large enough for PySpark to broadcast it, the stage is built by PySpark's ``mapInArrow``
-instead.
+the same ``Dataset.mapInArrow``, on PySpark 4.0 and later (``UserDefinedPythonFunction``
+takes five arguments on 4.0, seven from 4.1). On PySpark 3.5, where the JVM classes have
+another shape (a session's first Py4J "no such method" does the same on a later PySpark),
+or where a command is large enough for PySpark to broadcast it, PySpark's ``mapInArrow``
+builds the stage.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ _LOGGER = logging.getLogger(__name__)
 
 ArrowFunction = Callable[[Iterator["pa.RecordBatch"]], Iterator["pa.RecordBatch"]]
 
+# PySpark 3.5's Dataset.mapInArrow takes the UDF's expression, and its Python side differs
+# too: its sessions' stages are PySpark's own.
+_FIRST_PYSPARK = (4, 0)
 # The first PySpark whose UserDefinedPythonFunction takes seven arguments (the transpiled
 # expressions and their input categories after the five of Spark 3.5 and 4.0).
 _SEVEN_ARGUMENT_UDF = (4, 1)
@@ -148,6 +152,9 @@ def _session_udfs(context: SparkContext) -> _SessionUdfs | None:
 
     with _LOCK:
         if context not in _SESSIONS:
+            if spark_compat.pyspark_version() < _FIRST_PYSPARK:
+                _SESSIONS[context] = None
+                return None
             try:
                 _SESSIONS[context] = _SessionUdfs(context)
             except Py4JError as error:
