@@ -117,7 +117,8 @@ _QUIET_CDS_LOG = "-Xlog:cds*=off"
 _CLAIM_SECONDS = 2 * 60
 # A partial file without its header this old was left by a JVM that died while writing.
 _STALE_PARTIAL_SECONDS = 15 * 60
-# Partial and claim files of any key this old are removed when an archive is written.
+# Partial and claim files of any key this old are removed (_prune) when a start is about to
+# write an archive and when one is put in place.
 _LEFTOVER_SECONDS = 24 * 3600
 _ARCHIVES_KEPT = 3
 # Settings of a session that decide whether a JVM can map an archive: its class path and

@@ -5,8 +5,8 @@ from scratch: it looks up the active session, reads settings, fetches the input'
 sends the workers' environment and include paths to the JVM again (a Py4J call per entry),
 looks up three JVM classes by reflection and parses the result type in the JVM: some 33
 Py4J calls a stage, about 7 ms of a small pipeline's driver time each. Here what does not
-change within a session is made once per ``SparkContext`` and reused; a stage costs one
-call per input column and five more.
+change within a session is made once per ``SparkContext`` and reused; a stage costs two
+calls per input column and six more.
 
 The UDF is PySpark's own: the same command (the function and its result type, pickled the
 way PySpark pickles it), the same ``SimplePythonFunction`` and ``UserDefinedPythonFunction``,
@@ -52,28 +52,29 @@ class _SessionUdfs:
         jvm = context._jvm
         assert jvm is not None
         self._context = context
+        # Each lookup of a class through ``jvm`` is a Py4J call of its own: once here.
         self._python_function = jvm.org.apache.spark.api.python.SimplePythonFunction
         self._udf = jvm.org.apache.spark.sql.execution.python.UserDefinedPythonFunction
         self._python_utils = jvm.org.apache.spark.api.python.PythonUtils
-        self._broadcast_threshold = int(
-            jvm.org.apache.spark.api.python.PythonUtils.getBroadcastThreshold(context._jsc)
-        )
-        gateway = context._gateway
-        assert gateway is not None
-        self._gateway = gateway
-        # Each lookup of a class through ``jvm`` is a Py4J call of its own.
-        array_list = jvm.java.util.ArrayList
-        self._new_list = lambda items: _java_list(array_list, items)
-        self._no_broadcasts = self._new_list([])
-        self._no_columns = self._new_list([])
+        self._array_list = jvm.java.util.ArrayList
+        self._hash_map = jvm.java.util.HashMap
+        self._broadcast_threshold = int(self._python_utils.getBroadcastThreshold(context._jsc))
+        self._no_broadcasts = self._java_list([])
+        self._no_columns = self._java_list([])
         self._environment: tuple[tuple[tuple[str, str], ...], Any] | None = None
         self._includes: tuple[tuple[str, ...], Any] | None = None
         self._types: dict[str, Any] = {}
 
+    def _java_list(self, items: list[Any]) -> Any:
+        java_list = self._array_list()
+        for item in items:
+            java_list.add(item)
+        return java_list
+
     def _java_environment(self) -> Any:
         items = tuple(sorted(self._context.environment.items()))
         if self._environment is None or self._environment[0] != items:
-            java_map = self._gateway.jvm.java.util.HashMap()  # once per session
+            java_map = self._hash_map()
             for key, value in items:
                 java_map.put(key, value)
             self._environment = (items, java_map)
@@ -82,7 +83,7 @@ class _SessionUdfs:
     def _java_includes(self) -> Any:
         includes = tuple(self._context._python_includes or ())
         if self._includes is None or self._includes[0] != includes:
-            self._includes = (includes, self._new_list(list(includes)))
+            self._includes = (includes, self._java_list(list(includes)))
         return self._includes[1]
 
     def _java_type(self, frame: DataFrame, schema: StructType) -> Any:
@@ -114,7 +115,7 @@ class _SessionUdfs:
             self._java_includes(),
             context.pythonExec,
             context.pythonVer,
-            self._new_list(broadcasts) if broadcasts else self._no_broadcasts,
+            self._java_list(broadcasts) if broadcasts else self._no_broadcasts,
             context._javaAccumulator,
         )
         arguments = [
@@ -129,17 +130,10 @@ class _SessionUdfs:
         udf = self._udf(*arguments)
         jdf = frame._jdf
         columns = self._python_utils.toSeq(
-            self._new_list([jdf.col(name) for name in frame.columns])
+            self._java_list([jdf.col(name) for name in frame.columns])
         )
         mapped = jdf.mapInArrow(udf.apply(columns), False, None)
         return DataFrame(mapped, frame.sparkSession)
-
-
-def _java_list(array_list: Any, items: list[Any]) -> Any:
-    java_list = array_list()
-    for item in items:
-        java_list.add(item)
-    return java_list
 
 
 _SESSIONS: weakref.WeakKeyDictionary[Any, _SessionUdfs | None] = weakref.WeakKeyDictionary()
@@ -147,19 +141,17 @@ _LOCK = threading.Lock()
 
 
 def _session_udfs(context: SparkContext) -> _SessionUdfs | None:
-    """The session's shared parts; None where this PySpark's JVM lacks one of them."""
+    """The session's shared parts; None where PySpark's own ``mapInArrow`` builds its stages."""
     from py4j.protocol import Py4JError
 
     with _LOCK:
         if context not in _SESSIONS:
-            if spark_compat.pyspark_version() < _FIRST_PYSPARK:
-                _SESSIONS[context] = None
-                return None
-            try:
-                _SESSIONS[context] = _SessionUdfs(context)
-            except Py4JError as error:
-                _LOGGER.debug("PySpark's mapInArrow builds this session's stages: %s", error)
-                _SESSIONS[context] = None
+            _SESSIONS[context] = None  # PySpark 3.5, or a JVM without one of the parts
+            if spark_compat.pyspark_version() >= _FIRST_PYSPARK:
+                try:
+                    _SESSIONS[context] = _SessionUdfs(context)
+                except Py4JError as error:
+                    _LOGGER.debug("PySpark's mapInArrow builds this session's stages: %s", error)
         return _SESSIONS[context]
 
 
@@ -170,25 +162,32 @@ def map_in_arrow(frame: DataFrame, function: ArrowFunction, schema: StructType) 
     """
     context = frame.sparkSession.sparkContext
     udfs = _session_udfs(context)
-    if udfs is not None:
-        try:
-            mapped = udfs.map_in_arrow(frame, function, schema)
-        except Exception as error:  # noqa: BLE001 - PySpark's own call below decides
-            from py4j.protocol import Py4JError, Py4JJavaError
+    mapped = None if udfs is None else _built(udfs, context, frame, function, schema)
+    return mapped if mapped is not None else frame.mapInArrow(function, schema)
 
-            if isinstance(error, Py4JError) and not isinstance(error, Py4JJavaError):
-                # No such constructor or method: this PySpark's JVM classes differ.
-                _LOGGER.debug(
-                    "Building mapInArrow UDFs directly does not work with this PySpark "
-                    "(%s); PySpark's mapInArrow builds this session's stages",
-                    error,
-                )
-                with _LOCK:
-                    _SESSIONS[context] = None
-            else:
-                # PySpark's own call raises what a user would see, or builds the stage.
-                _LOGGER.debug("Building a mapInArrow UDF directly failed", exc_info=error)
-            mapped = None
-        if mapped is not None:
-            return mapped
-    return frame.mapInArrow(function, schema)
+
+def _built(
+    udfs: _SessionUdfs,
+    context: SparkContext,
+    frame: DataFrame,
+    function: ArrowFunction,
+    schema: StructType,
+) -> DataFrame | None:
+    """The stage built from the session's parts; None where PySpark's own call must."""
+    from py4j.protocol import Py4JError, Py4JJavaError
+
+    try:
+        return udfs.map_in_arrow(frame, function, schema)
+    except Py4JJavaError as error:  # PySpark's own call raises what a user would see
+        _LOGGER.debug("Building a mapInArrow UDF directly failed", exc_info=error)
+    except Py4JError as error:  # no such constructor or method: other JVM classes
+        _LOGGER.debug(
+            "Building mapInArrow UDFs directly does not work with this PySpark (%s); "
+            "PySpark's mapInArrow builds this session's stages",
+            error,
+        )
+        with _LOCK:
+            _SESSIONS[context] = None
+    except Exception as error:  # noqa: BLE001 - PySpark's own call raises it, or builds
+        _LOGGER.debug("Building a mapInArrow UDF directly failed", exc_info=error)
+    return None
