@@ -55,6 +55,31 @@ def test_an_interrupted_collect_is_told_from_a_failure() -> None:
     assert not is_interruption(RuntimeError("java.lang.InterruptedException"))
 
 
+def test_a_job_cancelled_by_the_query_stopping_is_an_interruption() -> None:
+    """``query.stop()`` cancels the running job by the query's job group: no failure either.
+
+    Re-raised as it was, its text (a Java stack trace) overflowed the stack of Spark's
+    stream thread matching ``PROXY_ERROR`` against it, on about every other cancel.
+    """
+    stack = "".join(f"\tat org.apache.spark.Frame{i}(Frame.scala:{i})\n" for i in range(3000))
+    query = "beam-beam_spark_runner-406ede63ab89 [id = cae9cfb1, runId = a65be969]"
+    assert is_interruption(
+        Py4JJavaError(
+            "An error occurred while calling o552.collectToPython.\n: "
+            f"org.apache.spark.SparkException: [SPARK_JOB_CANCELLED] Job 16 cancelled Query "
+            f"{query} was stopped SQLSTATE: XXKDA\n{stack}"
+        )
+    )
+    # Cancelled otherwise (the UI's kill, a user's job group): a failure.
+    assert not is_interruption(
+        Py4JJavaError(
+            "An error occurred while calling o552.collectToPython.\n: "
+            "org.apache.spark.SparkException: [SPARK_JOB_CANCELLED] Job 16 cancelled "
+            f"killed via the Web UI\n{stack}"
+        )
+    )
+
+
 def test_the_error_it_raises_instead_is_short_and_reads_as_an_interruption_to_spark() -> None:
     message = str(QueryInterrupted(7))
     assert len(message) < 300 and "micro-batch 7" in message

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import re
 import shutil
 import tempfile
 import threading
@@ -211,10 +212,22 @@ _INTERRUPTIONS = (
 )
 
 
+# What Spark's ``query.stop()`` cancels the query's running jobs with (their job group is
+# the query's run id): "[SPARK_JOB_CANCELLED] Job 16 cancelled Query <name> [id = ...,
+# runId = ...] was stopped".
+_STOPPED_JOB = re.compile(r"SPARK_JOB_CANCELLED\].* cancelled Query .* was stopped")
+
+
 def is_interruption(error: BaseException) -> bool:
-    """Whether ``error`` is an action interrupted by ``query.stop()`` (a Py4J error)."""
+    """Whether ``error`` is an action interrupted by ``query.stop()`` (a Py4J error).
+
+    Either the action's thread was interrupted (Spark's I/O interruption exceptions) or
+    its job was cancelled with the query's job group (``_STOPPED_JOB``).
+    """
+    if type(error).__name__ != "Py4JJavaError":
+        return False
     head = str(error)[:1000]
-    return type(error).__name__ == "Py4JJavaError" and any(name in head for name in _INTERRUPTIONS)
+    return any(name in head for name in _INTERRUPTIONS) or bool(_STOPPED_JOB.search(head))
 
 
 class QueryInterrupted(RuntimeError):
