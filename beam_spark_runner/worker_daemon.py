@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Callable
+from typing import Any
 
 
 class _DropDriverWarnings(logging.Filter):
@@ -23,12 +25,35 @@ class _DropDriverWarnings(logging.Filter):
 logging.getLogger().addFilter(_DropDriverWarnings())
 
 import apache_beam  # noqa: E402, F401
+import pyspark.daemon  # noqa: E402
 from pyspark.daemon import manager  # noqa: E402
 
 import beam_spark_runner.execution.grouping  # noqa: E402, F401
 import beam_spark_runner.execution.stage_worker  # noqa: E402, F401
 from beam_spark_runner import beam_internals  # noqa: E402
 from beam_spark_runner.execution.zip_directories import remember_zip_directories  # noqa: E402
+from beam_spark_runner.streaming.driver_processes import closed_socket  # noqa: E402
+
+
+def quiet_on_closed_socket(worker: Callable[[Any, bool], int]) -> Callable[[Any, bool], int]:
+    """PySpark's ``daemon.worker``, ending without a traceback when the JVM closed its socket.
+
+    A forked worker whose task was killed, or whose session stopped, fails flushing its
+    socket; PySpark's daemon then prints that ``BrokenPipeError``'s traceback to the driver's
+    console (a stopped streaming query, the end of a script). The worker still ends (a
+    non-zero code: the daemon's fork exits); any other error is PySpark's to report.
+    """
+
+    def run(sock: Any, authenticated: bool) -> int:
+        try:
+            return worker(sock, authenticated)
+        except BaseException as error:
+            if closed_socket(error):
+                return 1
+            raise
+
+    return run
+
 
 if __name__ == "__main__":
     # Found once here (a search of the heap) rather than in every forked worker.
@@ -38,4 +63,5 @@ if __name__ == "__main__":
     # what the imports above allocated lives as long as the process: frozen, those
     # collections no longer walk it (nor write to its pages, shared with every fork).
     gc.freeze()
+    pyspark.daemon.worker = quiet_on_closed_socket(pyspark.daemon.worker)  # type: ignore[assignment]
     manager()

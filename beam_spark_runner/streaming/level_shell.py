@@ -22,6 +22,8 @@ from typing import Any
 
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
+from beam_spark_runner.streaming.driver_processes import quiet_pre_init
+
 # The state variables of a shard: its encoded state (one value), and, in a level with a
 # stage with side inputs, the main elements waiting for them (side_inputs.ListStateWaitingStore).
 SHARD_STATE = "shard"
@@ -38,6 +40,14 @@ class LevelShell(StatefulProcessor):  # type: ignore[misc]
         self.waiting = waiting
         self._states: tuple[Any, Any] = (None, None)
         self._level: Any = None
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickled; in a pre-init process, that process's prints are silenced.
+
+        See ``driver_processes``: four lines per level and query on the driver's console.
+        """
+        self.__dict__.update(state)
+        quiet_pre_init()
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         """Declares the state variables (all the pre-init needs)."""

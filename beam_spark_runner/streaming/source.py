@@ -21,6 +21,7 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
+from beam_spark_runner.streaming.driver_processes import quiet_source_runner
 from beam_spark_runner.streaming.rows import routed_type
 from beam_spark_runner.streaming.source_plan import SourcePlan
 
@@ -35,6 +36,15 @@ class RunnerSource(DataSource):  # type: ignore[misc]
     def name(cls) -> str:
         """The format name the query reads."""
         return SOURCE_NAME
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickled; in the process serving the query's offsets, quiet when it stops.
+
+        See ``driver_processes``: 30 lines of tracebacks on the driver's console at the end
+        of every query.
+        """
+        self.__dict__.update(state)
+        quiet_source_runner()
 
     def schema(self) -> Any:
         """The routed rows' schema."""

@@ -1,0 +1,150 @@
+"""streaming.driver_processes: PySpark's driver-side processes of a query, kept quiet."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import types
+from collections.abc import Callable, Iterator
+from importlib.machinery import ModuleSpec
+from pathlib import Path
+
+import pytest
+
+from beam_spark_runner.streaming import driver_processes
+from beam_spark_runner.streaming.driver_processes import (
+    PRE_INIT_MODULE,
+    SOURCE_RUNNER_MODULE,
+    closed_socket,
+    quiet_pre_init,
+    quiet_source_runner,
+)
+
+
+@pytest.fixture
+def main_module(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
+    """Makes this process look as if it ran ``python -m <name>``; restores its hooks."""
+
+    def run_as(name: str) -> None:
+        main = types.ModuleType("__main__")
+        main.__spec__ = ModuleSpec(name, None)
+        monkeypatch.setitem(sys.modules, "__main__", main)
+
+    stdout, excepthook = sys.stdout, sys.excepthook
+    yield run_as
+    sys.stdout, sys.excepthook = stdout, excepthook
+
+
+def _chain(*errors: BaseException) -> BaseException:
+    """The last error, raised while handling the one before, and so on."""
+    for earlier, later in zip(errors, errors[1:], strict=False):
+        later.__context__ = earlier
+    return errors[-1]
+
+
+def test_closed_socket_errors_are_told_from_others() -> None:
+    assert closed_socket(_chain(EOFError(), BrokenPipeError(), BrokenPipeError()))
+    assert closed_socket(ConnectionResetError())
+    assert not closed_socket(_chain(ValueError("the source failed"), BrokenPipeError()))
+    assert not closed_socket(_chain(EOFError(), KeyError("x")))
+    assert not closed_socket(None)
+
+
+def test_the_source_runner_ends_on_its_closed_socket_silently(
+    main_module: Callable[[str], None], capsys: pytest.CaptureFixture[str]
+) -> None:
+    main_module(SOURCE_RUNNER_MODULE)
+    seen: list[BaseException] = []
+    sys.excepthook = lambda kind, value, tb: seen.append(value)
+    quiet_source_runner()
+    quiet_source_runner()  # once is enough, twice changes nothing
+    closed = _chain(EOFError(), BrokenPipeError())
+    sys.excepthook(type(closed), closed, None)
+    assert seen == []
+    failure = _chain(BrokenPipeError(), RuntimeError("a real failure"))
+    sys.excepthook(type(failure), failure, None)
+    assert seen == [failure]
+
+
+def test_pre_init_prints_go_nowhere(
+    main_module: Callable[[str], None], capsys: pytest.CaptureFixture[str]
+) -> None:
+    main_module(PRE_INIT_MODULE)
+    quiet_pre_init()
+    print("Streaming TransformWithStateInPandas Python worker finish init stage")
+    sys.stdout.flush()
+    assert capsys.readouterr().out == ""
+
+
+def test_other_processes_are_left_alone(main_module: Callable[[str], None]) -> None:
+    main_module("beam_spark_runner.worker_daemon")
+    stdout, excepthook = sys.stdout, sys.excepthook
+    quiet_pre_init()
+    quiet_source_runner()
+    assert (sys.stdout, sys.excepthook) == (stdout, excepthook)
+
+
+def test_the_worker_daemon_ends_a_worker_on_a_closed_socket_without_a_traceback() -> None:
+    """PySpark's daemon prints what its ``worker`` raises; a closed socket is not raised."""
+    from beam_spark_runner.worker_daemon import quiet_on_closed_socket
+
+    def closed(sock: object, authenticated: bool) -> int:
+        raise _chain(EOFError(), BrokenPipeError())
+
+    def failing(sock: object, authenticated: bool) -> int:
+        raise _chain(BrokenPipeError(), MemoryError())
+
+    assert quiet_on_closed_socket(closed)(None, True) == 1
+    assert quiet_on_closed_socket(lambda sock, authenticated: 0)(None, True) == 0
+    with pytest.raises(MemoryError):
+        quiet_on_closed_socket(failing)(None, True)
+
+
+def test_the_module_imports_no_beam(
+    run_python: Callable[..., subprocess.CompletedProcess[str]],
+) -> None:
+    code = f"import sys, {driver_processes.__name__}; print('apache_beam' in sys.modules)"
+    result = run_python(["-c", code])
+    assert result.stdout.strip() == "False", result.stderr
+
+
+STREAMING_SCRIPT = textwrap.dedent(
+    """
+    import sys
+
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.testing.util import assert_that, equal_to
+    from apache_beam.transforms.periodicsequence import PeriodicImpulse
+    from apache_beam.utils.timestamp import Timestamp
+
+    with beam.Pipeline(options=PipelineOptions(sys.argv[1:])) as pipeline:
+        ticks = pipeline | PeriodicImpulse(
+            data=[(Timestamp(i), i) for i in range(3)], fire_interval=1
+        )
+        assert_that(ticks | beam.Map(lambda i: i * 2), equal_to([0, 2, 4]))
+    """
+)
+
+
+def test_a_streaming_pipeline_prints_no_noise(
+    run_python: Callable[..., subprocess.CompletedProcess[str]],
+    tmp_path: Path,
+    beam_options: list[str],
+) -> None:
+    """What a streaming pipeline's run leaves on the console: none of PySpark's chatter."""
+    script = tmp_path / "streaming.py"
+    script.write_text(STREAMING_SCRIPT, encoding="utf-8")
+    result = run_python([str(script), *beam_options], timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    for noise in (
+        "TransformWithStateInPandas Python worker finish init",  # the pre-init's prints
+        "Traceback",
+        "replaced a previously registered data source",
+        "Disabling AQE",
+        "No more data to read from the socket",
+        "Cannot find active jobs",
+    ):
+        assert noise not in output, output
