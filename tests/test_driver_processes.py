@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from beam_spark_runner.spark_compat import pyspark_version
 from beam_spark_runner.streaming import driver_processes
+from beam_spark_runner.streaming.check import STREAMING_SPARK
 from beam_spark_runner.streaming.driver_processes import (
     PRE_INIT_MODULE,
     SOURCE_RUNNER_MODULE,
@@ -128,6 +130,10 @@ STREAMING_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(
+    pyspark_version() < STREAMING_SPARK, reason="streaming needs PySpark 4.1 or newer"
+)
 def test_a_streaming_pipeline_prints_no_noise(
     run_python: Callable[..., subprocess.CompletedProcess[str]],
     tmp_path: Path,
