@@ -54,7 +54,7 @@ def test_closed_socket_errors_are_told_from_others() -> None:
 
 
 def test_the_source_runner_ends_on_its_closed_socket_silently(
-    main_module: Callable[[str], None], capsys: pytest.CaptureFixture[str]
+    main_module: Callable[[str], None],
 ) -> None:
     main_module(SOURCE_RUNNER_MODULE)
     seen: list[BaseException] = []
