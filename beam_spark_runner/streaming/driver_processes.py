@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from types import TracebackType
 
 # The modules PySpark runs those processes as (``python -m``).
@@ -39,8 +40,8 @@ def running_as(module: str) -> bool:
 
 def quiet_pre_init() -> None:
     """In a pre-init process: silences its standard output (PySpark's progress prints)."""
-    if running_as(PRE_INIT_MODULE) and not isinstance(sys.stdout, _Silenced):
-        sys.stdout = _Silenced(os.devnull, "w")
+    if running_as(PRE_INIT_MODULE) and getattr(sys.stdout, "name", None) != os.devnull:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the process's life
 
 
 def quiet_source_runner() -> None:
@@ -52,23 +53,10 @@ def quiet_source_runner() -> None:
         sys.excepthook = _ClosedQuietly(sys.excepthook)
 
 
-class _Silenced:
-    """``open(os.devnull)``, told apart so that it is installed once."""
-
-    def __init__(self, path: str, mode: str) -> None:
-        self._file = open(path, mode)  # noqa: SIM115 - for the process's life
-
-    def write(self, text: str) -> int:
-        return self._file.write(text)
-
-    def flush(self) -> None:
-        self._file.flush()
-
-
 class _ClosedQuietly:
     """An excepthook that prints nothing for an error made only of closed-socket errors."""
 
-    def __init__(self, previous: object) -> None:
+    def __init__(self, previous: Callable[..., object]) -> None:
         self.previous = previous
 
     def __call__(
@@ -78,15 +66,14 @@ class _ClosedQuietly:
         traceback: TracebackType | None,
     ) -> None:
         if not closed_socket(value):
-            self.previous(kind, value, traceback)  # type: ignore[operator]
+            self.previous(kind, value, traceback)
 
 
 def closed_socket(error: BaseException | None) -> bool:
     """Whether ``error`` and every error it was raised while handling are closed-socket errors."""
-    if error is None:
-        return False
+    found = False
     while error is not None:
         if not isinstance(error, _CLOSED):
             return False
-        error = error.__cause__ or error.__context__
-    return True
+        found, error = True, error.__cause__ or error.__context__
+    return found
