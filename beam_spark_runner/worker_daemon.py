@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Callable
-from typing import Any
 
 
 class _DropDriverWarnings(logging.Filter):
@@ -32,28 +30,7 @@ import beam_spark_runner.execution.grouping  # noqa: E402, F401
 import beam_spark_runner.execution.stage_worker  # noqa: E402, F401
 from beam_spark_runner import beam_internals  # noqa: E402
 from beam_spark_runner.execution.zip_directories import remember_zip_directories  # noqa: E402
-from beam_spark_runner.streaming.driver_processes import closed_socket  # noqa: E402
-
-
-def quiet_on_closed_socket(worker: Callable[[Any, bool], int]) -> Callable[[Any, bool], int]:
-    """PySpark's ``daemon.worker``, ending without a traceback when the JVM closed its socket.
-
-    A forked worker whose task was killed, or whose session stopped, fails flushing its
-    socket; PySpark's daemon then prints that ``BrokenPipeError``'s traceback to the driver's
-    console (a stopped streaming query, the end of a script). The worker still ends (a
-    non-zero code: the daemon's fork exits); any other error is PySpark's to report.
-    """
-
-    def run(sock: Any, authenticated: bool) -> int:
-        try:
-            return worker(sock, authenticated)
-        except BaseException as error:
-            if closed_socket(error):
-                return 1
-            raise
-
-    return run
-
+from beam_spark_runner.streaming.driver_processes import quiet_on_closed_socket  # noqa: E402
 
 if __name__ == "__main__":
     # Found once here (a search of the heap) rather than in every forked worker.

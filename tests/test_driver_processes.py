@@ -16,9 +16,12 @@ from beam_spark_runner.spark_compat import pyspark_version
 from beam_spark_runner.streaming import driver_processes
 from beam_spark_runner.streaming.check import STREAMING_SPARK
 from beam_spark_runner.streaming.driver_processes import (
+    PLAIN_DAEMON_MODULE,
     PRE_INIT_MODULE,
     SOURCE_RUNNER_MODULE,
     closed_socket,
+    quiet_daemon_child,
+    quiet_on_closed_socket,
     quiet_pre_init,
     quiet_source_runner,
 )
@@ -31,6 +34,7 @@ def main_module(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], Non
     def run_as(name: str) -> None:
         main = types.ModuleType("__main__")
         main.__spec__ = ModuleSpec(name, None)
+        main.worker = _closed  # type: ignore[attr-defined] - as PySpark's daemon has one
         monkeypatch.setitem(sys.modules, "__main__", main)
 
     stdout, excepthook = sys.stdout, sys.excepthook
@@ -43,6 +47,11 @@ def _chain(*errors: BaseException) -> BaseException:
     for earlier, later in zip(errors, errors[1:], strict=False):
         later.__context__ = earlier
     return errors[-1]
+
+
+def _closed(sock: object, authenticated: bool) -> int:
+    """A daemon's worker whose socket the JVM closed."""
+    raise _chain(EOFError(), BrokenPipeError())
 
 
 def test_closed_socket_errors_are_told_from_others() -> None:
@@ -84,23 +93,50 @@ def test_other_processes_are_left_alone(main_module: Callable[[str], None]) -> N
     stdout, excepthook = sys.stdout, sys.excepthook
     quiet_pre_init()
     quiet_source_runner()
+    quiet_daemon_child()
     assert (sys.stdout, sys.excepthook) == (stdout, excepthook)
+    assert sys.modules["__main__"].worker is _closed
 
 
-def test_the_worker_daemon_ends_a_worker_on_a_closed_socket_without_a_traceback() -> None:
+def test_a_daemon_worker_ends_on_a_closed_socket_without_a_traceback() -> None:
     """PySpark's daemon prints what its ``worker`` raises; a closed socket is not raised."""
-    from beam_spark_runner.worker_daemon import quiet_on_closed_socket
-
-    def closed(sock: object, authenticated: bool) -> int:
-        raise _chain(EOFError(), BrokenPipeError())
 
     def failing(sock: object, authenticated: bool) -> int:
         raise _chain(BrokenPipeError(), MemoryError())
 
-    assert quiet_on_closed_socket(closed)(None, True) == 1
+    assert quiet_on_closed_socket(_closed)(None, True) == 1
     assert quiet_on_closed_socket(lambda sock, authenticated: 0)(None, True) == 0
     with pytest.raises(MemoryError):
         quiet_on_closed_socket(failing)(None, True)
+
+
+def test_a_planning_worker_of_pysparks_own_daemon_is_wrapped_once(
+    main_module: Callable[[str], None],
+) -> None:
+    """The source, created in a worker forked by ``pyspark.daemon``, wraps the daemon's worker."""
+    main_module(PLAIN_DAEMON_MODULE)
+    quiet_daemon_child()
+    wrapped = sys.modules["__main__"].worker
+    assert wrapped is not _closed
+    assert wrapped(None, True) == 1
+    quiet_daemon_child()  # a second source in the same worker
+    assert sys.modules["__main__"].worker is wrapped
+
+
+def test_the_source_quiets_the_worker_it_is_created_and_unpickled_in(
+    main_module: Callable[[str], None],
+) -> None:
+    pytest.importorskip("pyspark.sql.datasource", reason="Python data sources: PySpark 4.0+")
+    import pickle
+
+    from beam_spark_runner.streaming.source import RunnerSource
+
+    main_module(PLAIN_DAEMON_MODULE)
+    source = RunnerSource({})
+    assert sys.modules["__main__"].worker is not _closed
+    sys.modules["__main__"].worker = _closed  # type: ignore[attr-defined]
+    pickle.loads(pickle.dumps(source))
+    assert sys.modules["__main__"].worker is not _closed
 
 
 def test_the_module_imports_no_beam(
@@ -139,15 +175,21 @@ def test_a_streaming_pipeline_prints_no_noise(
     tmp_path: Path,
     beam_options: list[str],
 ) -> None:
-    """What a streaming pipeline's run leaves on the console: none of PySpark's chatter."""
+    """What a streaming pipeline's run leaves on the console: none of PySpark's chatter.
+
+    But one: PySpark's data-source lookup worker, which runs none of the runner's code, can
+    print its ``BrokenPipeError`` when the session stops (or after a minute idle) and closes
+    its socket; see ``driver_processes``.
+    """
     script = tmp_path / "streaming.py"
     script.write_text(STREAMING_SCRIPT, encoding="utf-8")
     result = run_python([str(script), *beam_options], timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
+    lookup_worker = output.count("outfile.flush()\nBrokenPipeError: [Errno 32] Broken pipe")
+    assert output.count("Traceback") == lookup_worker <= 1, output
     for noise in (
         "TransformWithStateInPandas Python worker finish init",  # the pre-init's prints
-        "Traceback",
         "replaced a previously registered data source",
         "Disabling AQE",
         "No more data to read from the socket",

@@ -9,7 +9,7 @@ batch recomputed after a failure or a restart sees the same time.
 What each batch holds (roots, elements, markers, processing time) is the
 ``source_plan.SourcePlan`` the query passes as an option.
 
-PySpark unpickles the source in fresh driver processes (lookup, planning, offsets), so this
+PySpark creates and unpickles the source in fresh driver processes (planning, offsets), so this
 module and what it imports import no Beam (``tests/test_streaming_levels.py``).
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from beam_spark_runner.streaming.driver_processes import quiet_source_runner
+from beam_spark_runner.streaming.driver_processes import quiet_daemon_child, quiet_source_runner
 from beam_spark_runner.streaming.rows import routed_type
 from beam_spark_runner.streaming.source_plan import SourcePlan
 
@@ -37,14 +37,25 @@ class RunnerSource(DataSource):  # type: ignore[misc]
         """The format name the query reads."""
         return SOURCE_NAME
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        """Unpickled; in the process serving the query's offsets, quiet when it stops.
+    def __init__(self, options: dict[str, str]) -> None:
+        """Created in the worker that plans the query's source: quiet once it idles.
 
-        See ``driver_processes``: 30 lines of tracebacks on the driver's console at the end
-        of every query.
+        See ``driver_processes``: a traceback on the driver's console a minute after the
+        query starts, or when the session stops.
+        """
+        super().__init__(options)
+        quiet_daemon_child()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickled; quiet when its process or worker ends on a closed socket.
+
+        In the process serving the query's offsets: 30 lines of tracebacks on the driver's
+        console at the end of every query; in a planning worker, a traceback once it idles
+        (see ``driver_processes``).
         """
         self.__dict__.update(state)
         quiet_source_runner()
+        quiet_daemon_child()
 
     def schema(self) -> Any:
         """The routed rows' schema."""
