@@ -20,6 +20,7 @@ from beam_spark_runner.session import obtain_session
 from beam_spark_runner.translators import translator_for
 from beam_spark_runner.translators.base import TranslationContext
 from beam_spark_runner.translators.fused_stage import groups_in_stage
+from beam_spark_runner.translators.group_by_key import grouped_as_read
 
 SPARK_ARGS = ["--runner=SparkStructuredRunner", "--spark_master=local[2]"]
 
@@ -86,3 +87,34 @@ def test_grouped_in_stage_output() -> None:
     )
     assert_that(sums, equal_to([(k, [k + 25_000 * j for j in range(4)]) for k in range(25_000)]))
     p.run().wait_until_finish()
+
+
+class _Opaque:
+    """A user type: its coder (pickling) is read as opaque bytes by grouping."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+
+def _grouping_read_as(values: typing.Callable[[int], object]) -> list[bool]:
+    p = beam.Pipeline()
+    _ = (
+        p
+        | beam.Create(range(6))
+        | beam.Map(lambda i: (i % 2, values(i)))
+        | beam.GroupByKey()
+        | beam.MapTuple(lambda k, vs: (k, len(list(vs))))
+    )
+    proto = bi.prepare_pipeline_proto(p.to_runner_api(default_environment=bi.default_environment()))
+    plan = build_plan(proto)
+    return [
+        grouped_as_read(plan.buffers[stage.input_buffer_id], plan)
+        for stage in plan.stages
+        if groups_in_stage(plan, stage)
+    ]
+
+
+def test_groups_reach_the_stage_as_windowed_values_only_where_decoded_alike() -> None:
+    """Grouping reads user types as opaque bytes: those groups go encoded, for the stage."""
+    assert _grouping_read_as(lambda i: i) == [True]
+    assert _grouping_read_as(_Opaque) == [False]

@@ -17,7 +17,7 @@ from group_by_key_plans import plan_group_by_key
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import KeyExtractor
 from beam_spark_runner.execution import grouping
-from beam_spark_runner.execution.grouping import GroupSpec, group_sorted
+from beam_spark_runner.execution.grouping import GroupSpec, group_sorted, group_sorted_values
 from beam_spark_runner.translators.group_by_key import grouping_coder_id
 
 GLOBAL = (window.GlobalWindow(),)
@@ -193,7 +193,7 @@ def test_keys_whose_panes_take_more_than_a_byte_go_to_the_grouping_buffer():
     runs = runs_by_key(s, kvs, panes=ONE_BYTE_PANES + LONGER_PANES)
     grouper = grouping._Grouper(s.spec)
     for data in runs.values():
-        assert not grouper._group_default(data, bi.create_OutputStream())
+        assert grouper._group_default(data) is None
         assert grouper.group(data) == beam_grouped(s, data)
 
 
@@ -204,11 +204,11 @@ def test_a_run_must_hold_one_key_for_the_default_path(layout):
     data = encode_all(s.sdk, [WindowedValue((k, 1), 0, GLOBAL) for k in ("a", "b", "a")])
     grouper = grouping._Grouper(s.spec)
     fast_path = grouper._group_values if layout == "as planned" else grouper._group_default
-    assert not fast_path(data, bi.create_OutputStream())
+    assert fast_path(data) is None
     assert grouper.group(data) == beam_grouped(s, data)
     # A key whose encoding is a prefix of the next one's.
     data = encode_all(s.sdk, [WindowedValue((k, 1), 0, GLOBAL) for k in ("a", "ab")])
-    assert not fast_path(data, bi.create_OutputStream())
+    assert fast_path(data) is None
     assert grouper.group(data) == beam_grouped(s, data)
 
 
@@ -294,6 +294,26 @@ def test_group_sorted_gives_beams_bytes(windowing, rows_per_batch, per_row):
     expected = reference_grouped(s, batches)
     assert len(expected) == 7
     assert actual_grouped(s, batches) == expected
+    # As windowed values (the grouped stage's input), bundles of at most 3 keys: the same
+    # elements, encoded by the bundles themselves or by the output's coder.
+    bundles = list(group_sorted_values(s.spec, batches, batch_keys=3))
+    assert len(bundles) == 3
+    encoded = b"".join(grouped for _, grouped in expected)
+    assert b"".join(chunk for bundle in bundles for chunk in bundle) == encoded
+    values = [value for bundle in bundles for value in bundle.windowed_values()]
+    assert encode_all(grouping._Grouper(s.spec).post_coder, values) == encoded
+
+
+def test_group_sorted_values_cuts_bundles_by_input_size():
+    s = setup(tuple[str, bytes])
+    elements = [WindowedValue((f"k{i}", bytes(100)), 0, GLOBAL) for i in range(10)]
+    batches = sorted_batches(s, elements, rows_per_batch=4)
+    # Each key's run is ~110 bytes: a bundle is cut once 250 bytes were read (3 keys).
+    bundles = list(group_sorted_values(s.spec, batches, batch_keys=100, batch_bytes=250))
+    assert [len(bundle.values) for bundle in bundles] == [3, 3, 3, 1]
+    assert [kv.value[0] for bundle in bundles for kv in bundle.values] == [
+        f"k{i}" for i in sorted(range(10), key=lambda i: f"k{i}")
+    ]
 
 
 def test_group_sorted_cuts_output_batches_by_size(monkeypatch):

@@ -53,6 +53,8 @@ _MAX_CACHED = 64
 _OUTPUT_BATCH_KEYS = 1024
 # ... or fewer, once their grouped elements reach this size (Arrow binary offsets are 32-bit).
 _OUTPUT_BATCH_BYTES = 64 << 20
+# Grouped as windowed values (group_sorted_values): a bundle's input elements, at most.
+_VALUES_BATCH_BYTES = 16 << 20
 # The header of an element in the global window: timestamp (8 bytes), window count
 # (big-endian int32; global windows encode to nothing) and a one-byte pane.
 _WINDOW_COUNT_OFFSET = 8
@@ -107,7 +109,7 @@ class _Grouper:
         self.pre_coder = context.coders[spec.pre_grouping_coder_id]
         self.post_coder = context.coders[spec.post_grouping_coder_id]
         self.windowing = context.windowing_strategies[spec.windowing_strategy_id]
-        self._post_impl = self.post_coder.get_impl()
+        self.post_impl = self.post_coder.get_impl()
         # Default windowing: Beam's GroupingBuffer gives each key one output in the global
         # window, at its end, in an on-time pane that is the first and the last. Grouping a
         # run of one key needs only its values, so the default path reads them directly.
@@ -152,40 +154,59 @@ class _Grouper:
 
     def group_into(self, elements: bytes, out: Any) -> None:
         """Writes the grouped output of one key's elements to ``out``."""
+        made = self._made(elements)
+        if made is None:
+            for chunk in self._buffered(elements):
+                out.write(chunk)
+            return
+        encode = self.post_impl.encode_to_stream
+        for grouped in made:
+            encode(grouped, out, True)
+
+    def windowed(self, elements: bytes) -> list[Any]:
+        """The grouped output of one key's elements, as the windowed values it encodes."""
+        made = self._made(elements)
+        if made is None:
+            return list(self.post_impl.decode_all(b"".join(self._buffered(elements))))
+        return made
+
+    def _made(self, elements: bytes) -> list[Any] | None:
+        """One key's grouped output where the runner groups; None where GroupingBuffer does."""
         if self._per_window:
-            self._group_per_window(elements, out)
-            return
+            return self._group_per_window(elements)
         if self._sessions is not None:
-            self._group_sessions(self._sessions, elements, out)
-            return
+            return self._group_sessions(self._sessions, elements)
         if self._default_layout:
-            if self._value_only:
-                if self._group_values(elements, out):
-                    return
-            elif self._group_default(elements, out):
-                return
+            grouped = (
+                self._group_values(elements) if self._value_only else self._group_default(elements)
+            )
+            if grouped is not None:
+                return [grouped]
+        return None
+
+    def _buffered(self, elements: bytes) -> list[bytes]:
+        """One key's grouped output, encoded, from Beam's GroupingBuffer."""
         buffer = bi.GroupingBuffer(self.pre_coder, self.post_coder, self.windowing)
         buffer.append(elements)
-        for chunk in buffer.partition(1)[0]:
-            out.write(chunk)
+        return list(buffer.partition(1)[0])
 
-    def _group_default(self, elements: bytes, out: Any) -> bool:
+    def _group_default(self, elements: bytes) -> Any:
         """Groups one key's elements under default windowing, without a GroupingBuffer.
 
         Reads each element as its header (timestamp, window count, pane), the key and the
-        value, decoding only the value. Returns False, having written nothing, unless every
-        element has a one-byte pane, a plain window count and exactly the first element's
-        key bytes; then GroupingBuffer would hold one entry (the key, all values in stream
-        order), and the output is the one it gives.
+        value, decoding only the value. Returns None unless every element has a one-byte
+        pane, a plain window count and exactly the first element's key bytes; then
+        GroupingBuffer would hold one entry (the key, all values in stream order), and the
+        output is the one it gives.
         """
         if not _fits(elements[:_GLOBAL_HEADER_BYTES], b""):
-            return False
+            return None
         stream = bi.create_InputStream(elements)
         stream.read(_GLOBAL_HEADER_BYTES)
         key = self._key_impl.decode_from_stream(stream, True)
         header = len(elements) - stream.size()
         if header > len(elements):
-            return False
+            return None
         nested_key = elements[_GLOBAL_HEADER_BYTES:header]
         # Most elements repeat the first one's window count and pane: one comparison.
         usual = elements[_WINDOW_COUNT_OFFSET:header]
@@ -196,21 +217,20 @@ class _Grouper:
         append = values.append
         while (remaining := size()) > 0:
             if remaining < header:
-                return False
+                return None
             head = read(header)
             if not head.endswith(usual) and not _fits(head, nested_key):
-                return False
+                return None
             append(decode_value(stream, True))
-        self._write_globally(key, values, out)
-        return True
+        return self._globally(key, values)
 
-    def _write_globally(self, key: Any, values: list[Any], out: Any) -> None:
-        """Writes one key's grouped values as GroupingBuffer does under default windowing."""
+    def _globally(self, key: Any, values: list[Any]) -> Any:
+        """One key's grouped values as GroupingBuffer gives them under default windowing."""
         # GroupingBuffer's output key: the key decoded from its encoding.
         output_key = self._key_impl.decode(self._key_impl.encode(key))
-        self._post_impl.encode_to_stream(self._globally_window((output_key, values)), out, True)
+        return self._globally_window((output_key, values))
 
-    def _group_per_window(self, elements: bytes, out: Any) -> None:
+    def _group_per_window(self, elements: bytes) -> list[Any]:
         """Groups under the default trigger and windows that do not merge, as Beam does.
 
         What ``GroupingBuffer`` and the ``GeneralTriggerDriver`` it uses in batch give for
@@ -239,17 +259,16 @@ class _Grouper:
                 entry[1].append(windowed.timestamp)
         combiner = self._timestamp_impl
         decode_key = self._grouping_key_impl.decode
-        encode_output = self._post_impl.encode_to_stream
+        grouped: list[Any] = []
         for encoded, windows in table.items():
             key = decode_key(encoded)
             for w, (values, timestamps) in windows.items():
                 hold = combiner.merge(w, (combiner.assign_output_time(w, t) for t in timestamps))
                 timestamp = w.max_timestamp() if hold is None else combiner.combine_all([hold])
-                encode_output(
-                    bi.WindowedValue((key, values), timestamp, (w,), _ON_TIME_NOT_LAST), out, True
-                )
+                grouped.append(bi.WindowedValue((key, values), timestamp, (w,), _ON_TIME_NOT_LAST))
+        return grouped
 
-    def _group_sessions(self, driver: SessionsDriver, elements: bytes, out: Any) -> None:
+    def _group_sessions(self, driver: SessionsDriver, elements: bytes) -> list[Any]:
         """Groups into sessions with the runner's ``SessionsDriver``, as Beam does in batch.
 
         Per key (told apart by the key's encoding, in order of first appearance), the panes
@@ -267,17 +286,18 @@ class _Grouper:
                 run = table[encoded] = []
             run.append(windowed.with_value(value))
         decode_key = self._grouping_key_impl.decode
-        encode_output = self._post_impl.encode_to_stream
+        grouped: list[Any] = []
         for encoded, run in table.items():
             key = decode_key(encoded)
-            for pane in driver.process_entire_key(run):
-                encode_output(pane.with_value((key, pane.value)), out, True)
+            grouped.extend(
+                pane.with_value((key, pane.value)) for pane in driver.process_entire_key(run)
+            )
+        return grouped
 
-    def _group_values(self, elements: bytes, out: Any) -> bool:
+    def _group_values(self, elements: bytes) -> Any:
         """:meth:`_group_default` for value-only elements (the nested key, then the value).
 
-        Returns False, having written nothing, unless every element starts with exactly
-        the first element's key bytes.
+        Returns None unless every element starts with exactly the first element's key bytes.
         """
         stream = bi.create_InputStream(elements)
         key = self._key_impl.decode_from_stream(stream, True)
@@ -290,10 +310,9 @@ class _Grouper:
         append = values.append
         while size() > 0:
             if read(key_bytes) != nested_key:
-                return False
+                return None
             append(decode_value(stream, True))
-        self._write_globally(key, values, out)
-        return True
+        return self._globally(key, values)
 
 
 def _fits(head: bytes, nested_key: bytes) -> bool:
@@ -341,45 +360,102 @@ def _output_batches(
         first += count
 
 
+def _key_runs(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[bytes | None, bytes]]:
+    """Each key's elements in a key-sorted partition, joined (a key's run may span batches).
+
+    Only the current key's elements are held in memory.
+    """
+    current_key: bytes | None = None
+    current: list[bytes] = []
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        for key, cell in key_run_cells(batch.column(KEY), batch.column(ELEMENT)):
+            if key != current_key:
+                if current:
+                    yield current_key, b"".join(current)
+                    current.clear()
+                current_key = key
+            current.append(cell)
+    if current:
+        yield current_key, b"".join(current)
+
+
 def group_sorted(
     spec: GroupSpec, batches: Iterable[pa.RecordBatch], batch_keys: int = _OUTPUT_BATCH_KEYS
 ) -> Iterator[pa.RecordBatch]:
     """Groups a key-sorted partition; the body of the GroupByKey's ``mapInArrow``.
 
     Emits one cell per key holding its grouped elements (one per window and pane), in
-    batches of at most ``batch_keys`` keys. Only the current key's elements are held in
-    memory. The grouped elements of an output batch are written to one stream, whose
-    element boundaries become the cells.
+    batches of at most ``batch_keys`` keys. The grouped elements of an output batch are
+    written to one stream, whose element boundaries become the cells.
     """
     grouper = _grouper(spec)
-    current_key: bytes | None = None
-    current: list[bytes] = []
     grouped_keys: list[bytes | None] = []
     out = bi.create_OutputStream()
     ends: list[int] = []
-
-    def flush() -> None:
-        if current:
-            before = out.size()
-            grouper.group_into(b"".join(current), out)
-            if out.size() > before:
-                grouped_keys.append(current_key)
-                ends.append(out.size())
-            current.clear()
-
-    for batch in batches:
-        if batch.num_rows == 0:
-            continue
-        for key, cell in key_run_cells(batch.column(KEY), batch.column(ELEMENT)):
-            if key != current_key:
-                flush()
-                current_key = key
-                if len(ends) >= batch_keys or (ends and ends[-1] >= _OUTPUT_BATCH_BYTES):
-                    yield from _output_batches(grouped_keys, out.get(), ends)
-                    grouped_keys.clear()
-                    ends.clear()
-                    out = bi.create_OutputStream()
-            current.append(cell)
-    flush()
+    for key, elements in _key_runs(batches):
+        if len(ends) >= batch_keys or (ends and ends[-1] >= _OUTPUT_BATCH_BYTES):
+            yield from _output_batches(grouped_keys, out.get(), ends)
+            grouped_keys.clear()
+            ends.clear()
+            out = bi.create_OutputStream()
+        before = out.size()
+        grouper.group_into(elements, out)
+        if out.size() > before:
+            grouped_keys.append(key)
+            ends.append(out.size())
     if ends:
         yield from _output_batches(grouped_keys, out.get(), ends)
+
+
+class GroupedValues:
+    """A bundle of grouped elements, as windowed values (``batched_steps.ValuesInput``).
+
+    The batched steps of the stage reading the grouping take the values as they are;
+    iterated (for Beam's bundle processor), they are encoded with the grouped output's coder.
+    """
+
+    def __init__(self, values: list[Any], impl: Any) -> None:
+        self.values = values
+        self._impl = impl
+
+    def __bool__(self) -> bool:
+        return bool(self.values)
+
+    def __iter__(self) -> Iterator[bytes]:
+        out = bi.create_OutputStream()
+        encode = self._impl.encode_to_stream
+        for value in self.values:
+            encode(value, out, True)
+        yield out.get()
+
+    def windowed_values(self) -> Iterator[Any]:
+        """The grouped elements, in the order they would be encoded."""
+        return iter(self.values)
+
+
+def group_sorted_values(
+    spec: GroupSpec,
+    batches: Iterable[pa.RecordBatch],
+    batch_keys: int,
+    batch_bytes: int = _VALUES_BATCH_BYTES,
+) -> Iterator[GroupedValues]:
+    """:func:`group_sorted`'s output as windowed values, without encoding them.
+
+    A bundle per ``batch_keys`` keys, or fewer once their elements (encoded, as read) reach
+    ``batch_bytes``: its values are alive all at once, as objects.
+    """
+    grouper = _grouper(spec)
+    values: list[Any] = []
+    keys = size = 0
+    for _, elements in _key_runs(batches):
+        if keys >= batch_keys or size >= batch_bytes:
+            yield GroupedValues(values, grouper.post_impl)
+            values = []
+            keys = size = 0
+        values.extend(grouper.windowed(elements))
+        keys += 1
+        size += len(elements)
+    if values:
+        yield GroupedValues(values, grouper.post_impl)

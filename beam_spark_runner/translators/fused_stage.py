@@ -51,7 +51,7 @@ from beam_spark_runner.translators.base import (
     stage_output_type,
 )
 from beam_spark_runner.translators.driver_side_inputs import compute_on_driver, driver_stage
-from beam_spark_runner.translators.group_by_key import group_spec, sorted_by_key
+from beam_spark_runner.translators.group_by_key import group_spec, grouped_as_read, sorted_by_key
 from beam_spark_runner.translators.map_in_arrow import map_in_arrow
 from beam_spark_runner.translators.native_combine import (
     aggregated,
@@ -256,7 +256,11 @@ class FusedStageTranslator:
             # One Python worker per task for the grouping and the stage (execution.grouped_stage).
             input_frame = sorted_by_key(input_buffer, context)
             body = functools.partial(
-                run_grouped_stage, group_spec(input_buffer, context), spec, sinks=context.sinks
+                run_grouped_stage,
+                group_spec(input_buffer, context),
+                spec,
+                sinks=context.sinks,
+                as_values=grouped_as_read(input_buffer, plan),
             )
         elif inline:
             input_frame = self._with_side_input_rows(node, context)

@@ -46,6 +46,18 @@ def grouping_coder_id(plan: Plan, data_channel_coder_id: str) -> str:
     return safe_id
 
 
+def grouped_as_read(node: PlannedBuffer, plan: Plan) -> bool:
+    """Whether grouping decodes the GroupByKey's output as its reading stage would.
+
+    So where no key or value is read as opaque bytes (the runner-safe coder is the stage's
+    own): the stage can then take the grouped windowed values as they are.
+    """
+    transform = plan.components.transforms[node.name]
+    output_pcoll = bi.only_element(list(transform.outputs.values()))
+    channel_coder_id = plan.data_channel_coders[output_pcoll]
+    return grouping_coder_id(plan, channel_coder_id) == channel_coder_id
+
+
 def group_spec(node: PlannedBuffer, context: TranslationContext) -> GroupSpec:
     """What grouping the buffer of one GroupByKey needs in each task."""
     plan = context.plan
