@@ -159,9 +159,7 @@ class _Grouper:
             for chunk in self._buffered(elements):
                 out.write(chunk)
             return
-        encode = self.post_impl.encode_to_stream
-        for grouped in made:
-            encode(grouped, out, True)
+        _encode_all(self.post_impl, made, out)
 
     def windowed(self, elements: bytes) -> list[Any]:
         """The grouped output of one key's elements, as the windowed values it encodes."""
@@ -315,6 +313,13 @@ class _Grouper:
         return self._globally(key, values)
 
 
+def _encode_all(impl: Any, values: list[Any], out: Any) -> None:
+    """Writes grouped windowed values to ``out`` with the grouped output's coder."""
+    encode = impl.encode_to_stream
+    for value in values:
+        encode(value, out, True)
+
+
 def _fits(head: bytes, nested_key: bytes) -> bool:
     """Whether an element's header and key (``head``) are those the default path reads."""
     return (
@@ -425,9 +430,7 @@ class GroupedValues:
 
     def __iter__(self) -> Iterator[bytes]:
         out = bi.create_OutputStream()
-        encode = self._impl.encode_to_stream
-        for value in self.values:
-            encode(value, out, True)
+        _encode_all(self._impl, self.values, out)
         yield out.get()
 
     def windowed_values(self) -> Iterator[Any]:
