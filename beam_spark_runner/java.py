@@ -27,7 +27,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from beam_spark_runner.errors import JavaNotFoundError
@@ -324,18 +324,35 @@ def _claim(claim: Path) -> bool:
     return True
 
 
+def _newest_first(paths: Iterable[Path]) -> list[Path]:
+    return sorted(paths, key=lambda path: (_stamp(path) or (0, 0))[1], reverse=True)
+
+
 def _prune(directory: Path) -> None:
-    """Keeps the most recently used archives, and no leftovers of any key a day old.
+    """Keeps the most recently used archives, and few leftovers of other keys.
 
     A key's own start cleans its partial files, but a key no start asks for again (a
-    Spark install since removed, a temporary ``SPARK_HOME``) leaves its files here.
+    Spark install since removed, a temporary ``SPARK_HOME``, every fresh virtual
+    environment) leaves its files here. Of those, finished partial files (whole archives
+    that no start has put in place) are kept as archives are, the ``_ARCHIVES_KEPT``
+    newest: a tox or CI matrix makes a new key per environment and run, ~160 MB each.
+    Unfinished ones go once stale (their writer died), anything at all once a day old.
     """
-    archives = sorted(
-        directory.glob("*.jsa"), key=lambda path: (_stamp(path) or (0, 0))[1], reverse=True
-    )
-    for old in archives[_ARCHIVES_KEPT:]:
+    for old in _newest_first(directory.glob("*.jsa"))[_ARCHIVES_KEPT:]:
         discard_class_archive(old)
-    for leftover in [*directory.glob("*.partial"), *directory.glob("*.claim")]:
+    now = time.time()
+    finished: list[Path] = []
+    for leftover in _newest_first([*directory.glob("*.partial"), *directory.glob("*.claim")]):
         stamp = _stamp(leftover)
-        if stamp is not None and time.time() - stamp[1] / 1e9 > _LEFTOVER_SECONDS:
+        if stamp is None:
+            continue
+        age = now - stamp[1] / 1e9
+        if age > _LEFTOVER_SECONDS:
             discard_class_archive(leftover)
+        elif leftover.suffix == ".partial":
+            if is_complete_archive(leftover):
+                finished.append(leftover)
+            elif age > _STALE_PARTIAL_SECONDS:
+                discard_class_archive(leftover)
+    for old in finished[_ARCHIVES_KEPT:]:
+        discard_class_archive(old)

@@ -109,6 +109,24 @@ def test_another_keys_leftovers_go_after_a_day(tmp_path: Path) -> None:
     assert recent.exists()
 
 
+def test_other_keys_finished_partial_files_are_kept_as_archives_are(tmp_path: Path) -> None:
+    """A tox or CI matrix leaves a whole archive per environment that no start puts in place
+    (seen: 11 of ~160 MB in a day); only the three newest stay, and dead writers' files go."""
+    finished = []
+    for age, key in enumerate("abcde"):
+        finished.append(_written(tmp_path / f"{key * 20}.{age}.partial"))
+        _age(finished[-1], 60 + age)
+    dead = _written(tmp_path / ("d" * 20 + ".9.partial"), magic=b"\0\0\0\0")
+    _age(dead, 16 * 60)
+    being_written = _written(tmp_path / ("w" * 20 + ".8.partial"), magic=b"\0\0\0\0")
+    java.class_archive_options(tmp_path, KEY)
+    assert [path.exists() for path in finished] == [True, True, True, False, False]
+    assert not dead.exists()
+    assert being_written.exists()
+    # The newest kept one is still put in place by its own key's next start.
+    assert java.class_archive_options(tmp_path, "a" * 20)[0].endswith("a" * 20 + "-4096.jsa")
+
+
 def test_no_archive_is_written_on_a_full_disk(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(java, "_MIN_FREE_BYTES", 1 << 62)
     assert java.class_archive_options(tmp_path, KEY) == []
