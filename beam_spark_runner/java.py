@@ -191,6 +191,11 @@ def _stamp(path: Path) -> tuple[int, int] | None:
     return status.st_size, status.st_mtime_ns
 
 
+def _age_seconds(stamp: tuple[int, int]) -> float:
+    """How long ago a file with ``_stamp`` ``stamp`` was last modified."""
+    return time.time() - stamp[1] / 1e9
+
+
 def is_complete_archive(path: Path) -> bool:
     """Whether ``path`` starts with a dynamic archive's header (HotSpot writes it last)."""
     try:
@@ -282,7 +287,7 @@ def _finished_archive(directory: Path, key: str, current: Path | None) -> Path |
             continue
         if is_complete_archive(partial):
             finished.append((stamp[0], partial))
-        elif time.time() - stamp[1] / 1e9 > _STALE_PARTIAL_SECONDS:
+        elif _age_seconds(stamp) > _STALE_PARTIAL_SECONDS:
             discard_class_archive(partial)
     finished.sort(reverse=True)
     current_stamp = _stamp(current) if current is not None else None
@@ -312,7 +317,7 @@ def _claim(claim: Path) -> bool:
         handle = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
         stamp = _stamp(claim)
-        if stamp is not None and time.time() - stamp[1] / 1e9 < _CLAIM_SECONDS:
+        if stamp is not None and _age_seconds(stamp) < _CLAIM_SECONDS:
             return False
         claim.unlink(missing_ok=True)  # its writer died or failed: claim it afresh
         try:
@@ -340,13 +345,12 @@ def _prune(directory: Path) -> None:
     """
     for old in _newest_first(directory.glob("*.jsa"))[_ARCHIVES_KEPT:]:
         discard_class_archive(old)
-    now = time.time()
     finished: list[Path] = []
     for leftover in _newest_first([*directory.glob("*.partial"), *directory.glob("*.claim")]):
         stamp = _stamp(leftover)
         if stamp is None:
             continue
-        age = now - stamp[1] / 1e9
+        age = _age_seconds(stamp)
         if age > _LEFTOVER_SECONDS:
             discard_class_archive(leftover)
         elif leftover.suffix == ".partial":

@@ -116,7 +116,7 @@ def test_other_keys_finished_partial_files_are_kept_as_archives_are(tmp_path: Pa
     for age, key in enumerate("abcde"):
         finished.append(_written(tmp_path / f"{key * 20}.{age}.partial"))
         _age(finished[-1], 60 + age)
-    dead = _written(tmp_path / ("d" * 20 + ".9.partial"), magic=b"\0\0\0\0")
+    dead = _written(tmp_path / ("x" * 20 + ".9.partial"), magic=b"\0\0\0\0")
     _age(dead, 16 * 60)
     being_written = _written(tmp_path / ("w" * 20 + ".8.partial"), magic=b"\0\0\0\0")
     java.class_archive_options(tmp_path, KEY)
