@@ -11,7 +11,7 @@ and first job took 6.4-7.1 s instead of 12.8-13.5 s here. :func:`class_archive_o
 gives the driver JVM of a session the runner starts one of the two: the archive of this
 Java, Spark install and class path if there is one, else (one process at a time) the
 option to write it when this JVM exits. The archives live in the user's cache directory,
-one per Java, Spark install and class path (about 150 MB each; the three most recently
+one per Java, Spark install and class path (about 150 MB each; the five most recently
 used are kept). The run that writes one starts about 40 % slower; a JVM that cannot use
 an archive (another Java, class path or heap setting) starts without it, silently.
 """
@@ -120,7 +120,13 @@ _STALE_PARTIAL_SECONDS = 15 * 60
 # Partial and claim files of any key this old are removed (_prune) when a start is about to
 # write an archive and when one is put in place.
 _LEFTOVER_SECONDS = 24 * 3600
-_ARCHIVES_KEPT = 3
+# Five: a test matrix (nox, tox, a CI run on the same machine) makes a key per environment,
+# and with three kept one run of four environments pushed out the archive of the one used
+# every day, whose next session then started without one (a first test at 20 s, not 9 s).
+_ARCHIVES_KEPT = 5
+# Finished partial files of keys no start has asked for again: kept for a key's second
+# start to put in place, but most such keys are one-off environments.
+_PARTIALS_KEPT = 3
 # Settings of a session that decide whether a JVM can map an archive: its class path and
 # its options. Its heap size matters only from 32 GiB, where the JVM stops compressing
 # pointers (an archive written with -Xmx6g mapped under -Xmx1g to -Xmx31g, not -Xmx40g).
@@ -339,7 +345,7 @@ def _prune(directory: Path) -> None:
     A key's own start cleans its partial files, but a key no start asks for again (a
     Spark install since removed, a temporary ``SPARK_HOME``, every fresh virtual
     environment) leaves its files here. Of those, finished partial files (whole archives
-    that no start has put in place) are kept as archives are, the ``_ARCHIVES_KEPT``
+    that no start has put in place) are capped as archives are, the ``_PARTIALS_KEPT``
     newest: a tox or CI matrix makes a new key per environment and run, ~160 MB each.
     Unfinished ones go once stale (their writer died), anything at all once a day old.
     """
@@ -358,5 +364,5 @@ def _prune(directory: Path) -> None:
                 finished.append(leftover)
             elif age > _STALE_PARTIAL_SECONDS:
                 discard_class_archive(leftover)
-    for old in finished[_ARCHIVES_KEPT:]:
+    for old in finished[_PARTIALS_KEPT:]:
         discard_class_archive(old)

@@ -89,12 +89,19 @@ def test_an_archive_whose_size_changed_is_removed(tmp_path: Path) -> None:
     assert options[0].startswith("-XX:ArchiveClassesAtExit=")
 
 
-def test_the_three_most_recently_used_archives_are_kept(tmp_path: Path) -> None:
-    for age, key in enumerate(["a" * 20, "b" * 20, "c" * 20]):
-        _age(_written(tmp_path / f"{key}-4096.jsa"), 100 + age)
+def test_the_five_most_recently_used_archives_are_kept(tmp_path: Path) -> None:
+    """Four other keys' archives (a CI run's environments) do not push out the fifth's."""
+    for age, key in enumerate("abcde"):
+        _age(_written(tmp_path / f"{key * 20}-4096.jsa"), 100 + age)
     _written(tmp_path / f"{KEY}.1.partial")
     assert java.class_archive_options(tmp_path, KEY)[0].endswith(f"{KEY}-4096.jsa")
-    assert sorted(p.name[:2] for p in tmp_path.glob("*.jsa")) == ["aa", "bb", "kk"]
+    assert sorted(p.name[:2] for p in tmp_path.glob("*.jsa")) == ["aa", "bb", "cc", "dd", "kk"]
+    # A start that maps its archive makes it the most recently used one.
+    _age(tmp_path / ("a" * 20 + "-4096.jsa"), 200)
+    assert java.class_archive_options(tmp_path, "a" * 20)[0].endswith("a" * 20 + "-4096.jsa")
+    _written(tmp_path / ("f" * 20 + ".1.partial"))
+    java.class_archive_options(tmp_path, "f" * 20)
+    assert sorted(p.name[:2] for p in tmp_path.glob("*.jsa")) == ["aa", "bb", "cc", "ff", "kk"]
 
 
 def test_another_keys_leftovers_go_after_a_day(tmp_path: Path) -> None:
