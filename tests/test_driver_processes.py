@@ -148,14 +148,21 @@ def test_pysparks_data_source_lookup_imports_the_quieting_module_and_registers_n
     by its name, registers no data source from it, and its worker is wrapped after.
     """
     pytest.importorskip("pyspark.sql.datasource", reason="Python data sources: PySpark 4.0+")
+    import importlib
     import io
+    import pkgutil
 
     from pyspark.sql.worker import lookup_data_sources
 
     main_module(PLAIN_DAEMON_MODULE)
     monkeypatch.delitem(sys.modules, "pyspark_beam_spark_runner", raising=False)
-    out = io.BytesIO()
-    lookup_data_sources._main(io.BytesIO(), out)
+    lookup = getattr(lookup_data_sources, "_main", None)
+    if lookup is not None:  # PySpark 4.1 and later: the lookup apart from the worker's protocol
+        lookup(io.BytesIO(), io.BytesIO())
+    else:  # PySpark 4.0: the same rule, inside its worker's ``main``
+        for info in pkgutil.iter_modules():
+            if info.name.startswith("pyspark_"):
+                importlib.import_module(info.name)
     assert "pyspark_beam_spark_runner" in sys.modules
     assert not hasattr(sys.modules["pyspark_beam_spark_runner"], "DefaultSource")
     assert sys.modules["__main__"].worker is not _closed
