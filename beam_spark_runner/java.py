@@ -11,15 +11,17 @@ and first job took 6.4-7.1 s instead of 12.8-13.5 s here. :func:`class_archive_o
 gives the driver JVM of a session the runner starts one of the two: the archive of this
 Java, Spark install and class path if there is one, else (one process at a time) the
 option to write it when this JVM exits. The archives live in the user's cache directory,
-one per Java, Spark install and class path (about 150 MB each; the five most recently
-used are kept). The run that writes one starts about 40 % slower; a JVM that cannot use
-an archive (another Java, class path or heap setting) starts without it, silently.
+one per Java, Spark install and class path (about 150 MB each; those of Spark installs
+since removed or changed go, and of the others the eight most recently used are kept).
+The run that writes one starts about 40 % slower; a JVM that cannot use an archive
+(another Java, class path or heap setting) starts without it, silently.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import re
@@ -120,10 +122,12 @@ _STALE_PARTIAL_SECONDS = 15 * 60
 # Partial and claim files of any key this old are removed (_prune) when a start is about to
 # write an archive and when one is put in place.
 _LEFTOVER_SECONDS = 24 * 3600
-# Five: a test matrix (nox, tox, a CI run on the same machine) makes a key per environment,
-# and with three kept one run of four environments pushed out the archive of the one used
-# every day, whose next session then started without one (a first test at 20 s, not 9 s).
-_ARCHIVES_KEPT = 5
+# Archives of Spark installs that no longer exist as they were go first (``_dead``); of the
+# others, the most recently used are kept. Eight: a test matrix (nox, tox, a CI run on the
+# same machine) has an environment, so a key, each; one CI run here used six at once, and
+# with three, then five, kept it pushed out the archive of the environment used every day,
+# whose next session started without one (a first test at 20 s, not 9 s).
+_ARCHIVES_KEPT = 8
 # Finished partial files of keys no start has asked for again: kept for a key's second
 # start to put in place, but most such keys are one-off environments.
 _PARTIALS_KEPT = 3
@@ -163,9 +167,7 @@ def class_archive_key(java: str, spark: Path, conf: Mapping[str, str]) -> str:
 
     binary = Path(java).resolve()
     add(str(binary), _stamp(binary), _stamp(binary.parent.parent / "lib" / "modules"))
-    jars = spark / "jars"
-    for jar in sorted(jars.glob("*.jar")) if jars.is_dir() else ():
-        add(jar.name, _stamp(jar))
+    add(install_digest(spark))
     add(str(spark.resolve()))
     for name in _ARCHIVE_CONF:
         add(name, conf.get(name))
@@ -173,6 +175,18 @@ def class_archive_key(java: str, spark: Path, conf: Mapping[str, str]) -> str:
     for name in _ARCHIVE_ENV:
         add(name, os.environ.get(name))
     return digest.hexdigest()[:20]
+
+
+def install_digest(spark: Path) -> str:
+    """What the class archive key reads of a Spark install: its jars' names, sizes and times.
+
+    An archive made for an install whose digest is no longer this can never be mapped again.
+    """
+    digest = hashlib.sha256()
+    jars = spark / "jars"
+    for jar in sorted(jars.glob("*.jar")) if jars.is_dir() else ():
+        digest.update(repr((jar.name, _stamp(jar))).encode())
+    return digest.hexdigest()
 
 
 def _large_heap(memory: str | None) -> bool | str:
@@ -212,16 +226,19 @@ def is_complete_archive(path: Path) -> bool:
     return len(head) == 4 and int.from_bytes(head, sys.byteorder) == _DYNAMIC_ARCHIVE_MAGIC
 
 
-def class_archive_options(directory: Path, key: str) -> list[str]:
+def class_archive_options(directory: Path, key: str, spark: Path | None = None) -> list[str]:
     """The driver JVM's options for its class archive ``key`` in ``directory``.
 
     ``-XX:SharedArchiveFile`` when the archive is there, whole; else, if no other process
     is writing it, ``-XX:ArchiveClassesAtExit`` to a file of this process's own, which a
-    later start checks and renames into place. Never raises: without a usable cache
-    directory the JVM starts as it would have.
+    later start checks and renames into place. ``spark``, the install the key was made for,
+    is noted beside the archive (``<key>.install``) so that pruning can tell when it is
+    gone. Never raises: without a usable cache directory the JVM starts as it would have.
     """
     try:
         directory.mkdir(parents=True, exist_ok=True)
+        if spark is not None:
+            _note_install(directory, key, spark)
         archive = _finished_archive(directory, key, _usable_archive(directory, key))
         if archive is not None:
             with contextlib.suppress(OSError):
@@ -339,8 +356,39 @@ def _newest_first(paths: Iterable[Path]) -> list[Path]:
     return sorted(paths, key=lambda path: (_stamp(path) or (0, 0))[1], reverse=True)
 
 
+def _note_install(directory: Path, key: str, spark: Path) -> None:
+    """Notes which Spark install (its path and ``install_digest``) ``key`` was made for."""
+    note = directory / f"{key}.install"
+    text = json.dumps({"spark": str(spark.resolve()), "digest": install_digest(spark)})
+    with contextlib.suppress(OSError):
+        if not note.exists() or note.read_text(encoding="utf-8") != text:
+            note.write_text(text, encoding="utf-8")
+
+
+def _dead(directory: Path, key: str) -> bool:
+    """Whether ``key``'s Spark install is gone or changed: its archive can never be used.
+
+    False where no note says (an archive of an earlier runner version, a note unreadable).
+    """
+    try:
+        noted = json.loads((directory / f"{key}.install").read_text(encoding="utf-8"))
+        spark = Path(noted["spark"])
+        return not spark.is_dir() or install_digest(spark) != noted["digest"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _key_of(path: Path) -> str:
+    """The key an archive (``<key>-<size>.jsa``) or other file (``<key>.<...>``) is for."""
+    return path.name.partition(".")[0].partition("-")[0]
+
+
 def _prune(directory: Path) -> None:
     """Keeps the most recently used archives, and few leftovers of other keys.
+
+    Archives, and finished partial files, of a Spark install that is gone or changed since
+    (``_dead``: a deleted CI clone or temporary ``SPARK_HOME``, a reinstalled PySpark) go
+    first, with their notes; of the others the ``_ARCHIVES_KEPT`` most recently used stay.
 
     A key's own start cleans its partial files, but a key no start asks for again (a
     Spark install since removed, a temporary ``SPARK_HOME``, every fresh virtual
@@ -349,10 +397,21 @@ def _prune(directory: Path) -> None:
     newest: a tox or CI matrix makes a new key per environment and run, ~160 MB each.
     Unfinished ones go once stale (their writer died), anything at all once a day old.
     """
+    for key in {_key_of(path) for path in directory.glob("*.install")}:
+        if _dead(directory, key):
+            for path in directory.glob(f"{key}[.-]*"):
+                discard_class_archive(path)
     for old in _newest_first(directory.glob("*.jsa"))[_ARCHIVES_KEPT:]:
         discard_class_archive(old)
     finished: list[Path] = []
-    for leftover in _newest_first([*directory.glob("*.partial"), *directory.glob("*.claim")]):
+    leftovers = [*directory.glob("*.partial"), *directory.glob("*.claim")]
+    # A note stays as long as its key's archive; without one it is a leftover like the others.
+    leftovers += [
+        note
+        for note in directory.glob("*.install")
+        if not any(directory.glob(f"{_key_of(note)}-*.jsa"))
+    ]
+    for leftover in _newest_first(leftovers):
         stamp = _stamp(leftover)
         if stamp is None:
             continue

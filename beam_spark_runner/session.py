@@ -187,8 +187,9 @@ def with_class_archive(conf: dict[str, str], settings: SparkSettings, java_versi
     executable = java.java_executable()
     if executable is None or java.java_major(java_version) < java.CLASS_ARCHIVE_MIN_JAVA:
         return
-    key = java.class_archive_key(executable, java.spark_home(), conf)
-    options = java.class_archive_options(java.class_archive_directory(), key)
+    spark = java.spark_home()
+    key = java.class_archive_key(executable, spark, conf)
+    options = java.class_archive_options(java.class_archive_directory(), key, spark)
     if options:
         conf[JAVA_OPTIONS] = " ".join([conf.get(JAVA_OPTIONS, ""), *options]).strip()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -89,19 +90,47 @@ def test_an_archive_whose_size_changed_is_removed(tmp_path: Path) -> None:
     assert options[0].startswith("-XX:ArchiveClassesAtExit=")
 
 
-def test_the_five_most_recently_used_archives_are_kept(tmp_path: Path) -> None:
-    """Four other keys' archives (a CI run's environments) do not push out the fifth's."""
-    for age, key in enumerate("abcde"):
+def test_the_eight_most_recently_used_archives_are_kept(tmp_path: Path) -> None:
+    """Other keys' archives (a CI run's environments, six here) do not push out the ninth's."""
+    for age, key in enumerate("abcdefgh"):
         _age(_written(tmp_path / f"{key * 20}-4096.jsa"), 100 + age)
     _written(tmp_path / f"{KEY}.1.partial")
     assert java.class_archive_options(tmp_path, KEY)[0].endswith(f"{KEY}-4096.jsa")
-    assert sorted(p.name[:2] for p in tmp_path.glob("*.jsa")) == ["aa", "bb", "cc", "dd", "kk"]
+    kept = sorted(p.name[:2] for p in tmp_path.glob("*.jsa"))
+    assert kept == ["aa", "bb", "cc", "dd", "ee", "ff", "gg", "kk"]
     # A start that maps its archive makes it the most recently used one.
     _age(tmp_path / ("a" * 20 + "-4096.jsa"), 200)
     assert java.class_archive_options(tmp_path, "a" * 20)[0].endswith("a" * 20 + "-4096.jsa")
-    _written(tmp_path / ("f" * 20 + ".1.partial"))
-    java.class_archive_options(tmp_path, "f" * 20)
-    assert sorted(p.name[:2] for p in tmp_path.glob("*.jsa")) == ["aa", "bb", "cc", "ff", "kk"]
+    _written(tmp_path / ("x" * 20 + ".1.partial"))
+    java.class_archive_options(tmp_path, "x" * 20)
+    kept = sorted(p.name[:2] for p in tmp_path.glob("*.jsa"))
+    assert kept == ["aa", "bb", "cc", "dd", "ee", "ff", "kk", "xx"]
+
+
+def _install(path: Path) -> Path:
+    """A Spark install as the key reads it: a directory of jars."""
+    (path / "jars").mkdir(parents=True)
+    (path / "jars" / "spark-core.jar").write_text("1")
+    return path
+
+
+def test_archives_of_spark_installs_since_removed_or_changed_go_first(tmp_path: Path) -> None:
+    """A deleted CI clone's or temporary ``SPARK_HOME``'s archive, or one of a PySpark
+    reinstalled since, can never be mapped again: it goes before any live one, note and all."""
+    cache = tmp_path / "jvm"
+    cache.mkdir()
+    installs = {key: _install(tmp_path / key) for key in ("a" * 20, "b" * 20, "c" * 20)}
+    for age, (key, spark) in enumerate(installs.items()):
+        _written(cache / f"{key}.1.partial")
+        java.class_archive_options(cache, key, spark)  # puts it in place, notes its install
+        _age(cache / f"{key}-4096.jsa", 1000 - age)  # "a" the least recently used
+        assert (cache / f"{key}.install").exists()
+    shutil.rmtree(installs["b" * 20])
+    (installs["c" * 20] / "jars" / "spark-core.jar").write_text("22")  # reinstalled
+    _written(cache / f"{KEY}.1.partial")
+    java.class_archive_options(cache, KEY, _install(tmp_path / "k"))
+    assert sorted(p.name[:2] for p in cache.glob("*.jsa")) == ["aa", "kk"]
+    assert sorted(p.name[:2] for p in cache.glob("*.install")) == ["aa", "kk"]
 
 
 def test_another_keys_leftovers_go_after_a_day(tmp_path: Path) -> None:
