@@ -357,12 +357,17 @@ def _newest_first(paths: Iterable[Path]) -> list[Path]:
 
 
 def _note_install(directory: Path, key: str, spark: Path) -> None:
-    """Notes which Spark install (its path and ``install_digest``) ``key`` was made for."""
+    """Notes which Spark install (its path and ``install_digest``) ``key`` was made for.
+
+    Once per key: the key hashes the digest, so a key's install never changes (a changed
+    install makes another key). A start that finds the note reads no jar again for it.
+    """
     note = directory / f"{key}.install"
+    if note.exists():
+        return
     text = json.dumps({"spark": str(spark.resolve()), "digest": install_digest(spark)})
     with contextlib.suppress(OSError):
-        if not note.exists() or note.read_text(encoding="utf-8") != text:
-            note.write_text(text, encoding="utf-8")
+        note.write_text(text, encoding="utf-8")
 
 
 def _dead(directory: Path, key: str) -> bool:
