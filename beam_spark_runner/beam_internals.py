@@ -287,10 +287,12 @@ def cache_function_signatures() -> None:
     with a ``__signature__``), keyed by the function and whether it is bound, and a hit
     counts only while the function's code and defaults are the objects it was inspected
     with. Installed once per process: in the driver when a pipeline runs (its
-    ``to_runner_api`` inspects every DoFn again), in a worker on its first task.
+    ``to_runner_api`` inspects every DoFn again), in a worker on its first task. So is
+    the memo of ``get_dofn_specs`` per DoFn instance (:func:`_remember_dofn_specs`).
     """
     from apache_beam.transforms import core
 
+    _remember_dofn_specs()
     original = core.get_function_args_defaults
     if getattr(original, _SIGNATURES_CACHED, False):
         return
@@ -319,6 +321,53 @@ def cache_function_signatures() -> None:
 
     setattr(get_function_args_defaults, _SIGNATURES_CACHED, True)
     core.get_function_args_defaults = get_function_args_defaults
+
+
+# How many DoFn instances' state and timer specs are remembered at once.
+_DOFN_SPECS_KEPT = 1024
+
+
+def _remember_dofn_specs() -> None:
+    """Makes Beam's ``get_dofn_specs`` remember what it found per DoFn instance.
+
+    Beam walks ``dir(dofn)`` (some 30 methods) each time it asks whether a DoFn is
+    stateful: twice per ``DoFnSignature``, and again when it translates a ``ParDo``. The
+    same instance is asked over and over: some 60 times while a short pipeline is built and
+    translated, four times per step and task in a worker (the batched path's check and
+    Beam's ``DoFnRunner``). The walk reads the methods' defaults; so a hit counts only for
+    the same instance (by a weak reference: DoFns may define ``__eq__``), of the same class,
+    whose bound methods held as attributes (``Map(obj.method)`` sets ``process`` so) are
+    the same objects. Callers get sets of their own, as from Beam.
+    """
+    from apache_beam.transforms import userstate
+
+    original = userstate.get_dofn_specs
+    if getattr(original, _SIGNATURES_CACHED, False):
+        return
+    found: dict[int, tuple[Any, ...]] = {}
+
+    def get_dofn_specs(dofn: Any) -> tuple[set[Any], set[Any]]:
+        try:
+            ref = weakref.ref(dofn)
+            methods = tuple(v for v in vars(dofn).values() if type(v) is types.MethodType)
+        except TypeError:  # no weak references or no __dict__: not remembered
+            return original(dofn)  # type: ignore[no-any-return]
+        hit = found.get(id(dofn))
+        if (
+            hit is None
+            or hit[0]() is not dofn
+            or hit[1] is not type(dofn)
+            or len(hit[2]) != len(methods)
+            or any(a is not b for a, b in zip(hit[2], methods, strict=True))
+        ):
+            if len(found) >= _DOFN_SPECS_KEPT:
+                found.clear()
+            hit = found[id(dofn)] = (ref, type(dofn), methods, original(dofn))
+        states, timers = hit[3]
+        return set(states), set(timers)
+
+    setattr(get_dofn_specs, _SIGNATURES_CACHED, True)
+    userstate.get_dofn_specs = get_dofn_specs
 
 
 _VIEWS_REMEMBERED = "_beam_spark_runner_views_remembered"

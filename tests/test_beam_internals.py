@@ -220,6 +220,69 @@ def test_remembered_signatures_give_beams_dofn_signature(
     assert expected[0][0] is True and expected[0][3] == ({spec}, set())
 
 
+def test_remembered_dofn_specs_are_beams_per_instance(monkeypatch: pytest.MonkeyPatch) -> None:
+    import apache_beam as beam
+    from apache_beam.transforms import core, userstate
+
+    spec = userstate.BagStateSpec("seen", coders.VarIntCoder())
+    timer = userstate.TimerSpec("t", userstate.TimeDomain.WATERMARK)
+
+    class Stateful(beam.DoFn):
+        def process(self, element: Any, seen: Any = beam.DoFn.StateParam(spec)) -> None:
+            pass
+
+    class Timed:
+        def method(self, element: Any, t: Any = beam.DoFn.TimerParam(timer)) -> None:
+            pass
+
+    class Equal(beam.DoFn):  # __eq__ without __hash__: unhashable
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Equal)
+
+        def process(self, element: Any) -> None:
+            pass
+
+    calls: list[Any] = []
+    unmemoized = userstate.get_dofn_specs
+
+    def counted(dofn: Any) -> Any:
+        calls.append(dofn)
+        return unmemoized(dofn)
+
+    monkeypatch.setattr(userstate, "get_dofn_specs", counted)
+    bi._remember_dofn_specs()  # noqa: SLF001
+    memo = userstate.get_dofn_specs
+    assert memo is not counted
+    bi._remember_dofn_specs()  # noqa: SLF001 - once: not wrapped twice
+    assert userstate.get_dofn_specs is memo
+
+    dofns = [Stateful(), Stateful(), beam.Map(lambda x: x).fn, Equal()]
+    for dofn in dofns:
+        assert memo(dofn) == unmemoized(dofn)
+    assert len(calls) == len(dofns)  # two instances of one class: asked each
+    for dofn in dofns:  # hits: the same answers, without Beam's walk
+        assert memo(dofn) == unmemoized(dofn)
+        assert userstate.is_stateful_dofn(dofn) == isinstance(dofn, Stateful)
+    assert len(calls) == len(dofns)
+
+    # Callers get sets of their own.
+    memo(dofns[0])[0].clear()
+    assert memo(dofns[0]) == ({spec}, set())
+
+    # FlatMap(obj.method)'s DoFn holds the bound method as ``process``: another one is
+    # asked again.
+    mapped = core.CallableWrapperDoFn(Timed().method)
+    assert memo(mapped) == (set(), {timer})
+    before = len(calls)
+    mapped.process = Timed().method
+    assert memo(mapped) == (set(), {timer})
+    assert len(calls) == before + 1
+    mapped.process = lambda element: None
+    mapped._fn = mapped.process  # noqa: SLF001 - Beam walks every attribute's method
+    assert memo(mapped) == unmemoized(mapped) == (set(), set())
+    assert len(calls) == before + 2
+
+
 def test_key_with_none_dofns_are_fresh_copies_of_one_map() -> None:
     from apache_beam.transforms import core
 

@@ -20,7 +20,11 @@ from beam_spark_runner.session import obtain_session
 from beam_spark_runner.translators import translator_for
 from beam_spark_runner.translators.base import TranslationContext
 from beam_spark_runner.translators.fused_stage import groups_in_stage
-from beam_spark_runner.translators.group_by_key import grouped_as_read
+from beam_spark_runner.translators.group_by_key import (
+    grouped_as_read,
+    has_one_key,
+    sorted_by_key,
+)
 
 SPARK_ARGS = ["--runner=SparkStructuredRunner", "--spark_master=local[2]"]
 
@@ -86,6 +90,57 @@ def test_grouped_in_stage_output() -> None:
         | beam.MapTuple(lambda k, vs: (k, sorted(typing.cast(typing.Iterable[int], vs))))
     )
     assert_that(sums, equal_to([(k, [k + 25_000 * j for j in range(4)]) for k in range(25_000)]))
+    p.run().wait_until_finish()
+
+
+def _group_partitions(p: beam.Pipeline) -> list[tuple[bool, int]]:
+    """(has_one_key, partitions of the shuffled input) of each GroupByKey's buffer."""
+    proto = bi.prepare_pipeline_proto(p.to_runner_api(default_environment=bi.default_environment()))
+    spark, _ = obtain_session(spark_settings(PipelineOptions(SPARK_ARGS)))
+    context = TranslationContext(spark, build_plan(proto), "test", 2, TaskSinks(), translator_for)
+    return [
+        (has_one_key(buffer, context.plan), sorted_by_key(buffer, context).rdd.getNumPartitions())
+        for buffer in context.plan.buffers.values()
+        if buffer.kind == "group"
+    ]
+
+
+def test_a_global_combine_merges_in_one_partition() -> None:
+    # CombineGlobally keys every element with None: hashed over both cores, one partition
+    # would hold them all and the other be a task starting a Python worker for nothing.
+    p = beam.Pipeline()
+    _ = p | beam.Create(range(10)) | beam.FlatMap(lambda x: [x, x]) | beam.CombineGlobally(sum)
+    assert _group_partitions(p) == [(True, 1)]
+    p = beam.Pipeline()
+    _ = p | beam.Create(range(10)) | beam.combiners.Count.Globally().without_defaults()
+    assert _group_partitions(p) == [(True, 1)]
+    p = beam.Pipeline()
+    _ = _keyed(p) | beam.CombinePerKey(sum)
+    assert _group_partitions(p) == [(False, 2)]
+    # A user's own None keys: the runner does not know them in advance.
+    p = beam.Pipeline()
+    _ = p | beam.Create([(None, 1), (None, 2)]) | beam.GroupByKey()
+    assert _group_partitions(p) == [(False, 2)]
+
+
+def test_global_combines_in_one_partition_give_beams_results() -> None:
+    p = beam.Pipeline(options=PipelineOptions(SPARK_ARGS))
+    numbers = p | beam.Create(range(1, 101)) | beam.FlatMap(lambda x: [x, -x, x])
+    empty = p | "Empty" >> beam.Create([]).with_output_types(int)
+    windowed = (
+        p
+        | "Timed" >> beam.Create(range(20))
+        | beam.Map(lambda x: beam.window.TimestampedValue(x, x))
+        | beam.WindowInto(beam.window.FixedWindows(5))
+    )
+    assert_that(numbers | "Sum" >> beam.CombineGlobally(sum), equal_to([5050]), label="sum")
+    assert_that(numbers | beam.combiners.Count.Globally(), equal_to([300]), label="count")
+    assert_that(empty | "EmptySum" >> beam.CombineGlobally(sum), equal_to([0]), label="empty")
+    assert_that(
+        windowed | "WindowedSum" >> beam.CombineGlobally(sum).without_defaults(),
+        equal_to([sum(range(i, i + 5)) for i in range(0, 20, 5)]),
+        label="windowed",
+    )
     p.run().wait_until_finish()
 
 
