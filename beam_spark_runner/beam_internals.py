@@ -371,9 +371,9 @@ def _remember_dofn_specs() -> None:
 
 
 _VIEWS_REMEMBERED = "_beam_spark_runner_views_remembered"
-# How many options objects' views are remembered at once: a pipeline's construction views
-# its own options and, now and then, a second object.
-_REMEMBERED_OPTIONS = 4
+# How many (options class, command line) parses are remembered at once: a process builds
+# pipelines from one or a few command lines, each viewed as some 15 classes.
+_REMEMBERED_PARSES = 256
 
 
 def _flags_key(flags: Any) -> tuple[str, ...] | None:
@@ -386,21 +386,24 @@ def _flags_key(flags: Any) -> tuple[str, ...] | None:
 
 
 def remember_option_views() -> None:
-    """Makes ``PipelineOptions.view_as`` parse each options class once per options object.
+    """Makes ``PipelineOptions.view_as`` parse each options class once per command line.
 
     Beam's ``view_as(cls)`` builds an argument parser for ``cls`` and parses the options'
     flags again on every call, about 0.9 ms, and constructing a short pipeline calls it
     some 130 times (``TypeOptions`` at every ``apply``): about 0.1 s, two thirds of the
-    construction of issue 14's 8-element pipeline. A view is its class, the options'
-    flags and shared value store, and the parsed namespace, whose option names are all
-    Beam reads of it (``_visible_option_list``). After the first view of a class over an
-    options object's store, every one of the class's names is in the store, so a later
-    view adds nothing to it; the memo then builds the view without parsing, with a
-    namespace object of its own holding the first parse's values. It is exact: it applies
-    only to classes that keep ``PipelineOptions``' own ``__init__`` and ``__new__``, to
-    flags that are a plain list of strings (or ``sys.argv``), and while the store still
-    has every name; otherwise Beam's method runs.
-    Installed once per process, when the runner is created (before the pipeline's
+    construction of issue 14's 8-element pipeline; and each new options object (a test's,
+    or one Beam makes) is viewed as some 15 classes again. A view is its class, the
+    options' flags and shared value store, and the parsed namespace, whose option names
+    are all Beam reads of it (``_visible_option_list``): values are read from the store,
+    where Beam's view puts each name's parsed value unless the store has that name
+    already. The parse depends only on the class and the flags, so the memo keeps one per
+    (class, flags) and builds later views without parsing: with a namespace of its own
+    sharing the parse's values where the store has every name, and with a deep copy of
+    them, put in the store as Beam's view would, where it lacks some (another options
+    object, or a name taken out). It applies only to classes that keep
+    ``PipelineOptions``' own ``__init__`` and ``__new__``, to flags that are a plain list of
+    strings (or ``sys.argv``), and to parses whose values copy; otherwise Beam's method
+    runs. Installed once per process, when the runner is created (before the pipeline's
     transforms are applied).
     """
     from apache_beam.options import pipeline_options as po
@@ -410,10 +413,10 @@ def remember_option_views() -> None:
         return
     base_init = po.PipelineOptions.__init__
     lock = threading.Lock()
-    # id(store) -> (store, {(cls, flags): (names, namespace)}), the latest stores last.
-    remembered: collections.OrderedDict[
-        int, tuple[dict[str, Any], dict[tuple[type, tuple[str, ...]], tuple[list[str], Any]]]
-    ] = collections.OrderedDict()
+    # (cls, flags) -> (option names, the parsed namespace, never handed out), latest last.
+    parsed: collections.OrderedDict[tuple[type, tuple[str, ...]], tuple[list[str], Any]] = (
+        collections.OrderedDict()
+    )
 
     def view_as(self: Any, cls: Any) -> Any:
         store, flags = self._all_options, self._flags
@@ -421,33 +424,29 @@ def remember_option_views() -> None:
         if key is None or cls.__init__ is not base_init or cls.__new__ is not object.__new__:
             return original(self, cls)
         with lock:
-            entry = remembered.get(id(store))
-            if entry is not None and entry[0] is store:
-                remembered.move_to_end(id(store))
-                hit = entry[1].get((cls, key))
-            else:
-                hit = None
-        if hit is not None and all(name in store for name in hit[0]):
-            logging.basicConfig()  # as Beam's __init__ does
-            view = object.__new__(cls)
-            # Its own namespace object, sharing the first parse's values: Beam reads only
-            # the names (the values went to the store when the class was first viewed).
-            namespace = argparse.Namespace(**vars(hit[1]))
-            view.__dict__.update(_flags=flags, _visible_options=namespace, _all_options=store)
+            hit = parsed.get((cls, key))
+            if hit is not None:
+                parsed.move_to_end((cls, key))
+        if hit is None:
+            view = original(self, cls)
+            try:
+                kept = copy.deepcopy(view._visible_options)
+            except Exception:  # noqa: BLE001 - an option value that does not copy: not remembered
+                return view
+            with lock:
+                parsed[(cls, key)] = (view._visible_option_list(), kept)
+                while len(parsed) > _REMEMBERED_PARSES:
+                    parsed.popitem(last=False)
             return view
-        view = original(self, cls)
-        try:
-            namespace = copy.deepcopy(view._visible_options)
-        except Exception:  # noqa: BLE001 - an option value that does not copy: not remembered
-            return view
-        with lock:
-            entry = remembered.get(id(store))
-            if entry is None or entry[0] is not store:
-                entry = (store, {})
-                remembered[id(store)] = entry
-                while len(remembered) > _REMEMBERED_OPTIONS:
-                    remembered.popitem(last=False)
-            entry[1][(cls, key)] = (view._visible_option_list(), namespace)
+        names, kept = hit
+        missing = [name for name in names if name not in store]
+        # A namespace object of its own; fresh values for the names the store lacks.
+        namespace = copy.deepcopy(kept) if missing else argparse.Namespace(**vars(kept))
+        for name in missing:
+            store[name] = getattr(namespace, name)
+        logging.basicConfig()  # as Beam's __init__ does
+        view = object.__new__(cls)
+        view.__dict__.update(_flags=flags, _visible_options=namespace, _all_options=store)
         return view
 
     setattr(view_as, _VIEWS_REMEMBERED, True)
