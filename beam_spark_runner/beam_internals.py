@@ -69,7 +69,7 @@ from apache_beam.runners.worker import (
     statecache,
     statesampler,
 )
-from apache_beam.transforms import environments, trigger, userstate, window
+from apache_beam.transforms import core, environments, trigger, userstate, window
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils import proto_utils
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
@@ -1153,29 +1153,29 @@ def window_into_dofn(windowing: Any) -> Any:
     windows is processed once per window, as Beam's ``PerWindowInvoker`` does), and the
     output has no pane.
     """
-    import apache_beam as beam
+    return _WindowIntoDoFn(windowing)
 
-    class WindowIntoDoFn(beam.DoFn):  # type: ignore[misc]
-        # What ``window_assigner`` looks for (the class is pickled by value: no identity).
-        runner_window_into = True
 
-        def __init__(self, windowing: Any) -> None:
-            self.windowing = windowing
+# The runner's own DoFns are classes of this module, not made per call: Beam inspects a
+# DoFn's methods for each signature, and the memo of that inspection
+# (``cache_function_signatures``) holds per function object.
+class _WindowIntoDoFn(core.DoFn):  # type: ignore[misc]
+    # What ``window_assigner`` looks for.
+    runner_window_into = True
 
-        def process(
-            self,
-            element: Any,
-            timestamp: Any = beam.DoFn.TimestampParam,
-            window: Any = beam.DoFn.WindowParam,
-        ) -> Iterator[WindowedValue]:
-            new_windows = self.windowing.windowfn.assign(
-                beam.transforms.window.WindowFn.AssignContext(
-                    timestamp, element=element, window=window
-                )
-            )
-            yield WindowedValue(element, timestamp, new_windows)
+    def __init__(self, windowing: Any) -> None:
+        self.windowing = windowing
 
-    return WindowIntoDoFn(windowing)
+    def process(
+        self,
+        element: Any,
+        timestamp: Any = core.DoFn.TimestampParam,
+        window_: Any = core.DoFn.WindowParam,
+    ) -> Iterator[WindowedValue]:
+        new_windows = self.windowing.windowfn.assign(
+            window.WindowFn.AssignContext(timestamp, element=element, window=window_)
+        )
+        yield WindowedValue(element, timestamp, new_windows)
 
 
 def flatten_dofn() -> Any:
@@ -1184,15 +1184,14 @@ def flatten_dofn() -> Any:
     Beam's ``FlattenOperation`` passes each windowed value on as it is; so does the batched
     path for a DoFn of this class (``runner_flatten``), without calling it.
     """
-    import apache_beam as beam
+    return _FlattenDoFn()
 
-    class FlattenDoFn(beam.DoFn):  # type: ignore[misc]
-        runner_flatten = True
 
-        def process(self, element: Any) -> Iterator[Any]:
-            yield element  # its timestamp, windows and pane kept, as Beam's output handler does
+class _FlattenDoFn(core.DoFn):  # type: ignore[misc]
+    runner_flatten = True
 
-    return FlattenDoFn()
+    def process(self, element: Any) -> Iterator[Any]:
+        yield element  # its timestamp, windows and pane kept, as Beam's output handler does
 
 
 # Beam's ``_KeyWithNone`` (every ``CombineGlobally``'s ``KeyWithVoid``): a DoFn registered
@@ -1244,8 +1243,6 @@ def combine_phase_dofn(urn: str, payload: bytes, context: Any) -> Any:
     is set up and torn down with the step. The batched path calls ``apply_kv`` per element
     (``runner_combine_phase``).
     """
-    import apache_beam as beam
-    from apache_beam.transforms import core
     from apache_beam.transforms.combiners import PhasedCombineFnExecutor
 
     combine_payload = beam_runner_api_pb2.CombinePayload.FromString(payload)
@@ -1255,28 +1252,29 @@ def combine_phase_dofn(urn: str, payload: bytes, context: Any) -> Any:
         [],
         {},
     )
-    apply, combine_fn = executor.apply, executor.combine_fn
+    return _CombinePhaseDoFn(executor.apply, executor.combine_fn)
 
-    def apply_kv(element: tuple[Any, Any]) -> tuple[Any, Any]:
+
+class _CombinePhaseDoFn(core.DoFn):  # type: ignore[misc]
+    runner_combine_phase = True
+
+    def __init__(self, apply: Callable[[Any], Any], combine_fn: Any) -> None:
+        self._apply = apply
+        self._combine_fn = combine_fn
+
+    def apply_kv(self, element: tuple[Any, Any]) -> tuple[Any, Any]:
+        """``(key, phase(values))`` of a ``(key, values)``."""
         key, values = element
-        return key, apply(values)
+        return key, self._apply(values)
 
-    class CombinePhaseDoFn(beam.DoFn):  # type: ignore[misc]
-        runner_combine_phase = True
+    def setup(self) -> None:
+        self._combine_fn.setup()
 
-        def __init__(self) -> None:
-            self.apply_kv = apply_kv
+    def teardown(self) -> None:
+        self._combine_fn.teardown()
 
-        def setup(self) -> None:
-            combine_fn.setup()
-
-        def teardown(self) -> None:
-            combine_fn.teardown()
-
-        def process(self, element: tuple[Any, Any]) -> Iterator[tuple[Any, Any]]:
-            yield apply_kv(element)
-
-    return CombinePhaseDoFn()
+    def process(self, element: tuple[Any, Any]) -> Iterator[tuple[Any, Any]]:
+        yield self.apply_kv(element)
 
 
 def precombine_dofn(payload: bytes, context: Any, windowing: Any) -> Any:
@@ -1289,12 +1287,10 @@ def precombine_dofn(payload: bytes, context: Any, windowing: Any) -> Any:
     timestamps and windows. The batched path calls ``add_all`` with a chunk of windowed
     values (``runner_precombine``); ``process`` does the same for one.
     """
-    import apache_beam as beam
-    from apache_beam.transforms import combiners, core
+    from apache_beam.transforms import combiners
 
     combine_payload = beam_runner_api_pb2.CombinePayload.FromString(payload)
     combine_fn = core.CombineFn.from_runner_api(combine_payload.combine_fn, context)
-    default_windowing = windowing.is_default()
     timestamp_combiner = (
         None
         if windowing.timestamp_combiner == window.TimestampCombiner.OUTPUT_AT_EOW
@@ -1303,98 +1299,114 @@ def precombine_dofn(payload: bytes, context: Any, windowing: Any) -> Any:
     small = isinstance(combine_fn, (combiners.CountCombineFn, combiners.MeanCombineFn)) or (
         isinstance(combine_fn, core.CallableWrapperCombineFn) and combine_fn._fn in (min, max, sum)  # noqa: SLF001 - as Beam's operation checks
     )
-    max_keys = 1000 * 1000 if small else 100 * 1000
-    compact = None if type(combine_fn).compact is core.CombineFn.compact else combine_fn.compact
-    global_value = window.GlobalWindows.windowed_value(None)  # as Beam's operations module
-    interval_window = window.IntervalWindow
-    bounds = interval_bounds
+    return _PrecombineDoFn(
+        combine_fn,
+        windowing.is_default(),
+        timestamp_combiner,
+        1000 * 1000 if small else 100 * 1000,
+    )
 
-    class PrecombineDoFn(beam.DoFn):  # type: ignore[misc]
-        runner_precombine = True
 
-        def __init__(self) -> None:
-            # (window, key) -> [accumulator, timestamp, window]. An IntervalWindow is keyed
-            # by its bounds (hashing the window object reads two Timestamp properties).
-            self.table: dict[Any, list[Any]] = {}
+class _PrecombineDoFn(core.DoFn):  # type: ignore[misc]
+    runner_precombine = True
 
-        def setup(self) -> None:
-            combine_fn.setup()
+    def __init__(
+        self, combine_fn: Any, default_windowing: bool, timestamp_combiner: Any, max_keys: int
+    ) -> None:
+        self._combine_fn = combine_fn
+        self._default_windowing = default_windowing
+        self._timestamp_combiner = timestamp_combiner
+        self._max_keys = max_keys
+        self._compact = (
+            None if type(combine_fn).compact is core.CombineFn.compact else combine_fn.compact
+        )
+        # (window, key) -> [accumulator, timestamp, window]. An IntervalWindow is keyed by
+        # its bounds (hashing the window object reads two Timestamp properties).
+        self.table: dict[Any, list[Any]] = {}
 
-        def teardown(self) -> None:
-            combine_fn.teardown()
+    def setup(self) -> None:
+        self._combine_fn.setup()
 
-        def start_bundle(self) -> None:
-            self.table = {}
+    def teardown(self) -> None:
+        self._combine_fn.teardown()
 
-        def add_all(self, values: list[Any]) -> list[Any]:
-            """Adds a chunk of windowed ``(key, value)``s; returns what a flush output."""
-            table = self.table
-            add_input = combine_fn.add_input
-            flushed: list[Any] = []
+    def start_bundle(self) -> None:
+        self.table = {}
+
+    def add_all(self, values: list[Any]) -> list[Any]:
+        """Adds a chunk of windowed ``(key, value)``s; returns what a flush output."""
+        table = self.table
+        add_input = self._combine_fn.add_input
+        new_entry = self._new_entry
+        flushed: list[Any] = []
+        if self._default_windowing:
             for windowed_value in values:
                 key, value = windowed_value.value
-                if default_windowing:
-                    entry = table.get(key) or self._new_entry(key, None, None, flushed)
-                    entry[0] = add_input(entry[0], value)
-                    continue
-                timestamp = windowed_value.timestamp if timestamp_combiner else None
-                for window_ in windowed_value.windows:
-                    at = bounds(window_) if type(window_) is interval_window else window_
-                    wkey = (at, key)
-                    entry = table.get(wkey) or self._new_entry(wkey, timestamp, window_, flushed)
-                    entry[0] = add_input(entry[0], value)
-                    if timestamp_combiner:
-                        entry[1] = timestamp_combiner.combine(entry[1], timestamp)
+                entry = table.get(key) or new_entry(key, None, None, flushed)
+                entry[0] = add_input(entry[0], value)
             return flushed
+        timestamp_combiner = self._timestamp_combiner
+        interval_window, bounds = window.IntervalWindow, interval_bounds
+        for windowed_value in values:
+            key, value = windowed_value.value
+            timestamp = windowed_value.timestamp if timestamp_combiner else None
+            for window_ in windowed_value.windows:
+                at = bounds(window_) if type(window_) is interval_window else window_
+                wkey = (at, key)
+                entry = table.get(wkey) or new_entry(wkey, timestamp, window_, flushed)
+                entry[0] = add_input(entry[0], value)
+                if timestamp_combiner:
+                    entry[1] = timestamp_combiner.combine(entry[1], timestamp)
+        return flushed
 
-        def _new_entry(
-            self, wkey: Any, timestamp: Any, window_: Any, flushed: list[Any]
-        ) -> list[Any]:
-            """A new accumulator in the table, after Beam's flush if the table is full."""
-            if len(self.table) >= max_keys:
-                flushed.extend(self._flush())
-            entry = self.table[wkey] = [combine_fn.create_accumulator(), timestamp, window_]
-            return entry
+    def _new_entry(self, wkey: Any, timestamp: Any, window_: Any, flushed: list[Any]) -> list[Any]:
+        """A new accumulator in the table, after Beam's flush if the table is full."""
+        if len(self.table) >= self._max_keys:
+            flushed.extend(self._flush())
+        entry = self.table[wkey] = [self._combine_fn.create_accumulator(), timestamp, window_]
+        return entry
 
-        def process(
-            self,
-            element: Any,
-            window_: Any = beam.DoFn.WindowParam,
-            timestamp: Any = beam.DoFn.TimestampParam,
-        ) -> Iterator[Any]:
-            # The batched path calls add_all with whole chunks; this is one element of it.
-            yield from self.add_all([WindowedValue(element, timestamp, (window_,))])
+    def process(
+        self,
+        element: Any,
+        window_: Any = core.DoFn.WindowParam,
+        timestamp: Any = core.DoFn.TimestampParam,
+    ) -> Iterator[Any]:
+        # The batched path calls add_all with whole chunks; this is one element of it.
+        yield from self.add_all([WindowedValue(element, timestamp, (window_,))])
 
-        def finish_bundle(self) -> Iterator[Any]:
-            table, self.table = self.table, {}
-            for wkey, entry in table.items():
-                yield self._output(wkey, *entry)
+    def finish_bundle(self) -> Iterator[Any]:
+        table, self.table = self.table, {}
+        for wkey, entry in table.items():
+            yield self._output(wkey, *entry)
 
-        def _flush(self) -> list[Any]:
-            """Beam's eviction: the oldest tenth of the table (and a key more) goes out."""
-            table = self.table
-            count = len(table)
-            target = count * 9 // 10
-            evicted = []
-            for wkey in table:
-                evicted.append(wkey)
-                count -= 1
-                if count <= target:
-                    break
-            return [self._output(wkey, *table.pop(wkey)) for wkey in evicted]
+    def _flush(self) -> list[Any]:
+        """Beam's eviction: the oldest tenth of the table (and a key more) goes out."""
+        table = self.table
+        count = len(table)
+        target = count * 9 // 10
+        evicted = []
+        for wkey in table:
+            evicted.append(wkey)
+            count -= 1
+            if count <= target:
+                break
+        return [self._output(wkey, *table.pop(wkey)) for wkey in evicted]
 
-        def _output(self, wkey: Any, accumulator: Any, timestamp: Any, window_: Any) -> Any:
-            value = accumulator if compact is None else compact(accumulator)
-            if default_windowing:
-                return global_value.with_value((wkey, value))
-            at, key = wkey
-            if timestamp_combiner is not None:
-                return WindowedValue((key, value), timestamp, (window_,))
-            if type(at) is tuple:  # an IntervalWindow's max_timestamp: its end's predecessor
-                return create_windowed_value((key, value), at[1] - 1, (window_,))
-            return WindowedValue((key, value), window_.max_timestamp(), (window_,))
+    def _output(self, wkey: Any, accumulator: Any, timestamp: Any, window_: Any) -> Any:
+        value = accumulator if self._compact is None else self._compact(accumulator)
+        if self._default_windowing:
+            return _GLOBAL_WINDOWED_NONE.with_value((wkey, value))
+        at, key = wkey
+        if self._timestamp_combiner is not None:
+            return WindowedValue((key, value), timestamp, (window_,))
+        if type(at) is tuple:  # an IntervalWindow's max_timestamp: its end's predecessor
+            return create_windowed_value((key, value), at[1] - 1, (window_,))
+        return WindowedValue((key, value), window_.max_timestamp(), (window_,))
 
-    return PrecombineDoFn()
+
+# As Beam's operations module makes it.
+_GLOBAL_WINDOWED_NONE = window.GlobalWindows.windowed_value(None)
 
 
 _ASSIGNED_CACHED = 4096
