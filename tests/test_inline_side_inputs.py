@@ -48,6 +48,27 @@ def test_combine_globally_default_injection_reads_its_side_input_inline() -> Non
     assert "InjectDefault" in _inline_stages(plan)[0]
 
 
+def test_the_combines_merge_runs_in_the_default_injections_python_worker() -> None:
+    import re
+
+    from beam_spark_runner.execution.stage_worker import TaskSinks
+    from beam_spark_runner.options import spark_settings
+    from beam_spark_runner.session import obtain_session
+    from beam_spark_runner.translators import translator_for
+    from beam_spark_runner.translators.base import TranslationContext
+
+    plan = _plan(lambda p: p | beam.Create([1, 2, 3]) | beam.combiners.Count.Globally())
+    (inline,) = [s for s in plan.stages if fused_stage.reads_side_inputs_inline(plan, s)]
+    writer = fused_stage.grouped_side_input_writer(plan, inline)
+    assert writer is not None and "Merge" in " ".join(writer.user_transform_names)
+    spark, _ = obtain_session(spark_settings(PipelineOptions(SPARK_ARGS)))
+    context = TranslationContext(spark, plan, "test", 2, TaskSinks(), translator_for)
+    frame = context.stage_frame(inline.name)
+    plan_text = frame._jdf.queryExecution().logical().toString()  # noqa: SLF001
+    # The precombining stage's and the default injection's: the merge has none of its own.
+    assert len(re.findall(r"MapInArrow (\w+)\(", plan_text)) == 2
+
+
 def test_other_side_inputs_keep_the_broadcast() -> None:
     def user_side_input(p: beam.Pipeline) -> None:
         side = p | "Side" >> beam.Create([1, 2])

@@ -13,6 +13,11 @@ null key), in one partition. The task reads its whole input, builds the side inp
 entries exactly as the driver would (``side_inputs.side_input_state_entries``), then runs
 the main rows through the stage. The main input is small by construction, so holding it
 until the input ends costs nothing, and one task is all it would have used anyway.
+
+Where the stage's only side input is written by one stage that groups its own input (the
+second half of a lifted combine: ``grouped_stage``), that stage runs in the same Python
+worker too (:class:`GroupedWriter`): the task's rows with a key are its input, and its
+output is the side input, with no ``mapInArrow`` of its own and no second Python worker.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.execution.grouped_stage import run_grouped_stage
+from beam_spark_runner.execution.grouping import GroupSpec
 from beam_spark_runner.execution.side_inputs import side_input_state_entries
 from beam_spark_runner.execution.stage_worker import (
     ELEMENT,
@@ -50,6 +57,15 @@ class InlineSideInput:
     # ``coder_components`` (a serialized ``Components`` holding just the coders it needs).
     coder_id: str
     coder_components: bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupedWriter:
+    """The stage writing the only side input, run first in the same task over its groups."""
+
+    group: GroupSpec
+    stage: StageSpec
+    as_values: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,9 +109,17 @@ def run_stage_with_inline_side_inputs(
     side_inputs: tuple[InlineSideInput, ...],
     batches: Iterable[pa.RecordBatch],
     sinks: TaskSinks = NO_SINKS,
+    writer: GroupedWriter | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """The body of the stage's ``mapInArrow``: side inputs first, then the main rows."""
-    main, elements = split_rows(batches, len(side_inputs))
+    """The body of the stage's ``mapInArrow``: side inputs first, then the main rows.
+
+    With a ``writer``, the rows with a key are the writer's key-sorted input, and what it
+    outputs is the one side input's elements.
+    """
+    if writer is None:
+        main, elements = split_rows(batches, len(side_inputs))
+    else:
+        main, elements = _run_writer(writer, batches, sinks)
     entries: list[tuple[bytes, bytes]] = []
     for side_input, side_elements in zip(side_inputs, elements, strict=True):
         entries.extend(
@@ -115,3 +139,25 @@ def run_stage_with_inline_side_inputs(
     )
     loaded = dataclasses.replace(spec, side_input_state=LoadedSideInputs(entries))
     yield from run_stage(loaded, main, sinks)
+
+
+def _run_writer(
+    writer: GroupedWriter, batches: Iterable[pa.RecordBatch], sinks: TaskSinks
+) -> tuple[list[pa.RecordBatch], list[list[bytes]]]:
+    """(main input batches, [the writer's output elements]) of a task's input."""
+    main: list[pa.RecordBatch] = []
+    grouped: list[pa.RecordBatch] = []
+    for batch in batches:
+        is_main = pc.is_null(batch.column(KEY))
+        main_rows = batch.filter(is_main)
+        if main_rows.num_rows:
+            main.append(main_rows)
+        writer_rows = batch.filter(pc.invert(is_main))
+        if writer_rows.num_rows:
+            grouped.append(writer_rows)
+    elements: list[bytes] = []
+    for output in run_grouped_stage(
+        writer.group, writer.stage, grouped, sinks, as_values=writer.as_values
+    ):
+        elements.extend(output.column(ELEMENT).to_pylist())
+    return main, [elements]

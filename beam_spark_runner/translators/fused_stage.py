@@ -18,6 +18,7 @@ from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.errors import UnsupportedFeatureError
 from beam_spark_runner.execution.grouped_stage import run_grouped_stage
 from beam_spark_runner.execution.inline_side_inputs import (
+    GroupedWriter,
     InlineSideInput,
     run_stage_with_inline_side_inputs,
     side_input_marker,
@@ -218,6 +219,23 @@ def reads_side_inputs_inline(plan: Plan, node: PlannedStage) -> bool:
     return rows is not None and rows <= INLINE_SIDE_INPUTS_MAX_MAIN_ROWS
 
 
+def grouped_side_input_writer(plan: Plan, node: PlannedStage) -> PlannedStage | None:
+    """The stage writing an inline-read stage's only side input, run in the stage's task.
+
+    So where that writer groups its own input (``groups_in_stage``), reads no side input and
+    writes nothing else: a ``CombineGlobally``'s merge, read by its default value's stage.
+    """
+    if len(node.side_inputs) != 1:
+        return None
+    writers = plan.buffers[node.side_inputs[0].buffer_id].writers
+    if len(writers) != 1:
+        return None
+    writer = plan.stage(writers[0][0])
+    if len(writer.outputs) != 1 or writer.side_inputs or not groups_in_stage(plan, writer):
+        return None
+    return writer
+
+
 def _inline_side_buffer(plan: Plan, node: PlannedStage, buffer_id: bytes) -> bool:
     """Whether ``node`` alone reads the buffer, and only stages merging groups write it.
 
@@ -263,12 +281,18 @@ class FusedStageTranslator:
                 as_values=grouped_as_read(input_buffer, plan),
             )
         elif inline:
-            input_frame = self._with_side_input_rows(node, context)
+            writer = grouped_side_input_writer(plan, node)
+            input_frame = (
+                self._with_side_input_rows(node, context)
+                if writer is None
+                else self._with_writer_rows(node, writer, context)
+            )
             body = functools.partial(
                 run_stage_with_inline_side_inputs,
                 spec,
                 self._inline_side_inputs(node, context),
                 sinks=context.sinks,
+                writer=None if writer is None else self._grouped_writer(writer, context),
             )
         else:
             input_frame = context.buffer_frame(node.input_buffer_id)
@@ -300,6 +324,33 @@ class FusedStageTranslator:
                 )
             )
         return tuple(side_inputs)
+
+    @staticmethod
+    def _with_writer_rows(
+        node: PlannedStage, writer: PlannedStage, context: TranslationContext
+    ) -> DataFrame:
+        """The main rows (null key) and the side input writer's key-sorted input, one partition.
+
+        The writer's input partitions follow one another, each sorted: each key's rows stay
+        together, as grouping needs.
+        """
+        writer_input = context.plan.buffers[writer.input_buffer_id]
+        _LOGGER.info(
+            "Stage %s: its side input's stage %s runs in the stage's own task",
+            node.display_name,
+            writer.display_name,
+        )
+        frames = [context.buffer_frame(node.input_buffer_id), sorted_by_key(writer_input, context)]
+        return context.union_frames(frames).coalesce(1)
+
+    @staticmethod
+    def _grouped_writer(writer: PlannedStage, context: TranslationContext) -> GroupedWriter:
+        writer_input = context.plan.buffers[writer.input_buffer_id]
+        return GroupedWriter(
+            group_spec(writer_input, context),
+            stage_spec(writer, context),
+            grouped_as_read(writer_input, context.plan),
+        )
 
     @staticmethod
     def _with_side_input_rows(node: PlannedStage, context: TranslationContext) -> DataFrame:
