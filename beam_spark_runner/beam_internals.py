@@ -119,11 +119,24 @@ _failed_bundle_lock = threading.Lock()
 class BundleProcessorCache(sdk_worker.BundleProcessorCache):
     """Beam's bundle processor cache, keeping what a failed bundle's metrics had counted.
 
+    (And without Beam's thread per cache: :meth:`_schedule_periodic_shutdown`.)
+
     When a bundle fails, Beam's ``SdkWorker`` discards its processor and answers with the
     error only: the metrics user code updated before failing are lost. They belong to the
     task attempt's *attempted* metrics, so this cache reads them before the processor is
     shut down; ``take_failed_bundle_monitoring_infos`` hands them to the failing task.
     """
+
+    def _schedule_periodic_shutdown(self) -> None:
+        """Starts no thread: the runner tears idle bundle processors down itself.
+
+        Beam's cache starts a thread per cache, to shut down processors idle for 60 s, and
+        ``shutdown`` joins it; a stage worker is a cache, built in every task of a batch
+        run (``stage_worker.StageWorker``). ``stage_worker.tear_down_idle_dofns`` already
+        tears idle processors down, after the run's ``idle_teardown_seconds``, and a
+        stage worker's end shuts its cache down.
+        """
+        self.periodic_shutdown = None
 
     def discard(self, instruction_id: str, exception: Exception) -> None:
         """Records the failed bundle's monitoring infos, then discards it as Beam does."""

@@ -283,6 +283,21 @@ def test_remembered_dofn_specs_are_beams_per_instance(monkeypatch: pytest.Monkey
     assert len(calls) == before + 2
 
 
+def test_the_bundle_processor_cache_starts_no_thread_of_its_own() -> None:
+    import threading
+
+    from apache_beam.runners.worker.data_plane import PeriodicThread
+
+    def periodic() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if isinstance(t, PeriodicThread)]
+
+    before = periodic()
+    cache = bi.BundleProcessorCache(bi.FNAPI_RUNNER_CAPABILITIES, None, None, {})
+    assert cache.periodic_shutdown is None
+    assert periodic() == before
+    cache.shutdown()
+
+
 def test_key_with_none_dofns_are_fresh_copies_of_one_map() -> None:
     from apache_beam.transforms import core
 
