@@ -131,9 +131,9 @@ class BundleProcessorCache(sdk_worker.BundleProcessorCache):
         """Starts no thread: the runner tears idle bundle processors down itself.
 
         Beam's cache starts a thread per cache, to shut down processors idle for 60 s, and
-        ``shutdown`` joins it; a stage worker is a cache, built in every task of a batch
-        run (``stage_worker.StageWorker``). ``stage_worker.tear_down_idle_dofns`` already
-        tears idle processors down, after the run's ``idle_teardown_seconds``, and a
+        ``shutdown`` joins it; each stage worker is a cache, built per stage, run and worker
+        process (``stage_worker.StageWorker``). ``stage_worker.tear_down_idle_dofns``
+        already tears idle processors down, after the run's ``idle_teardown_seconds``, and a
         stage worker's end shuts its cache down.
         """
         self.periodic_shutdown = None
