@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -132,6 +133,29 @@ def _plain(a: Any, b: Any = 2, *rest: Any, c: Any = 3) -> None:
     pass
 
 
+def _memo_over_counter(
+    monkeypatch: pytest.MonkeyPatch, module: Any, name: str, install: Callable[[], None]
+) -> tuple[Any, Any, list[Any]]:
+    """Installs a memo over a counter of Beam's ``module.name``: (memo, Beam's, calls).
+
+    Installing twice wraps it once. Undone after the test.
+    """
+    calls: list[Any] = []
+    unmemoized = getattr(module, name)
+
+    def counted(argument: Any) -> Any:
+        calls.append(argument)
+        return unmemoized(argument)
+
+    monkeypatch.setattr(module, name, counted)
+    install()
+    memo = getattr(module, name)
+    assert memo is not counted
+    install()  # once per process: not wrapped twice
+    assert getattr(module, name) is memo
+    return memo, unmemoized, calls
+
+
 def test_remembered_signatures_are_beams_and_follow_changed_defaults(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -139,19 +163,9 @@ def test_remembered_signatures_are_beams_and_follow_changed_defaults(
 
     from apache_beam.transforms import core
 
-    calls: list[Any] = []
-    unmemoized = core.get_function_args_defaults
-
-    def counted(f: Any) -> Any:
-        calls.append(f)
-        return unmemoized(f)
-
-    monkeypatch.setattr(core, "get_function_args_defaults", counted)
-    bi.cache_function_signatures()
-    memo = core.get_function_args_defaults
-    assert memo is not counted
-    bi.cache_function_signatures()  # once per process: not wrapped twice
-    assert core.get_function_args_defaults is memo
+    memo, unmemoized, calls = _memo_over_counter(
+        monkeypatch, core, "get_function_args_defaults", bi.cache_function_signatures
+    )
 
     obj = _Methods()
     cases = [_plain, obj.process, _Methods.make, _Methods.process]
@@ -242,19 +256,12 @@ def test_remembered_dofn_specs_are_beams_per_instance(monkeypatch: pytest.Monkey
         def process(self, element: Any) -> None:
             pass
 
-    calls: list[Any] = []
-    unmemoized = userstate.get_dofn_specs
-
-    def counted(dofn: Any) -> Any:
-        calls.append(dofn)
-        return unmemoized(dofn)
-
-    monkeypatch.setattr(userstate, "get_dofn_specs", counted)
-    bi._remember_dofn_specs()  # noqa: SLF001
-    memo = userstate.get_dofn_specs
-    assert memo is not counted
-    bi._remember_dofn_specs()  # noqa: SLF001 - once: not wrapped twice
-    assert userstate.get_dofn_specs is memo
+    memo, unmemoized, calls = _memo_over_counter(
+        monkeypatch,
+        userstate,
+        "get_dofn_specs",
+        bi._remember_dofn_specs,  # noqa: SLF001
+    )
 
     dofns = [Stateful(), Stateful(), beam.Map(lambda x: x).fn, Equal()]
     for dofn in dofns:

@@ -85,20 +85,31 @@ def _value_coder(side_input: InlineSideInput) -> Any:
     return bi.PipelineContext(components).coders[side_input.coder_id]
 
 
+def _main_and_keyed_rows(
+    batches: Iterable[pa.RecordBatch],
+) -> tuple[list[pa.RecordBatch], list[pa.RecordBatch]]:
+    """(the main rows: a null key, the other rows) of a task's input batches."""
+    main: list[pa.RecordBatch] = []
+    keyed: list[pa.RecordBatch] = []
+    for batch in batches:
+        is_main = pc.is_null(batch.column(KEY))
+        main_rows, keyed_rows = batch.filter(is_main), batch.filter(pc.invert(is_main))
+        if main_rows.num_rows:
+            main.append(main_rows)
+        if keyed_rows.num_rows:
+            keyed.append(keyed_rows)
+    return main, keyed
+
+
 def split_rows(
     batches: Iterable[pa.RecordBatch], side_input_count: int
 ) -> tuple[list[pa.RecordBatch], list[list[bytes]]]:
     """(main input batches, each side input's encoded elements) of a task's input."""
-    main: list[pa.RecordBatch] = []
+    main, keyed = _main_and_keyed_rows(batches)
     sides: list[list[bytes]] = [[] for _ in range(side_input_count)]
-    for batch in batches:
-        is_main = pc.is_null(batch.column(KEY))
-        main_rows = batch.filter(is_main)
-        if main_rows.num_rows:
-            main.append(main_rows)
-        side_rows = batch.filter(pc.invert(is_main))
+    for rows in keyed:
         for marker, element in zip(
-            side_rows.column(KEY).to_pylist(), side_rows.column(ELEMENT).to_pylist(), strict=True
+            rows.column(KEY).to_pylist(), rows.column(ELEMENT).to_pylist(), strict=True
         ):
             sides[int(marker)].append(element)
     return main, sides
@@ -145,16 +156,7 @@ def _run_writer(
     writer: GroupedWriter, batches: Iterable[pa.RecordBatch], sinks: TaskSinks
 ) -> tuple[list[pa.RecordBatch], list[list[bytes]]]:
     """(main input batches, [the writer's output elements]) of a task's input."""
-    main: list[pa.RecordBatch] = []
-    grouped: list[pa.RecordBatch] = []
-    for batch in batches:
-        is_main = pc.is_null(batch.column(KEY))
-        main_rows = batch.filter(is_main)
-        if main_rows.num_rows:
-            main.append(main_rows)
-        writer_rows = batch.filter(pc.invert(is_main))
-        if writer_rows.num_rows:
-            grouped.append(writer_rows)
+    main, grouped = _main_and_keyed_rows(batches)
     elements: list[bytes] = []
     for output in run_grouped_stage(
         writer.group, writer.stage, grouped, sinks, as_values=writer.as_values
