@@ -124,13 +124,14 @@ def prefer_installed_pyspark(path: list[str]) -> list[str]:
     """Drops Spark's zips of PySpark and py4j from ``path`` where they are installed too.
 
     Spark puts ``pyspark.zip`` first on the ``PYTHONPATH`` of every Python process it
-    starts (workers, daemons, a streaming query's data source and state planners). The zip
-    holds no bytecode and Python writes none for it, so each process compiled PySpark's
-    modules again: 1.4 s to import ``pyspark.sql.worker.lookup_data_sources`` from the zip,
-    0.3 s from the installed package, and a streaming query starts seven such processes
-    one after another before its first task. Where the very same files are installed (the
-    zip lies inside the installed package, and the site directory is on ``path`` too), the
-    installed copy, with its bytecode cache, is imported instead. Returns what was dropped.
+    starts (workers, daemons, a streaming query's state planners). The zip holds no
+    bytecode and Python writes none for it, so each process compiled PySpark's modules
+    again: 1.4 s to import ``pyspark.sql.worker.lookup_data_sources`` from the zip, 0.3 s
+    from the installed package; a streaming query started seven such processes one after
+    another before its first task (one per stateful level now). Where the very same files
+    are installed (the zip lies inside the installed package, and the site directory is on
+    ``path`` too), the installed copy, with its bytecode cache, is imported instead.
+    Returns what was dropped.
     """
     dropped = []
     for entry in list(path):

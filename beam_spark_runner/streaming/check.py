@@ -12,7 +12,7 @@ from beam_spark_runner.errors import UnsupportedFeatureError
 from beam_spark_runner.planning import SPARK_STREAM_URN, TEST_STREAM_URN, Plan, PlannedStage
 from beam_spark_runner.spark_compat import require_spark, require_state_protocol
 
-# transformWithState on rows (4.1) and Python streaming data sources with read limits (4.2).
+# transformWithState on rows (4.1).
 STREAMING_SPARK = (4, 1)
 _UNBOUNDED = bi.beam_runner_api_pb2.IsBounded.UNBOUNDED
 SDF_PROCESS_URN: str = bi.common_urns.sdf_components.PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS.urn

@@ -48,7 +48,7 @@ from beam_spark_runner.streaming.progress import ProgressReport
 from beam_spark_runner.streaming.result import StreamingPipelineResult, wait_for
 from beam_spark_runner.streaming.router import RouterSpec, run_router
 from beam_spark_runner.streaming.side_inputs import SideInputSpec, SideInputStageSpec
-from beam_spark_runner.streaming.source import SOURCE_NAME, RunnerSource, source_options
+from beam_spark_runner.streaming.source import source_frame
 from beam_spark_runner.streaming.source_plan import SourcePlan
 from beam_spark_runner.streaming.spark_sources import (
     spark_stream_roots,
@@ -393,12 +393,7 @@ def build_frame(
         for node in topology.nodes
         if node.name in broadcast_readers
     }
-    spark.dataSource.register(RunnerSource)
-    frame = (
-        spark.readStream.format(SOURCE_NAME)
-        .options(**source_options(_source_plan(plan, topology)))
-        .load()
-    )
+    frame = source_frame(spark, _source_plan(plan, topology))
     frame = union_spark_streams(frame, spark, plan, topology)
     reads = stream_columns(plan, topology)
     for step in range(topology.levels + 1):

@@ -1,95 +1,65 @@
 """The streaming query's one source: the roots' rows, micro-batch by micro-batch.
 
-A Python streaming data source (PySpark 4's ``DataSource`` API) whose offsets count
-micro-batches. Every trigger it offers one more batch, so every micro-batch runs, with
-or without new elements, and carries each root's watermark marker: timers and windows
-fire without new data. A batch's offset records the runner's processing time for it, so a
-batch recomputed after a failure or a restart sees the same time.
+Spark's own ``rate-micro-batch`` source, one row per micro-batch (its ``value`` counts the
+batches from 0), turned into the batch's rows by a ``mapInArrow`` in the workers. Every
+trigger it offers one more batch, so every micro-batch runs, with or without new elements,
+and carries each root's watermark marker: timers and windows fire without new data. A
+batch's processing time is Spark's batch timestamp (``current_timestamp()`` in a streaming
+query), which Spark records in the batch's offsets, so a batch recomputed after a failure
+or a restart sees the same time.
 
 What each batch holds (roots, elements, markers, processing time) is the
-``source_plan.SourcePlan`` the query passes as an option.
+``source_plan.SourcePlan``, pickled with the ``mapInArrow``'s function.
 
-PySpark creates and unpickles the source in fresh driver processes (planning, offsets), so this
-module and what it imports import no Beam (``tests/test_streaming_levels.py``).
+A source of Spark's own costs no Python process beside the driver. A Python data source
+(PySpark 4's ``DataSource`` API, which this was before) made every query start one to serve
+its offsets and others to create and plan it: about 0.5 s before the first micro-batch
+(``docs/performance.md``).
+
+This module imports no Beam: the workers running it have Beam, the driver may not yet.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+import functools
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+import pyarrow as pa
 
-from beam_spark_runner.streaming.driver_processes import quiet_daemon_child, quiet_source_runner
-from beam_spark_runner.streaming.rows import routed_type
+from beam_spark_runner.streaming.rows import routed_type, to_batch
 from beam_spark_runner.streaming.source_plan import SourcePlan
 
-SOURCE_NAME = "beam_spark_runner"
-_PLAN_OPTION = "plan"
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+TICKS_FORMAT = "rate-micro-batch"
+BATCH = "batch"
+WALL_CLOCK = "wall_clock"
 
 
-class RunnerSource(DataSource):  # type: ignore[misc]
-    """The data source the streaming query reads its roots from."""
+def source_frame(spark: SparkSession, plan: SourcePlan) -> DataFrame:
+    """The rows of every micro-batch: ``plan``'s, as ``rows.routed_type()``."""
+    from beam_spark_runner.spark_compat import named_function
+    from beam_spark_runner.translators.map_in_arrow import map_in_arrow
 
-    @classmethod
-    def name(cls) -> str:
-        """The format name the query reads."""
-        return SOURCE_NAME
-
-    def __init__(self, options: dict[str, str]) -> None:
-        """Created in the worker that plans the query's source: quiet once it idles.
-
-        See ``driver_processes``: a traceback on the driver's console a minute after the
-        query starts, or when the session stops.
-        """
-        super().__init__(options)
-        quiet_daemon_child()
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        """Unpickled; quiet when its process or worker ends on a closed socket.
-
-        In the process serving the query's offsets: 30 lines of tracebacks on the driver's
-        console at the end of every query; in a planning worker, a traceback once it idles
-        (see ``driver_processes``).
-        """
-        self.__dict__.update(state)
-        quiet_source_runner()
-        quiet_daemon_child()
-
-    def schema(self) -> Any:
-        """The routed rows' schema."""
-        return routed_type()
-
-    def streamReader(self, schema: Any) -> DataSourceStreamReader:  # noqa: N802 - PySpark's name
-        """A reader over the plan the query passed as an option."""
-        return _Reader(SourcePlan.decode(self.options[_PLAN_OPTION]))
+    ticks = (
+        spark.readStream.format(TICKS_FORMAT)
+        .option("rowsPerBatch", 1)
+        .option("numPartitions", 1)
+        .load()
+    )
+    ticks = ticks.selectExpr(
+        f"value AS {BATCH}", f"unix_micros(current_timestamp()) AS {WALL_CLOCK}"
+    )
+    body = functools.partial(batch_rows, plan)
+    return map_in_arrow(ticks, named_function(body, "beam_source"), routed_type())
 
 
-class _Reader(DataSourceStreamReader):  # type: ignore[misc]
-    def __init__(self, plan: SourcePlan) -> None:
-        self.plan = plan
-
-    def initialOffset(self) -> dict:  # noqa: N802 - PySpark's name
-        return {"batch": 0, "time": 0}
-
-    def latestOffset(self, start: dict, limit: Any) -> dict:  # noqa: N802 - PySpark's name
-        # One more batch every trigger; its processing time fixed now, for any rerun.
-        return {"batch": start["batch"] + 1, "time": time.time_ns() // 1000}
-
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        return [
-            InputPartition((batch, end["time"])) for batch in range(start["batch"], end["batch"])
-        ]
-
-    def read(self, partition: InputPartition) -> Iterator[tuple]:
-        batch, wall_clock = partition.value
-        yield from self.plan.rows(batch, wall_clock)
-
-    def commit(self, end: dict) -> None:
-        pass
-
-
-def source_options(plan: SourcePlan) -> dict[str, str]:
-    """The options the query's ``readStream`` passes to the source."""
-    return {_PLAN_OPTION: plan.encode()}
+def batch_rows(plan: SourcePlan, ticks: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The rows of the micro-batches ``ticks`` name (a batch number and its time each)."""
+    for tick in ticks:
+        for batch, wall_clock in zip(
+            tick.column(BATCH).to_pylist(), tick.column(WALL_CLOCK).to_pylist(), strict=True
+        ):
+            yield to_batch(plan.rows(batch, wall_clock))
