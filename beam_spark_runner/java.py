@@ -14,7 +14,9 @@ option to write it when this JVM exits. The archives live in the user's cache di
 one per Java, Spark install and class path (about 150 MB each; those of Spark installs
 since removed or changed go, and of the others the eight most recently used are kept).
 The run that writes one starts about 40 % slower; a JVM that cannot use an archive
-(another Java, class path or heap setting) starts without it, silently.
+(another Java, class path or heap setting) starts without it, silently. An archive whose
+writer ran no pipeline (:func:`note_pipeline_ran` says when one did) is written again by
+the next starts, twice at most: it held Spark's start-up classes only.
 """
 
 from __future__ import annotations
@@ -131,6 +133,12 @@ _ARCHIVES_KEPT = 8
 # Finished partial files of keys no start has asked for again: kept for a key's second
 # start to put in place, but most such keys are one-off environments.
 _PARTIALS_KEPT = 3
+# A finished archive whose writer ran no pipeline (a short test's JVM, a script that failed
+# before its first job) holds Spark's start-up classes only: 114 MB here, where one written
+# after a pipeline holds 160-195 MB, and a process's first pipeline took 10.5 s with it
+# against 7-8 s. Starts write it again, without mapping it (each such start is slower),
+# this many times; then it is kept as it is.
+_THIN_REWRITES = 2
 # Settings of a session that decide whether a JVM can map an archive: its class path and
 # its options. Its heap size matters only from 32 GiB, where the JVM stops compressing
 # pointers (an archive written with -Xmx6g mapped under -Xmx1g to -Xmx31g, not -Xmx40g).
@@ -231,10 +239,13 @@ def class_archive_options(directory: Path, key: str, spark: Path | None = None) 
 
     ``-XX:SharedArchiveFile`` when the archive is there, whole; else, if no other process
     is writing it, ``-XX:ArchiveClassesAtExit`` to a file of this process's own, which a
-    later start checks and renames into place. ``spark``, the install the key was made for,
-    is noted beside the archive (``<key>.install``) so that pruning can tell when it is
-    gone. Never raises: without a usable cache directory the JVM starts as it would have.
+    later start checks and renames into place. An archive whose writer ran no pipeline is
+    written again the same way, ``_THIN_REWRITES`` times at most. ``spark``, the install
+    the key was made for, is noted beside the archive (``<key>.install``) so that pruning
+    can tell when it is gone. Never raises: without a usable cache directory the JVM starts
+    as it would have.
     """
+    mapped: list[str] = []
     try:
         directory.mkdir(parents=True, exist_ok=True)
         if spark is not None:
@@ -243,17 +254,28 @@ def class_archive_options(directory: Path, key: str, spark: Path | None = None) 
         if archive is not None:
             with contextlib.suppress(OSError):
                 os.utime(archive)  # most recently used: kept when old ones are pruned
-            return [f"-XX:SharedArchiveFile={archive}", _QUIET_CDS_LOG]
+            mapped = [f"-XX:SharedArchiveFile={archive}", _QUIET_CDS_LOG]
+            rewrites = _thin_rewrites(directory, key)
+            if rewrites is None or rewrites >= _THIN_REWRITES:
+                return mapped
         if shutil.disk_usage(directory).free < _MIN_FREE_BYTES:
             _LOGGER.info("No class archive for the driver JVM: under 2 GiB free in %s", directory)
-            return []
+            return mapped
         _prune(directory)
         if not _claim(directory / f"{key}.claim"):
-            return []
+            return mapped
+        if mapped:
+            (directory / f"{key}.thin").write_text(str(rewrites + 1), encoding="utf-8")
+            _LOGGER.info(
+                "The driver JVM's class archive in %s was written by a process that ran no "
+                "pipeline; this one writes it again",
+                directory,
+            )
     except OSError as error:
         _LOGGER.debug("No class archive for the driver JVM (%s): %s", directory, error)
-        return []
-    partial = directory / f"{key}.{os.getpid()}.partial"
+        return mapped
+    global _writing
+    partial = _writing = directory / f"{key}.{os.getpid()}.partial"
     _LOGGER.info(
         "The driver JVM writes its class archive to %s when it exits; later Spark sessions "
         "start from it, in about half the time",
@@ -277,6 +299,38 @@ def without_class_archive(options: str) -> str:
         and option != _QUIET_CDS_LOG
     ]
     return " ".join(kept)
+
+
+# The partial file this process's driver JVM writes its archive to when it exits, if any.
+_writing: Path | None = None
+
+
+def note_pipeline_ran() -> None:
+    """Notes that this process's JVM, if it writes a class archive, has run a pipeline.
+
+    Its archive then holds the classes a pipeline loads, not only Spark's start-up ones:
+    see ``_THIN_REWRITES``. Never raises.
+    """
+    global _writing
+    if _writing is not None:
+        with contextlib.suppress(OSError):
+            _ran_marker(_writing).touch()
+        _writing = None
+
+
+def _ran_marker(partial: Path) -> Path:
+    """The file beside a partial archive saying its JVM ran a pipeline (``<key>.<pid>.ran``)."""
+    return partial.with_suffix(".ran")
+
+
+def _thin_rewrites(directory: Path, key: str) -> int | None:
+    """How often ``key``'s thin archive was written again; None if it is not thin."""
+    try:
+        return int((directory / f"{key}.thin").read_text(encoding="utf-8") or 0)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return _THIN_REWRITES
 
 
 def discard_class_archive(archive: Path) -> None:
@@ -312,25 +366,40 @@ def _finished_archive(directory: Path, key: str, current: Path | None) -> Path |
             finished.append((stamp[0], partial))
         elif _age_seconds(stamp) > _STALE_PARTIAL_SECONDS:
             discard_class_archive(partial)
-    finished.sort(reverse=True)
+    # Archives whose writers ran a pipeline first, then the largest.
+    finished.sort(key=lambda found: (_ran_marker(found[1]).exists(), found[0]), reverse=True)
     current_stamp = _stamp(current) if current is not None else None
     current_size = current_stamp[0] if current_stamp is not None else 0
-    if finished and finished[0][0] > current_size:
+    thin_note = directory / f"{key}.thin"
+    current_thin = current is not None and thin_note.exists()
+    if finished and (
+        finished[0][0] > current_size or (current_thin and _ran_marker(finished[0][1]).exists())
+    ):
         size, partial = finished.pop(0)
         placed = directory / f"{key}-{size}.jsa"
+        ran = _ran_marker(partial).exists()
         try:
             os.replace(partial, placed)
         except FileNotFoundError:  # another start put it in place first
             return _usable_archive(directory, key)
-        if current is not None:
+        with contextlib.suppress(OSError):
+            _ran_marker(partial).unlink(missing_ok=True)
+            if ran:
+                thin_note.unlink(missing_ok=True)
+            elif not thin_note.exists():
+                thin_note.write_text("0", encoding="utf-8")
+        if current is not None and current != placed:
             discard_class_archive(current)  # JVMs that mapped it keep their mapping
         with contextlib.suppress(OSError):
             (directory / f"{key}.claim").unlink()
         _prune(directory)
         current = placed
-    if current is not None:
+    if current is not None and finished:
         for _, partial in finished:
             discard_class_archive(partial)
+            discard_class_archive(_ran_marker(partial))
+        # Their writers are done: none holds the claim any longer.
+        discard_class_archive(directory / f"{key}.claim")
     return current
 
 
@@ -410,10 +479,12 @@ def _prune(directory: Path) -> None:
         discard_class_archive(old)
     finished: list[Path] = []
     leftovers = [*directory.glob("*.partial"), *directory.glob("*.claim")]
+    # A pipeline-ran marker stays as long as its partial file.
+    leftovers += [r for r in directory.glob("*.ran") if not r.with_suffix(".partial").exists()]
     # A note stays as long as its key's archive; without one it is a leftover like the others.
     leftovers += [
         note
-        for note in directory.glob("*.install")
+        for note in [*directory.glob("*.install"), *directory.glob("*.thin")]
         if not any(directory.glob(f"{_key_of(note)}-*.jsa"))
     ]
     for leftover in _newest_first(leftovers):
@@ -430,3 +501,4 @@ def _prune(directory: Path) -> None:
                 discard_class_archive(leftover)
     for old in finished[_PARTIALS_KEPT:]:
         discard_class_archive(old)
+        discard_class_archive(_ran_marker(old))

@@ -11,7 +11,14 @@ from apache_beam.options.value_provider import RuntimeValueProvider
 from apache_beam.pipeline import PipelineVisitor
 from apache_beam.runners.runner import PipelineRunner, PipelineState
 
-from beam_spark_runner import _startup_hook, beam_globals, main_session, run_summary, worker_logs
+from beam_spark_runner import (
+    _startup_hook,
+    beam_globals,
+    java,
+    main_session,
+    run_summary,
+    worker_logs,
+)
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.batch_test_stream import replace_test_streams
 from beam_spark_runner.capabilities import (
@@ -265,4 +272,5 @@ class SparkStructuredRunner(PipelineRunner):
                     f"{error}\n\n{main_session.SAVE_MAIN_SESSION_HINT}", error.stage_name
                 ) from error
             raise
+        java.note_pipeline_ran()
         return SparkPipelineResult(PipelineState.DONE, infos, spark.sparkContext.applicationId)

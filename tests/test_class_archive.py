@@ -25,6 +25,18 @@ def _written(path: Path, size: int = 4096, magic: bytes = MAGIC) -> Path:
     return path
 
 
+def _ran(partial: Path) -> Path:
+    """Marks a partial archive's writer as having run a pipeline (``note_pipeline_ran``)."""
+    partial.with_suffix(".ran").touch()
+    return partial
+
+
+@pytest.fixture(autouse=True)
+def _no_writer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's starts set the process's partial file afresh, and leave it unset."""
+    monkeypatch.setattr(java, "_writing", None)
+
+
 def _age(path: Path, seconds: float) -> None:
     then = time.time() - seconds
     os.utime(path, (then, then))
@@ -37,6 +49,7 @@ def test_the_first_start_writes_the_archive_and_the_next_one_uses_it(tmp_path: P
     assert (tmp_path / f"{KEY}.claim").read_text() == str(os.getpid())
     # While that JVM runs (and writes), other starts neither use nor write an archive.
     assert java.class_archive_options(tmp_path, KEY) == []
+    java.note_pipeline_ran()  # the writing process ran a pipeline
     _written(partial, size=8192)
     options = java.class_archive_options(tmp_path, KEY)
     archive = tmp_path / f"{KEY}-8192.jsa"
@@ -57,23 +70,59 @@ def test_an_archive_being_written_or_cut_short_is_not_used(tmp_path: Path) -> No
     options = java.class_archive_options(tmp_path, KEY)
     mine = tmp_path / f"{KEY}.{os.getpid()}.partial"
     assert options[0] == f"-XX:ArchiveClassesAtExit={mine}"
-    _written(mine)
+    _ran(_written(mine))
     assert java.class_archive_options(tmp_path, KEY)[0].endswith(f"{KEY}-4096.jsa")
     assert not partial.exists()
 
 
 def test_the_largest_finished_archive_is_used(tmp_path: Path) -> None:
     """A long-lived writer (more classes) replaces the archive a short-lived one put first."""
-    _written(tmp_path / f"{KEY}.1.partial", size=4096)
-    _written(tmp_path / f"{KEY}.2.partial", size=8192)
+    _ran(_written(tmp_path / f"{KEY}.1.partial", size=4096))
+    _ran(_written(tmp_path / f"{KEY}.2.partial", size=8192))
     options = java.class_archive_options(tmp_path, KEY)
     assert options[0] == f"-XX:SharedArchiveFile={tmp_path / KEY}-8192.jsa"
     assert [p.name for p in tmp_path.iterdir()] == [f"{KEY}-8192.jsa"]
-    _written(tmp_path / f"{KEY}.3.partial", size=12288)
-    _written(tmp_path / f"{KEY}.4.partial", size=4096)
+    _ran(_written(tmp_path / f"{KEY}.3.partial", size=12288))
+    _ran(_written(tmp_path / f"{KEY}.4.partial", size=4096))
     options = java.class_archive_options(tmp_path, KEY)
     assert options[0] == f"-XX:SharedArchiveFile={tmp_path / KEY}-12288.jsa"
     assert [p.name for p in tmp_path.iterdir()] == [f"{KEY}-12288.jsa"]
+
+
+def test_an_archive_whose_writer_ran_no_pipeline_is_written_again_twice_at_most(
+    tmp_path: Path,
+) -> None:
+    """A short JVM's archive holds Spark's start-up classes only: later starts write it
+    again (without mapping it) until one that ran a pipeline replaces it, twice at most."""
+    thin = _written(tmp_path / f"{KEY}.1.partial", size=8192)
+    options = java.class_archive_options(tmp_path, KEY)
+    mine = tmp_path / f"{KEY}.{os.getpid()}.partial"
+    assert options[0] == f"-XX:ArchiveClassesAtExit={mine}"  # the thin one is put in place
+    assert (tmp_path / f"{KEY}-8192.jsa").exists() and not thin.exists()
+    assert (tmp_path / f"{KEY}.thin").read_text() == "1"
+    # While that start writes, others map the thin archive rather than none.
+    mapped = [f"-XX:SharedArchiveFile={tmp_path / KEY}-8192.jsa", "-Xlog:cds*=off"]
+    assert java.class_archive_options(tmp_path, KEY) == mapped
+    # Its writer ran no pipeline either, and wrote a smaller file: a second rewrite.
+    _written(mine, size=4096)
+    assert java.class_archive_options(tmp_path, KEY)[0] == f"-XX:ArchiveClassesAtExit={mine}"
+    assert (tmp_path / f"{KEY}.thin").read_text() == "2"
+    # The second writer ran a pipeline: its archive replaces the thin one, smaller or not.
+    java.note_pipeline_ran()
+    _written(mine, size=4096)
+    full = [f"-XX:SharedArchiveFile={tmp_path / KEY}-4096.jsa", "-Xlog:cds*=off"]
+    assert java.class_archive_options(tmp_path, KEY) == full
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{KEY}-4096.jsa"]
+    assert java.class_archive_options(tmp_path, KEY) == full
+
+
+def test_a_thin_archive_is_kept_after_two_rewrites(tmp_path: Path) -> None:
+    _written(tmp_path / f"{KEY}.1.partial", size=8192)
+    (tmp_path / f"{KEY}.thin").write_text("2")
+    (tmp_path / f"{KEY}-4096.jsa").unlink(missing_ok=True)
+    mapped = [f"-XX:SharedArchiveFile={tmp_path / KEY}-8192.jsa", "-Xlog:cds*=off"]
+    assert java.class_archive_options(tmp_path, KEY) == mapped
+    assert java.class_archive_options(tmp_path, KEY) == mapped
 
 
 def test_a_claim_lasts_two_minutes(tmp_path: Path) -> None:
@@ -94,14 +143,14 @@ def test_the_eight_most_recently_used_archives_are_kept(tmp_path: Path) -> None:
     """Other keys' archives (a CI run's environments, six here) do not push out the ninth's."""
     for age, key in enumerate("abcdefgh"):
         _age(_written(tmp_path / f"{key * 20}-4096.jsa"), 100 + age)
-    _written(tmp_path / f"{KEY}.1.partial")
+    _ran(_written(tmp_path / f"{KEY}.1.partial"))
     assert java.class_archive_options(tmp_path, KEY)[0].endswith(f"{KEY}-4096.jsa")
     kept = sorted(p.name[:2] for p in tmp_path.glob("*.jsa"))
     assert kept == ["aa", "bb", "cc", "dd", "ee", "ff", "gg", "kk"]
     # A start that maps its archive makes it the most recently used one.
     _age(tmp_path / ("a" * 20 + "-4096.jsa"), 200)
     assert java.class_archive_options(tmp_path, "a" * 20)[0].endswith("a" * 20 + "-4096.jsa")
-    _written(tmp_path / ("x" * 20 + ".1.partial"))
+    _ran(_written(tmp_path / ("x" * 20 + ".1.partial")))
     java.class_archive_options(tmp_path, "x" * 20)
     kept = sorted(p.name[:2] for p in tmp_path.glob("*.jsa"))
     assert kept == ["aa", "bb", "cc", "dd", "ee", "ff", "kk", "xx"]
@@ -121,13 +170,13 @@ def test_archives_of_spark_installs_since_removed_or_changed_go_first(tmp_path: 
     cache.mkdir()
     installs = {key: _install(tmp_path / key) for key in ("a" * 20, "b" * 20, "c" * 20)}
     for age, (key, spark) in enumerate(installs.items()):
-        _written(cache / f"{key}.1.partial")
+        _ran(_written(cache / f"{key}.1.partial"))
         java.class_archive_options(cache, key, spark)  # puts it in place, notes its install
         _age(cache / f"{key}-4096.jsa", 1000 - age)  # "a" the least recently used
         assert (cache / f"{key}.install").exists()
     shutil.rmtree(installs["b" * 20])
     (installs["c" * 20] / "jars" / "spark-core.jar").write_text("22")  # reinstalled
-    _written(cache / f"{KEY}.1.partial")
+    _ran(_written(cache / f"{KEY}.1.partial"))
     java.class_archive_options(cache, KEY, _install(tmp_path / "k"))
     assert sorted(p.name[:2] for p in cache.glob("*.jsa")) == ["aa", "kk"]
     assert sorted(p.name[:2] for p in cache.glob("*.install")) == ["aa", "kk"]
@@ -150,7 +199,7 @@ def test_other_keys_finished_partial_files_are_kept_as_archives_are(tmp_path: Pa
     (seen: 11 of ~160 MB in a day); only the three newest stay, and dead writers' files go."""
     finished = []
     for age, key in enumerate("abcde"):
-        finished.append(_written(tmp_path / f"{key * 20}.{age}.partial"))
+        finished.append(_ran(_written(tmp_path / f"{key * 20}.{age}.partial")))
         _age(finished[-1], 60 + age)
     dead = _written(tmp_path / ("x" * 20 + ".9.partial"), magic=b"\0\0\0\0")
     _age(dead, 16 * 60)
@@ -213,6 +262,7 @@ def test_a_real_jvm_writes_an_archive_that_another_maps(tmp_path: Path) -> None:
         pytest.skip(f"needs Java {java.CLASS_ARCHIVE_MIN_JAVA}+ (found {version})")
     assert executable is not None
     writing = java.class_archive_options(tmp_path, KEY)
+    java.note_pipeline_ran()  # as the runner notes it after a pipeline
     subprocess.run([executable, *writing, "-version"], check=True, capture_output=True)
     using = java.class_archive_options(tmp_path, KEY)
     assert using[0].startswith(f"-XX:SharedArchiveFile={tmp_path / KEY}-")
@@ -297,3 +347,18 @@ def test_a_jvm_that_fails_on_its_archive_starts_again_without_it(
     assert "-Xlog:cds*=off" not in started[1]
     assert "-XX:TieredStopAtLevel=1" in started[1]
     assert not archive.exists()
+
+
+def test_a_pipeline_run_notes_it_beside_the_archive_its_jvm_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark_session: Any, beam_options: list[str]
+) -> None:
+    """After a pipeline, the partial archive of this process's JVM is marked as a full one."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    partial = tmp_path / f"{KEY}.1.partial"
+    monkeypatch.setattr(java, "_writing", partial)
+    with beam.Pipeline(options=PipelineOptions(beam_options)) as pipeline:
+        _ = pipeline | beam.Create([1, 2]) | beam.Map(str)
+    assert partial.with_suffix(".ran").exists()
+    assert java._writing is None  # noted once

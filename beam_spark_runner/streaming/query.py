@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from apache_beam.runners.runner import PipelineState
 
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner import worker_logs, worker_warnings
+from beam_spark_runner import java, worker_logs, worker_warnings
 from beam_spark_runner.attempts import AttemptCollector
 from beam_spark_runner.errors import StageExecutionError
 from beam_spark_runner.job import describe_failure, open_run_context
@@ -294,6 +294,7 @@ class _SinkWatch:
             previous = self.watermarks.get(marker.producer, marker.watermark)
             self.watermarks[marker.producer] = max(previous, marker.watermark)
         self.batches += 1
+        java.note_pipeline_ran()
         _LOGGER.debug("Micro-batch %d: sink watermarks %s", batch_id, self.watermarks)
         if self.final_batch is None and all(
             self.watermarks.get(p, -1) >= MAX_MICROS for p in self.expected
