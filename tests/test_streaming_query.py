@@ -14,13 +14,16 @@ if pyspark_version() < STREAMING_SPARK:
     pytest.skip("the query module needs PySpark 4.1+", allow_module_level=True)
 
 from beam_spark_runner.streaming.query import (
+    CHECKPOINT_FILE_MANAGER_CONF,
     ROCKSDB_PROVIDER,
     SIMPLIFIED_TRACEBACK_CONF,
     STATE_STORE_PROVIDER_CONF,
     QueryInterrupted,
+    checkpoint_file_settings,
     ensure_state_store,
     is_interruption,
     one_worker_daemon,
+    started_with,
 )
 
 # A session's own setting the runner leaves alone (query.ensure_state_store says why).
@@ -139,10 +142,10 @@ def test_a_query_starts_without_simplified_tracebacks_and_the_session_keeps_its_
     before: dict[str, str],
 ) -> None:
     spark = _Session(before)
-    with one_worker_daemon(spark):  # type: ignore[arg-type]
+    with started_with(spark, one_worker_daemon()):  # type: ignore[arg-type]
         assert spark.conf.values == {SIMPLIFIED_TRACEBACK_CONF: "false"}
     assert spark.conf.values == before
-    with pytest.raises(RuntimeError), one_worker_daemon(spark):  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError), started_with(spark, one_worker_daemon()):  # type: ignore[arg-type]
         raise RuntimeError("start() failed")
     assert spark.conf.values == before
 
@@ -167,5 +170,27 @@ def test_without_simplified_tracebacks_arrow_workers_get_transform_with_states_e
         return frame.collect()[0]["value"]
 
     assert worker_setting() == "1", "Spark no longer sets it: one_worker_daemon is not needed"
-    with one_worker_daemon(spark_session):
+    with started_with(spark_session, one_worker_daemon()):
         assert worker_setting() == ""
+
+
+def test_a_local_checkpoint_is_written_through_hadoops_file_system_api(
+    spark_session: Any, tmp_path: Any
+) -> None:
+    """No ``readlink`` process per renamed checkpoint file: on the local disk only, and only
+    where the session names no manager of its own; Spark finds the class it names."""
+    settings = checkpoint_file_settings(spark_session, str(tmp_path))
+    assert list(settings) == [CHECKPOINT_FILE_MANAGER_CONF]
+    name = settings[CHECKPOINT_FILE_MANAGER_CONF]
+    assert name is not None and name.endswith(".FileSystemBasedCheckpointFileManager")
+    jvm = spark_session.sparkContext._jvm
+    assert jvm.java.lang.Class.forName(name).getSimpleName() == (
+        "FileSystemBasedCheckpointFileManager"
+    )
+    assert checkpoint_file_settings(spark_session, f"file://{tmp_path}") == settings
+    # Another file system (Hadoop's HTTP one: no connection until a file is read) keeps
+    # Spark's default.
+    assert checkpoint_file_settings(spark_session, "http://127.0.0.1:9/checkpoint") == {}
+    with started_with(spark_session, {CHECKPOINT_FILE_MANAGER_CONF: "users.Manager"}):
+        assert checkpoint_file_settings(spark_session, str(tmp_path)) == {}
+    assert spark_session.conf.get(CHECKPOINT_FILE_MANAGER_CONF, None) is None
