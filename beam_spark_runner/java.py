@@ -246,6 +246,7 @@ def class_archive_options(directory: Path, key: str, spark: Path | None = None) 
     as it would have.
     """
     mapped: list[str] = []
+    rewrites = 0  # of a thin archive (see ``_THIN_REWRITES``), when one is mapped
     try:
         directory.mkdir(parents=True, exist_ok=True)
         if spark is not None:
@@ -255,9 +256,10 @@ def class_archive_options(directory: Path, key: str, spark: Path | None = None) 
             with contextlib.suppress(OSError):
                 os.utime(archive)  # most recently used: kept when old ones are pruned
             mapped = [f"-XX:SharedArchiveFile={archive}", _QUIET_CDS_LOG]
-            rewrites = _thin_rewrites(directory, key)
-            if rewrites is None or rewrites >= _THIN_REWRITES:
+            thin_rewrites = _thin_rewrites(directory, key)
+            if thin_rewrites is None or thin_rewrites >= _THIN_REWRITES:
                 return mapped
+            rewrites = thin_rewrites
         if shutil.disk_usage(directory).free < _MIN_FREE_BYTES:
             _LOGGER.info("No class archive for the driver JVM: under 2 GiB free in %s", directory)
             return mapped
