@@ -400,8 +400,12 @@ def _finished_archive(directory: Path, key: str, current: Path | None) -> Path |
         for _, partial in finished:
             discard_class_archive(partial)
             discard_class_archive(_ran_marker(partial))
-        # Their writers are done: none holds the claim any longer.
-        discard_class_archive(directory / f"{key}.claim")
+        # Their writers are done: the claim goes if one of them held it.
+        claim = directory / f"{key}.claim"
+        with contextlib.suppress(OSError, IndexError):
+            writers = {partial.suffixes[-2].lstrip(".") for _, partial in finished}
+            if claim.read_text(encoding="utf-8").strip() in writers:
+                claim.unlink()
     return current
 
 

@@ -116,6 +116,19 @@ def test_an_archive_whose_writer_ran_no_pipeline_is_written_again_twice_at_most(
     assert java.class_archive_options(tmp_path, KEY) == full
 
 
+def test_a_discarded_archive_frees_the_claim_only_if_its_writer_held_it(tmp_path: Path) -> None:
+    _ran(_written(tmp_path / f"{KEY}.1.partial", size=8192))
+    assert java.class_archive_options(tmp_path, KEY)[0].endswith(f"{KEY}-8192.jsa")
+    claim = tmp_path / f"{KEY}.claim"
+    claim.write_text("2")  # process 2 writes an archive
+    _written(tmp_path / f"{KEY}.1.partial", size=4096)  # process 1's, smaller: discarded
+    java.class_archive_options(tmp_path, KEY)
+    assert claim.read_text() == "2"
+    _written(tmp_path / f"{KEY}.2.partial", size=4096)  # process 2's, done and smaller
+    java.class_archive_options(tmp_path, KEY)
+    assert not claim.exists()
+
+
 def test_a_thin_archive_is_kept_after_two_rewrites(tmp_path: Path) -> None:
     _written(tmp_path / f"{KEY}.1.partial", size=8192)
     (tmp_path / f"{KEY}.thin").write_text("2")
