@@ -182,7 +182,7 @@ def test_a_local_checkpoint_is_written_through_hadoops_file_system_api(
     settings = checkpoint_file_settings(spark_session, str(tmp_path))
     assert list(settings) == [CHECKPOINT_FILE_MANAGER_CONF]
     name = settings[CHECKPOINT_FILE_MANAGER_CONF]
-    assert name is not None and name.endswith(".FileSystemBasedCheckpointFileManager")
+    assert name.endswith(".FileSystemBasedCheckpointFileManager")
     jvm = spark_session.sparkContext._jvm
     assert jvm.java.lang.Class.forName(name).getSimpleName() == (
         "FileSystemBasedCheckpointFileManager"
@@ -191,6 +191,8 @@ def test_a_local_checkpoint_is_written_through_hadoops_file_system_api(
     # Another file system (Hadoop's HTTP one: no connection until a file is read) keeps
     # Spark's default.
     assert checkpoint_file_settings(spark_session, "http://127.0.0.1:9/checkpoint") == {}
+    # One Hadoop cannot resolve (no file system for the scheme): the query will say so.
+    assert checkpoint_file_settings(spark_session, "nosuchfs://host/checkpoint") == {}
     with started_with(spark_session, {CHECKPOINT_FILE_MANAGER_CONF: "users.Manager"}):
         assert checkpoint_file_settings(spark_session, str(tmp_path)) == {}
     assert spark_session.conf.get(CHECKPOINT_FILE_MANAGER_CONF, None) is None

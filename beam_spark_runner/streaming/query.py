@@ -347,7 +347,7 @@ def ensure_state_store(spark: SparkSession) -> None:
         spark.conf.set(STATE_STORE_PROVIDER_CONF, ROCKSDB_PROVIDER)
 
 
-def one_worker_daemon() -> dict[str, str | None]:
+def one_worker_daemon() -> dict[str, str]:
     """The setting a query starts with so that it gets one Python worker daemon.
 
     Spark keeps a daemon per Python environment, and its ``mapInArrow`` runners give their
@@ -362,7 +362,7 @@ def one_worker_daemon() -> dict[str, str | None]:
     return {SIMPLIFIED_TRACEBACK_CONF: "false"}
 
 
-def checkpoint_file_settings(spark: SparkSession, checkpoint: str) -> dict[str, str | None]:
+def checkpoint_file_settings(spark: SparkSession, checkpoint: str) -> dict[str, str]:
     """The checkpoint file manager a query over a checkpoint on the local disk starts with.
 
     Spark's default writes each checkpoint file (the offset and commit logs, every state
@@ -375,41 +375,47 @@ def checkpoint_file_settings(spark: SparkSession, checkpoint: str) -> dict[str, 
     micro-batch of a two-level query 0.58-0.65 s instead of 0.72-0.87 s
     (``docs/performance.md``). Not for other file systems (HDFS, object stores), whose
     renames Spark's default handles as they need, nor where the session names a manager.
+    A location Hadoop cannot resolve here keeps the default too: the query reports it.
     """
+    from py4j.protocol import Py4JError
+
     if spark.conf.get(CHECKPOINT_FILE_MANAGER_CONF, None) is not None:
         return {}
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     hadoop_conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
-    if jvm.org.apache.hadoop.fs.Path(checkpoint).getFileSystem(hadoop_conf).getScheme() != "file":
+    try:
+        file_system = jvm.org.apache.hadoop.fs.Path(checkpoint).getFileSystem(hadoop_conf)
+        if file_system.getScheme() != "file":
+            return {}
+    except Py4JError:
         return {}
     for name in _FILE_SYSTEM_MANAGERS:
         try:
             jvm.java.lang.Class.forName(name)
-        except Exception:  # noqa: BLE001, S112 - py4j's error for a class this Spark lacks
+        except Py4JError:  # a class this Spark lacks
             continue
         return {CHECKPOINT_FILE_MANAGER_CONF: name}
     return {}
 
 
 @contextlib.contextmanager
-def started_with(spark: SparkSession, settings: dict[str, str | None]) -> Iterator[None]:
+def started_with(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
     """Within: ``settings`` on the session; a query started keeps them, the session not.
 
     A streaming query runs on a copy of its session's settings made when it starts.
     """
     previous = {key: spark.conf.get(key, None) for key in settings}
     for key, value in settings.items():
-        if value is not None:
-            spark.conf.set(key, value)
+        spark.conf.set(key, value)
     try:
         yield
     finally:
-        for key, value in previous.items():
-            if value is None:
+        for key, before in previous.items():
+            if before is None:
                 spark.conf.unset(key)
             else:
-                spark.conf.set(key, value)
+                spark.conf.set(key, before)
 
 
 def _source_plan(plan: Plan, topology: Topology) -> SourcePlan:
