@@ -56,6 +56,17 @@ def test_another_parallelism_is_refused(spark_session: Any, tmp_path: Path) -> N
         check_checkpoint(spark_session, str(tmp_path), _topology(shards=3))
 
 
+def test_a_checkpoint_of_an_earlier_runner_version_is_refused(
+    spark_session: Any, tmp_path: Path
+) -> None:
+    """Format 2 checkpoints hold the Python data source's offsets, which this one cannot read."""
+    check_checkpoint(spark_session, str(tmp_path), _topology())
+    recorded = json.loads((tmp_path / PLAN_FILE).read_text())
+    (tmp_path / PLAN_FILE).write_text(json.dumps({**recorded, "format": 2}))
+    with pytest.raises(CheckpointMismatchError, match="format 2, this one in 3"):
+        check_checkpoint(spark_session, str(tmp_path), _topology())
+
+
 @pytest.mark.skipif(
     pyspark_version() < STREAMING_SPARK, reason="the query module needs PySpark 4.1+"
 )

@@ -25,7 +25,9 @@ _LOGGER = logging.getLogger(__name__)
 
 PLAN_FILE = "beam-plan.json"
 # 2: nodes by identity (their sorted transforms), not by Beam's stage name.
-_FORMAT = 2
+# 3: the query's source is Spark's ``rate-micro-batch`` (its offsets are not the Python data
+#    source's of formats 1 and 2).
+_FORMAT = 3
 
 
 class CheckpointMismatchError(SparkRunnerError, ValueError):
@@ -49,7 +51,8 @@ def differences(found: dict[str, Any], expected: dict[str, Any]) -> list[str]:
     if found.get("format") != expected["format"]:
         return [
             f"it was written by a runner version that records the graph in format "
-            f"{found.get('format')}, this one in {expected['format']}"
+            f"{found.get('format')}, this one in {expected['format']} (restart it with the "
+            "runner version that wrote it)"
         ]
     if found.get("shards") != expected["shards"]:
         out.append(
