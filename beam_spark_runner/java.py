@@ -354,32 +354,33 @@ def _usable_archive(directory: Path, key: str) -> Path | None:
 
 
 def _finished_archive(directory: Path, key: str, current: Path | None) -> Path | None:
-    """The archive to use: ``current``, or the largest finished one if larger, put in place.
+    """The archive to use: ``current``, or a finished one put in place instead.
 
-    Other partial files go once an archive is in place: finished ones no larger, and
-    unfinished ones older than ``_STALE_PARTIAL_SECONDS``.
+    A finished archive replaces ``current`` when it is larger, or when ``current`` is thin
+    and its own writer ran a pipeline; of several, those whose writers ran a pipeline come
+    first, then the largest. Other partial files go once an archive is in place: finished
+    ones not chosen, and unfinished ones older than ``_STALE_PARTIAL_SECONDS``.
     """
-    finished: list[tuple[int, Path]] = []
+    # (its writer ran a pipeline, its size, the partial file)
+    finished: list[tuple[bool, int, Path]] = []
     for partial in directory.glob(f"{key}.*.partial"):
         stamp = _stamp(partial)
         if stamp is None:
             continue
         if is_complete_archive(partial):
-            finished.append((stamp[0], partial))
+            finished.append((_ran_marker(partial).exists(), stamp[0], partial))
         elif _age_seconds(stamp) > _STALE_PARTIAL_SECONDS:
             discard_class_archive(partial)
-    # Archives whose writers ran a pipeline first, then the largest.
-    finished.sort(key=lambda found: (_ran_marker(found[1]).exists(), found[0]), reverse=True)
+    finished.sort(reverse=True)
     current_stamp = _stamp(current) if current is not None else None
     current_size = current_stamp[0] if current_stamp is not None else 0
     thin_note = directory / f"{key}.thin"
-    current_thin = current is not None and thin_note.exists()
     if finished and (
-        finished[0][0] > current_size or (current_thin and _ran_marker(finished[0][1]).exists())
+        finished[0][1] > current_size
+        or (finished[0][0] and current is not None and thin_note.exists())
     ):
-        size, partial = finished.pop(0)
+        ran, size, partial = finished.pop(0)
         placed = directory / f"{key}-{size}.jsa"
-        ran = _ran_marker(partial).exists()
         try:
             os.replace(partial, placed)
         except FileNotFoundError:  # another start put it in place first
@@ -397,13 +398,13 @@ def _finished_archive(directory: Path, key: str, current: Path | None) -> Path |
         _prune(directory)
         current = placed
     if current is not None and finished:
-        for _, partial in finished:
+        for _, _, partial in finished:
             discard_class_archive(partial)
             discard_class_archive(_ran_marker(partial))
         # Their writers are done: the claim goes if one of them held it.
         claim = directory / f"{key}.claim"
         with contextlib.suppress(OSError, IndexError):
-            writers = {partial.suffixes[-2].lstrip(".") for _, partial in finished}
+            writers = {partial.suffixes[-2].lstrip(".") for _, _, partial in finished}
             if claim.read_text(encoding="utf-8").strip() in writers:
                 claim.unlink()
     return current

@@ -16,7 +16,6 @@ A source of Spark's own costs no Python process beside the driver. A Python data
 its offsets and others to create and plan it: about 0.5 s before the first micro-batch
 (``docs/performance.md``).
 
-This module imports no Beam: the workers running it have Beam, the driver may not yet.
 """
 
 from __future__ import annotations
@@ -27,8 +26,10 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from beam_spark_runner.spark_compat import named_function
 from beam_spark_runner.streaming.rows import routed_type, to_batch
 from beam_spark_runner.streaming.source_plan import SourcePlan
+from beam_spark_runner.translators.map_in_arrow import map_in_arrow
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -40,9 +41,6 @@ WALL_CLOCK = "wall_clock"
 
 def source_frame(spark: SparkSession, plan: SourcePlan) -> DataFrame:
     """The rows of every micro-batch: ``plan``'s, as ``rows.routed_type()``."""
-    from beam_spark_runner.spark_compat import named_function
-    from beam_spark_runner.translators.map_in_arrow import map_in_arrow
-
     ticks = (
         spark.readStream.format(TICKS_FORMAT)
         .option("rowsPerBatch", 1)

@@ -8,16 +8,13 @@ wall-clock start would make every early pane late). Without a TestStream, proces
 is the driver's wall clock when the batch was planned. Spark streams
 (``spark_sources``) are roots too, read beside the source: it says -inf for them.
 
-The plan is built on the driver and read in the source (``source``). It imports neither
-Beam nor PySpark's data source API, so the driver can build it with any PySpark (an older
-one is refused by ``streaming.check``, not by an import error).
+The plan is built on the driver and pickled with the source's ``mapInArrow`` function
+(``source``), which reads it in the workers. It imports neither Beam nor Spark.
 """
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import pickle
 from collections.abc import Iterator
 
 from beam_spark_runner.streaming.rows import Row, element_row, marker_rows, packed
@@ -48,17 +45,6 @@ class SourcePlan:
     # Roots another source fills (Spark streams): their watermark is not this source's to
     # say, so its markers for them say -inf (they still make every shard run each batch).
     open_roots: frozenset[str] = frozenset()
-
-    def encode(self) -> str:
-        """The plan as a data source option (a string)."""
-        return base64.b64encode(pickle.dumps(self)).decode()
-
-    @staticmethod
-    def decode(option: str) -> SourcePlan:
-        """The plan an option holds."""
-        plan = pickle.loads(base64.b64decode(option))
-        assert isinstance(plan, SourcePlan)
-        return plan
 
     @property
     def batches_with_events(self) -> int:
