@@ -11,6 +11,7 @@ import pytest
 from stage_specs import stage_spec
 
 from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.execution import stage_worker
 from beam_spark_runner.execution.stage_worker import (
     BUNDLE_SAMPLING_PERIOD_MS,
     ELEMENT,
@@ -93,3 +94,16 @@ def test_bundles_of_a_stage_worker_sample_every_20_ms_at_most(
     list(run_stage(finalizing_stage("sampling-run"), impulse_batches(1)))
     sampler = statesampler.StateSampler("probe", counters.CounterFactory())
     assert sampler.sampling_period_ms == BUNDLE_SAMPLING_PERIOD_MS == 20
+
+
+def test_a_task_of_an_empty_partition_sets_up_no_stage_worker() -> None:
+    # A GroupByKey whose keys all hash to one partition leaves the others empty (every
+    # assert_that's grouping): their tasks return at once instead of building the stage's
+    # DoFns and Beam's bundle processor for nothing.
+    spec = finalizing_stage("empty-partition")
+    empty = pa.RecordBatch.from_arrays([pa.array([], type=pa.binary())], names=[ELEMENT])
+    assert list(run_stage(spec, iter([]))) == []
+    assert list(run_stage(spec, iter([empty]))) == []
+    assert spec.cache_key not in stage_worker._WORKERS
+    assert sum(batch.num_rows for batch in run_stage(spec, impulse_batches(1))) == 1
+    assert spec.cache_key in stage_worker._WORKERS

@@ -705,14 +705,18 @@ def run_stage_bundles(
     A bundle's input is its encoded elements, or an iterable of pieces of them: a native
     text read's (``TextInput``), a Spark stream's columns (``ValuesInput``).
     """
-    with recording(sinks):
-        worker = stage_worker(spec)
-    process = worker.process_keys if spec.stateful else worker.process
-    worker.drop_unfinalized()  # left over from a task of this worker that failed
+    worker: StageWorker | None = None
     with task_metrics(sinks.metrics, spec.name) as metrics:
         for data in bundles:
             if not data:
                 continue
+            if worker is None:
+                # Set up on the first element: a task of an empty partition (a
+                # GroupByKey's keys all hashed elsewhere) sets nothing up.
+                with recording(sinks):
+                    worker = stage_worker(spec)
+                worker.drop_unfinalized()  # left over from a task of this worker that failed
+            process = worker.process_keys if spec.stateful else worker.process
             outputs_of_bundle = process(data, metrics)
             while True:
                 try:
