@@ -51,6 +51,9 @@ def register_options(module: types.ModuleType) -> None:
 
 _AFTER_IMPORT = {_BEAM_RUNNER_MODULE: register, _BEAM_OPTIONS_MODULE: register_options}
 
+# The module PySpark runs a streaming query's stateful-level "pre-init" as (``python -m``).
+PRE_INIT_MODULE = "pyspark.sql.streaming.transform_with_state_driver_worker"
+
 
 class _RegisteringLoader:
     """Delegates to Beam's real loader, then runs our registration step.
@@ -143,12 +146,42 @@ def prefer_installed_pyspark(path: list[str]) -> list[str]:
     return dropped
 
 
+def runs_module(argv: Sequence[str], module: str) -> bool:
+    """Whether the command line ``argv`` (``sys.orig_argv``) is ``python ... -m module``."""
+    for index, arg in enumerate(argv[1:-1], start=1):
+        if arg == "-m":
+            return argv[index + 1] == module
+    return False
+
+
+def silence_stdout() -> None:
+    """Sends this process's standard output to ``os.devnull``, for the process's life."""
+    if getattr(sys.stdout, "name", None) != os.devnull:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the process's life
+
+
+def quiet_pre_init(argv: Sequence[str]) -> bool:
+    """In a streaming query's pre-init process: its standard output goes nowhere.
+
+    PySpark starts one such process per stateful level and query beside the driver and
+    sends its standard output to the driver's console, where it printed "Starting Streaming
+    TransformWithStateInPandas Python worker." and more: noise a Beam user cannot act on.
+    Its real errors go to the JVM over its socket. Returns whether it silenced.
+    """
+    if runs_module(argv, PRE_INIT_MODULE):
+        silence_stdout()
+        return True
+    return False
+
+
 def install() -> None:
     """Registers now for Beam modules already loaded, else when they are imported.
 
-    Also prefers the installed PySpark to Spark's zip of it (:func:`prefer_installed_pyspark`).
+    Also prefers the installed PySpark to Spark's zip of it (:func:`prefer_installed_pyspark`)
+    and silences a streaming query's pre-init processes (:func:`quiet_pre_init`).
     """
     prefer_installed_pyspark(sys.path)
+    quiet_pre_init(getattr(sys, "orig_argv", ()))
     pending = False
     for name, after in _AFTER_IMPORT.items():
         loaded = sys.modules.get(name)

@@ -188,7 +188,7 @@ def test_a_streaming_pipeline_prints_no_noise(
     assert result.returncode == 0, output
     assert "Traceback" not in output, output
     for noise in (
-        "TransformWithStateInPandas Python worker finish init",  # the pre-init's prints
+        "TransformWithStateInPandas Python worker",  # the pre-init's prints
         "Disabling AQE",
         "No more data to read from the socket",
         "Cannot find active jobs",

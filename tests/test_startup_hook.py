@@ -171,3 +171,38 @@ def test_spark_python_workers_import_the_installed_pyspark(spark_session):
     (found,) = spark_session.sparkContext.parallelize([0], 1).map(where).collect()
     assert ".zip" not in found
     assert found.endswith("pyspark/__init__.py")
+
+
+def test_a_streaming_pre_init_process_prints_nothing_from_its_start(run_python, tmp_path):
+    """PySpark's pre-init process of a stateful level printed to the driver's console.
+
+    Its first line ("Starting Streaming TransformWithStateInPandas Python worker.") came
+    before anything of the runner's was unpickled there: the start-up hook silences the
+    process's standard output as it starts. A stand-in module of the same name prints it.
+    """
+    package = tmp_path / "pyspark" / "sql" / "streaming"
+    package.mkdir(parents=True)
+    for directory in (tmp_path / "pyspark", tmp_path / "pyspark" / "sql", package):
+        (directory / "__init__.py").write_text("", encoding="utf-8")
+    (package / "transform_with_state_driver_worker.py").write_text(
+        "import sys\n"
+        'print("Starting Streaming TransformWithStateInPandas Python worker.")\n'
+        'print("still running", file=sys.stderr)\n',
+        encoding="utf-8",
+    )
+    completed = run_python(["-m", _startup_hook.PRE_INIT_MODULE], cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    assert "still running" in completed.stderr
+    assert completed.stdout == ""
+    # Any other module keeps its output.
+    (tmp_path / "other.py").write_text('print("kept")\n', encoding="utf-8")
+    assert run_python(["-m", "other"], cwd=tmp_path).stdout == "kept\n"
+
+
+def test_only_the_module_run_with_dash_m_counts_as_the_pre_init():
+    module = _startup_hook.PRE_INIT_MODULE
+    assert _startup_hook.runs_module(["python", "-u", "-m", module], module)
+    assert not _startup_hook.runs_module(["python", "-m", "other", "-m", module], module)
+    assert not _startup_hook.runs_module(["python", "-c", "pass", module], module)
+    assert not _startup_hook.runs_module(["python", "-m"], module)
+    assert not _startup_hook.runs_module([], module)

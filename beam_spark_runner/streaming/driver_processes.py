@@ -3,8 +3,10 @@
 For each query PySpark starts, on the driver's machine, one "pre-init" process per stateful
 level (``level_shell.LevelShell``: its state variables). Its standard output goes to the
 driver's standard error, where PySpark printed four lines about "TransformWithStateInPandas"
-per level and query: noise a Beam user cannot act on. The level shell, unpickled there,
-calls :func:`quiet_pre_init`. The process sends its real errors to the JVM over its socket.
+per level and query: noise a Beam user cannot act on. The runner's start-up hook silences
+the process as it starts (``_startup_hook.quiet_pre_init``); where the hook is not
+installed, the level shell, unpickled there, calls :func:`quiet_pre_init` (the first line
+is printed by then). The process sends its real errors to the JVM over its socket.
 
 Workers forked from a Python daemon print a ``BrokenPipeError`` traceback when the JVM
 closes their socket while they wait for their next task: a worker idle for a minute, every
@@ -19,13 +21,12 @@ This module imports no Beam.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
-# The module PySpark runs a level's pre-init as (``python -m``).
-PRE_INIT_MODULE = "pyspark.sql.streaming.transform_with_state_driver_worker"
+from beam_spark_runner._startup_hook import PRE_INIT_MODULE, silence_stdout
+
 # PySpark's own daemon, which forks the driver's data-source lookup worker.
 PLAIN_DAEMON_MODULE = "pyspark.daemon"
 
@@ -41,8 +42,8 @@ def running_as(module: str) -> bool:
 
 def quiet_pre_init() -> None:
     """In a pre-init process: silences its standard output (PySpark's progress prints)."""
-    if running_as(PRE_INIT_MODULE) and getattr(sys.stdout, "name", None) != os.devnull:
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the process's life
+    if running_as(PRE_INIT_MODULE):
+        silence_stdout()
 
 
 Worker = Callable[[Any, bool], int]
