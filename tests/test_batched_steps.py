@@ -33,7 +33,7 @@ from beam_spark_runner import planning
 from beam_spark_runner.errors import StageExecutionError
 from beam_spark_runner.execution import text_read
 from beam_spark_runner.execution.batched_plan import plan_batched_steps
-from beam_spark_runner.execution.batched_steps import _CHUNK, SizeSampler
+from beam_spark_runner.execution.batched_steps import _CHUNK, SizeSampler, _with_arguments
 from beam_spark_runner.execution.side_inputs import side_input_state_entries
 from beam_spark_runner.execution.stage_worker import (
     ELEMENT,
@@ -220,6 +220,15 @@ STEPS: dict[str, Callable[[Any], Any]] = {
         | beam.FlatMap(lambda x, times: [x] * (x % times), times=3)
         | beam.Filter(lambda x, odd: x % 2 == odd, 1)
         | beam.Map(lambda x, k: x + k, k=5)
+    ),
+    # Keyword arguments passed positionally where they bind so, else as keywords.
+    "keyword_arguments": lambda pc: (
+        pc
+        | beam.Map(lambda x, a, b, c: x * a + b - c, 2, c=1, b=7)
+        | beam.Map(lambda x, a=1, b=2: x * a + b, b=3)
+        | beam.Map(lambda x, *, k: x + k, k=4)
+        | beam.Map(lambda x, **kw: x + sum(kw.values()), p=1, q=2)
+        | beam.FlatMap(lambda x, a, b, c, d: [x, a + b + c + d], 1, 2, 3, d=4)
     ),
     "bundle_outputs": lambda pc: pc | beam.ParDo(BundleOutputs()),
     "global_windows": lambda pc: (
@@ -1029,3 +1038,60 @@ def test_sizes_are_sampled_at_beams_decaying_rate_over_the_steps_life() -> None:
     assert 0.7 * expected < picked < 1.3 * expected, (picked, expected)
     # Not per batch: a sampler that has seen a million elements samples few more.
     assert len(sampler.pick(_CHUNK)) <= 2
+
+
+def _keyword_only(element: int, *, k: int) -> tuple[int, int]:
+    return element, k
+
+
+def _catch_all(
+    element: int, *rest: int, **named: int
+) -> tuple[int, tuple[int, ...], dict[str, int]]:
+    return element, rest, named
+
+
+def _defaults(element: int, a: int = 1, b: int = 2, c: int = 3) -> tuple[int, int, int, int]:
+    return element, a, b, c
+
+
+class _Callable:
+    __hash__ = None  # type: ignore[assignment]
+
+    def __call__(self, element: int, a: int, b: int) -> tuple[int, int, int]:
+        return element, a, b
+
+
+@pytest.mark.parametrize(
+    ("fn", "args", "kwargs"),
+    [
+        (_defaults, (), {}),
+        (_defaults, (5,), {}),
+        (_defaults, (5, 6), {}),
+        (_defaults, (5, 6, 7), {}),
+        (_defaults, (), {"b": 8, "a": 9}),
+        (_defaults, (5,), {"c": 8}),  # b left at its default: passed by keyword
+        (_defaults, (), {"a": 4, "b": 5, "c": 6}),
+        (_keyword_only, (), {"k": 3}),
+        (_catch_all, (1, 2), {"x": 3}),
+        (_catch_all, (1, 2, 3), {}),
+        (_Callable(), (), {"b": 2, "a": 1}),
+        (len, (), {}),
+    ],
+)
+def test_extra_arguments_reach_the_function_as_beams_call_passes_them(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    orders: dict[Any, Any] = {}
+    element: Any = [1, 2] if fn is len else 0
+    expected = fn(element, *args, **kwargs)
+    assert _with_arguments(fn, args, kwargs, orders)(element) == expected
+    assert _with_arguments(fn, args, kwargs, orders)(element) == expected  # remembered
+
+
+def test_a_call_that_fails_fails_as_beams_call_does() -> None:
+    for args, kwargs in (((1, 2, 3, 4), {}), ((), {"d": 1}), ((1,), {"a": 2})):
+        with pytest.raises(TypeError) as beams:
+            _defaults(0, *args, **kwargs)
+        with pytest.raises(TypeError) as ours:
+            _with_arguments(_defaults, args, kwargs)(0)
+        assert str(ours.value) == str(beams.value)
