@@ -74,6 +74,15 @@ class WithParams(beam.DoFn):
         yield element, int(timestamp.micros), repr(win)
 
 
+class CountsAfterYielding(beam.DoFn):
+    """A generator of 0, 1, 255, 256, 257 or 512 outputs, counting after its last one."""
+
+    def process(self, element: int) -> Iterator[int]:
+        for i in range((0, 1, 255, 256, 257, 512)[element % 6]):
+            yield element * 1000 + i
+        Metrics.counter("test", "ended").inc()
+
+
 class BundleOutputs(beam.DoFn):
     """Outputs from finish_bundle, after counting the bundle's elements."""
 
@@ -162,6 +171,7 @@ def _three_maps(pc: Any) -> Any:
 STEPS: dict[str, Callable[[Any], Any]] = {
     "map": lambda pc: pc | beam.Map(_counted),
     "flat_map": lambda pc: pc | beam.FlatMap(lambda x: [x] * (x % 3)),
+    "generators_around_a_chunk": lambda pc: pc | beam.ParDo(CountsAfterYielding()),
     "filter": lambda pc: pc | beam.Filter(lambda x: x % 4 != 1),
     "map_tuple": lambda pc: (
         pc | beam.Map(lambda x: (x, str(x))) | beam.MapTuple(lambda a, b: f"{b}:{a + 1}")

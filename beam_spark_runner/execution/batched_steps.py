@@ -463,10 +463,16 @@ class _Step:
             else:
                 # An iterator (a generator, a range) is read a chunk at a time, not whole.
                 iterator = iter(results)
-                while piece := list(itertools.islice(iterator, _CHUNK)):
-                    self._extend(windowed_value, piece)
-                    if len(receiver.values) >= _CHUNK:
-                        flush()
+                while True:
+                    piece = list(itertools.islice(iterator, _CHUNK))
+                    if piece:
+                        self._extend(windowed_value, piece)
+                        if len(receiver.values) >= _CHUNK:
+                            flush()
+                    if len(piece) < _CHUNK:
+                        # It has ended: asking again would cost a call per element, a
+                        # third of a one-output generator's handling (0.63 -> 0.40 us).
+                        break
             if len(receiver.values) >= _CHUNK:
                 flush()
 
