@@ -478,7 +478,10 @@ class _Step:
 
     def _extend(self, windowed_value: Any, results: list[Any]) -> None:
         """One element's outputs, with its windowing (or through Beam's handler)."""
-        if self._plain(results):
+        if len(results) == 1 and type(results[0]) in self.plain_types:
+            # A one-output element (most generators'): no set of its types to build.
+            self.receiver.values.append(windowed_value.with_value(results[0]))
+        elif self._plain(results):
             self.receiver.values.extend(map(windowed_value.with_value, results))
         else:
             self._handle_each([windowed_value] * len(results), results)
