@@ -79,7 +79,7 @@ def _nanos_to_ms(nanos: int) -> int:
 _GLOBAL_WINDOW = GlobalWindow()
 
 
-_ArgumentOrders = dict[tuple[int, tuple[str, ...]], "tuple[str, ...] | None"]
+_ArgumentOrders = dict[tuple[int, tuple[str, ...]], tuple[str, ...] | None]
 
 
 def _with_arguments(
@@ -98,13 +98,11 @@ def _with_arguments(
     up to two extra arguments are held by the closure.
     """
     if kwargs:
+        orders = {} if orders is None else orders
         shape = (len(args), tuple(kwargs))
-        if orders is None or shape not in orders:
-            order = _positional_order(fn, *shape)
-            if orders is not None:
-                orders[shape] = order
-        else:
-            order = orders[shape]
+        if shape not in orders:
+            orders[shape] = _positional_order(fn, *shape)
+        order = orders[shape]
         if order is None:
             return lambda element: fn(element, *args, **kwargs)
         args = (*args, *(kwargs[name] for name in order))

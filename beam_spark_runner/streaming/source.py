@@ -15,7 +15,6 @@ A source of Spark's own costs no Python process beside the driver. A Python data
 (PySpark 4's ``DataSource`` API, which this was before) made every query start one to serve
 its offsets and others to create and plan it: about 0.5 s before the first micro-batch
 (``docs/performance.md``).
-
 """
 
 from __future__ import annotations
