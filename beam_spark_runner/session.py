@@ -22,12 +22,13 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from beam_spark_runner import java, spark_compat
+from beam_spark_runner import java, spark_compat, worker_warmup
 from beam_spark_runner.java import check_java, required_java_major
 from beam_spark_runner.master_reachability import check_master_reachable
 from beam_spark_runner.options import DEFAULT_MASTER, SparkSettings
 
 if TYPE_CHECKING:
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
 _LOGGER = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ def session_conf(master: str, settings: SparkSettings) -> dict[str, str]:
         # Workers forked from a daemon that already imported Beam start in milliseconds
         # instead of seconds (see worker_daemon). Remote executors may not have this
         # package installed before tasks ship it, so only local sessions use it.
-        conf["spark.python.daemon.module"] = "beam_spark_runner.worker_daemon"
+        conf[worker_warmup.DAEMON_CONF] = worker_warmup.DAEMON_MODULE
         conf["spark.driver.memory"] = local_driver_memory()
     # Adaptive execution merges shuffle partitions smaller than 1 MiB into one task, a
     # good trade for rows Spark itself processes. A Beam stage spends its time in Python
@@ -204,6 +205,15 @@ def _jvm_started() -> bool:
 def _start(master: str, settings: SparkSettings, conf: dict[str, str]) -> SparkSession:
     from pyspark.sql import SparkSession
 
+    if worker_warmup.applies(conf):
+        # The context first, so that its Python workers start while the SQL session does
+        # (the builder below takes this context).
+        from pyspark import SparkConf, SparkContext
+
+        spark_conf = SparkConf().setMaster(master).setAppName(settings.app_name)
+        context = SparkContext.getOrCreate(spark_conf.setAll(list(conf.items())))
+        worker_environment(context)
+        worker_warmup.start(context)
     builder = SparkSession.builder.master(master).appName(settings.app_name)
     for key, value in conf.items():
         builder = builder.config(key, value)
@@ -260,13 +270,33 @@ def share_driver_path(session: SparkSession) -> None:
     module). Executors of local masters run on this machine, so the driver's import path
     is valid there. Remote clusters need the code installed or shipped instead.
     """
-    if not is_local_master(session.sparkContext.master or ""):
+    _share_driver_path(session.sparkContext)
+
+
+def worker_environment(context: SparkContext) -> None:
+    """The environment of every Python worker of a session running the runner's daemon.
+
+    The driver's import path (``share_driver_path``), and ``SPARK_SIMPLIFIED_TRACEBACK=1``,
+    which Spark gives only some kinds of task (``mapInArrow``'s, not an RDD's or
+    ``transformWithState``'s): with it in every task's environment, they all fork from one
+    daemon, the one ``worker_warmup`` starts. What a failure shows is unchanged: the
+    workers format the user's traceback themselves (``errors.StageExecutionError``).
+    """
+    _share_driver_path(context)
+    context.environment[SIMPLIFIED_TRACEBACK] = "1"
+
+
+SIMPLIFIED_TRACEBACK = "SPARK_SIMPLIFIED_TRACEBACK"
+
+
+def _share_driver_path(context: SparkContext) -> None:
+    if not is_local_master(context.master or ""):
         return
     paths = [p for p in sys.path if p and os.path.isdir(p)]
     cwd = os.getcwd()
     if cwd not in paths:
         paths.append(cwd)
-    session.sparkContext.environment["PYTHONPATH"] = os.pathsep.join(paths)
+    context.environment["PYTHONPATH"] = os.pathsep.join(paths)
 
 
 def _stop_owned() -> None:

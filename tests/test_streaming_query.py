@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from beam_spark_runner.session import SIMPLIFIED_TRACEBACK
 from beam_spark_runner.spark_compat import pyspark_version
 from beam_spark_runner.streaming.check import STREAMING_SPARK
 
@@ -154,7 +155,10 @@ def test_without_simplified_tracebacks_arrow_workers_get_transform_with_states_e
     spark_session: Any,
 ) -> None:
     """Spark's ``mapInArrow`` workers get ``SPARK_SIMPLIFIED_TRACEBACK`` from the setting,
-    its ``transformWithState`` workers never: with it off, both run in one daemon's forks."""
+    its ``transformWithState`` workers never: with it off, both run in one daemon's forks.
+
+    That is Spark's own behaviour, in a session the runner did not create. The runner's
+    sessions give every worker the variable (``session.worker_environment``)."""
 
     def environment(batches: Any) -> Any:
         import os
@@ -169,9 +173,16 @@ def test_without_simplified_tracebacks_arrow_workers_get_transform_with_states_e
         frame = spark_session.range(1, numPartitions=1).mapInArrow(environment, "value string")
         return frame.collect()[0]["value"]
 
-    assert worker_setting() == "1", "Spark no longer sets it: one_worker_daemon is not needed"
+    worker_env = spark_session.sparkContext.environment
+    runners = worker_env.pop(SIMPLIFIED_TRACEBACK)
+    try:
+        assert worker_setting() == "1", "Spark no longer sets it: one_worker_daemon is not needed"
+        with started_with(spark_session, one_worker_daemon()):
+            assert worker_setting() == ""
+    finally:
+        worker_env[SIMPLIFIED_TRACEBACK] = runners
     with started_with(spark_session, one_worker_daemon()):
-        assert worker_setting() == ""
+        assert worker_setting() == "1"
 
 
 def test_a_local_checkpoint_is_written_through_hadoops_file_system_api(

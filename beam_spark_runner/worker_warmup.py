@@ -1,0 +1,89 @@
+"""Starts a local session's Python worker daemon while the session itself starts.
+
+A local session's first Python task starts the runner's worker daemon
+(``beam_spark_runner.worker_daemon``), which imports Beam, pyarrow and the runner's executor
+before it forks workers: 1.5-2 s of the first pipeline of every process, spent only after
+the driver had started the SQL session, translated the pipeline and submitted its first job.
+
+``start`` runs a tiny RDD job in a background thread as soon as the Spark context is up, so
+the daemon imports while the driver starts the SQL session (its first query alone takes
+about 2 s: Catalyst's classes and code generation) and translates the pipeline. Its tasks
+leave forked workers in PySpark's pool of idle workers for the pipeline's tasks to reuse.
+
+Spark keeps one daemon per Python environment: a worker's environment variables are part
+of its key. An RDD task's variables are the context's environment plus Spark's own; a
+``mapInArrow`` task's add ``SPARK_SIMPLIFIED_TRACEBACK=1`` (while
+``spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled`` is on, Spark's default), a
+``transformWithState`` task's do not. ``session.worker_environment`` puts that variable and
+the driver's import path (``PYTHONPATH``, as ``session.share_driver_path`` sets it for each
+pipeline) in the context's environment first, so every task of the session, batch or
+streaming, forks from the daemon this job started.
+
+Only where the session runs the runner's daemon (the local sessions the runner creates,
+``session.session_conf``): a cluster's executors start their own, and a warm-up job there
+would only queue beside the pipeline's.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
+
+_LOGGER = logging.getLogger(__name__)
+
+DAEMON_CONF = "spark.python.daemon.module"
+DAEMON_MODULE = "beam_spark_runner.worker_daemon"
+DESCRIPTION = "beam-spark-runner: starting the Python workers"
+
+# The Spark contexts (their JVM side) whose workers were warmed: once per context.
+_warmed: weakref.WeakSet[Any] = weakref.WeakSet()
+_lock = threading.Lock()
+
+
+def _elements(elements: Iterable[int]) -> Iterator[int]:
+    """The warm-up's function: its partition's elements, unchanged."""
+    yield from elements
+
+
+def _warm(context: SparkContext, tasks: int) -> None:
+    try:
+        context.setJobDescription(DESCRIPTION)
+        context.parallelize(range(tasks), tasks).mapPartitions(_elements).collect()
+        _LOGGER.debug("The local Python worker daemon is up")
+    except Exception:  # noqa: BLE001 - the pipeline's own tasks report a worker that fails
+        _LOGGER.debug("Warming the local Python workers failed", exc_info=True)
+
+
+def applies(conf: Mapping[str, str]) -> bool:
+    """Whether a session of these settings runs the runner's worker daemon."""
+    return conf.get(DAEMON_CONF) == DAEMON_MODULE
+
+
+def start(context: SparkContext) -> threading.Thread | None:
+    """Starts the warm-up job in a background thread; the thread, or None if not needed.
+
+    Not needed where the context does not run the runner's worker daemon, or where it was
+    warmed already. Call it once the context's environment is final
+    (``session.worker_environment``).
+    """
+    if context.getConf().get(DAEMON_CONF) != DAEMON_MODULE:
+        return None
+    jcontext = context._jsc  # noqa: SLF001 - the context's identity for its lifetime
+    with _lock:
+        if jcontext in _warmed:
+            return None
+        _warmed.add(jcontext)
+    thread = threading.Thread(
+        target=_warm,
+        args=(context, max(1, context.defaultParallelism)),
+        name="beam-spark-runner-worker-warmup",
+        daemon=True,
+    )
+    thread.start()
+    return thread

@@ -1,0 +1,180 @@
+"""Tests for worker_warmup and the workers' environment: one daemon, started with the session."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.util import assert_that, equal_to
+from apache_beam.transforms.periodicsequence import PeriodicImpulse
+from apache_beam.transforms.window import FixedWindows
+from apache_beam.utils.timestamp import Timestamp
+
+from beam_spark_runner import worker_warmup
+from beam_spark_runner.session import SIMPLIFIED_TRACEBACK, worker_environment
+
+
+class _FakeRdd:
+    def __init__(self, context: _FakeContext, data: range, partitions: int) -> None:
+        self._context = context
+        self._data = data
+        self._partitions = partitions
+        self._function: Callable[..., Any] | None = None
+
+    def mapPartitions(self, function: Callable[..., Any]) -> _FakeRdd:  # noqa: N802 - Spark's
+        self._function = function
+        return self
+
+    def collect(self) -> list[Any]:
+        assert self._function is not None
+        self._context.jobs.append((self._context.description, self._partitions))
+        return list(self._function(iter(self._data)))
+
+
+class _JavaContext:
+    """Stands for the context's JVM side (py4j's object: weakly referenceable)."""
+
+
+class _FakeContext:
+    def __init__(self, daemon_module: str | None) -> None:
+        self._jsc = _JavaContext()
+        self._conf = {} if daemon_module is None else {worker_warmup.DAEMON_CONF: daemon_module}
+        self.defaultParallelism = 2
+        self.description: str | None = None
+        self.jobs: list[tuple[str | None, int]] = []
+        self.master = "local[2]"
+        self.environment: dict[str, str] = {}
+
+    def getConf(self) -> Any:  # noqa: N802 - Spark's name
+        return SimpleNamespace(get=self._conf.get)
+
+    def setJobDescription(self, description: str) -> None:  # noqa: N802 - Spark's name
+        self.description = description
+
+    def parallelize(self, data: range, partitions: int) -> _FakeRdd:
+        return _FakeRdd(self, data, partitions)
+
+
+def test_a_context_running_the_runners_daemon_is_warmed_once_with_a_named_job() -> None:
+    context = _FakeContext(worker_warmup.DAEMON_MODULE)
+    thread = worker_warmup.start(context)  # type: ignore[arg-type]
+    assert thread is not None
+    thread.join(timeout=10)
+    assert context.jobs == [(worker_warmup.DESCRIPTION, 2)]
+    assert worker_warmup.start(context) is None  # type: ignore[arg-type]
+    assert len(context.jobs) == 1
+
+
+def test_a_context_without_the_runners_daemon_is_not_warmed() -> None:
+    for module in (None, "pyspark.daemon"):
+        context = _FakeContext(module)
+        assert worker_warmup.start(context) is None  # type: ignore[arg-type]
+        assert context.jobs == []
+
+
+def test_only_settings_that_run_the_runners_daemon_are_warmed() -> None:
+    assert worker_warmup.applies({worker_warmup.DAEMON_CONF: worker_warmup.DAEMON_MODULE})
+    assert not worker_warmup.applies({})
+    assert not worker_warmup.applies({worker_warmup.DAEMON_CONF: "pyspark.daemon"})
+
+
+def test_every_worker_of_the_session_gets_the_driver_path_and_the_simplified_traceback() -> None:
+    context = _FakeContext(worker_warmup.DAEMON_MODULE)
+    worker_environment(context)  # type: ignore[arg-type]
+    assert context.environment[SIMPLIFIED_TRACEBACK] == "1"
+    assert os.getcwd() in context.environment["PYTHONPATH"].split(os.pathsep)
+
+
+def _worker_daemons(jvm_pid: int) -> list[int]:
+    """The JVM's child processes running the runner's worker daemon (not their forks)."""
+    daemons = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline") as cmdline:
+                command = cmdline.read()
+        except OSError:
+            continue
+        if parent == jvm_pid and worker_warmup.DAEMON_MODULE in command:
+            daemons.append(int(entry))
+    return daemons
+
+
+class _RecordDaemon(beam.DoFn):
+    """Passes elements on; appends the pid of its worker's parent (the daemon) to a file."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    def process(self, element: Any) -> Any:
+        with open(self._path, "a") as record:
+            record.write(f"{os.getppid()}\n")
+        yield element
+
+
+def test_batch_and_streaming_pipelines_share_the_sessions_one_worker_daemon(
+    beam_options: list[str], tmp_path: Any
+) -> None:
+    """Without the session's worker environment, a streaming query's workers (theirs lack
+    ``SPARK_SIMPLIFIED_TRACEBACK``) forked from a second daemon, which imported Beam again."""
+    options = PipelineOptions(beam_options)
+    batch, streaming = str(tmp_path / "batch"), str(tmp_path / "streaming")
+    with beam.Pipeline(options=options) as pipeline:
+        assert_that(
+            pipeline | beam.Create([1, 2]) | beam.ParDo(_RecordDaemon(batch)), equal_to([1, 2])
+        )
+    events = [(Timestamp(i), i) for i in (1, 2, 7)]
+    with beam.Pipeline(options=options) as pipeline:
+        windowed = (
+            pipeline
+            | PeriodicImpulse(data=events, fire_interval=1)
+            | "Routed" >> beam.ParDo(_RecordDaemon(streaming))
+            | beam.WithKeys(0)
+            | beam.WindowInto(FixedWindows(5))
+            | beam.GroupByKey()
+            | "Grouped" >> beam.ParDo(_RecordDaemon(streaming))
+            | beam.MapTuple(lambda _, values: sorted(values))
+        )
+        assert_that(windowed, equal_to([[1, 2], [7]]))
+    with open(batch) as record:
+        batch_daemons = set(record.read().split())
+    with open(streaming) as record:
+        streaming_daemons = set(record.read().split())
+    assert len(batch_daemons) == 1
+    assert streaming_daemons == batch_daemons
+
+
+_WARMED_BEFORE_ANY_JOB = textwrap.dedent(
+    """
+    import os, sys, time
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from beam_spark_runner.options import spark_settings
+    from beam_spark_runner.session import obtain_session
+    from tests.test_worker_warmup import _worker_daemons
+
+    options = PipelineOptions(["--runner=SparkStructuredRunner", "--spark_master=local[2]"])
+    session, _ = obtain_session(spark_settings(options))
+    jvm_pid = session.sparkContext._gateway.proc.pid
+    deadline = time.monotonic() + 90
+    while not _worker_daemons(jvm_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    print("daemons", len(_worker_daemons(jvm_pid)))
+    """
+)
+
+
+def test_a_new_local_session_starts_its_worker_daemon_before_any_pipeline_runs(
+    run_python: Callable[..., Any],
+) -> None:
+    """The daemon imports Beam while the SQL session starts, not after the first job."""
+    result = run_python(["-c", _WARMED_BEFORE_ANY_JOB], cwd=os.getcwd())
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "daemons 1" in result.stdout, result.stdout + result.stderr[-3000:]
