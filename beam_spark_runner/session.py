@@ -273,6 +273,9 @@ def share_driver_path(session: SparkSession) -> None:
     _share_driver_path(session.sparkContext)
 
 
+SIMPLIFIED_TRACEBACK = "SPARK_SIMPLIFIED_TRACEBACK"
+
+
 def worker_environment(context: SparkContext) -> None:
     """The environment of every Python worker of a session running the runner's daemon.
 
@@ -284,9 +287,6 @@ def worker_environment(context: SparkContext) -> None:
     """
     _share_driver_path(context)
     context.environment[SIMPLIFIED_TRACEBACK] = "1"
-
-
-SIMPLIFIED_TRACEBACK = "SPARK_SIMPLIFIED_TRACEBACK"
 
 
 def _share_driver_path(context: SparkContext) -> None:
