@@ -29,8 +29,8 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -60,7 +60,13 @@ def _warm(context: SparkContext, tasks: int) -> None:
         _LOGGER.debug("Warming the local Python workers failed", exc_info=True)
 
 
-def applies(conf: Mapping[str, str]) -> bool:
+class _Settings(Protocol):
+    """A session's settings: the runner's ``dict`` of them, or a context's ``SparkConf``."""
+
+    def get(self, key: str, /) -> str | None: ...
+
+
+def applies(conf: _Settings) -> bool:
     """Whether a session of these settings runs the runner's worker daemon."""
     return conf.get(DAEMON_CONF) == DAEMON_MODULE
 
@@ -72,7 +78,7 @@ def start(context: SparkContext) -> threading.Thread | None:
     warmed already. Call it once the context's environment is final
     (``session.worker_environment``).
     """
-    if context.getConf().get(DAEMON_CONF) != DAEMON_MODULE:
+    if not applies(context.getConf()):
         return None
     jcontext = context._jsc  # noqa: SLF001 - the context's identity for its lifetime
     with _lock:
