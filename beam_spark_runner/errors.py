@@ -37,3 +37,10 @@ class PipelineExecutionError(SparkRunnerError, RuntimeError):
 
 class SparkMasterUnreachableError(SparkRunnerError, ConnectionError):
     """A ``spark://`` master did not accept a connection, checked before Spark starts."""
+
+
+class DriverExitedError(PipelineExecutionError):
+    """The Spark driver JVM this Python process launched has exited (``driver_jvm``).
+
+    Py4J only says "Connection refused" then; this says how the JVM ended and what to do.
+    """

@@ -8,10 +8,14 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from beam_spark_runner import worker_logs, worker_warnings
+from beam_spark_runner import driver_jvm, worker_logs, worker_warnings
 from beam_spark_runner.attempts import AttemptCollector
 from beam_spark_runner.beam_globals import DEFAULT_PICKLE_LIBRARY
-from beam_spark_runner.errors import PipelineExecutionError, StageExecutionError
+from beam_spark_runner.errors import (
+    DriverExitedError,
+    PipelineExecutionError,
+    StageExecutionError,
+)
 from beam_spark_runner.execution.stage_worker import TaskSinks
 from beam_spark_runner.main_session import MainSession
 from beam_spark_runner.metrics import (
@@ -37,8 +41,19 @@ _STAGE_FAILURE = re.compile(r"Beam stage '(?P<stage>.+?)' failed:\n(?P<detail>.*
 _JVM_TAIL = re.compile(r"\n\s*(?:at |JVM stacktrace:|\tat |=== Streaming Query ===).*", re.DOTALL)
 
 
+# How long a failure that lost the connection to the driver JVM waits for it to end.
+_DRIVER_EXIT_GRACE = 2.0
+
+
 def describe_failure(error: BaseException) -> PipelineExecutionError:
-    """A Spark failure as a PipelineExecutionError naming the Beam stage, where known."""
+    """A Spark failure as a PipelineExecutionError naming the Beam stage, where known.
+
+    Where the driver JVM itself has exited, a ``DriverExitedError`` saying how.
+    """
+    lost = isinstance(error, ConnectionError) or type(error).__name__ == "Py4JNetworkError"
+    ended = driver_jvm.how_it_ended(grace=_DRIVER_EXIT_GRACE if lost else 0.0)
+    if ended is not None:
+        return DriverExitedError(ended)
     message = str(error)
     match = _STAGE_FAILURE.search(message)
     if match is None:
@@ -168,9 +183,9 @@ def _run(
     except Exception as error:
         # A side input computed on the driver (translators.driver_side_inputs) fails in
         # the user's code as a task would.
-        if isinstance(error, StageExecutionError) or type(error).__module__.startswith(
-            ("pyspark", "py4j")
-        ):
+        if isinstance(error, StageExecutionError | ConnectionError) or type(
+            error
+        ).__module__.startswith(("pyspark", "py4j")):
             # The user's traceback once, in the message; Spark's error (the same traceback
             # wrapped in JVM frames) only at DEBUG.
             _LOGGER.debug("Spark's error for Beam pipeline %s", job_name, exc_info=error)
@@ -178,7 +193,8 @@ def _run(
         raise
     finally:
         context.release()
-        spark_context.setJobDescription(None)  # type: ignore[arg-type]
+        if driver_jvm.running():  # else the error says how it ended
+            spark_context.setJobDescription(None)  # type: ignore[arg-type]
         # Also when the run failed: what the successful tasks logged helps find why.
         worker_logs.reemit(sinks.logs.value)
     _LOGGER.info(

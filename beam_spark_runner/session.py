@@ -22,7 +22,7 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from beam_spark_runner import java, spark_compat, worker_warmup
+from beam_spark_runner import driver_jvm, java, spark_compat, worker_warmup
 from beam_spark_runner.java import check_java, required_java_major
 from beam_spark_runner.master_reachability import check_master_reachable
 from beam_spark_runner.options import DEFAULT_MASTER, SparkSettings
@@ -302,8 +302,10 @@ def _share_driver_path(context: SparkContext) -> None:
 def _stop_owned() -> None:
     global _owned, _owned_settings
     if _owned is not None:
-        _LOGGER.info("Stopping the Spark session the runner created")
         try:
+            if not driver_jvm.running():
+                return  # nothing to stop; its pipelines said how the JVM ended
+            _LOGGER.info("Stopping the Spark session the runner created")
             _owned.stop()
         finally:
             _owned = None
@@ -319,6 +321,7 @@ def obtain_session(settings: SparkSettings) -> tuple[SparkSession, bool]:
     from pyspark.sql import SparkSession
 
     with _lock:
+        driver_jvm.check_running()
         active = SparkSession.getActiveSession()
         if active is not None and active is not _owned:
             active_master = active.sparkContext.master

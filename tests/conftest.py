@@ -5,13 +5,34 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
 
 # Spark with two cores: exercises more than one partition, and stays light on a laptop.
 SPARK_TEST_MASTER = "local[2]"
+
+# The test process's driver JVM exited; reported once, by the test during which it did.
+_driver_exit_reported: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _driver_jvm_lives_on() -> Iterator[None]:
+    """Fails the test during which this process's Spark driver JVM exited, saying how.
+
+    Every later Spark test then fails in ``obtain_session`` with the same description;
+    this names the test the JVM ended in (it may have passed before the JVM ended).
+    """
+    yield
+    if "pyspark" not in sys.modules or _driver_exit_reported:
+        return
+    from beam_spark_runner import driver_jvm
+
+    ended = driver_jvm.how_it_ended()
+    if ended is not None:
+        _driver_exit_reported.append(ended)
+        pytest.fail(f"During this test: {ended}")
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,103 @@
+"""Whether the Spark driver JVM this process launched still runs, and if not, how it ended.
+
+PySpark starts the driver JVM as a child of the Python process (``spark-submit``, which
+replaces itself with ``java``) and reaches it over Py4J. Once that JVM has exited, every
+call fails with Py4J's ``ConnectionRefusedError``, which says nothing of the JVM: not
+whether the kernel's out-of-memory killer took it, Spark ended it on a fatal error in a
+task (local mode runs tasks in the driver), or it crashed. ``check_running`` turns that
+into an error that says how it ended and what to do.
+
+A JVM this process did not launch (``PYSPARK_GATEWAY_PORT``: a notebook kernel, a
+``spark-submit`` job) is not this process's child; nothing is known of it here.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from typing import Any
+
+from beam_spark_runner.errors import DriverExitedError
+
+# Spark's own exit codes (org.apache.spark.util.SparkExitCode) for a fatal error in one of
+# the driver's threads (SparkUncaughtExceptionHandler).
+_SPARK_EXIT_CODES = {
+    50: "Spark ended it on an uncaught fatal error in one of its threads (in local mode "
+    "tasks run in the driver: a StackOverflowError, say); the first lines it wrote to "
+    "standard error name the error",
+    51: "Spark ended it on an uncaught error raised while it handled another one",
+    52: "Spark ended it on a java.lang.OutOfMemoryError: the heap (spark.driver.memory) "
+    "was too small for what ran in it. Give the driver more, "
+    "e.g. --spark_conf spark.driver.memory=8g",
+}
+
+
+def _process() -> Any | None:
+    """The driver JVM's ``Popen``, where this process launched it."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway  # noqa: SLF001 - where PySpark keeps the JVM's process
+    return getattr(gateway, "proc", None)
+
+
+def running() -> bool:
+    """False once the driver JVM this process launched has exited; True otherwise."""
+    process = _process()
+    return process is None or process.poll() is None
+
+
+def how_it_ended(grace: float = 0.0) -> str | None:
+    """How the driver JVM this process launched ended (``describe``); None while it runs.
+
+    ``grace``: seconds to wait for it to end, for a caller that has just lost its
+    connection to it (a dying process closes its sockets a moment before it can be
+    reaped). None too where no JVM was launched by this process.
+    """
+    process = _process()
+    if process is None:
+        return None
+    try:
+        status = process.wait(timeout=grace) if grace > 0 else process.poll()
+    except subprocess.TimeoutExpired:
+        return None
+    return None if status is None else describe(status, process.pid)
+
+
+def describe(status: int, pid: int, directory: str | None = None) -> str:
+    """What an exit ``status`` of the driver JVM ``pid`` means, and what to do."""
+    if status < 0:
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        how = f"it was killed by {name}"
+        if -status == signal.SIGKILL:
+            how += (
+                ": on Linux, most often the kernel's out-of-memory killer when the machine "
+                "ran short of memory (the kernel log says: dmesg | grep -i 'killed process')"
+            )
+    elif status in _SPARK_EXIT_CODES:
+        how = f"exit code {status}: {_SPARK_EXIT_CODES[status]}"
+    elif status == 0:
+        how = (
+            "it exited normally: its standard input, a pipe from this process, was closed, "
+            "or something in it called System.exit(0)"
+        )
+    else:
+        how = f"exit code {status}"
+    crash_log = os.path.join(directory or os.getcwd(), f"hs_err_pid{pid}.log")
+    if os.path.exists(crash_log):
+        how += f". The JVM wrote a crash report: {crash_log}"
+    return (
+        f"The Spark driver JVM this process started (pid {pid}) has exited; {how}. Its "
+        "SparkSession can run nothing more: start a new Python process to run pipelines "
+        "again."
+    )
+
+
+def check_running() -> None:
+    """Raises ``DriverExitedError`` if the driver JVM this process launched has exited."""
+    ended = how_it_ended()
+    if ended is not None:
+        raise DriverExitedError(ended)

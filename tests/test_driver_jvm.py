@@ -1,0 +1,145 @@
+"""A driver JVM that exited is reported as such, with how it ended, not as Py4J's
+"Connection refused"."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from beam_spark_runner import driver_jvm
+from beam_spark_runner.errors import DriverExitedError, PipelineExecutionError
+from beam_spark_runner.job import describe_failure
+
+
+class _Process:
+    """A ``Popen`` of a driver JVM: running (``status`` None) or exited."""
+
+    def __init__(self, status: int | None, pid: int = 4242) -> None:
+        self.status = status
+        self.pid = pid
+        self.waited: list[float] = []
+
+    def poll(self) -> int | None:
+        return self.status
+
+    def wait(self, timeout: float) -> int:
+        self.waited.append(timeout)
+        if self.status is None:
+            raise subprocess.TimeoutExpired("java", timeout)
+        return self.status
+
+
+@pytest.fixture
+def jvm(monkeypatch: pytest.MonkeyPatch) -> Callable[[int | None], _Process]:
+    def make(status: int | None) -> _Process:
+        process = _Process(status)
+        monkeypatch.setattr(driver_jvm, "_process", lambda: process)
+        return process
+
+    return make
+
+
+def test_a_kill_names_the_signal_and_the_out_of_memory_killer() -> None:
+    text = driver_jvm.describe(-signal.SIGKILL, 4242)
+    assert "pid 4242" in text and "SIGKILL" in text and "out-of-memory killer" in text
+    assert "start a new Python process" in text
+
+
+def test_sparks_out_of_memory_exit_says_to_raise_the_driver_memory() -> None:
+    text = driver_jvm.describe(52, 1)
+    assert "OutOfMemoryError" in text and "spark.driver.memory" in text
+
+
+def test_other_signals_and_codes_are_named() -> None:
+    assert "SIGABRT" in driver_jvm.describe(-signal.SIGABRT, 1)
+    assert "exit code 3" in driver_jvm.describe(3, 1)
+    assert "exited normally" in driver_jvm.describe(0, 1)
+
+
+def test_the_jvms_crash_report_is_pointed_to(tmp_path: Path) -> None:
+    assert "crash report" not in driver_jvm.describe(-signal.SIGABRT, 77, str(tmp_path))
+    (tmp_path / "hs_err_pid77.log").write_text("#  SIGSEGV")
+    text = driver_jvm.describe(-signal.SIGABRT, 77, str(tmp_path))
+    assert f"crash report: {tmp_path / 'hs_err_pid77.log'}" in text
+
+
+def test_a_running_jvm_passes_the_check(jvm: Callable[[int | None], _Process]) -> None:
+    process = jvm(None)
+    driver_jvm.check_running()
+    assert driver_jvm.how_it_ended() is None
+    assert driver_jvm.how_it_ended(grace=0.5) is None and process.waited == [0.5]
+
+
+def test_an_exited_jvm_fails_the_check(jvm: Callable[[int | None], _Process]) -> None:
+    jvm(-signal.SIGKILL)
+    with pytest.raises(DriverExitedError, match="pid 4242.*SIGKILL"):
+        driver_jvm.check_running()
+
+
+def test_no_jvm_of_this_processs_own_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(driver_jvm, "_process", lambda: None)
+    driver_jvm.check_running()
+    assert driver_jvm.how_it_ended(grace=1.0) is None
+
+
+def test_a_lost_connection_waits_for_the_jvm_and_says_how_it_ended(
+    jvm: Callable[[int | None], _Process],
+) -> None:
+    process = jvm(52)
+    error = describe_failure(ConnectionRefusedError(111, "Connection refused"))
+    assert isinstance(error, DriverExitedError) and isinstance(error, PipelineExecutionError)
+    assert "spark.driver.memory" in str(error) and process.waited
+
+
+def test_a_failure_while_the_jvm_runs_is_described_as_before(
+    jvm: Callable[[int | None], _Process],
+) -> None:
+    jvm(None)
+    error = describe_failure(RuntimeError("boom"))
+    assert type(error) is PipelineExecutionError and "boom" in str(error)
+
+
+def test_a_jvm_killed_mid_pipeline_fails_it_and_the_next_with_how_it_ended(
+    run_python: Callable[..., Any], tmp_path: Path
+) -> None:
+    # A fresh interpreter: killing the test process's own JVM would end the suite.
+    script = tmp_path / "kill_jvm.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, signal
+            import apache_beam as beam
+            from apache_beam.options.pipeline_options import PipelineOptions
+            from pyspark import SparkContext
+            from beam_spark_runner.errors import DriverExitedError
+
+            ARGS = ["--runner=SparkStructuredRunner", "--spark_master=local[1]"]
+            with beam.Pipeline(options=PipelineOptions(ARGS)) as p:
+                _ = p | beam.Create([1]) | beam.Map(lambda x: x)
+            pid = SparkContext._gateway.proc.pid
+
+            def kill(x):
+                os.kill(pid, signal.SIGKILL)
+                return x
+
+            for name, fn in (("during", kill), ("after", lambda x: x)):
+                try:
+                    with beam.Pipeline(options=PipelineOptions(ARGS)) as p:
+                        _ = p | beam.Create([1, 2]) | beam.Map(fn)
+                except DriverExitedError as error:
+                    print(name, "::", error)
+            """
+        )
+    )
+    done = run_python([str(script)], timeout=180, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = dict(line.split(" :: ", 1) for line in done.stdout.splitlines() if " :: " in line)
+    assert set(lines) == {"during", "after"}, done.stdout + done.stderr[-3000:]
+    for text in lines.values():
+        assert "has exited; it was killed by SIGKILL" in text
