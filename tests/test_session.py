@@ -102,6 +102,47 @@ def test_an_embedded_session_binds_to_loopback_unless_told_otherwise(
     assert "SPARK_LOCAL_IP" not in os.environ
 
 
+def test_sessions_the_runner_creates_run_without_adaptive_execution() -> None:
+    key = session.ADAPTIVE_EXECUTION
+    assert session_conf("local[2]", _settings())[key] == "false"
+    assert session_conf("spark://host:7077", _settings())[key] == "false"
+    assert session_conf("local[2]", _settings(**{key: "true"}))[key] == "true"  # the user's
+
+
+def _job_groups(spark: Any) -> list[str]:
+    """The job group of every job the session ran (Spark's status store)."""
+    jobs = spark.sparkContext._jsc.sc().statusStore().jobsList(None)
+    groups = (jobs.apply(i).jobGroup() for i in range(jobs.size()))
+    return [group.get() for group in groups if group.isDefined()]
+
+
+def test_a_pipeline_with_several_shuffles_is_one_spark_job(beam_options: list[str]) -> None:
+    # With adaptive execution each shuffle's map side was a Spark job of its own (here,
+    # four: two GroupByKeys and assert_that's CoGroupByKey over two inputs).
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from beam_spark_runner.options import spark_settings
+
+    options = PipelineOptions([*beam_options, "--job_name=one-spark-job"])
+    spark, _ = session.obtain_session(spark_settings(options))
+    before = len([g for g in _job_groups(spark) if g.startswith("beam-one-spark-job-")])
+    with beam.Pipeline(options=options) as pipeline:
+        grouped = (
+            pipeline
+            | beam.Create(range(20))
+            | "ByTens" >> beam.Map(lambda n: (n // 10, n))
+            | "Group" >> beam.GroupByKey()
+            | "Sizes" >> beam.MapTuple(lambda key, values: (key % 2, len(list(values))))
+            | "Regroup" >> beam.GroupByKey()
+            | "Sum" >> beam.MapTuple(lambda key, sizes: (key, sum(sizes)))
+        )
+        assert_that(grouped, equal_to([(0, 10), (1, 10)]))
+    groups = [g for g in _job_groups(spark) if g.startswith("beam-one-spark-job-")]
+    assert len(groups) - before == 1, groups
+
+
 def test_the_test_sessions_ui_listens_on_loopback(beam_options: list[str]) -> None:
     from apache_beam.options.pipeline_options import PipelineOptions
 
