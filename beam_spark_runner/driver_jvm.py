@@ -4,8 +4,9 @@ PySpark starts the driver JVM as a child of the Python process (``spark-submit``
 replaces itself with ``java``) and reaches it over Py4J. Once that JVM has exited, every
 call fails with Py4J's ``ConnectionRefusedError``, which says nothing of the JVM: not
 whether the kernel's out-of-memory killer took it, Spark ended it on a fatal error in a
-task (local mode runs tasks in the driver), or it crashed. ``check_running`` turns that
-into an error that says how it ended and what to do.
+task (local mode runs tasks in the driver), or it crashed. ``how_it_ended`` says which, for
+the error of the pipeline that was running (``job.describe_failure``), and ``forget`` lets
+PySpark launch a new JVM for the next one (``session.obtain_session``).
 
 A JVM this process did not launch (``PYSPARK_GATEWAY_PORT``: a notebook kernel, a
 ``spark-submit`` job) is not this process's child; nothing is known of it here.
@@ -17,8 +18,6 @@ import os
 import signal
 import subprocess
 from typing import Any
-
-from beam_spark_runner.errors import DriverExitedError
 
 # Spark's own exit codes (org.apache.spark.util.SparkExitCode) for a fatal error in one of
 # the driver's threads (SparkUncaughtExceptionHandler).
@@ -89,15 +88,36 @@ def describe(status: int, pid: int, directory: str | None = None) -> str:
     crash_log = os.path.join(directory or os.getcwd(), f"hs_err_pid{pid}.log")
     if os.path.exists(crash_log):
         how += f". The JVM wrote a crash report: {crash_log}"
-    return (
-        f"The Spark driver JVM this process started (pid {pid}) has exited; {how}. Its "
-        "SparkSession can run nothing more: start a new Python process to run pipelines "
-        "again."
-    )
+    return f"The Spark driver JVM this process started (pid {pid}) has exited; {how}."
 
 
-def check_running() -> None:
-    """Raises ``DriverExitedError`` if the driver JVM this process launched has exited."""
-    ended = how_it_ended()
-    if ended is not None:
-        raise DriverExitedError(ended)
+def forget() -> None:
+    """Drops PySpark's handles on an exited driver JVM: the next session launches a new one.
+
+    PySpark keeps its gateway, context and sessions in class attributes and launches a JVM
+    only while it has no gateway; none of them can reach an exited JVM again. Their
+    Python-side servers (Py4J's callback server, the context's accumulator server) are
+    shut down. Only call it once ``how_it_ended`` has said the JVM ended.
+    """
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+    from pyspark.sql.context import SQLContext
+
+    with SparkContext._lock:  # noqa: SLF001 - PySpark's own lock over these attributes
+        context = SparkContext._active_spark_context  # noqa: SLF001
+        server = getattr(context, "_accumulatorServer", None)
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if context is not None:
+            context._accumulatorServer = None  # type: ignore[assignment]  # noqa: SLF001
+            context._jsc = None  # noqa: SLF001 - what PySpark's stop() leaves
+        gateway = SparkContext._gateway  # noqa: SLF001
+        if gateway is not None:
+            gateway.shutdown()  # Python side only: errors reaching the JVM are logged
+        SparkContext._gateway = None  # noqa: SLF001
+        SparkContext._jvm = None  # noqa: SLF001
+        SparkContext._active_spark_context = None  # noqa: SLF001
+    SparkSession._instantiatedSession = None  # noqa: SLF001
+    SparkSession._activeSession = None  # noqa: SLF001
+    SQLContext._instantiatedContext = None  # noqa: SLF001

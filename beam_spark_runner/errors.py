@@ -40,7 +40,8 @@ class SparkMasterUnreachableError(SparkRunnerError, ConnectionError):
 
 
 class DriverExitedError(PipelineExecutionError):
-    """The Spark driver JVM this Python process launched has exited (``driver_jvm``).
+    """The Spark driver JVM this Python process launched exited while a pipeline ran.
 
-    Py4J only says "Connection refused" then; this says how the JVM ended and what to do.
+    Py4J only says "Connection refused" then; this says how the JVM ended
+    (``driver_jvm.describe``). The next pipeline starts a new JVM.
     """

@@ -53,7 +53,10 @@ def describe_failure(error: BaseException) -> PipelineExecutionError:
     lost = isinstance(error, ConnectionError) or type(error).__name__ == "Py4JNetworkError"
     ended = driver_jvm.how_it_ended(grace=_DRIVER_EXIT_GRACE if lost else 0.0)
     if ended is not None:
-        return DriverExitedError(ended)
+        return DriverExitedError(
+            f"{ended} The pipeline failed with it; the next pipeline this process runs "
+            "starts a new one."
+        )
     message = str(error)
     match = _STAGE_FAILURE.search(message)
     if match is None:

@@ -327,7 +327,11 @@ def obtain_session(settings: SparkSettings) -> tuple[SparkSession, bool]:
     from pyspark.sql import SparkSession
 
     with _lock:
-        driver_jvm.check_running()
+        ended = driver_jvm.how_it_ended()
+        if ended is not None:
+            _LOGGER.warning("%s Starting a new one.", ended)
+            driver_jvm.forget()
+            _owned = _owned_settings = None
         active = SparkSession.getActiveSession()
         if active is not None and active is not _owned:
             active_master = active.sparkContext.master

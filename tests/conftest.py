@@ -13,25 +13,25 @@ import pytest
 # Spark with two cores: exercises more than one partition, and stays light on a laptop.
 SPARK_TEST_MASTER = "local[2]"
 
-# The test process's driver JVM exited; reported once, by the test during which it did.
-_driver_exit_reported: list[str] = []
+# How each driver JVM of the test process that exited ended; each reported once.
+_driver_exits_reported: set[str] = set()
 
 
 @pytest.fixture(autouse=True)
 def _driver_jvm_lives_on() -> Iterator[None]:
     """Fails the test during which this process's Spark driver JVM exited, saying how.
 
-    Every later Spark test then fails in ``obtain_session`` with the same description;
-    this names the test the JVM ended in (it may have passed before the JVM ended).
+    The next Spark test starts a new JVM (``session.obtain_session``); this names the test
+    the old one ended in (it may have passed before the JVM ended).
     """
     yield
-    if "pyspark" not in sys.modules or _driver_exit_reported:
+    if "pyspark" not in sys.modules:
         return
     from beam_spark_runner import driver_jvm
 
     ended = driver_jvm.how_it_ended()
-    if ended is not None:
-        _driver_exit_reported.append(ended)
+    if ended is not None and ended not in _driver_exits_reported:
+        _driver_exits_reported.add(ended)
         pytest.fail(f"During this test: {ended}")
 
 
