@@ -64,7 +64,7 @@ def how_it_ended(grace: float = 0.0) -> str | None:
 
 
 def describe(status: int, pid: int, directory: str | None = None) -> str:
-    """What an exit ``status`` of the driver JVM ``pid`` means, and what to do."""
+    """What an exit ``status`` of the driver JVM ``pid`` means (and what to do, where known)."""
     if status < 0:
         try:
             name = signal.Signals(-status).name
