@@ -41,7 +41,9 @@ DAEMON_CONF = "spark.python.daemon.module"
 DAEMON_MODULE = "beam_spark_runner.worker_daemon"
 DESCRIPTION = "beam-spark-runner: starting the Python workers"
 
-# The Spark contexts (their JVM side) whose workers were warmed: once per context.
+# The Spark contexts whose workers were warmed: once per context. The Python objects, not
+# their JVM side: Py4J compares and hashes those in the JVM, and a context's JVM may have
+# exited (``driver_jvm.forget``; a new JVM's identity hash codes repeat an old one's).
 _warmed: weakref.WeakSet[Any] = weakref.WeakSet()
 _lock = threading.Lock()
 
@@ -80,11 +82,10 @@ def start(context: SparkContext) -> threading.Thread | None:
     """
     if not applies(context.getConf()):
         return None
-    jcontext = context._jsc  # noqa: SLF001 - the context's identity for its lifetime
     with _lock:
-        if jcontext in _warmed:
+        if context in _warmed:
             return None
-        _warmed.add(jcontext)
+        _warmed.add(context)
     thread = threading.Thread(
         target=_warm,
         args=(context, max(1, context.defaultParallelism)),

@@ -37,7 +37,14 @@ class _FakeRdd:
 
 
 class _JavaContext:
-    """Stands for the context's JVM side (py4j's object: weakly referenceable)."""
+    """Stands for the context's JVM side: Py4J compares and hashes it in the JVM, which
+    fails once that JVM has exited."""
+
+    def __eq__(self, other: object) -> bool:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    def __hash__(self) -> int:
+        raise ConnectionRefusedError(111, "Connection refused")
 
 
 class _FakeContext:
@@ -68,6 +75,16 @@ def test_a_context_running_the_runners_daemon_is_warmed_once_with_a_named_job() 
     assert context.jobs == [(worker_warmup.DESCRIPTION, 2)]
     assert worker_warmup.start(context) is None  # type: ignore[arg-type]
     assert len(context.jobs) == 1
+
+
+def test_a_new_context_is_warmed_without_asking_any_jvm() -> None:
+    # After a driver JVM exited (driver_jvm.forget), the next context's warm-up must not
+    # compare its JVM side with the old one's: Py4J would ask the dead JVM.
+    for context in (_FakeContext(worker_warmup.DAEMON_MODULE) for _ in range(2)):
+        thread = worker_warmup.start(context)  # type: ignore[arg-type]
+        assert thread is not None
+        thread.join(timeout=10)
+        assert context.jobs == [(worker_warmup.DESCRIPTION, 2)]
 
 
 def test_a_context_without_the_runners_daemon_is_not_warmed() -> None:
