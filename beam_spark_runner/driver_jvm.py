@@ -40,10 +40,25 @@ def _process() -> Any | None:
     return getattr(gateway, "proc", None)
 
 
+def _exit_status(grace: float = 0.0) -> tuple[int, int] | None:
+    """The exit status and pid of the driver JVM this process launched, once it exited.
+
+    ``grace``: seconds to wait for it to end. None while it runs, and where no JVM was
+    launched by this process.
+    """
+    process = _process()
+    if process is None:
+        return None
+    try:
+        status = process.wait(timeout=grace) if grace > 0 else process.poll()
+    except subprocess.TimeoutExpired:
+        return None
+    return None if status is None else (status, process.pid)
+
+
 def running() -> bool:
     """False once the driver JVM this process launched has exited; True otherwise."""
-    process = _process()
-    return process is None or process.poll() is None
+    return _exit_status() is None
 
 
 def how_it_ended(grace: float = 0.0) -> str | None:
@@ -53,14 +68,8 @@ def how_it_ended(grace: float = 0.0) -> str | None:
     connection to it (a dying process closes its sockets a moment before it can be
     reaped). None too where no JVM was launched by this process.
     """
-    process = _process()
-    if process is None:
-        return None
-    try:
-        status = process.wait(timeout=grace) if grace > 0 else process.poll()
-    except subprocess.TimeoutExpired:
-        return None
-    return None if status is None else describe(status, process.pid)
+    ended = _exit_status(grace)
+    return None if ended is None else describe(*ended)
 
 
 def describe(status: int, pid: int, directory: str | None = None) -> str:

@@ -143,8 +143,8 @@ def session_conf(master: str, settings: SparkSettings) -> dict[str, str]:
     conf["spark.sql.adaptive.coalescePartitions.enabled"] = "false"
     # Adaptive execution runs each shuffle's map side as a job of its own and re-plans the
     # query after each, and its other gains (joins, skew) have nothing to act on in a Beam
-    # plan, which has no joins: off, a pipeline is one Spark job, and a small one with six
-    # shuffles took 8 % less (FnApiRunnerTest 31 s against 34 s; no change at 2M elements).
+    # plan, which has no joins. Off, a pipeline is one Spark job: Beam's FnApiRunnerTest
+    # took 8 % less here (31 s against 34 s), and 2M-element pipelines took the same.
     conf[ADAPTIVE_EXECUTION] = "false"
     if spark_compat.has_unix_domain_sockets():
         # Over loopback TCP each Python task waits 40 ms for its input: the JVM writes the

@@ -30,7 +30,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -44,7 +44,7 @@ DESCRIPTION = "beam-spark-runner: starting the Python workers"
 # The Spark contexts whose workers were warmed: once per context. The Python objects, not
 # their JVM side: Py4J compares and hashes those in the JVM, and a context's JVM may have
 # exited (``driver_jvm.forget``; a new JVM's identity hash codes repeat an old one's).
-_warmed: weakref.WeakSet[Any] = weakref.WeakSet()
+_warmed: weakref.WeakSet[SparkContext] = weakref.WeakSet()
 _lock = threading.Lock()
 
 
