@@ -23,8 +23,9 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_spark_runner.execution.default_trigger import DefaultTriggerState, applies
 from beam_spark_runner.streaming import grouping
+from beam_spark_runner.streaming.chunk_lists import ChunkStore
 from beam_spark_runner.streaming.watermarks import MAX_MICROS, Marker, WatermarkState
-from tests.test_streaming_grouping import _Shard
+from tests.test_streaming_grouping import MemoryChunks, _Shard
 
 SECOND = 1_000_000
 DISCARDING = trigger.AccumulationMode.DISCARDING
@@ -64,14 +65,16 @@ def _pane(key_bytes: bytes, key: Any, pane: WindowedValue) -> tuple[Any, ...]:
 class _Run:
     """One shard of the GroupByKey, with Beam's driver or the runner's."""
 
-    def __init__(self, shard: _Shard, beam_driver: bool) -> None:
+    def __init__(self, shard: _Shard, beam_driver: bool, chunks: ChunkStore | None = None) -> None:
         self.grouper = grouping.StreamingGrouper(shard.spec, beam_driver=beam_driver)
         self.state = grouping.ShardState(WatermarkState(expected=shard.node.expected))
         self.source = shard.source
+        self.chunks = chunks
 
     def batch(self, cells: dict[bytes, list[bytes]], watermark: int) -> tuple[list[Any], int]:
         marker = Marker(self.source, watermark, 0)
-        panes = [_pane(*p) for p in self.grouper.process(self.state, cells, [marker])]
+        process = self.grouper.process(self.state, cells, [marker], self.chunks)
+        panes = [_pane(*p) for p in process]
         output = self.state.watermarks.output(self.grouper.hold(self.state))
         # Through the state store, as between micro-batches.
         self.state = grouping.decode_shard_state(grouping.encode_shard_state(self.state))
@@ -91,13 +94,21 @@ class Mix:
 
 
 def compare_with_beams_driver(
-    into: beam.WindowInto, seed: int, mix: Mix, state_type: type
+    into: beam.WindowInto,
+    seed: int,
+    mix: Mix,
+    state_type: type,
+    chunks: MemoryChunks | None = None,
 ) -> list[Any]:
     """Drives a shard with Beam's driver and with the runner's over the same random
     micro-batches, then +inf; requires the same panes, output watermarks, keys and state
-    (of ``state_type``) after each. Returns every pane the runner's gave."""
+    (of ``state_type``) after each. Returns every pane the runner's gave.
+
+    ``chunks``: the runner's shard has that chunk store (values wait there for their
+    windows), left empty at the end."""
     shard = _Shard(into)
-    ours, beams = _Run(shard, beam_driver=False), _Run(shard, beam_driver=True)
+    ours = _Run(shard, beam_driver=False, chunks=chunks)
+    beams = _Run(shard, beam_driver=True)
     assert ours.grouper.default is not None and beams.grouper.default is None
     windowfn = into.windowing.windowfn
     encode = ours.grouper.pre_impl.encode_nested
@@ -131,6 +142,9 @@ def compare_with_beams_driver(
     assert final[0] == final[1]
     panes.extend(final[0][0])
     assert not ours.state.blobs and not beams.state.blobs
+    assert not ours.state.buffered
+    if chunks is not None:
+        assert chunks.chunks == []
     return panes
 
 
@@ -146,8 +160,14 @@ AROUND = Mix(
 
 @pytest.mark.parametrize("name", sorted(CASES))
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_the_same_panes_holds_and_state_as_beams_driver(name: str, seed: int) -> None:
-    compare_with_beams_driver(_into(CASES[name]), seed, AROUND, DefaultTriggerState)
+@pytest.mark.parametrize("buffered", [False, True], ids=["in-keys", "chunk-store"])
+def test_the_same_panes_holds_and_state_as_beams_driver(
+    name: str, seed: int, buffered: bool
+) -> None:
+    chunks = MemoryChunks() if buffered else None
+    compare_with_beams_driver(_into(CASES[name]), seed, AROUND, DefaultTriggerState, chunks)
+    if chunks is not None:
+        assert chunks.appended, "no values waited in the chunk store"
 
 
 def test_it_stands_in_only_for_the_default_trigger_over_windows_that_do_not_merge() -> None:

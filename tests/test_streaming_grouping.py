@@ -25,6 +25,7 @@ from beam_spark_runner.spark_compat import pyspark_version
 from beam_spark_runner.streaming import grouping
 from beam_spark_runner.streaming import rows as routed
 from beam_spark_runner.streaming.check import STREAMING_SPARK
+from beam_spark_runner.streaming.chunk_lists import ChunkStore
 from beam_spark_runner.streaming.rows import ELEMENT, KEY, PORT, PRODUCER, PTIME, WATERMARK
 from beam_spark_runner.streaming.topology import SINK, Node, Topology
 from beam_spark_runner.translators.group_by_key import group_spec
@@ -42,7 +43,12 @@ SECOND = 1_000_000
 class _Shard:
     """One shard of the pipeline's only GroupByKey, fed micro-batch by micro-batch."""
 
-    def __init__(self, windowing: beam.WindowInto, store: bool = False) -> None:
+    def __init__(
+        self,
+        windowing: beam.WindowInto,
+        store: bool = False,
+        chunks: ChunkStore | None = None,
+    ) -> None:
         from beam_spark_runner.streaming.query import plan_topology  # needs PySpark 4.1+
 
         # Unsafe triggers too (AfterWatermark without a late trigger finishes).
@@ -71,6 +77,8 @@ class _Shard:
         self.state: grouping.ShardState | None = None
         # Whether the state goes through the state store's encoding between batches.
         self.store = store
+        # The shard's chunk store (the level's list state), if it has one.
+        self.chunks = chunks
         (self.source,) = self.node.expected
 
     def batch(
@@ -115,7 +123,7 @@ class _Shard:
             grouping.release_shard_state(self.state)
             self.state = grouping.decode_shard_state(encoded)
         self.state, out = grouping.run_group_shard(
-            self.topology, self.node, 0, self.spec, self.state, rows
+            self.topology, self.node, 0, self.spec, self.state, rows, self.chunks
         )
         panes = [
             pane
@@ -355,3 +363,123 @@ def test_a_keys_windows_survive_their_plain_form() -> None:
     # Keys share one window object per window.
     again = restored_state(plain_state(state))
     assert next(iter(again)) is next(iter(restored))
+
+
+class MemoryChunks:
+    """A ``ChunkStore`` in memory, as ``chunk_lists.ListStateChunks`` keeps it in Spark's
+    list state; it counts the chunks written and read."""
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[bytes, bytes]] = []
+        self.appended = self.taken = 0
+
+    def append(self, chunks: list[tuple[bytes, bytes]]) -> None:
+        self.appended += len(chunks)
+        self.chunks.extend(chunks)
+
+    def take(self, tags: set[bytes]) -> dict[bytes, list[bytes]]:
+        taken: dict[bytes, list[bytes]] = {}
+        kept = []
+        for tag, chunk in self.chunks:
+            if tag in tags:
+                taken.setdefault(tag, []).append(chunk)
+            else:
+                kept.append((tag, chunk))
+        self.chunks = kept
+        self.taken += sum(len(c) for c in taken.values())
+        return taken
+
+
+def test_a_windows_values_wait_in_the_chunk_store_until_it_fires() -> None:
+    """An hour's window: each batch appends its values once, the shard's value does not
+    grow with them, and the batch that fires the window reads them back, in order."""
+    chunks = MemoryChunks()
+    shard = _Shard(beam.WindowInto(window.FixedWindows(3600)), store=True, chunks=chunks)
+    hour = IntervalWindow(0, 3600)
+    sizes = []
+    for n in range(6):
+        values = [(f"k{i % 3}", n * 100 + i, n * 60 + i, hour) for i in range(50)]
+        panes, _ = shard.batch(values, watermark=n * 60)
+        assert panes == []
+        assert shard.state is not None
+        sizes.append(len(grouping.encode_shard_state(shard.state)))
+    assert chunks.appended == 6 and chunks.taken == 0
+    assert len(chunks.chunks) == 6
+    # The value holds holds and counters, not 300 values: it stays the size it was.
+    assert sizes[-1] < sizes[0] * 1.5
+    panes, out = shard.batch([("k0", -1, 3599, hour)], watermark=3600)
+    assert chunks.taken == 6 and chunks.chunks == []
+    by_key = {p.value[0]: list(p.value[1]) for p in panes}
+    assert by_key["k0"] == [n * 100 + i for n in range(6) for i in range(0, 50, 3)] + [-1]
+    assert by_key["k1"] == [n * 100 + i for n in range(6) for i in range(1, 50, 3)]
+    assert {p.pane_info.timing for p in panes} == {PaneInfoTiming.ON_TIME}
+    assert out == 3600 * SECOND
+    assert shard.state.buffered == {}
+    # Past its garbage-collection time: the keys are forgotten.
+    assert shard.batch([], watermark=3601) == ([], 3601 * SECOND)
+    assert shard.state.blobs == {}
+
+
+def test_buffered_values_give_the_panes_of_values_kept_in_the_keys() -> None:
+    """Sliding windows, accumulating, with allowed lateness: late panes of a window whose
+    on-time values came back from the store hold them too."""
+    windowing = beam.WindowInto(
+        window.SlidingWindows(10, 5),
+        allowed_lateness=20,
+        accumulation_mode=trigger.AccumulationMode.ACCUMULATING,
+    )
+    kept, buffered = (
+        _Shard(windowing, store=True),
+        _Shard(windowing, store=True, chunks=MemoryChunks()),
+    )
+    for shard in (kept, buffered):
+        assert shard.grouper.buffers
+    w = window.SlidingWindows(10, 5)
+    batches = [
+        ([(1, 1), (2, 6)], 2),
+        ([(3, 7), (4, 3)], 4),
+        ([(5, 8)], 11),  # fires [-5, 5) and [0, 10)
+        ([(6, 2), (7, 12)], 16),  # 6 late into [0, 10); fires [5, 15)
+        ([], 40),
+    ]
+    for values, watermark in batches:
+        elements = [
+            ("k", v, t, win)
+            for v, t in values
+            for win in w.assign(window.WindowFn.AssignContext(Timestamp(t)))
+        ]
+        expected = kept.batch(elements, watermark)
+        got = buffered.batch(elements, watermark)
+        assert [(p.value, p.timestamp, p.windows, p.pane_info) for p in got[0]] == [
+            (p.value, p.timestamp, p.windows, p.pane_info) for p in expected[0]
+        ]
+        assert got[1] == expected[1]
+    assert buffered.chunks is not None and buffered.chunks.chunks == []  # type: ignore[attr-defined]
+
+
+def test_sessions_keep_their_values_in_the_keys() -> None:
+    chunks = MemoryChunks()
+    shard = _Shard(beam.WindowInto(window.Sessions(10)), chunks=chunks)
+    assert not shard.grouper.buffers
+    shard.batch([(1, 1, IntervalWindow(1, 11))], watermark=0)
+    assert chunks.chunks == []
+
+
+def test_a_shard_written_before_the_chunk_store_is_read() -> None:
+    """A checkpoint of the layout before: its values in its keys' states, no buffered
+    windows. They come before the values buffered after it."""
+    import pickle
+
+    shard = _Shard(beam.WindowInto(window.FixedWindows(10)), store=True)
+    w = IntervalWindow(0, 10)
+    shard.batch([(1, 1, w)], watermark=5)
+    assert shard.state is not None
+    encoded = grouping.encode_shard_state(shard.state)
+    layout, *fields, buffered = pickle.loads(encoded)
+    assert buffered == {}
+    shard.state = grouping.decode_shard_state(pickle.dumps((layout, *fields)))
+    shard.chunks = MemoryChunks()
+    assert _values(shard.batch([(2, 2, w)], watermark=6)[0]) == []
+    assert shard.chunks.chunks  # type: ignore[attr-defined]
+    panes, _ = shard.batch([(3, 3, w)], watermark=12)
+    assert [list(p.value[1]) for p in panes] == [[1, 2, 3]]

@@ -47,6 +47,8 @@ from beam_spark_runner.execution.default_trigger import (
     plain_state,
     restored_state,
     upgraded_state,
+    window_of,
+    window_token,
 )
 from beam_spark_runner.execution.default_trigger import applies as default_trigger_applies
 from beam_spark_runner.execution.grouping import GroupSpec
@@ -57,6 +59,7 @@ from beam_spark_runner.execution.session_trigger import (
     restored_sessions,
 )
 from beam_spark_runner.execution.session_trigger import applies as sessions_applies
+from beam_spark_runner.streaming.chunk_lists import ChunkStore
 from beam_spark_runner.streaming.rows import (
     ELEMENT,
     KEY,
@@ -127,6 +130,9 @@ class ShardState:
     blobs: dict[bytes, bytes] = dataclasses.field(default_factory=dict)
     visits: dict[bytes, int] = dataclasses.field(default_factory=dict)
     holds: dict[bytes, int] = dataclasses.field(default_factory=dict)
+    # Windows whose values wait in the shard's chunk store for their on-time pane: the
+    # window's tag (``_window_tag``) -> its end (micros). See ``StreamingGrouper``.
+    buffered: dict[bytes, int] = dataclasses.field(default_factory=dict)
 
     def key_state(self, key_bytes: bytes) -> KeyState | None:
         """The key's state, decoded on first use; None for a key the shard does not hold."""
@@ -231,7 +237,7 @@ def encode_shard_state(shard: ShardState) -> bytes:
     for key_bytes, key_state in shard.keys.items():
         shard.blobs[key_bytes] = _encode_key(key_state)
     return pickle.dumps(
-        (_LAYOUT, shard.watermarks, shard.blobs, shard.visits, shard.holds),
+        (_LAYOUT, shard.watermarks, shard.blobs, shard.visits, shard.holds, shard.buffered),
         protocol=pickle.HIGHEST_PROTOCOL,
     )
 
@@ -253,14 +259,15 @@ def decode_shard_state(data: bytes) -> ShardState:
     """The shard state ``encode_shard_state`` wrote, no key decoded yet.
 
     A value of the layout before it (every key in one pickle) comes back with every key
-    decoded, and is written in the new layout at the end of its micro-batch.
+    decoded, and is written in the new layout at the end of its micro-batch; one written
+    before the chunk store has no buffered windows (its keys hold all their values).
     """
     import pickle
 
     value = pickle.loads(data)
     if value[0] == _LAYOUT:
-        _, watermarks, blobs, visits, holds = value
-        return ShardState(watermarks, {}, blobs, visits, holds)
+        _, watermarks, blobs, visits, holds, *buffered = value
+        return ShardState(watermarks, {}, blobs, visits, holds, *buffered)
     watermarks, keys = value
     shard = ShardState(watermarks)
     for key_bytes, (key, plain) in keys.items():
@@ -298,14 +305,28 @@ class StreamingGrouper:
         elif not beam_driver and sessions_applies(self.windowing):
             self.default = SessionsDriver(self.windowing)
         self.allowed_lateness = self.windowing.allowed_lateness
+        # Whether values wait in the shard's chunk store (``process``): under the
+        # default-trigger driver over windows that do not merge (sessions merge: theirs
+        # stay in the keys' states).
+        self.buffers = type(self.default) is DefaultTriggerDriver
 
     def process(
         self,
         shard: ShardState,
         elements: dict[bytes, list[bytes]],
         markers: list[Marker],
+        chunks: ChunkStore | None = None,
     ) -> Iterator[Any]:
-        """Runs one micro-batch of a shard; yields (key bytes, key, pane) per pane fired."""
+        """Runs one micro-batch of a shard; yields (key bytes, key, pane) per pane fired.
+
+        With ``chunks``, under the runner's default-trigger driver, the values of a window
+        that has not had its on-time pane wait there, not in their key's state: appended
+        once, in the batch they came in, and read back in the batch the window fires
+        (``_unbuffer``, ``_buffer``). The shard's value, read and written every batch,
+        then holds only the windows' holds and pane counters; before, every value of a
+        window was in it, read and written again in every micro-batch until the window
+        fired.
+        """
         watermarks = shard.watermarks
         # Elements arrive at the micro-batch's processing time; the watermark moves after.
         watermarks.processing_time = max(
@@ -333,9 +354,66 @@ class StreamingGrouper:
         watermarks.advance(markers)
         self.clock.micros = watermarks.processing_time
         shard.load_due(watermarks.input_watermark)
+        if shard.buffered:
+            assert chunks is not None, f"GroupByKey '{self.name}' has values in a chunk store"
+            self._unbuffer(shard, chunks)
         yield from self._fire_timers(shard)
         self._collect_garbage(shard)
+        if chunks is not None and self.buffers:
+            self._buffer(shard, chunks)
         self._settle(shard)
+
+    def _unbuffer(self, shard: ShardState, chunks: ChunkStore) -> None:
+        """Puts back the values of every buffered window the input watermark reached.
+
+        Such a window's on-time pane fires in this batch. Its values go before those its
+        keys got in this batch, which came later: a pane's values stay in arrival order.
+        """
+        watermark = shard.watermarks.input_watermark
+        due = {tag for tag, end in shard.buffered.items() if end <= watermark}
+        if not due:
+            return
+        import pickle
+
+        earlier: dict[tuple[Any, bytes], list[Any]] = {}
+        for tag, tagged in chunks.take(due).items():
+            token = pickle.loads(tag)
+            for chunk in tagged:
+                for key_bytes, values in pickle.loads(chunk):
+                    earlier.setdefault((token, key_bytes), []).extend(values)
+        for (token, key_bytes), values in earlier.items():
+            key_state = shard.key_state(key_bytes)
+            assert key_state is not None, f"GroupByKey '{self.name}' lost a buffered key"
+            panes = key_state.state[window_of(token)]
+            panes.values[:0] = values
+        for tag in due:
+            del shard.buffered[tag]
+
+    def _buffer(self, shard: ShardState, chunks: ChunkStore) -> None:
+        """Moves this batch's values of windows still before their end to ``chunks``.
+
+        One chunk per window: its keys' new values, in the order the keys came. Those are
+        windows whose end-of-window timer is set (the watermark has not reached it), so
+        the next batches process their keys' elements as on time, and the batch that
+        fires them reads them back first. A window that has fired keeps its values in its
+        key's state (late panes of the accumulating mode), as before.
+        """
+        new: dict[bytes, list[tuple[bytes, list[Any]]]] = {}
+        ends: dict[bytes, int] = {}
+        for key_bytes, key_state in shard.keys.items():
+            state = key_state.state
+            if type(state) is not DefaultTriggerState:
+                continue
+            for window, panes in state.items():
+                if panes.timer and panes.values:
+                    tag = _window_tag(window)
+                    new.setdefault(tag, []).append((key_bytes, panes.values))
+                    ends[tag] = DefaultTriggerDriver._end(window)
+                    panes.values = []
+        if not new:
+            return
+        chunks.append([(tag, _dumps(values)) for tag, values in new.items()])
+        shard.buffered.update(ends)
 
     def _driver_of(self, key_state: KeyState) -> Any:
         """The driver of a key's state.
@@ -446,6 +524,13 @@ def streaming_grouper(spec: GroupSpec) -> StreamingGrouper:
     return grouper
 
 
+def _window_tag(window: Any) -> bytes:
+    """A window as the tag of its chunks: its ``window_token``, pickled."""
+    import pickle
+
+    return pickle.dumps(window_token(window), protocol=pickle.HIGHEST_PROTOCOL)
+
+
 def run_group_shard(
     topology: Topology,
     node: Node,
@@ -453,8 +538,13 @@ def run_group_shard(
     spec: GroupSpec,
     state: ShardState | None,
     rows: Iterable[Any],
+    chunks: ChunkStore | None = None,
 ) -> tuple[ShardState, list[Row]]:
-    """One micro-batch of one GroupByKey shard: its new state and the rows it emits."""
+    """One micro-batch of one GroupByKey shard: its new state and the rows it emits.
+
+    ``chunks``: the shard's chunk store, where values wait for their window's on-time
+    pane (without one they stay in the shard's state value).
+    """
     if state is None:
         state = ShardState(WatermarkState(expected=node.expected))
     elements: dict[bytes, list[bytes]] = collections.defaultdict(list)
@@ -470,7 +560,7 @@ def run_group_shard(
     grouper = streaming_grouper(spec)
     out: list[Row] = []
     # The grouping key goes along: a stateful reader shards by it.
-    for key_bytes, key, pane in grouper.process(state, elements, markers):
+    for key_bytes, key, pane in grouper.process(state, elements, markers, chunks):
         out.extend(output_rows(topology, node, 0, key_bytes, grouper.encode(key, pane)))
     output = state.watermarks.output(grouper.hold(state))
     out.extend(routed_marker(topology, node, shard, output, state.watermarks.processing_time))

@@ -26,7 +26,8 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from beam_spark_runner.streaming.driver_processes import quiet_pre_init
 
 # The state variables of a shard: its encoded state (one value), and, in a level with a
-# stage with side inputs, the main elements waiting for them (side_inputs.ListStateWaitingStore).
+# GroupByKey or a stage with side inputs, what the shard buffers for a later batch (values
+# waiting for their window, main elements waiting for side inputs: chunk_lists).
 SHARD_STATE = "shard"
 WAITING_STATE = "waiting"
 
@@ -37,7 +38,8 @@ class LevelShell(StatefulProcessor):  # type: ignore[misc]
     def __init__(self, level: bytes, waiting: bool) -> None:
         # ``levels.Level``, pickled (cloudpickle: it may hold functions by value).
         self.level = level
-        # Whether the level has a stage with side inputs (it keeps waiting elements).
+        # Whether the level keeps waiting elements (it has GroupByKeys or stages with side
+        # inputs).
         self.waiting = waiting
         self._states: tuple[Any, Any] = (None, None)
         self._level: Any = None

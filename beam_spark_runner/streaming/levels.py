@@ -6,8 +6,10 @@ a GroupByKey's shard runs ``grouping.run_group_shard``, a stateful DoFn's shard
 ``stateful.run_stateful_shard``, an unbounded splittable DoFn's shard
 ``splittable.run_splittable_shard``, a stage with side inputs
 ``side_inputs.run_side_input_shard``, each with its state as one value in the state store (one
-read and one write per shard and batch; a stage with side inputs also keeps its waiting main
-elements in a list, appended to each batch). Its rows out are packed (``rows.packed``).
+read and one write per shard and batch). What a shard buffers for a later batch (a
+GroupByKey's values until their window's on-time pane, a stage's main elements until its
+side inputs are ready) is appended to a list beside it (``chunk_lists``), read only in
+the batch it is due. Its rows out are packed (``rows.packed``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pyspark import cloudpickle
 from beam_spark_runner.execution import collector
 from beam_spark_runner.execution.grouping import GroupSpec
 from beam_spark_runner.execution.stage_worker import StageSpec, TaskSinks, recording
+from beam_spark_runner.streaming.chunk_lists import ListStateChunks
 from beam_spark_runner.streaming.grouping import (
     decode_shard_state,
     encode_shard_state,
@@ -64,21 +67,24 @@ class Level:
         self._runs = {*groups, *stages, *splittable, *with_side_inputs}
         self._state: Any = None
         self._waiting: ListStateWaitingStore | None = None
+        self._chunks: ListStateChunks | None = None
 
     def processor(self) -> LevelShell:
         """What ``transformWithState`` takes: a shell with this level pickled."""
-        return LevelShell(cloudpickle.dumps(self), waiting=bool(self.with_side_inputs))
+        waiting = bool(self.with_side_inputs or self.groups)
+        return LevelShell(cloudpickle.dumps(self), waiting=waiting)
 
     def bind(self, shard: Any, waiting: Any) -> None:
         """Takes the state variables ``LevelShell.init`` declared.
 
-        A shard's encoded state, and the main elements waiting for side inputs where the
-        level has stages with side inputs.
+        A shard's encoded state, and, where the level has GroupByKeys or stages with side
+        inputs, the list of what its shards buffer (each (node, shard) has its own).
         """
         self._state = shard
-        if self.with_side_inputs:
-            assert waiting is not None, "a level with side inputs needs its waiting list"
+        if self.with_side_inputs or self.groups:
+            assert waiting is not None, "a level that buffers elements needs its waiting list"
             self._waiting = ListStateWaitingStore(waiting)
+            self._chunks = ListStateChunks(waiting)
 
     def run(self, key: Any, rows: Iterator[Any]) -> Iterator[Any]:
         """Runs one (node, shard) for one micro-batch, or passes its rows on."""
@@ -103,7 +109,13 @@ class Level:
             with collector.paused():
                 group_state = decode_shard_state(encoded) if encoded else None
                 group_state, out = run_group_shard(
-                    self.topology, node, shard, self.groups[target], group_state, rows
+                    self.topology,
+                    node,
+                    shard,
+                    self.groups[target],
+                    group_state,
+                    rows,
+                    self._chunks,
                 )
                 self._state.update((encode_shard_state(group_state),))
                 release_shard_state(group_state)

@@ -46,6 +46,7 @@ from beam_spark_runner.execution.stage_worker import (
     stage_worker,
 )
 from beam_spark_runner.metrics import task_metrics
+from beam_spark_runner.streaming.chunk_lists import ListStateChunks
 from beam_spark_runner.streaming.rows import (
     ELEMENT,
     FRAMED_RUN,
@@ -101,32 +102,18 @@ class WaitingStore(Protocol):
 
 
 class ListStateWaitingStore:
-    """A ``WaitingStore`` in a ``transformWithState`` list state of (needs, chunk) rows."""
+    """A ``WaitingStore`` in a ``transformWithState`` list state: needs packed as the tag."""
 
     def __init__(self, list_state: Any) -> None:
-        self._list = list_state
+        self._chunks = ListStateChunks(list_state)
 
     def append(self, chunks: list[tuple[Needs, bytes]]) -> None:
-        if chunks:
-            self._list.appendList([(_packed_needs(n), chunk) for n, chunk in chunks])
+        self._chunks.append([(_packed_needs(n), chunk) for n, chunk in chunks])
 
     def take(self, needs: set[Needs]) -> dict[Needs, list[bytes]]:
-        if not self._list.exists():
-            return {}
         packed_needs = {_packed_needs(n): n for n in needs}
-        taken: dict[Needs, list[bytes]] = {}
-        kept = []
-        for row in self._list.get():
-            wanted = packed_needs.get(bytes(row[0]))
-            if wanted is None:
-                kept.append((bytes(row[0]), bytes(row[1])))
-            else:
-                taken.setdefault(wanted, []).append(bytes(row[1]))
-        if kept:
-            self._list.put(kept)
-        else:
-            self._list.clear()
-        return taken
+        taken = self._chunks.take(set(packed_needs))
+        return {packed_needs[tag]: chunks for tag, chunks in taken.items()}
 
 
 def _packed_needs(needs: Needs) -> bytes:
