@@ -26,7 +26,11 @@ state store, read once and written once per batch: two state calls per shard and
 none per key or element (see docs/architecture.md). Inside that value each key's state is
 its own pickle (``ShardState.blobs``), with the watermark at which the key next has work
 and its earliest hold kept beside it: a micro-batch decodes and re-encodes only the keys
-it has elements for or work due, not every key the shard holds.
+it has elements for or work due, not every key the shard holds. Under the runner's
+default-trigger driver a window's values do not stay in that value until the window
+fires: each batch appends them to the level's list state (``chunk_lists``), a chunk per
+window, and the batch that fires the window reads them back (one more state call in a
+batch with new values, three in a batch that fires buffered windows).
 """
 
 from __future__ import annotations
