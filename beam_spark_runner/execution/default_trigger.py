@@ -40,10 +40,29 @@ class WindowPanes:
     """One window of one key: what Beam's driver keeps under the window's state tags."""
 
     values: list[Any] = dataclasses.field(default_factory=list)  # ELEMENTS
-    holds: list[int] = dataclasses.field(default_factory=list)  # WATERMARK_HOLD, micros
+    # WATERMARK_HOLD (micros): the earliest and the latest of the holds Beam's driver keeps
+    # (``add_hold``), all its pane timestamp and its watermark hold read.
+    holds: list[int] = dataclasses.field(default_factory=list)
     fired: int = 0  # INDEX: panes emitted
     nonspeculative: int = 0  # NONSPECULATIVE_INDEX: on-time and late panes emitted
     timer: bool = False  # the watermark timer at the window's end is set
+
+
+def add_hold(holds: list[int], hold: int) -> None:
+    """Adds a hold to a window's: ``holds`` keeps the earliest and the latest, once each.
+
+    Beam's driver keeps every hold it adds (one per bundle of elements per window), and
+    reads their minimum (the watermark hold, and the earliest combiner's timestamp) or
+    their maximum (the latest combiner's); a window kept over many micro-batches held one
+    per batch in its key's state, rewritten every batch.
+    """
+    if not holds:
+        holds.append(hold)
+    elif len(holds) == 2 and holds[0] <= hold <= holds[1]:
+        return
+    else:  # one hold, or a list an earlier runner version kept whole
+        low, high = min(min(holds), hold), max(max(holds), hold)
+        holds[:] = [low] if low == high else [low, high]
 
 
 class DefaultTriggerState(dict):  # type: ignore[type-arg]
@@ -122,7 +141,7 @@ class DefaultTriggerDriver:
                 panes = state[window] = WindowPanes()
             hold = self._output_time(max_timestamp, elements, floor)
             if hold is not None:
-                panes.holds.append(hold)
+                add_hold(panes.holds, hold)
             panes.values.extend([wv.value for wv in elements])
             panes.timer = True
             if input_micros >= end:
