@@ -27,10 +27,10 @@ none per key or element (see docs/architecture.md). Inside that value each key's
 its own pickle (``ShardState.blobs``), with the watermark at which the key next has work
 and its earliest hold kept beside it: a micro-batch decodes and re-encodes only the keys
 it has elements for or work due, not every key the shard holds. Under the runner's
-default-trigger driver a window's values do not stay in that value until the window
-fires: each batch appends them to the level's list state (``chunk_lists``), a chunk per
-window, and the batch that fires the window reads them back (one more state call in a
-batch with new values, three in a batch that fires buffered windows).
+default-trigger driver a window that has not fired is not in that value either: each
+batch appends its keys' new values and holds to the level's list state (``chunk_lists``),
+a chunk per window, and the batch that fires the window reads them back (one more state
+call in a batch with new values, three in a batch that fires buffered windows).
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution.default_trigger import (
     DefaultTriggerDriver,
     DefaultTriggerState,
+    WindowPanes,
+    add_hold,
     plain_state,
     restored_state,
     upgraded_state,
@@ -134,9 +136,10 @@ class ShardState:
     blobs: dict[bytes, bytes] = dataclasses.field(default_factory=dict)
     visits: dict[bytes, int] = dataclasses.field(default_factory=dict)
     holds: dict[bytes, int] = dataclasses.field(default_factory=dict)
-    # Windows whose values wait in the shard's chunk store for their on-time pane: the
-    # window's tag (``_window_tag``) -> its end (micros). See ``StreamingGrouper``.
-    buffered: dict[bytes, int] = dataclasses.field(default_factory=dict)
+    # Windows waiting in the shard's chunk store for their on-time pane, their keys' values
+    # and holds with them: the window's tag (``_window_tag``) -> (its end, the earliest
+    # hold of its keys; micros). See ``StreamingGrouper.process``.
+    buffered: dict[bytes, tuple[int, int]] = dataclasses.field(default_factory=dict)
 
     def key_state(self, key_bytes: bytes) -> KeyState | None:
         """The key's state, decoded on first use; None for a key the shard does not hold."""
@@ -323,13 +326,14 @@ class StreamingGrouper:
     ) -> Iterator[Any]:
         """Runs one micro-batch of a shard; yields (key bytes, key, pane) per pane fired.
 
-        With ``chunks``, under the runner's default-trigger driver, the values of a window
-        that has not had its on-time pane wait there, not in their key's state: appended
-        once, in the batch they came in, and read back in the batch the window fires
-        (``_unbuffer``, ``_buffer``). The shard's value, read and written every batch,
-        then holds only the windows' holds and pane counters; before, every value of a
-        window was in it, read and written again in every micro-batch until the window
-        fired.
+        With ``chunks``, under the runner's default-trigger driver, a window that has not
+        had its on-time pane waits there, not in its keys' states: at the end of each
+        batch its keys' values and holds of that batch go into one chunk (``_buffer``),
+        and the batch whose input watermark reaches its end reads them back before it
+        fires (``_unbuffer``). Until then the shard's value holds only the window's end
+        and earliest hold; a key with nothing else is not in it at all. Before, every
+        key's values and holds were in the value, read and written again every
+        micro-batch until the window fired.
         """
         watermarks = shard.watermarks
         # Elements arrive at the micro-batch's processing time; the watermark moves after.
@@ -359,7 +363,7 @@ class StreamingGrouper:
         self.clock.micros = watermarks.processing_time
         shard.load_due(watermarks.input_watermark)
         if shard.buffered:
-            assert chunks is not None, f"GroupByKey '{self.name}' has values in a chunk store"
+            assert chunks is not None, f"GroupByKey '{self.name}' has windows in a chunk store"
             self._unbuffer(shard, chunks)
         yield from self._fire_timers(shard)
         self._collect_garbage(shard)
@@ -368,56 +372,87 @@ class StreamingGrouper:
         self._settle(shard)
 
     def _unbuffer(self, shard: ShardState, chunks: ChunkStore) -> None:
-        """Puts back the values of every buffered window the input watermark reached.
+        """Puts every buffered window the input watermark reached back into its keys.
 
-        Such a window's on-time pane fires in this batch. Its values go before those its
-        keys got in this batch, which came later: a pane's values stay in arrival order.
+        Such a window's on-time pane fires in this batch. A key's values from the chunks
+        go before those it got in this batch, which came later (a pane's values stay in
+        arrival order), and its holds join them; a key the shard no longer holds comes
+        back, after the keys it holds.
         """
         watermark = shard.watermarks.input_watermark
-        due = {tag for tag, end in shard.buffered.items() if end <= watermark}
+        due = [tag for tag, (end, _) in shard.buffered.items() if end <= watermark]
         if not due:
             return
         import pickle
 
+        # (window token, key bytes) -> [key, values, holds], in the order they came.
         earlier: dict[tuple[Any, bytes], list[Any]] = {}
-        for tag, tagged in chunks.take(due).items():
+        for tag, tagged in chunks.take(set(due)).items():
             token = pickle.loads(tag)
             for chunk in tagged:
-                for key_bytes, values in pickle.loads(chunk):
-                    earlier.setdefault((token, key_bytes), []).extend(values)
-        for (token, key_bytes), values in earlier.items():
+                for key_bytes, key, values, holds in pickle.loads(chunk):
+                    entry = earlier.get((token, key_bytes))
+                    if entry is None:
+                        earlier[(token, key_bytes)] = [key, values, holds]
+                    else:
+                        entry[1].extend(values)
+                        entry[2].extend(holds)
+        for (token, key_bytes), (key, values, holds) in earlier.items():
             key_state = shard.key_state(key_bytes)
-            assert key_state is not None, f"GroupByKey '{self.name}' lost a buffered key"
-            panes = key_state.state[window_of(token)]
+            if key_state is None:
+                key_state = KeyState(key, DefaultTriggerState())
+                shard.add(key_bytes, key_state)
+            window = window_of(token)
+            panes = key_state.state.get(window)
+            if panes is None:
+                # Never fired (it would not wait in the store): no pane counted yet.
+                panes = key_state.state[window] = WindowPanes(timer=True)
             panes.values[:0] = values
+            for hold in holds:
+                add_hold(panes.holds, hold)
         for tag in due:
             del shard.buffered[tag]
 
     def _buffer(self, shard: ShardState, chunks: ChunkStore) -> None:
-        """Moves this batch's values of windows still before their end to ``chunks``.
+        """Moves the windows still before their end out of this batch's keys, to ``chunks``.
 
-        One chunk per window: its keys' new values, in the order the keys came. Those are
-        windows whose end-of-window timer is set (the watermark has not reached it), so
-        the next batches process their keys' elements as on time, and the batch that
-        fires them reads them back first. A window that has fired keeps its values in its
-        key's state (late panes of the accumulating mode), as before.
+        One chunk per window: (key bytes, key, values, holds) of each key it has in this
+        batch, in the order of the shard's keys. Those windows' end-of-window timers are
+        set (the watermark has not reached them), none has fired (a window that has keeps
+        its values in its key's state, for late panes of the accumulating mode), so a
+        key's window is its values and holds alone. A key left with no window leaves the
+        shard's value.
         """
-        new: dict[bytes, list[tuple[bytes, list[Any]]]] = {}
-        ends: dict[bytes, int] = {}
+        new: dict[bytes, list[tuple[bytes, Any, list[Any], list[int]]]] = {}
+        ends: dict[bytes, tuple[int, int]] = {}
+        emptied = []
         for key_bytes, key_state in shard.keys.items():
             state = key_state.state
             if type(state) is not DefaultTriggerState:
                 continue
-            for window, panes in state.items():
-                if panes.timer and panes.values:
-                    tag = _window_tag(window)
-                    new.setdefault(tag, []).append((key_bytes, panes.values))
-                    ends[tag] = DefaultTriggerDriver._end(window)
-                    panes.values = []
-        if not new:
-            return
-        chunks.append([(tag, _dumps(values)) for tag, values in new.items()])
-        shard.buffered.update(ends)
+            pending = [window for window, panes in state.items() if panes.timer]
+            for window in pending:
+                panes = state.pop(window)
+                tag = _window_tag(window)
+                new.setdefault(tag, []).append(
+                    (key_bytes, key_state.key, panes.values, panes.holds)
+                )
+                end, hold = (
+                    ends.get(tag)
+                    or shard.buffered.get(tag)
+                    or (
+                        DefaultTriggerDriver._end(window),
+                        MAX_MICROS,
+                    )
+                )
+                ends[tag] = (end, min([hold, *panes.holds]))
+            if pending and not state:
+                emptied.append(key_bytes)
+        for key_bytes in emptied:
+            shard.remove(key_bytes)
+        if new:
+            chunks.append([(tag, _dumps(entries)) for tag, entries in new.items()])
+            shard.buffered.update(ends)
 
     def _driver_of(self, key_state: KeyState) -> Any:
         """The driver of a key's state.
@@ -504,8 +539,17 @@ class StreamingGrouper:
                 shard.holds.pop(key_bytes, None)
 
     def hold(self, shard: ShardState) -> int:
-        """The earliest watermark hold of the shard's keys (microseconds)."""
-        return min(shard.holds.values(), default=MAX_MICROS)
+        """The earliest watermark hold of the shard's keys (microseconds).
+
+        A buffered window's holds as its keys' would be (Beam's earliest hold is a
+        microsecond before the earliest element hold).
+        """
+        held = min(shard.holds.values(), default=MAX_MICROS)
+        if shard.buffered:
+            earliest = min(hold for _, hold in shard.buffered.values())
+            if earliest < MAX_MICROS:
+                held = min(held, earliest - 1)
+        return held
 
     def encode(self, key: Any, pane: Any) -> bytes:
         """A pane as the GroupByKey's output element: ``KV<K, Iterable<V>>``."""
