@@ -48,6 +48,13 @@ class WindowPanes:
     timer: bool = False  # the watermark timer at the window's end is set
 
 
+def end_of(window: Any) -> int:
+    """A window's end (micros), as the state keys it."""
+    if type(window) is IntervalWindow:
+        return bi.interval_bounds(window)[1]
+    return int(window.end.micros)
+
+
 def add_hold(holds: list[int], hold: int) -> None:
     """Adds a hold to a window's: ``holds`` keeps the earliest and the latest, once each.
 
@@ -225,10 +232,8 @@ class DefaultTriggerDriver:
 
     @staticmethod
     def _end(window: Any) -> int:
-        """A window's end (micros), as the state keys it."""
-        if type(window) is IntervalWindow:
-            return bi.interval_bounds(window)[1]
-        return int(window.end.micros)
+        """A window's end (micros), as the state keys it (``SessionsDriver``'s are bounds)."""
+        return end_of(window)
 
     def forget_expired(self, state: DefaultTriggerState, watermark: int, lateness: int) -> None:
         """Drops the windows past their garbage-collection time that wait for no timer.

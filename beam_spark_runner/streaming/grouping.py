@@ -50,6 +50,7 @@ from beam_spark_runner.execution.default_trigger import (
     DefaultTriggerState,
     WindowPanes,
     add_hold,
+    end_of,
     plain_state,
     restored_state,
     upgraded_state,
@@ -425,6 +426,7 @@ class StreamingGrouper:
         """
         new: dict[bytes, list[tuple[bytes, Any, list[Any], list[int]]]] = {}
         ends: dict[bytes, tuple[int, int]] = {}
+        tags: dict[Any, bytes] = {}
         emptied = []
         for key_bytes, key_state in shard.keys.items():
             state = key_state.state
@@ -433,18 +435,12 @@ class StreamingGrouper:
             pending = [window for window, panes in state.items() if panes.timer]
             for window in pending:
                 panes = state.pop(window)
-                tag = _window_tag(window)
-                new.setdefault(tag, []).append(
-                    (key_bytes, key_state.key, panes.values, panes.holds)
-                )
-                end, hold = (
-                    ends.get(tag)
-                    or shard.buffered.get(tag)
-                    or (
-                        DefaultTriggerDriver._end(window),
-                        MAX_MICROS,
-                    )
-                )
+                tag = tags.get(window)
+                if tag is None:
+                    tag = tags[window] = _window_tag(window)
+                entry = (key_bytes, key_state.key, panes.values, panes.holds)
+                new.setdefault(tag, []).append(entry)
+                end, hold = ends.get(tag) or shard.buffered.get(tag) or (end_of(window), MAX_MICROS)
                 ends[tag] = (end, min([hold, *panes.holds]))
             if pending and not state:
                 emptied.append(key_bytes)
