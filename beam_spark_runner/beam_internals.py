@@ -922,22 +922,29 @@ def trigger_state_is_empty(state: Any) -> bool:
 
 
 def servicer_contents(servicer: Any) -> tuple[dict[bytes, list[bytes]], dict[bytes, Any]]:
-    """A ``StateServicer``'s cells (state key -> values) and ordered-list indexes, as dicts."""
+    """A ``StateServicer``'s cells (state key -> values) and ordered-list indexes, as dicts.
+
+    The value lists are the servicer's own, not copies: the caller drops the servicer
+    (``InMemoryStateBackend.release_user_state``) before anything could append to them.
+    A shard of 100 000 keys spent a tenth of its Python time copying them every batch.
+    """
     return (
-        {key: list(values) for key, values in servicer._state.items() if values},  # noqa: SLF001
+        {key: values for key, values in servicer._state.items() if values},  # noqa: SLF001
         dict(servicer._ordered_list_keys),  # noqa: SLF001
     )
 
 
 def servicer_with(contents: tuple[dict[bytes, list[bytes]], dict[bytes, Any]] | None) -> Any:
-    """A ``StateServicer`` holding what :func:`servicer_contents` returned."""
+    """A ``StateServicer`` holding what :func:`servicer_contents` returned.
+
+    It takes the value lists as they are (the caller hands over a decoded copy it does not
+    read again), in a dict of its own.
+    """
     servicer = StateServicer()
     if contents:
         cells, ordered = contents
-        for key, values in cells.items():
-            servicer._state[key] = list(values)  # type: ignore[index]  # noqa: SLF001
-        for key, indexes in ordered.items():
-            servicer._ordered_list_keys[key] = indexes  # noqa: SLF001
+        servicer._state = collections.defaultdict(list, cells)  # noqa: SLF001
+        servicer._ordered_list_keys.update(ordered)  # noqa: SLF001
     return servicer
 
 

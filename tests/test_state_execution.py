@@ -1,5 +1,7 @@
 """The pieces of stateful execution, without Spark: key runs, pending timers, state backend."""
 
+import pickle
+
 import pyarrow as pa
 from apache_beam.coders import coders
 from apache_beam.transforms import userstate
@@ -130,6 +132,40 @@ def test_state_backend_keeps_side_inputs_and_releases_user_state() -> None:
     assert backend.get_raw(user) == (b"", None)
     assert backend.get_raw(side) == (b"side", None)
     assert backend.user_state_size() == 0
+
+
+def test_exported_user_state_survives_the_release_and_the_next_batch() -> None:
+    """A streaming shard exports its cells, releases them, and imports them next batch.
+
+    The export hands over the servicer's own value lists (no copy): what it returned must
+    not change when the backend is released, reused for other keys, or written to after
+    the next import; cleared cells are left out.
+    """
+    key = bi.beam_fn_api_pb2.StateKey
+    a = key(bag_user_state=key.BagUserState(transform_id="t", user_state_id="u", key=b"a"))
+    b = key(bag_user_state=key.BagUserState(transform_id="t", user_state_id="u", key=b"b"))
+    backend = InMemoryStateBackend()
+    backend.append_raw(a, b"a1")
+    backend.append_raw(b, b"b1")
+    backend.clear(b)
+    exported = backend.export_user_state()
+    backend.release_user_state()
+    assert exported[0] == {a.SerializeToString(): [b"a1"]}
+    backend.append_raw(a, b"other task's")  # the released servicer is not the exported one
+    assert exported[0] == {a.SerializeToString(): [b"a1"]}
+    backend.release_user_state()
+
+    kept = pickle.loads(pickle.dumps(exported))  # as the shard's state value travels
+    backend.import_user_state(kept)
+    assert backend.get_raw(a) == (b"a1", None) and backend.user_state_size() == 1
+    backend.append_raw(a, b"a2")
+    backend.append_raw(b, b"b2")
+    again = backend.export_user_state()
+    backend.release_user_state()
+    assert again[0] == {a.SerializeToString(): [b"a1", b"a2"], b.SerializeToString(): [b"b2"]}
+    assert backend.get_raw(a) == (b"", None)
+    backend.import_user_state(None)
+    assert backend.get_raw(a) == (b"", None) and backend.user_state_size() == 0
 
 
 def test_state_backed_iterables_live_for_one_bundle() -> None:
