@@ -44,8 +44,12 @@ class Markers:
         if kind == "setup":
             self.instance = f"{os.getpid()}-{uuid.uuid4().hex}"
         path = os.path.join(self.directory, f"{kind}-{self.instance}")
-        with open(path, "w", encoding="utf-8") as out:
+        # Written beside it, then renamed: the test polls the directory while workers
+        # write, and once read an empty marker (created, not yet written).
+        partial = os.path.join(self.directory, f".partial-{kind}-{self.instance}")
+        with open(partial, "w", encoding="utf-8") as out:
             json.dump(fields, out)
+        os.replace(partial, path)
 
 
 def instances(directory: Path, kind: str) -> dict[str, dict[str, typing.Any]]:
