@@ -137,9 +137,9 @@ def test_state_backend_keeps_side_inputs_and_releases_user_state() -> None:
 def test_exported_user_state_survives_the_release_and_the_next_batch() -> None:
     """A streaming shard exports its cells, releases them, and imports them next batch.
 
-    The export hands over the servicer's own value lists (no copy): what it returned must
-    not change when the backend is released, reused for other keys, or written to after
-    the next import; cleared cells are left out.
+    The export hands over the servicer's own value lists (no copy) and leaves the backend
+    empty: what it returned must not change when the backend is reused for other keys or
+    written to after the next import; cleared cells are left out.
     """
     key = bi.beam_fn_api_pb2.StateKey
     a = key(bag_user_state=key.BagUserState(transform_id="t", user_state_id="u", key=b"a"))
@@ -149,9 +149,9 @@ def test_exported_user_state_survives_the_release_and_the_next_batch() -> None:
     backend.append_raw(b, b"b1")
     backend.clear(b)
     exported = backend.export_user_state()
-    backend.release_user_state()
+    assert backend.get_raw(a) == (b"", None) and backend.user_state_size() == 0
     assert exported[0] == {a.SerializeToString(): [b"a1"]}
-    backend.append_raw(a, b"other task's")  # the released servicer is not the exported one
+    backend.append_raw(a, b"other task's")  # the backend's servicer is not the exported one
     assert exported[0] == {a.SerializeToString(): [b"a1"]}
     backend.release_user_state()
 

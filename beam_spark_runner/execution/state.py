@@ -75,7 +75,10 @@ class StateBackend(bi.StateHandler):  # type: ignore[misc]
 
     @abc.abstractmethod
     def export_user_state(self) -> Any:
-        """The user state held, as plain data (a streaming shard keeps it between batches)."""
+        """The user state held, as plain data (a streaming shard keeps it between batches).
+
+        It is handed over: the backend holds no user state afterwards.
+        """
 
     @abc.abstractmethod
     def import_user_state(self, contents: Any) -> None:
@@ -161,8 +164,14 @@ class InMemoryStateBackend(StateBackend):
         return len(self._user_cells)
 
     def export_user_state(self) -> Any:
-        """The user state held, as plain data (a streaming shard keeps it between batches)."""
-        return bi.servicer_contents(self._user)
+        """The user state held, as plain data; the backend releases it.
+
+        The export shares the servicer's value lists, so nothing may append to them again.
+        """
+        contents = bi.servicer_contents(self._user)
+        self._user = bi.StateServicer()
+        self._user_cells.clear()
+        return contents
 
     def import_user_state(self, contents: Any) -> None:
         """Replaces the user state by what :meth:`export_user_state` returned."""
