@@ -35,7 +35,7 @@ from beam_spark_runner.native_create import NativeCreateOverride
 from beam_spark_runner.options import batched_steps, spark_settings
 from beam_spark_runner.planning import build_plan
 from beam_spark_runner.result import SparkPipelineResult
-from beam_spark_runner.session import obtain_session, share_driver_path
+from beam_spark_runner.session import interpreted_sql, obtain_session, share_driver_path
 from beam_spark_runner.translators import translator_for
 
 _LOGGER = logging.getLogger(__name__)
@@ -251,19 +251,20 @@ class SparkStructuredRunner(PipelineRunner):
             native_combines=settings.native_combines,
         )
         check_plan(plan, translator_for)
-        spark, _ = obtain_session(settings)
+        spark, owned = obtain_session(settings)
         share_driver_path(spark)
         job_name = settings.app_name
         try:
-            infos = run_plan(
-                plan,
-                spark,
-                job_name,
-                settings.default_parallelism,
-                pickle_library,
-                saved_main_session,
-                log_levels,
-            )
+            with interpreted_sql(spark, settings, owned):
+                infos = run_plan(
+                    plan,
+                    spark,
+                    job_name,
+                    settings.default_parallelism,
+                    pickle_library,
+                    saved_main_session,
+                    log_levels,
+                )
         except PipelineExecutionError as error:
             if saved_main_session is None and main_session.missing_main_names(
                 str(error), pickle_library

@@ -172,3 +172,66 @@ def test_the_test_session_records_no_dataframe_call_sites(spark_session: Any) ->
     conf = spark_session.sparkContext.getConf()
     assert conf.get(spark_compat.DATAFRAME_DEBUGGING) == "false"
     assert not pyspark_error_utils.is_debugging_enabled()
+
+
+def test_interpreted_sql_applies_within_and_restores_the_sessions_own_values(
+    spark_session: Any,
+) -> None:
+    conf = spark_session.conf
+    whole_stage, factory = session.WHOLE_STAGE_CODEGEN, session.CODEGEN_FACTORY_MODE
+    conf.set(whole_stage, "true")  # the session's own value, to come back
+    conf.unset(factory)
+    try:
+        with session.interpreted_sql(spark_session, _settings(), owned=True):
+            assert conf.get(whole_stage) == "false"
+            assert conf.get(factory) == "NO_CODEGEN"
+        assert conf.get(whole_stage) == "true"
+        assert conf.get(factory, None) is None
+        # Not on a session the runner did not create, nor over a setting the user chose.
+        with session.interpreted_sql(spark_session, _settings(), owned=False):
+            assert conf.get(factory, None) is None
+        with session.interpreted_sql(spark_session, _settings(**{factory: "FALLBACK"}), True):
+            assert conf.get(factory, None) is None
+            assert conf.get(whole_stage) == "false"
+        assert conf.get(whole_stage) == "true"
+    finally:
+        conf.unset(whole_stage)
+        conf.unset(factory)
+
+
+def _sql_plans(spark: Any, description_prefix: str) -> list[str]:
+    store = spark._jsparkSession.sharedState().statusStore()  # noqa: SLF001
+    executions = store.executionsList()
+    found = (executions.apply(i) for i in range(executions.size()))
+    return [
+        e.physicalPlanDescription() for e in found if e.description().startswith(description_prefix)
+    ]
+
+
+def test_a_batch_pipelines_job_runs_spark_operators_interpreted(beam_options: list[str]) -> None:
+    # Without interpreted_sql the sort before the GroupByKey's stage and the projection
+    # after the first stage are whole-stage code generated ("[codegen id : 1]" in the plan).
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from beam_spark_runner.options import spark_settings
+
+    options = PipelineOptions([*beam_options, "--job_name=interpreted-sql"])
+    spark, owned = session.obtain_session(spark_settings(options))
+    assert owned
+    before = len(_sql_plans(spark, "Beam pipeline interpreted-sql"))
+    with beam.Pipeline(options=options) as pipeline:
+        grouped = (
+            pipeline
+            | beam.Create(range(20))
+            | beam.Map(lambda n: (n % 2, n))
+            | beam.GroupByKey()
+            | beam.MapTuple(lambda key, values: (key, len(list(values))))
+        )
+        assert_that(grouped, equal_to([(0, 10), (1, 10)]))
+    plans = _sql_plans(spark, "Beam pipeline interpreted-sql")[before:]
+    assert plans and all("Sort" in plan for plan in plans), plans
+    assert not any("codegen id" in plan for plan in plans), plans
+    assert spark.conf.get(session.CODEGEN_FACTORY_MODE, None) is None
+    assert spark.conf.get(session.WHOLE_STAGE_CODEGEN) == "true"
