@@ -172,7 +172,7 @@ def session_conf(master: str, settings: SparkSettings) -> dict[str, str]:
 # that Python workers produce, so at 2M elements the interpreted operators cost nothing
 # measurable (word count, GroupByKey, CombinePerKey, side input, Nexmark q3: the same
 # medians, CPU 0-9 % lower), while a small pipeline skips 20-250 ms of compiling. Beam's
-# FnApiRunnerTest took 25.3-26.7 s against 27.5-28.3 s (docs/performance.md). Only for the
+# FnApiRunnerTest 25.3-26.7 s against 27.5-28.3 s (docs/performance.md). Only for the
 # batch job (``interpreted_sql``): a streaming query and any SQL a user runs on the
 # session keep Spark's code generation (a JVM-bound aggregation of 20M rows took 7x as
 # long interpreted). A setting given in --spark_conf is left as the user chose it.
