@@ -171,7 +171,7 @@ def session_conf(master: str, settings: SparkSettings) -> dict[str, str]:
 # query shape; a Beam plan's JVM side only moves, shuffles and sorts two binary columns
 # that Python workers produce, so at 2M elements the interpreted operators cost nothing
 # measurable (word count, GroupByKey, CombinePerKey, side input, Nexmark q3: the same
-# medians, CPU 0-9 % lower), while a small pipeline skips 20-250 ms of compiling. Beam's
+# medians, CPU 0-9 % lower), while a small test pipeline took 0.02-0.27 s less. Beam's
 # FnApiRunnerTest 25.3-26.7 s against 27.5-28.3 s (docs/performance.md). Only for the
 # batch job (``interpreted_sql``): a streaming query and any SQL a user runs on the
 # session keep Spark's code generation (a JVM-bound aggregation of 20M rows took 7x as
