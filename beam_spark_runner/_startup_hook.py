@@ -174,14 +174,72 @@ def quiet_pre_init(argv: Sequence[str]) -> bool:
     return False
 
 
+def pre_init_socket_path(jvm_pid: int) -> str:
+    """The socket of the server forking the pre-inits of the driver JVM ``jvm_pid``.
+
+    See ``streaming.pre_init_server``. In the temporary directory, named after the user and
+    the JVM; in ``/tmp`` where that name would be too long for a Unix socket.
+    """
+    name = f"beam-spark-pre-init-{os.getuid()}-{jvm_pid}.sock"
+    path = os.path.join(os.environ.get("TMPDIR") or "/tmp", name)
+    return path if len(path) < 100 else os.path.join("/tmp", name)
+
+
+def forked_pre_init(argv: Sequence[str]) -> None:
+    """In a pre-init process: runs the pre-init in a fork of the driver's warm server.
+
+    Where the driver runs one for this process's parent, the JVM (see
+    ``streaming.pre_init_server``): this process hands over its environment, working
+    directory and standard error, waits for the fork and exits with its exit code. Returns
+    where there is no such server, or it declines: this process then runs the pre-init
+    itself.
+    """
+    if not runs_module(argv, PRE_INIT_MODULE) or not hasattr(os, "getuid"):
+        return
+    path = pre_init_socket_path(os.getppid())
+    try:
+        if os.stat(path).st_uid != os.getuid():
+            return
+    except OSError:
+        return
+    import marshal
+    import socket
+
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+        request = marshal.dumps((sys.executable, sys.version, os.getcwd(), dict(os.environ)))
+        socket.send_fds(conn, [len(request).to_bytes(4, "big")], [2])
+        conn.sendall(request)
+        if conn.recv(1) != b"S":
+            conn.close()
+            return
+    except OSError:
+        conn.close()
+        return
+    code = b""
+    try:
+        while len(code) < 4:
+            chunk = conn.recv(4 - len(code))
+            if not chunk:
+                break
+            code += chunk
+    except OSError:
+        pass
+    os._exit(int.from_bytes(code, "big", signed=True) if len(code) == 4 else 1)
+
+
 def install() -> None:
     """Registers now for Beam modules already loaded, else when they are imported.
 
     Also prefers the installed PySpark to Spark's zip of it (:func:`prefer_installed_pyspark`)
-    and silences a streaming query's pre-init processes (:func:`quiet_pre_init`).
+    and silences a streaming query's pre-init processes (:func:`quiet_pre_init`), which run
+    in a fork of the driver's pre-init server where one serves (:func:`forked_pre_init`).
     """
     prefer_installed_pyspark(sys.path)
-    quiet_pre_init(getattr(sys, "orig_argv", ()))
+    argv = getattr(sys, "orig_argv", ())
+    quiet_pre_init(argv)
+    forked_pre_init(argv)
     pending = False
     for name, after in _AFTER_IMPORT.items():
         loaded = sys.modules.get(name)

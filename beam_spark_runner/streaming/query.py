@@ -39,6 +39,7 @@ from beam_spark_runner.planning import (
     PlannedStage,
 )
 from beam_spark_runner.spark_compat import named_function
+from beam_spark_runner.streaming import pre_init_server
 from beam_spark_runner.streaming import rows as routed
 from beam_spark_runner.streaming.bounded_side_inputs import BroadcastPlan, plan_broadcasts
 from beam_spark_runner.streaming.check import is_unbounded_splittable
@@ -541,6 +542,9 @@ def start_query(
     metrics = sinks.metrics
     broadcasts = plan_broadcasts(plan)
     topology = plan_topology(plan, context.parallelism, broadcasts)
+    if topology.levels:
+        # Up by the first micro-batch's planning, which runs each level's pre-init.
+        pre_init_server.start(spark)
     ensure_state_store(spark)
     _quiet_interruptions()
     owned_checkpoint = checkpoint_location is None

@@ -1,0 +1,120 @@
+"""The server that forks a streaming query's pre-init processes (``streaming.pre_init_server``).
+
+Here the test process plays the driver's JVM: it starts the pre-init module as the JVM
+does (``python -m pyspark.sql.streaming.transform_with_state_driver_worker``, the JVM's
+socket in the environment) and reads the pid the pre-init sends as it connects. No Spark.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from beam_spark_runner._startup_hook import PRE_INIT_MODULE, pre_init_socket_path
+from beam_spark_runner.streaming import pre_init_server
+
+pytestmark = pytest.mark.skipif(not pre_init_server.supported(), reason="needs fork, Unix sockets")
+
+
+def _wait(condition: object, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.fixture
+def server() -> Iterator[int]:
+    """A server for this process's pre-inits, up and listening; its pid."""
+    jvm_pid = os.getpid()
+    pre_init_server.start_for(jvm_pid)
+    try:
+        assert _wait(lambda: os.path.exists(pre_init_socket_path(jvm_pid)))
+        pid = pre_init_server.server_pid(jvm_pid)
+        assert pid is not None
+        yield pid
+    finally:
+        pre_init_server.stop(jvm_pid)
+
+
+def _parent(pid: int) -> int:
+    """The parent pid of a live process (Linux ``/proc``)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+class _Jvm:
+    """The JVM's side: a socket the pre-init connects to, and the pre-init process."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.path = str(tmp_path / "jvm.sock")
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.path)
+        self.listener.listen(1)
+        self.listener.settimeout(60)
+        env = {**os.environ, "PYTHON_WORKER_FACTORY_SOCK_PATH": self.path}
+        env.pop("PYTHON_WORKER_FACTORY_SECRET", None)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", PRE_INIT_MODULE],
+            env=env,
+            stderr=subprocess.PIPE,
+        )
+
+    def connected_pid(self) -> tuple[socket.socket, int]:
+        """The pre-init's connection and the pid it says it runs as."""
+        conn, _ = self.listener.accept()
+        conn.settimeout(60)
+        data = b""
+        while len(data) < 4:
+            data += conn.recv(4 - len(data))
+        return conn, int.from_bytes(data, "big", signed=True)
+
+
+def test_a_pre_init_runs_in_a_fork_of_the_server_and_its_process_exits_with_its_code(
+    server: int, tmp_path: Path
+) -> None:
+    jvm = _Jvm(tmp_path)
+    conn, pid = jvm.connected_pid()
+    assert pid != jvm.process.pid
+    assert _parent(pid) == server
+    conn.close()  # as a JVM gone away: the pre-init fails reading its Python version
+    forked_code = jvm.process.wait(timeout=60)
+    assert jvm.process.stderr is not None
+    forked_error = jvm.process.stderr.read()
+
+    pre_init_server.stop(os.getpid())
+    (tmp_path / "alone").mkdir()
+    alone = _Jvm(tmp_path / "alone")
+    conn, pid = alone.connected_pid()
+    assert pid == alone.process.pid  # no server: the process runs the pre-init itself
+    conn.close()
+    assert alone.process.wait(timeout=60) == forked_code
+    assert alone.process.stderr is not None
+    assert alone.process.stderr.read().splitlines()[-1:] == forked_error.splitlines()[-1:]
+
+
+def test_a_pre_init_process_ended_by_the_jvm_ends_its_fork(server: int, tmp_path: Path) -> None:
+    jvm = _Jvm(tmp_path)
+    conn, pid = jvm.connected_pid()
+    assert _parent(pid) == server
+    jvm.process.send_signal(signal.SIGTERM)  # as the JVM ends a pre-init it is done with
+    jvm.process.wait(timeout=60)
+    assert _wait(lambda: not Path(f"/proc/{pid}").exists() or _parent(pid) != server)
+    conn.close()
+
+
+def test_the_server_ends_with_its_driver_and_removes_its_socket(server: int) -> None:
+    path = pre_init_socket_path(os.getpid())
+    pre_init_server.stop(os.getpid())
+    assert _wait(lambda: not Path(f"/proc/{server}").exists())
+    assert not os.path.exists(path)
