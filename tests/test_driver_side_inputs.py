@@ -127,15 +127,69 @@ def test_a_chain_computed_on_the_driver_gives_the_jobs_result(
     ]
 
 
-def test_a_table_also_read_as_main_input_keeps_its_job() -> None:
-    # Computed on the driver, it would run its user code again in the pipeline's job. (A
-    # step fused into its stage, such as a Map reading the table, runs once, on the driver.)
+def _table_also_grouped(pipeline: beam.Pipeline) -> tuple[beam.PCollection, beam.PCollection]:
+    """A table read as a side input and, grouped, as main input too; and the grouping."""
+    table = pipeline | "Keys" >> beam.Create(list(range(100))) | "Weigh" >> beam.ParDo(_Weigh())
+    sizes = (
+        table
+        | "By weight" >> beam.Map(lambda kv: (kv[1], kv[0]))
+        | "Group" >> beam.GroupByKey()
+        | "Sizes" >> beam.MapTuple(lambda weight, keys: (weight, len(keys)))
+    )
+    return table, sizes
+
+
+def test_a_table_also_read_as_main_input_is_computed_on_the_driver_in_batch_only() -> None:
+    # Its rows written on the driver are its main readers' input: its user code runs once.
     pipeline = beam.Pipeline()
-    table = pipeline | "Keys" >> beam.Create(list(range(100))) | "Weigh" >> beam.Map(_weight)
-    _ = table | "Group" >> beam.GroupByKey()
+    table, _ = _table_also_grouped(pipeline)
     _lookup(pipeline, table)
     plan = _plan(pipeline)
-    assert driver_stage(plan, _side_buffer(plan)) is None
+    stage = driver_stage(plan, _side_buffer(plan))
+    assert stage is not None and "Weigh" in plan.stage(stage).display_name
+    assert stage in driver_side_inputs.driver_stages(plan)
+    # A streaming query would run the stage again for its main readers.
+    proto = pipeline.to_runner_api(default_environment=bi.default_environment())
+    streaming = build_plan(bi.prepare_pipeline_proto(proto), streaming=True)
+    assert driver_stage(streaming, _side_buffer(streaming)) is None
+
+
+def test_a_table_also_read_as_main_input_runs_once_on_the_driver(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="beam_spark_runner.translators.driver_side_inputs")
+    pipeline = beam.Pipeline(options=_options())
+    table, sizes = _table_also_grouped(pipeline)
+    assert_that(_lookup(pipeline, table), equal_to([20, 30, 40]), label="Looked up")
+    assert_that(
+        sizes, equal_to([(w, len([k for k in range(100) if k % 7 + 1 == w])) for w in range(1, 8)])
+    )
+    result = pipeline.run()
+    result.wait_until_finish()
+    assert "from 100 literal row(s)" in caplog.text
+    assert "its rows read as main input too" in caplog.text
+    (counter,) = result.metrics().query(MetricsFilter().with_name("weights"))["counters"]
+    assert counter.committed == 100
+
+
+def test_a_table_too_large_to_keep_on_the_driver_runs_on_spark(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level(logging.INFO, logger="beam_spark_runner.translators.driver_side_inputs")
+    monkeypatch.setattr(driver_side_inputs, "DRIVER_OUTPUT_MAX_BYTES", 64)
+    pipeline = beam.Pipeline(options=_options())
+    table, sizes = _table_also_grouped(pipeline)
+    assert_that(_lookup(pipeline, table), equal_to([20, 30, 40]), label="Looked up")
+    assert_that(
+        sizes, equal_to([(w, len([k for k in range(100) if k % 7 + 1 == w])) for w in range(1, 8)])
+    )
+    result = pipeline.run()
+    result.wait_until_finish()
+    assert "writes over 64 bytes for main inputs: it runs on Spark" in caplog.text
+    assert "computed on the driver" not in caplog.text
+    (counter,) = result.metrics().query(MetricsFilter().with_name("weights"))["counters"]
+    # The driver's run stopped, as a failed attempt: committed once, by the Spark job.
+    assert counter.committed == 100
 
 
 def test_a_table_from_a_file_or_a_grouping_keeps_its_job(tmp_path: Any) -> None:

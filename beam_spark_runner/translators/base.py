@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
+    from beam_spark_runner.translators.driver_side_inputs import DriverRows
+
 _LOGGER = logging.getLogger(__name__)
 
 # Literal rows (a Create's elements, a text read's byte ranges) already made in a session,
@@ -137,6 +139,10 @@ class TranslationContext:
         self.persisted: list[DataFrame] = []
         self.broadcasts: list[Any] = []
         self.side_input_elements: dict[bytes, list[bytes]] = {}
+        # Stages computed on the driver (driver_side_inputs): what each wrote, None where it
+        # ran on Spark after all.
+        self.driver_runs: dict[str, DriverRows | None] = {}
+        self._driver_stages: frozenset[str] | None = None
         self.uses = self._count_uses(plan)
 
     @staticmethod
@@ -156,7 +162,17 @@ class TranslationContext:
         return translator.translate(node, self)
 
     def stage_frame(self, stage_name: str) -> DataFrame:
-        """The (tag, key, element) output DataFrame of a fused stage."""
+        """The (tag, key, element) output DataFrame of a fused stage.
+
+        A stage the run computes on the driver (``driver_side_inputs``) gives the rows it
+        wrote there, which its main-input readers read without running it again.
+        """
+        if stage_name not in self._stage_frames and stage_name in self.driver_stages():
+            from beam_spark_runner.translators.driver_side_inputs import driver_rows
+
+            rows = driver_rows(stage_name, self)
+            if rows is not None:
+                self._stage_frames[stage_name] = self.literal_stage_rows(rows)
         if stage_name not in self._stage_frames:
             frame = self._translate(EXECUTABLE_STAGE_URN, self.plan.stage(stage_name))
             if self.uses[stage_name] > 1:
@@ -167,6 +183,14 @@ class TranslationContext:
                 self.persisted.append(frame)
             self._stage_frames[stage_name] = frame
         return self._stage_frames[stage_name]
+
+    def driver_stages(self) -> frozenset[str]:
+        """The stages this run computes on the driver (``driver_side_inputs.driver_stages``)."""
+        if self._driver_stages is None:
+            from beam_spark_runner.translators.driver_side_inputs import driver_stages
+
+            self._driver_stages = driver_stages(self.plan)
+        return self._driver_stages
 
     def buffer_frame(self, buffer_id: bytes) -> DataFrame:
         """The (key, element) DataFrame of a buffer."""
@@ -232,6 +256,39 @@ class TranslationContext:
                 remembered.popitem(last=False)
         return frame
 
+    def literal_stage_rows(self, rows: DriverRows) -> DataFrame:
+        """A fused stage's output rows written on the driver, spread without a shuffle."""
+        table = pa.table(
+            {
+                TAG: pa.array(rows.tags, pa.int32()),
+                KEY: pa.array(rows.keys, pa.binary()),
+                ELEMENT: pa.array(rows.elements, pa.binary()),
+            }
+        )
+        partitions = max(1, min(len(rows.elements), self.parallelism))
+        return self._local_frame(table, stage_output_type(), partitions)
+
+    def _local_frame(self, table: pa.Table, schema: StructType, partitions: int) -> DataFrame:
+        """A DataFrame of ``table``'s rows in ``partitions`` partitions, without a shuffle."""
+        if spark_compat.pyspark_version() >= (4, 0):
+            # An Arrow table goes to the JVM as it is, as local rows: no Python worker
+            # process, where an RDD of Python rows needs one per task just to convert them.
+            frame = self.spark.createDataFrame(table, schema)
+            # Spark scans local rows in min(max(rows, 1), default parallelism) partitions.
+            scanned = min(max(table.num_rows, 1), self.spark.sparkContext.defaultParallelism)
+            if partitions < scanned:
+                return frame.coalesce(partitions)
+            # A reused session whose default parallelism is lower than the run's: spread.
+            return frame.repartition(partitions) if partitions > scanned else frame
+        rows = self.spark.sparkContext.parallelize(
+            [
+                tuple(bytearray(v) if isinstance(v, bytes) else v for v in row.values())
+                for row in table.to_pylist()
+            ],
+            partitions,
+        )
+        return self.spark.createDataFrame(rows, schema, verifySchema=False)
+
     def _literal_rows(self, elements: Sequence[bytes], partitions: int) -> DataFrame:
         """The rows of :meth:`literal_rows`, made anew.
 
@@ -241,26 +298,10 @@ class TranslationContext:
         RDD. Either costs ~30 Py4J calls whatever the number of elements, where a literal
         column costs ~9 per element.
         """
-        if spark_compat.pyspark_version() >= (4, 0):
-            # An Arrow table goes to the JVM as it is, as local rows: no Python worker
-            # process, where an RDD of Python rows needs one per task just to convert them.
-            table = pa.table(
-                {
-                    KEY: pa.nulls(len(elements), pa.binary()),
-                    ELEMENT: pa.array(elements, pa.binary()),
-                }
-            )
-            frame = self.spark.createDataFrame(table, keyed_rows_type())
-            # Spark scans local rows in min(max(rows, 1), default parallelism) partitions.
-            scanned = min(max(len(elements), 1), self.spark.sparkContext.defaultParallelism)
-            if partitions < scanned:
-                return frame.coalesce(partitions)
-            # A reused session whose default parallelism is lower than the run's: spread.
-            return frame.repartition(partitions) if partitions > scanned else frame
-        rows = self.spark.sparkContext.parallelize(
-            [(None, bytearray(element)) for element in elements], partitions
+        table = pa.table(
+            {KEY: pa.nulls(len(elements), pa.binary()), ELEMENT: pa.array(elements, pa.binary())}
         )
-        return self.spark.createDataFrame(rows, keyed_rows_type(), verifySchema=False)
+        return self._local_frame(table, keyed_rows_type(), partitions)
 
     def leaf_frames(self) -> list[DataFrame]:
         """Stage DataFrames nothing reads: running them runs the whole pipeline."""

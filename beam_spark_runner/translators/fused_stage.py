@@ -51,7 +51,9 @@ from beam_spark_runner.translators.base import (
     spark_function_name,
     stage_output_type,
 )
-from beam_spark_runner.translators.driver_side_inputs import compute_on_driver, driver_stage
+from beam_spark_runner.translators.driver_side_inputs import (
+    side_input_elements as driver_side_input_elements,
+)
 from beam_spark_runner.translators.group_by_key import group_spec, grouped_as_read, sorted_by_key
 from beam_spark_runner.translators.map_in_arrow import map_in_arrow
 from beam_spark_runner.translators.native_combine import (
@@ -392,16 +394,14 @@ def broadcast_side_inputs(
     entries: list[tuple[bytes, bytes]] = []
     for side_input in node.side_inputs:
         elements = context.side_input_elements.get(side_input.buffer_id)
-        on_driver = driver_stage(plan, side_input.buffer_id) if elements is None else None
-        if on_driver is not None:
-            context.side_input_elements.update(compute_on_driver(on_driver, context))
-            elements = context.side_input_elements[side_input.buffer_id]
         if elements is None:
-            frame = context.buffer_frame(side_input.buffer_id)
-            context.spark.sparkContext.setJobDescription(
-                f"Beam side input {side_input.pcollection_id} (for {node.display_name})"
-            )
-            elements = [bytes(row[0]) for row in frame.select(ELEMENT).collect()]
+            elements = driver_side_input_elements(side_input.buffer_id, context)
+            if elements is None:
+                frame = context.buffer_frame(side_input.buffer_id)
+                context.spark.sparkContext.setJobDescription(
+                    f"Beam side input {side_input.pcollection_id} (for {node.display_name})"
+                )
+                elements = [bytes(row[0]) for row in frame.select(ELEMENT).collect()]
             context.side_input_elements[side_input.buffer_id] = elements
         data_channel_coder = plan.data_channel_coders[side_input.pcollection_id]
         value_coder = context.pipeline_context.coders[plan.safe_coders[data_channel_coder]]
