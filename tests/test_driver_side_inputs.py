@@ -154,42 +154,36 @@ def test_a_table_also_read_as_main_input_is_computed_on_the_driver_in_batch_only
     assert driver_stage(streaming, _side_buffer(streaming)) is None
 
 
-def test_a_table_also_read_as_main_input_runs_once_on_the_driver(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+def _run_table_also_grouped(caplog: pytest.LogCaptureFixture) -> int:
+    """Runs the table read as a side input and as main input; its user code's committed count."""
     caplog.set_level(logging.INFO, logger="beam_spark_runner.translators.driver_side_inputs")
     pipeline = beam.Pipeline(options=_options())
     table, sizes = _table_also_grouped(pipeline)
     assert_that(_lookup(pipeline, table), equal_to([20, 30, 40]), label="Looked up")
-    assert_that(
-        sizes, equal_to([(w, len([k for k in range(100) if k % 7 + 1 == w])) for w in range(1, 8)])
-    )
+    weights = [(w, len([k for k in range(100) if k % 7 + 1 == w])) for w in range(1, 8)]
+    assert_that(sizes, equal_to(weights))
     result = pipeline.run()
     result.wait_until_finish()
+    (counter,) = result.metrics().query(MetricsFilter().with_name("weights"))["counters"]
+    return int(counter.committed)
+
+
+def test_a_table_also_read_as_main_input_runs_once_on_the_driver(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    assert _run_table_also_grouped(caplog) == 100
     assert "from 100 literal row(s)" in caplog.text
     assert "its rows read as main input too" in caplog.text
-    (counter,) = result.metrics().query(MetricsFilter().with_name("weights"))["counters"]
-    assert counter.committed == 100
 
 
 def test_a_table_too_large_to_keep_on_the_driver_runs_on_spark(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    caplog.set_level(logging.INFO, logger="beam_spark_runner.translators.driver_side_inputs")
     monkeypatch.setattr(driver_side_inputs, "DRIVER_OUTPUT_MAX_BYTES", 64)
-    pipeline = beam.Pipeline(options=_options())
-    table, sizes = _table_also_grouped(pipeline)
-    assert_that(_lookup(pipeline, table), equal_to([20, 30, 40]), label="Looked up")
-    assert_that(
-        sizes, equal_to([(w, len([k for k in range(100) if k % 7 + 1 == w])) for w in range(1, 8)])
-    )
-    result = pipeline.run()
-    result.wait_until_finish()
+    # The driver's run stopped, as a failed attempt: committed once, by the Spark job.
+    assert _run_table_also_grouped(caplog) == 100
     assert "writes over 64 bytes for main inputs: it runs on Spark" in caplog.text
     assert "computed on the driver" not in caplog.text
-    (counter,) = result.metrics().query(MetricsFilter().with_name("weights"))["counters"]
-    # The driver's run stopped, as a failed attempt: committed once, by the Spark job.
-    assert counter.committed == 100
 
 
 def test_a_table_from_a_file_or_a_grouping_keeps_its_job(tmp_path: Any) -> None:
