@@ -214,7 +214,7 @@ def forked_pre_init(argv: Sequence[str]) -> None:
         if conn.recv(1) != b"S":
             conn.close()
             return
-    except OSError:
+    except Exception:  # noqa: BLE001 - any failure to hand over: this process runs it
         conn.close()
         return
     code = b""
