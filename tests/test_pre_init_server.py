@@ -23,7 +23,7 @@ from beam_spark_runner.streaming import pre_init_server
 
 pytestmark = pytest.mark.skipif(
     not pre_init_server.supported() or not Path("/proc/self/stat").exists(),
-    reason="needs fork, Unix sockets and /proc (Linux)",
+    reason="needs fork, Unix sockets, /proc (Linux) and PySpark's transformWithState pre-init",
 )
 
 
@@ -59,17 +59,36 @@ def _parent(pid: int) -> int:
     return int(stat.rsplit(")", 1)[1].split()[1])
 
 
-class _Jvm:
-    """The JVM's side: a socket the pre-init connects to, and the pre-init process."""
+_SECRET = "a-test-secret"
 
-    def __init__(self, tmp_path: Path) -> None:
-        self.path = str(tmp_path / "jvm.sock")
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(self.path)
+
+def _read_exactly(conn: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = conn.recv(size - len(data))
+        if not chunk:
+            raise EOFError("the pre-init closed its socket")
+        data += chunk
+    return data
+
+
+class _Jvm:
+    """The JVM's side: the socket a pre-init connects and authenticates to, and the process.
+
+    A local TCP port and a secret, as every PySpark version's pre-init reads them.
+    """
+
+    def __init__(self) -> None:
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener.bind(("127.0.0.1", 0))
         self.listener.listen(1)
         self.listener.settimeout(60)
-        env = {**os.environ, "PYTHON_WORKER_FACTORY_SOCK_PATH": self.path}
-        env.pop("PYTHON_WORKER_FACTORY_SECRET", None)
+        env = {
+            **os.environ,
+            "PYTHON_WORKER_FACTORY_PORT": str(self.listener.getsockname()[1]),
+            "PYTHON_WORKER_FACTORY_SECRET": _SECRET,
+        }
+        env.pop("PYTHON_WORKER_FACTORY_SOCK_PATH", None)
         self.process = subprocess.Popen(
             [sys.executable, "-m", PRE_INIT_MODULE],
             env=env,
@@ -77,19 +96,19 @@ class _Jvm:
         )
 
     def connected_pid(self) -> tuple[socket.socket, int]:
-        """The pre-init's connection and the pid it says it runs as."""
+        """The pre-init's authenticated connection and the pid it says it runs as."""
         conn, _ = self.listener.accept()
         conn.settimeout(60)
-        data = b""
-        while len(data) < 4:
-            data += conn.recv(4 - len(data))
-        return conn, int.from_bytes(data, "big", signed=True)
+        size = int.from_bytes(_read_exactly(conn, 4), "big")
+        assert _read_exactly(conn, size).decode() == _SECRET
+        conn.sendall((2).to_bytes(4, "big") + b"ok")
+        return conn, int.from_bytes(_read_exactly(conn, 4), "big", signed=True)
 
 
 def test_a_pre_init_runs_in_a_fork_of_the_server_and_its_process_exits_with_its_code(
-    server: int, tmp_path: Path
+    server: int,
 ) -> None:
-    jvm = _Jvm(tmp_path)
+    jvm = _Jvm()
     conn, pid = jvm.connected_pid()
     assert pid != jvm.process.pid
     assert _parent(pid) == server
@@ -99,8 +118,7 @@ def test_a_pre_init_runs_in_a_fork_of_the_server_and_its_process_exits_with_its_
     forked_error = jvm.process.stderr.read()
 
     pre_init_server.stop(os.getpid())
-    (tmp_path / "alone").mkdir()
-    alone = _Jvm(tmp_path / "alone")
+    alone = _Jvm()
     conn, pid = alone.connected_pid()
     assert pid == alone.process.pid  # no server: the process runs the pre-init itself
     conn.close()
@@ -109,8 +127,8 @@ def test_a_pre_init_runs_in_a_fork_of_the_server_and_its_process_exits_with_its_
     assert alone.process.stderr.read().splitlines()[-1:] == forked_error.splitlines()[-1:]
 
 
-def test_a_pre_init_process_ended_by_the_jvm_ends_its_fork(server: int, tmp_path: Path) -> None:
-    jvm = _Jvm(tmp_path)
+def test_a_pre_init_process_ended_by_the_jvm_ends_its_fork(server: int) -> None:
+    jvm = _Jvm()
     conn, pid = jvm.connected_pid()
     assert _parent(pid) == server
     jvm.process.send_signal(signal.SIGTERM)  # as the JVM ends a pre-init it is done with
