@@ -181,6 +181,11 @@ def serve(path: str, jvm_pid: int) -> None:
 
     import beam_spark_runner.streaming.level_shell  # noqa: F401 - what a fork unpickles
 
+    try:  # PySpark's state messages (and protobuf): 25 ms a fork when each imported them
+        import pyspark.sql.streaming.proto.StateMessage_pb2  # noqa: F401
+    except ImportError:  # a PySpark without them: each fork imports what it needs
+        pass
+
     try:
         os.unlink(path)
     except FileNotFoundError:
