@@ -117,12 +117,13 @@ def stop(jvm_pid: int | None = None) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user's counts: it is there)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     return True
 
 
