@@ -117,7 +117,7 @@ def stop(jvm_pid: int | None = None) -> None:
 
 
 def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (one of another user's counts: it is there)."""
+    """Whether process ``pid`` exists (also one of another user's, which this one cannot signal)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
