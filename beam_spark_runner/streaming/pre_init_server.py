@@ -178,14 +178,10 @@ def _run_child(stderr_fd: int, cwd: str, env: dict[str, str]) -> None:
 
 def serve(path: str, jvm_pid: int) -> None:
     """Serves pre-init requests at ``path`` until the driver or its JVM ends."""
+    import pyspark.sql.streaming.proto.StateMessage_pb2  # noqa: F401 - each fork talks in them
     import pyspark.sql.streaming.transform_with_state_driver_worker  # noqa: F401 - each fork's
 
     import beam_spark_runner.streaming.level_shell  # noqa: F401 - what a fork unpickles
-
-    try:  # PySpark's state messages (and protobuf): 25 ms a fork when each imported them
-        import pyspark.sql.streaming.proto.StateMessage_pb2  # noqa: F401
-    except ImportError:  # a PySpark without them: each fork imports what it needs
-        pass
 
     try:
         os.unlink(path)
