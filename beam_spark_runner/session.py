@@ -255,14 +255,39 @@ def _jvm_started() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ or SparkContext._gateway is not None  # noqa: SLF001
 
 
+def without_mllib_session_functions(conf: dict[str, str]) -> bool:
+    """Keeps MLlib's session functions (``spark_compat.MLLIB_FUNCTIONS_PROVIDER``) out.
+
+    Adds ``spark_compat.SESSION_EXTENSIONS_FROM_CLASS_PATH=false`` to a session's settings
+    when that provider is the only one on the driver JVM's class path, unless the user chose
+    the setting (``--spark_conf``, spark-submit or spark-defaults.conf). The JVM must be up.
+    Returns whether it did.
+    """
+    from pyspark import SparkConf, SparkContext
+
+    key = spark_compat.SESSION_EXTENSIONS_FROM_CLASS_PATH
+    if key in conf or SparkConf().contains(key):
+        return False
+    jvm = SparkContext._jvm  # noqa: SLF001 - PySpark's view of the driver JVM
+    providers = spark_compat.session_extension_providers(jvm)
+    if set(providers) != {spark_compat.MLLIB_FUNCTIONS_PROVIDER}:
+        return False
+    _LOGGER.debug("Not loading %s (Spark Connect's ML functions) in this session", providers[0])
+    conf[key] = "false"
+    return True
+
+
 def _start(master: str, settings: SparkSettings, conf: dict[str, str]) -> SparkSession:
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
+    # The JVM first, with the session's settings, to see its class path before the session.
+    launch = SparkConf().setMaster(master).setAppName(settings.app_name)
+    SparkContext._ensure_initialized(conf=launch.setAll(list(conf.items())))  # noqa: SLF001
+    without_mllib_session_functions(conf)
     if worker_warmup.applies(conf):
         # The context first, so that its Python workers start while the SQL session does
         # (the builder below takes this context).
-        from pyspark import SparkConf, SparkContext
-
         spark_conf = SparkConf().setMaster(master).setAppName(settings.app_name)
         context = SparkContext.getOrCreate(spark_conf.setAll(list(conf.items())))
         worker_environment(context)

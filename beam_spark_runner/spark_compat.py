@@ -82,6 +82,46 @@ def require_state_protocol(feature: str) -> None:
         ) from error
 
 
+# Spark 4's MLlib jar names a session extension provider on the class path,
+# ``InternalFunctionRegistration``, which registers the SQL functions Spark Connect's ML
+# client calls (``vector_to_array``, ...). Spark loads it in a JVM's first session, and
+# its initialisation builds Scala's runtime reflection: 1.6 s inside the SparkSession
+# constructor, 1.2 s of CPU in a fresh process's first pipeline (docs/performance.md).
+# Classic PySpark's ``pyspark.ml.functions`` call MLlib's Scala functions directly and
+# never look these up. Spark loads no provider from the class path while this static
+# setting is false (true by default; Spark names it a test flag). It decides for every
+# provider at once, so it may only be set where MLlib's is the only one.
+SESSION_EXTENSIONS_FROM_CLASS_PATH = "spark.sql.extensions.test.loadFromCp"
+MLLIB_FUNCTIONS_PROVIDER = "org.apache.spark.sql.ml.InternalFunctionRegistration"
+_EXTENSION_PROVIDERS = "META-INF/services/org.apache.spark.sql.SparkSessionExtensionsProvider"
+
+
+def session_extension_providers(jvm: Any, loader: Any = None) -> list[str]:
+    """The session extension providers a new session in ``jvm`` would load, in order.
+
+    What the ``META-INF/services`` provider files on the class path name. ``loader`` is the
+    class loader to search, by default the one Spark searches: this thread's context class
+    loader in the JVM, else Spark's own.
+    """
+    if loader is None:
+        loader = jvm.org.apache.spark.util.Utils.getContextOrSparkClassLoader()
+    resources = loader.getResources(_EXTENSION_PROVIDERS)
+    names: list[str] = []
+    while resources.hasMoreElements():
+        stream = resources.nextElement().openStream()
+        try:
+            names.extend(provider_names(bytes(stream.readAllBytes()).decode("utf-8")))
+        finally:
+            stream.close()
+    return names
+
+
+def provider_names(text: str) -> list[str]:
+    """The class names a ``META-INF/services`` file lists (``#`` starts a comment)."""
+    lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
+    return [line for line in lines if line]
+
+
 @dataclasses.dataclass(frozen=True)
 class InlineValue:
     """A value shipped inside the tasks' closures, read like a Spark broadcast (``.value``).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from benchmarks.streaming import Trial, highest_kept_up, keeps_up, markdown_table, percentile
@@ -134,18 +136,19 @@ def test_the_rate_search_tries_every_other_rate_then_the_one_next_to_the_boundar
 
 
 @pytest.mark.parametrize("query", [1, 2, 5, 7, 8, 11])
-def test_the_hand_written_structured_streaming_queries_give_beams_results(query: int) -> None:
+def test_the_hand_written_structured_streaming_queries_give_beams_results(
+    spark_session: Any, query: int
+) -> None:
     """Each query of :func:`pyspark_query` over a batch frame of events, their event times
     the generator's (``nexmark.millis``), gives the plain-Python reference's results (which
     match Beam's queries on FnApiRunner: test_benchmark_nexmark)."""
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
     from benchmarks import nexmark
     from benchmarks.streaming import pyspark_query
 
     total = 25_000
-    spark = SparkSession.builder.master("local[2]").getOrCreate()
+    spark = spark_session
     numbered = spark.range(0, total, 1, 2).withColumn(
         "t", F.timestamp_millis(F.lit(nexmark.BASE_TIME_MS) + F.col("id"))
     )

@@ -174,6 +174,78 @@ def test_the_test_session_records_no_dataframe_call_sites(spark_session: Any) ->
     assert not pyspark_error_utils.is_debugging_enabled()
 
 
+def test_a_services_files_class_names_are_read_without_comments_or_blank_lines() -> None:
+    text = "# licence\n\n org.example.First  # the first\norg.example.Second\n#\n"
+    assert spark_compat.provider_names(text) == ["org.example.First", "org.example.Second"]
+
+
+def test_the_extension_providers_are_read_from_the_jvms_class_path(
+    spark_session: Any, tmp_path: Any
+) -> None:
+    # The installed Spark's own, through Spark's class loader, then one more in a loader of
+    # its own: a jar or directory a user adds (--jars) names its provider the same way.
+    jvm = spark_session.sparkContext._jvm
+    own = spark_compat.session_extension_providers(jvm)
+    if spark_compat.pyspark_version() >= (4, 0):
+        assert spark_compat.MLLIB_FUNCTIONS_PROVIDER in own
+    services = tmp_path / "META-INF" / "services"
+    services.mkdir(parents=True)
+    (services / "org.apache.spark.sql.SparkSessionExtensionsProvider").write_text(
+        "org.example.Extensions\n", encoding="utf-8"
+    )
+    gateway = spark_session.sparkContext._gateway
+    urls = gateway.new_array(jvm.java.net.URL, 1)
+    urls[0] = jvm.java.io.File(str(tmp_path)).toURI().toURL()
+    parent = jvm.org.apache.spark.util.Utils.getContextOrSparkClassLoader()
+    loader = jvm.java.net.URLClassLoader(urls, parent)
+    assert spark_compat.session_extension_providers(jvm, loader) == [
+        *own,
+        "org.example.Extensions",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("providers", "conf", "skipped"),
+    [
+        ([spark_compat.MLLIB_FUNCTIONS_PROVIDER], {}, True),
+        ([spark_compat.MLLIB_FUNCTIONS_PROVIDER, "org.example.Extensions"], {}, False),
+        ([], {}, False),
+        (
+            [spark_compat.MLLIB_FUNCTIONS_PROVIDER],
+            {spark_compat.SESSION_EXTENSIONS_FROM_CLASS_PATH: "true"},
+            False,
+        ),
+    ],
+    ids=["mllib-only", "with-another", "none", "the-users-choice"],
+)
+def test_mllibs_session_functions_stay_out_only_when_no_other_provider_needs_loading(
+    spark_session: Any, monkeypatch: Any, providers: list[str], conf: dict[str, str], skipped: bool
+) -> None:
+    monkeypatch.setattr(spark_compat, "session_extension_providers", lambda jvm: providers)
+    chosen = dict(conf)
+    assert session.without_mllib_session_functions(chosen) is skipped
+    key = spark_compat.SESSION_EXTENSIONS_FROM_CLASS_PATH
+    assert chosen == ({**conf, key: "false"} if skipped else conf)
+
+
+def test_the_test_sessions_jvm_never_registered_mllibs_session_functions(
+    spark_session: Any,
+) -> None:
+    # 1.6 s of a process's first session went to this registration (docs/performance.md).
+    if spark_compat.pyspark_version() < (4, 0):
+        pytest.skip("MLlib registers no session functions before Spark 4")
+    conf = spark_session.sparkContext.getConf()
+    assert conf.get(spark_compat.SESSION_EXTENSIONS_FROM_CLASS_PATH) == "false"
+    jvm = spark_session.sparkContext._jvm
+    catalyst = jvm.org.apache.spark.sql.catalyst
+    name = getattr(getattr(catalyst, "FunctionIdentifier$"), "MODULE$").apply("vector_to_array")
+    registry = getattr(getattr(catalyst.analysis, "FunctionRegistry$"), "MODULE$").internal()
+    assert not registry.functionExists(name)
+    # What the runner skipped is there to be loaded: the check above can fail.
+    jvm.java.lang.Class.forName("org.apache.spark.sql.ml.InternalFunctionRegistration$")
+    assert registry.functionExists(name)
+
+
 def test_interpreted_sql_applies_within_and_restores_the_sessions_own_values(
     spark_session: Any,
 ) -> None:
