@@ -166,6 +166,37 @@ def spark_home() -> Path:
     return Path(pyspark.__file__).resolve().parent
 
 
+def class_path_directory(spark: Path, conf: Mapping[str, str]) -> Path | None:
+    """A non-empty directory with more of the driver JVM's class path after it, if any.
+
+    HotSpot writes no archive for such a class path: the JVM ends with "Cannot have
+    non-empty directory in paths" instead, once it has loaded classes from an entry after
+    the directory, and a conf directory with files in it (``SPARK_CONF_DIR``, or
+    ``SPARK_HOME/conf``) comes before Spark's jars. The entries are those Spark's launcher
+    puts on the class path, in its order (``AbstractCommandBuilder.buildClassPath``):
+    ``spark.driver.extraClassPath``, the conf directory, Spark's jars, ``HADOOP_CONF_DIR``,
+    ``YARN_CONF_DIR`` and ``SPARK_DIST_CLASSPATH``.
+    """
+    groups = [
+        conf.get("spark.driver.extraClassPath"),
+        os.environ.get("SPARK_CONF_DIR") or str(spark / "conf"),
+        str(spark / "jars" / "*"),
+        *(os.environ.get(name) for name in ("HADOOP_CONF_DIR", "YARN_CONF_DIR")),
+        os.environ.get("SPARK_DIST_CLASSPATH"),
+    ]
+    entries = [Path(entry) for group in groups if group for entry in group.split(os.pathsep)]
+    present = [entry for entry in entries if entry.name and _present(entry)]
+    for entry in present[:-1]:
+        if entry.is_dir() and any(entry.iterdir()):
+            return entry
+    return None
+
+
+def _present(entry: Path) -> bool:
+    """Whether a class path entry (a jar, a directory, or ``dir/*``) is there to load from."""
+    return entry.parent.is_dir() if entry.name == "*" else entry.exists()
+
+
 def class_archive_key(java: str, spark: Path, conf: Mapping[str, str]) -> str:
     """A name for the archive of this Java, Spark install and class path."""
     digest = hashlib.sha256()

@@ -375,3 +375,83 @@ def test_a_pipeline_run_notes_it_beside_the_archive_its_jvm_writes(
         _ = pipeline | beam.Create([1, 2]) | beam.Map(str)
     assert partial.with_suffix(".ran").exists()
     assert java._writing is None  # noted once
+
+
+def _files(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "spark-defaults.conf").write_text("spark.ui.enabled false\n", encoding="utf-8")
+    return directory
+
+
+@pytest.fixture
+def spark_install(tmp_path: Path, monkeypatch) -> Path:
+    """A Spark install with its jars, and no class path settings of the user's."""
+    for name in ("SPARK_CONF_DIR", "HADOOP_CONF_DIR", "YARN_CONF_DIR", "SPARK_DIST_CLASSPATH"):
+        monkeypatch.delenv(name, raising=False)
+    spark = tmp_path / "spark"
+    (spark / "jars").mkdir(parents=True)
+    (spark / "jars" / "spark-core.jar").write_bytes(b"PK")
+    return spark
+
+
+def test_a_class_path_with_only_jars_and_trailing_or_empty_directories_can_be_archived(
+    spark_install: Path, tmp_path: Path, monkeypatch
+) -> None:
+    assert java.class_path_directory(spark_install, {}) is None  # SPARK_HOME/conf absent
+    (spark_install / "conf").mkdir()
+    assert java.class_path_directory(spark_install, {}) is None  # empty
+    # HADOOP_CONF_DIR after Spark's jars, with nothing after it: HotSpot archives past none.
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(_files(tmp_path / "hadoop")))
+    assert java.class_path_directory(spark_install, {}) is None
+    monkeypatch.setenv("SPARK_DIST_CLASSPATH", f"{tmp_path / 'gone.jar'}:{tmp_path / 'gone'}/*")
+    assert java.class_path_directory(spark_install, {}) is None  # entries not there
+
+
+def test_a_non_empty_directory_before_other_class_path_entries_is_found(
+    spark_install: Path, tmp_path: Path, monkeypatch
+) -> None:
+    home_conf = _files(spark_install / "conf")
+    assert java.class_path_directory(spark_install, {}) == home_conf
+    conf_dir = _files(tmp_path / "conf")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))
+    assert java.class_path_directory(spark_install, {}) == conf_dir
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path / "empty"))
+    (tmp_path / "empty").mkdir()
+    classes = _files(tmp_path / "classes")
+    assert java.class_path_directory(spark_install, {"spark.driver.extraClassPath": str(classes)})
+    hadoop = _files(tmp_path / "hadoop")
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(hadoop))
+    jar = tmp_path / "hadoop-common.jar"
+    jar.write_bytes(b"PK")
+    monkeypatch.setenv("SPARK_DIST_CLASSPATH", str(jar))
+    assert java.class_path_directory(spark_install, {}) == hadoop
+
+
+def test_no_archive_options_where_the_conf_directory_has_files(
+    archive_dir: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch
+) -> None:
+    monkeypatch.setenv("SPARK_CONF_DIR", str(_files(tmp_path_factory.mktemp("conf"))))
+    conf: dict[str, str] = {}
+    session.with_class_archive(conf, _settings(), "17.0.15")
+    assert conf == {}
+    assert list(archive_dir.iterdir()) == []
+
+
+def test_hotspot_archives_no_classes_past_a_non_empty_directory(tmp_path: Path) -> None:
+    """What ``class_path_directory`` is for, against HotSpot itself."""
+    executable = java.java_executable()
+    version = java.java_version(executable) if executable else None
+    if version is None or java.java_major(version) < java.CLASS_ARCHIVE_MIN_JAVA:
+        pytest.skip(f"needs Java {java.CLASS_ARCHIVE_MIN_JAVA}+ (found {version})")
+    assert executable is not None
+    launcher = next((java.spark_home() / "jars").glob("spark-launcher_*.jar"))
+    conf = _files(tmp_path / "conf")
+
+    def archived(class_path: str, name: str) -> bool:
+        archive = tmp_path / name
+        command = [executable, f"-XX:ArchiveClassesAtExit={archive}", "-cp", class_path]
+        subprocess.run([*command, "org.apache.spark.launcher.Main"], capture_output=True)
+        return archive.exists()
+
+    assert not archived(f"{conf}{os.pathsep}{launcher}", "before.jsa")
+    assert archived(f"{launcher}{os.pathsep}{conf}", "after.jsa")
