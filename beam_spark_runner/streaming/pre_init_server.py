@@ -161,6 +161,9 @@ def _run_child(stderr_fd: int, cwd: str, env: dict[str, str]) -> None:
         sys.path[:] = path
         import runpy
 
+        # The server imported the module for its imports; run as ``__main__`` it is run
+        # anew, and runpy warns on stderr of a module it finds already imported.
+        sys.modules.pop(PRE_INIT_MODULE, None)
         runpy.run_module(PRE_INIT_MODULE, run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as exit_:
