@@ -242,6 +242,10 @@ def _event(row: Any) -> Any:
     return nexmark.event(int(row.value))
 
 
+# ``--ours-conf KEY=VALUE`` entries: Spark settings of our runner's session, for A/B runs.
+OURS_CONF: list[str] = []
+
+
 def run_ours(query: int, rate: int, seconds: float, trigger: float = TRIGGER_SECONDS) -> Trial:
     """Beam's query ``query`` on SparkStructuredRunner at ``rate`` events/s."""
     from apache_beam.options.pipeline_options import PipelineOptions, TypeOptions
@@ -257,6 +261,7 @@ def run_ours(query: int, rate: int, seconds: float, trigger: float = TRIGGER_SEC
             "--runner=SparkStructuredRunner",
             "--spark_master=local[2]",
             f"--spark_trigger_interval={trigger}",
+            *(f"--spark_conf={entry}" for entry in OURS_CONF),
         ]
     )
     options.view_as(TypeOptions).allow_unsafe_triggers = True  # q11's trigger, as Beam's launcher
@@ -472,11 +477,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--trigger", type=float, default=TRIGGER_SECONDS, help="micro-batch interval, seconds"
     )
+    parser.add_argument(
+        "--ours-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting of our runner's session (--spark_conf), for A/B runs; repeatable",
+    )
     parser.add_argument("--output", default="benchmarks/results/streaming.json")
     parser.add_argument(
         "--chart", nargs="+", metavar="JSON", help="only draw the chart of saved runs' JSON"
     )
     args = parser.parse_args(argv)
+    OURS_CONF[:] = args.ours_conf
     if args.chart:
         rows = [row for path in args.chart for row in json.load(open(path))]
         chart(rows, os.path.splitext(args.output)[0] + ".png")

@@ -180,3 +180,23 @@ def _stateless_reference(query: int, items: list[object]) -> list[object]:
     if query == 1:
         return [nexmark._to_euro(b) for b in bids]
     return [nexmark._q2_project(b) for b in bids if nexmark._q2_keep(b)]
+
+
+def test_ours_conf_entries_reach_our_runners_trials(tmp_path: object, monkeypatch: object) -> None:
+    from pathlib import Path
+
+    from benchmarks import streaming
+
+    seen: list[list[str]] = []
+
+    def fake(query: int, rate: int, seconds: float, trigger: float) -> Trial:
+        seen.append(list(streaming.OURS_CONF))
+        return Trial("ours", query, rate, [(rate, 1.0)] * 9)
+
+    monkeypatch.setitem(streaming.RUNNERS, "ours", fake)  # type: ignore[attr-defined]
+    monkeypatch.setattr(streaming, "OURS_CONF", [])  # type: ignore[attr-defined]
+    output = Path(str(tmp_path)) / "streaming.json"
+    argv = ["--queries", "0", "--rates", "4000", "--runners", "ours", "--output", str(output)]
+    conf = ["--ours-conf", "spark.a=1", "--ours-conf", "spark.b=2"]
+    assert streaming.main(argv + conf) == 0
+    assert seen == [["spark.a=1", "spark.b=2"]]
