@@ -35,7 +35,12 @@ from beam_spark_runner.native_create import NativeCreateOverride
 from beam_spark_runner.options import batched_steps, spark_settings
 from beam_spark_runner.planning import build_plan
 from beam_spark_runner.result import SparkPipelineResult
-from beam_spark_runner.session import interpreted_sql, obtain_session, share_driver_path
+from beam_spark_runner.session import (
+    interpreted_sql,
+    interpreted_sql_settings,
+    obtain_session,
+    share_driver_path,
+)
 from beam_spark_runner.translators import translator_for
 
 _LOGGER = logging.getLogger(__name__)
@@ -201,7 +206,7 @@ class SparkStructuredRunner(PipelineRunner):
             if options.view_as(pipeline_options.SetupOptions).save_main_session
             else None
         )
-        spark, _ = obtain_session(settings)
+        spark, owned = obtain_session(settings)
         share_driver_path(spark)
         from beam_spark_runner.streaming.query import start_query
 
@@ -215,6 +220,7 @@ class SparkStructuredRunner(PipelineRunner):
             settings.checkpoint_location,
             saved_main_session,
             log_levels,
+            interpreted_sql_settings(settings, owned),
         )
 
     def run_proto(self, proto: Any, options: Any, settings: Any = None) -> SparkPipelineResult:

@@ -165,25 +165,37 @@ def session_conf(master: str, settings: SparkSettings) -> dict[str, str]:
     return conf
 
 
-# A batch pipeline's Spark job, on a session the runner created, runs Spark's SQL
-# operators interpreted: no whole-stage code generation, no generated projections,
-# predicates or orderings. Spark compiles generated Java classes (Janino) for every new
-# query shape; a Beam plan's JVM side only moves, shuffles and sorts two binary columns
-# that Python workers produce, so at 2M elements the interpreted operators cost nothing
-# measurable (word count, GroupByKey, CombinePerKey, side input, Nexmark q3: the same
-# medians, CPU 0-9 % lower), while a small test pipeline took 0.02-0.27 s less. Beam's
-# FnApiRunnerTest 25.3-26.7 s against 27.5-28.3 s (docs/performance.md). Only for the
-# batch job (``interpreted_sql``): a streaming query and any SQL a user runs on the
-# session keep Spark's code generation (a JVM-bound aggregation of 20M rows took 7x as
-# long interpreted). A setting given in --spark_conf is left as the user chose it.
+# A Beam pipeline's Spark plans, on a session the runner created, run Spark's SQL operators
+# interpreted: no whole-stage code generation, no generated projections, predicates or
+# orderings. Spark compiles generated Java classes (Janino) for every new query shape; a
+# Beam plan's JVM side only moves, shuffles and sorts the binary columns that Python
+# workers produce. A batch job at 2M elements: nothing measurable (word count, GroupByKey,
+# CombinePerKey, side input, Nexmark q3: the same medians, CPU 0-9 % lower), while a small
+# test pipeline took 0.02-0.27 s less; Beam's FnApiRunnerTest 25.3-26.7 s against
+# 27.5-28.3 s. A streaming query (``streaming.query.start_query``): Nexmark q8 at 64 000
+# events/s in micro-batches of 1.3-1.4 s instead of 2.6-2.9 s, q5 at 32 000 in 1.8-2.1 s
+# instead of 2.2-2.5 s, and a small test pipeline's query with a third less JVM time
+# (docs/performance.md). Any SQL a user runs on the session keeps Spark's code generation
+# (a JVM-bound aggregation of 20M rows took 7x as long interpreted). A setting given in
+# --spark_conf is left as the user chose it.
 WHOLE_STAGE_CODEGEN = "spark.sql.codegen.wholeStage"
 CODEGEN_FACTORY_MODE = "spark.sql.codegen.factoryMode"
-BATCH_INTERPRETED_SQL = {WHOLE_STAGE_CODEGEN: "false", CODEGEN_FACTORY_MODE: "NO_CODEGEN"}
+INTERPRETED_SQL = {WHOLE_STAGE_CODEGEN: "false", CODEGEN_FACTORY_MODE: "NO_CODEGEN"}
+
+
+def interpreted_sql_settings(settings: SparkSettings, owned: bool) -> dict[str, str]:
+    """``INTERPRETED_SQL`` for a Beam plan, on a session the runner created (``owned``).
+
+    Without the settings the user chose in ``settings.conf`` (--spark_conf).
+    """
+    if not owned:
+        return {}
+    return {k: v for k, v in INTERPRETED_SQL.items() if k not in settings.conf}
 
 
 @contextlib.contextmanager
 def interpreted_sql(spark: SparkSession, settings: SparkSettings, owned: bool) -> Iterator[None]:
-    """Within: ``BATCH_INTERPRETED_SQL`` on ``spark``, if the runner created (``owned``) it.
+    """Within: ``interpreted_sql_settings`` on ``spark``, for a batch pipeline's job.
 
     Settings named in ``settings.conf`` (--spark_conf) are not touched, nor is a session
     the runner did not create. The session's own values come back on the way out. Spark
@@ -191,8 +203,8 @@ def interpreted_sql(spark: SparkSession, settings: SparkSettings, owned: bool) -
     executed within; a query another thread plans meanwhile gets them too (the results
     are the same either way: only how Spark evaluates its own operators differs).
     """
-    chosen = {k: v for k, v in BATCH_INTERPRETED_SQL.items() if k not in settings.conf}
-    if not owned or not chosen:
+    chosen = interpreted_sql_settings(settings, owned)
+    if not chosen:
         yield
         return
     conf = spark.conf

@@ -307,3 +307,41 @@ def test_a_batch_pipelines_job_runs_spark_operators_interpreted(beam_options: li
     assert not any("codegen id" in plan for plan in plans), plans
     assert spark.conf.get(session.CODEGEN_FACTORY_MODE, None) is None
     assert spark.conf.get(session.WHOLE_STAGE_CODEGEN) == "true"
+
+
+def test_a_streaming_pipelines_query_runs_spark_operators_interpreted(
+    beam_options: list[str],
+) -> None:
+    # A micro-batch's plan sorts each stateful level's input: whole-stage code generated
+    # ("[codegen id : 1]") without the query's settings. The session keeps its own.
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.testing.util import assert_that, equal_to
+    from apache_beam.transforms.periodicsequence import PeriodicImpulse
+    from apache_beam.transforms.window import FixedWindows
+    from apache_beam.utils.timestamp import Timestamp
+
+    from beam_spark_runner.options import spark_settings
+
+    options = PipelineOptions([*beam_options, "--job_name=interpreted-streaming"])
+    spark, owned = session.obtain_session(spark_settings(options))
+    assert owned
+    before = len(_sql_plans(spark, "beam-"))
+    with beam.Pipeline(options=options) as pipeline:
+        counted = (
+            pipeline
+            | PeriodicImpulse(
+                data=[(Timestamp(t), v) for t, v in [(1, 1), (2, 2), (7, 3)]], fire_interval=1
+            )
+            | beam.WindowInto(FixedWindows(5))
+            | beam.Map(lambda value: ("key", value))
+            | beam.GroupByKey()
+            | beam.MapTuple(lambda key, values: sorted(values))
+        )
+        assert_that(counted, equal_to([[1, 2], [3]]))
+    plans = _sql_plans(spark, "beam-")[before:]
+    micro_batches = [plan for plan in plans if "TransformWithState" in plan]
+    assert micro_batches and all("Sort" in plan for plan in micro_batches), plans
+    assert not any("codegen id" in plan for plan in plans), plans
+    assert spark.conf.get(session.CODEGEN_FACTORY_MODE, None) is None
+    assert spark.conf.get(session.WHOLE_STAGE_CODEGEN) == "true"

@@ -19,7 +19,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from apache_beam.runners.runner import PipelineState
@@ -518,11 +518,14 @@ def start_query(
     checkpoint_location: str | None,
     saved_main_session: MainSession | None = None,
     log_levels: worker_logs.LogLevels | None = None,
+    sql_settings: Mapping[str, str] | None = None,
 ) -> StreamingPipelineResult:
     """Starts the pipeline's streaming query; returns its RUNNING result.
 
     Tasks restore ``saved_main_session`` (``--save_main_session``) first; user code's log
-    records at ``log_levels`` are logged on the driver after each micro-batch.
+    records at ``log_levels`` are logged on the driver after each micro-batch. The query
+    plans and runs with ``sql_settings`` (``session.interpreted_sql_settings``); the
+    session keeps its own.
     """
     spark_context = spark.sparkContext
     # spark.conf, not getConf(): that copies every setting (~100 Py4J calls).
@@ -583,7 +586,11 @@ def start_query(
     )
     spark_context.setJobDescription(f"Beam pipeline {job_name} (streaming)")
     try:
-        settings = {**one_worker_daemon(), **checkpoint_file_settings(spark, checkpoint)}
+        settings = {
+            **(sql_settings or {}),
+            **one_worker_daemon(),
+            **checkpoint_file_settings(spark, checkpoint),
+        }
         with started_with(spark, settings):
             query = (
                 frame.writeStream.queryName(query_name)
