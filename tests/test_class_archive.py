@@ -267,13 +267,19 @@ def test_options_without_the_archive() -> None:
     assert java.archive_in("-XX:ArchiveClassesAtExit=/c/k.1.partial") is None
 
 
-def test_a_real_jvm_writes_an_archive_that_another_maps(tmp_path: Path) -> None:
-    """The magic number and the file names against HotSpot itself (``java -version``)."""
+def _archiving_java() -> str:
+    """The java executable, skipping the test where it cannot write class archives."""
     executable = java.java_executable()
     version = java.java_version(executable) if executable else None
     if version is None or java.java_major(version) < java.CLASS_ARCHIVE_MIN_JAVA:
         pytest.skip(f"needs Java {java.CLASS_ARCHIVE_MIN_JAVA}+ (found {version})")
     assert executable is not None
+    return executable
+
+
+def test_a_real_jvm_writes_an_archive_that_another_maps(tmp_path: Path) -> None:
+    """The magic number and the file names against HotSpot itself (``java -version``)."""
+    executable = _archiving_java()
     writing = java.class_archive_options(tmp_path, KEY)
     java.note_pipeline_ran()  # as the runner notes it after a pipeline
     subprocess.run([executable, *writing, "-version"], check=True, capture_output=True)
@@ -439,11 +445,7 @@ def test_no_archive_options_where_the_conf_directory_has_files(
 
 def test_hotspot_archives_no_classes_past_a_non_empty_directory(tmp_path: Path) -> None:
     """What ``class_path_directory`` is for, against HotSpot itself."""
-    executable = java.java_executable()
-    version = java.java_version(executable) if executable else None
-    if version is None or java.java_major(version) < java.CLASS_ARCHIVE_MIN_JAVA:
-        pytest.skip(f"needs Java {java.CLASS_ARCHIVE_MIN_JAVA}+ (found {version})")
-    assert executable is not None
+    executable = _archiving_java()
     launcher = next((java.spark_home() / "jars").glob("spark-launcher_*.jar"))
     conf = _files(tmp_path / "conf")
 

@@ -280,18 +280,25 @@ def _sql_plans(spark: Any, description_prefix: str) -> list[str]:
     ]
 
 
+def _owned_session(beam_options: list[str], job_name: str) -> tuple[Any, Any]:
+    """Pipeline options named ``job_name`` and the session the runner created for them."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from beam_spark_runner.options import spark_settings
+
+    options = PipelineOptions([*beam_options, f"--job_name={job_name}"])
+    spark, owned = session.obtain_session(spark_settings(options))
+    assert owned
+    return options, spark
+
+
 def test_a_batch_pipelines_job_runs_spark_operators_interpreted(beam_options: list[str]) -> None:
     # Without interpreted_sql the sort before the GroupByKey's stage and the projection
     # after the first stage are whole-stage code generated ("[codegen id : 1]" in the plan).
     import apache_beam as beam
-    from apache_beam.options.pipeline_options import PipelineOptions
     from apache_beam.testing.util import assert_that, equal_to
 
-    from beam_spark_runner.options import spark_settings
-
-    options = PipelineOptions([*beam_options, "--job_name=interpreted-sql"])
-    spark, owned = session.obtain_session(spark_settings(options))
-    assert owned
+    options, spark = _owned_session(beam_options, "interpreted-sql")
     before = len(_sql_plans(spark, "Beam pipeline interpreted-sql"))
     with beam.Pipeline(options=options) as pipeline:
         grouped = (
@@ -315,17 +322,12 @@ def test_a_streaming_pipelines_query_runs_spark_operators_interpreted(
     # A micro-batch's plan sorts each stateful level's input: whole-stage code generated
     # ("[codegen id : 1]") without the query's settings. The session keeps its own.
     import apache_beam as beam
-    from apache_beam.options.pipeline_options import PipelineOptions
     from apache_beam.testing.util import assert_that, equal_to
     from apache_beam.transforms.periodicsequence import PeriodicImpulse
     from apache_beam.transforms.window import FixedWindows
     from apache_beam.utils.timestamp import Timestamp
 
-    from beam_spark_runner.options import spark_settings
-
-    options = PipelineOptions([*beam_options, "--job_name=interpreted-streaming"])
-    spark, owned = session.obtain_session(spark_settings(options))
-    assert owned
+    options, spark = _owned_session(beam_options, "interpreted-streaming")
     before = len(_sql_plans(spark, "beam-"))
     with beam.Pipeline(options=options) as pipeline:
         counted = (
