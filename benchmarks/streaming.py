@@ -543,12 +543,18 @@ def chart(summaries: Sequence[dict[str, Any]], path: str) -> bool:
     runners = sorted({r["runner"] for r in summaries})
     figure, (rates, latency) = plt.subplots(1, 2, figsize=(11, 4))
     width = 0.8 / max(1, len(runners))
+    kept_up: list[int] = []
     for i, runner in enumerate(runners):
         positions = [q + i * width for q in range(len(queries))]
-        rates.bar(positions, [best(runner, q) for q in queries], width, label=runner)
+        heights = [best(runner, q) for q in queries]
+        bars = rates.bar(positions, heights, width, label=runner)
+        rates.bar_label(bars, [f"{h // 1000}k" if h else "" for h in heights], fontsize=8)
+        kept_up += [h for h in heights if h]
     rates.set_xticks([q + width * (len(runners) - 1) / 2 for q in range(len(queries))])
     rates.set_xticklabels([f"q{q}" for q in queries])
     rates.set_yscale("log")
+    if kept_up:  # log bars start at the axis' bottom: below the lowest, so that it shows
+        rates.set_ylim(bottom=min(kept_up) / 2, top=max(kept_up) * 2)
     rates.set_ylabel("highest events/s kept up with")
     rates.legend()
     windowed = [q for q in queries if q in WINDOWED]
