@@ -20,7 +20,7 @@ import sys
 import tempfile
 import threading
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -194,6 +194,29 @@ def interpreted_sql_settings(settings: SparkSettings, owned: bool) -> dict[str, 
 
 
 @contextlib.contextmanager
+def settings_within(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
+    """Within: ``settings`` on ``spark``; the session's own values come back on the way out.
+
+    A streaming query started within keeps them for its life: it runs on a copy of its
+    session's settings made when it starts. Nothing comes back once the driver JVM has
+    ended (the error in flight says how it ended).
+    """
+    conf = spark.conf
+    before = {key: conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        conf.set(key, value)
+    try:
+        yield
+    finally:
+        if driver_jvm.running():
+            for key, previous in before.items():
+                if previous is None:
+                    conf.unset(key)
+                else:
+                    conf.set(key, previous)
+
+
+@contextlib.contextmanager
 def interpreted_sql(spark: SparkSession, settings: SparkSettings, owned: bool) -> Iterator[None]:
     """Within: ``interpreted_sql_settings`` on ``spark``, for a batch pipeline's job.
 
@@ -203,23 +226,8 @@ def interpreted_sql(spark: SparkSession, settings: SparkSettings, owned: bool) -
     executed within; a query another thread plans meanwhile gets them too (the results
     are the same either way: only how Spark evaluates its own operators differs).
     """
-    chosen = interpreted_sql_settings(settings, owned)
-    if not chosen:
+    with settings_within(spark, interpreted_sql_settings(settings, owned)):
         yield
-        return
-    conf = spark.conf
-    before = {key: conf.get(key, None) for key in chosen}
-    for key, value in chosen.items():
-        conf.set(key, value)
-    try:
-        yield
-    finally:
-        if driver_jvm.running():  # else the error says how it ended
-            for key, previous in before.items():
-                if previous is None:
-                    conf.unset(key)
-                else:
-                    conf.set(key, previous)
 
 
 LOOPBACK = "127.0.0.1"

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from beam_spark_runner.session import SIMPLIFIED_TRACEBACK
+from beam_spark_runner.session import SIMPLIFIED_TRACEBACK, settings_within
 from beam_spark_runner.spark_compat import pyspark_version
 from beam_spark_runner.streaming.check import STREAMING_SPARK
 
@@ -24,7 +24,6 @@ from beam_spark_runner.streaming.query import (
     ensure_state_store,
     is_interruption,
     one_worker_daemon,
-    started_with,
 )
 
 # A session's own setting the runner leaves alone (query.ensure_state_store says why).
@@ -143,10 +142,10 @@ def test_a_query_starts_without_simplified_tracebacks_and_the_session_keeps_its_
     before: dict[str, str],
 ) -> None:
     spark = _Session(before)
-    with started_with(spark, one_worker_daemon()):  # type: ignore[arg-type]
+    with settings_within(spark, one_worker_daemon()):  # type: ignore[arg-type]
         assert spark.conf.values == {SIMPLIFIED_TRACEBACK_CONF: "false"}
     assert spark.conf.values == before
-    with pytest.raises(RuntimeError), started_with(spark, one_worker_daemon()):  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError), settings_within(spark, one_worker_daemon()):  # type: ignore[arg-type]
         raise RuntimeError("start() failed")
     assert spark.conf.values == before
 
@@ -177,11 +176,11 @@ def test_without_simplified_tracebacks_arrow_workers_get_transform_with_states_e
     runners = worker_env.pop(SIMPLIFIED_TRACEBACK)
     try:
         assert worker_setting() == "1", "Spark no longer sets it: one_worker_daemon is not needed"
-        with started_with(spark_session, one_worker_daemon()):
+        with settings_within(spark_session, one_worker_daemon()):
             assert worker_setting() == ""
     finally:
         worker_env[SIMPLIFIED_TRACEBACK] = runners
-    with started_with(spark_session, one_worker_daemon()):
+    with settings_within(spark_session, one_worker_daemon()):
         assert worker_setting() == "1"
 
 
@@ -204,6 +203,6 @@ def test_a_local_checkpoint_is_written_through_hadoops_file_system_api(
     assert checkpoint_file_settings(spark_session, "http://127.0.0.1:9/checkpoint") == {}
     # One Hadoop cannot resolve (no file system for the scheme): the query will say so.
     assert checkpoint_file_settings(spark_session, "nosuchfs://host/checkpoint") == {}
-    with started_with(spark_session, {CHECKPOINT_FILE_MANAGER_CONF: "users.Manager"}):
+    with settings_within(spark_session, {CHECKPOINT_FILE_MANAGER_CONF: "users.Manager"}):
         assert checkpoint_file_settings(spark_session, str(tmp_path)) == {}
     assert spark_session.conf.get(CHECKPOINT_FILE_MANAGER_CONF, None) is None

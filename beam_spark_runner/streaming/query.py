@@ -11,7 +11,6 @@ CANCELLED.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import re
@@ -19,7 +18,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from apache_beam.runners.runner import PipelineState
@@ -38,6 +37,7 @@ from beam_spark_runner.planning import (
     Plan,
     PlannedStage,
 )
+from beam_spark_runner.session import settings_within
 from beam_spark_runner.spark_compat import named_function
 from beam_spark_runner.streaming import pre_init_server
 from beam_spark_runner.streaming import rows as routed
@@ -355,7 +355,7 @@ def one_worker_daemon() -> dict[str, str]:
     workers ``SPARK_SIMPLIFIED_TRACEBACK=1`` (this setting, on by default) where its
     ``transformWithState`` runners do not: a streaming query started two daemons, each
     importing Beam (the worker daemon's 1.5-3.5 s), the second in the middle of the first
-    micro-batch. Off for the query (:func:`started_with`), so its routers' and levels'
+    micro-batch. Off for the query (``session.settings_within``), so its routers' and levels'
     workers fork from one daemon. What a failure shows is unchanged: the workers format the
     user's traceback themselves (``errors.StageExecutionError``) and the driver names the
     stage (``job.describe_failure``).
@@ -398,25 +398,6 @@ def checkpoint_file_settings(spark: SparkSession, checkpoint: str) -> dict[str, 
             continue
         return {CHECKPOINT_FILE_MANAGER_CONF: name}
     return {}
-
-
-@contextlib.contextmanager
-def started_with(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
-    """Within: ``settings`` on the session; a query started keeps them, the session not.
-
-    A streaming query runs on a copy of its session's settings made when it starts.
-    """
-    previous = {key: spark.conf.get(key, None) for key in settings}
-    for key, value in settings.items():
-        spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key, before in previous.items():
-            if before is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, before)
 
 
 def _source_plan(plan: Plan, topology: Topology) -> SourcePlan:
@@ -591,7 +572,7 @@ def start_query(
             **one_worker_daemon(),
             **checkpoint_file_settings(spark, checkpoint),
         }
-        with started_with(spark, settings):
+        with settings_within(spark, settings):
             query = (
                 frame.writeStream.queryName(query_name)
                 .foreachBatch(watch.on_batch)
