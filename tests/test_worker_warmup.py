@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import textwrap
+import weakref
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 import apache_beam as beam
+import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms.periodicsequence import PeriodicImpulse
@@ -17,6 +19,9 @@ from apache_beam.utils.timestamp import Timestamp
 
 from beam_spark_runner import worker_warmup
 from beam_spark_runner.session import SIMPLIFIED_TRACEBACK, worker_environment
+from beam_spark_runner.spark_compat import pyspark_version
+from beam_spark_runner.streaming import jvm_warmup
+from beam_spark_runner.streaming.check import STREAMING_SPARK
 
 
 class _FakeRdd:
@@ -138,10 +143,13 @@ class _RecordDaemon(beam.DoFn):
 
 
 def test_batch_and_streaming_pipelines_share_the_sessions_one_worker_daemon(
-    beam_options: list[str], tmp_path: Any
+    beam_options: list[str], tmp_path: Any, spark_session: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without the session's worker environment, a streaming query's workers (theirs lack
-    ``SPARK_SIMPLIFIED_TRACEBACK``) forked from a second daemon, which imported Beam again."""
+    ``SPARK_SIMPLIFIED_TRACEBACK``) forked from a second daemon, which imported Beam again.
+
+    The query also warms the local JVM (``jvm_warmup``) while it plans."""
+    monkeypatch.setattr(jvm_warmup, "_warmed", weakref.WeakSet())
     options = PipelineOptions(beam_options)
     batch, streaming = str(tmp_path / "batch"), str(tmp_path / "streaming")
     with beam.Pipeline(options=options) as pipeline:
@@ -167,6 +175,8 @@ def test_batch_and_streaming_pipelines_share_the_sessions_one_worker_daemon(
         streaming_daemons = set(record.read().split())
     assert len(batch_daemons) == 1
     assert streaming_daemons == batch_daemons
+    if pyspark_version() >= STREAMING_SPARK:  # before 4.1 the pipeline runs in batch
+        assert spark_session.sparkContext in jvm_warmup._warmed
 
 
 _WARMED_BEFORE_ANY_JOB = textwrap.dedent(
@@ -195,3 +205,20 @@ def test_a_new_local_session_starts_its_worker_daemon_before_any_pipeline_runs(
     result = run_python(["-c", _WARMED_BEFORE_ANY_JOB], cwd=os.getcwd())
     assert result.returncode == 0, result.stderr[-3000:]
     assert "daemons 1" in result.stdout, result.stdout + result.stderr[-3000:]
+
+
+def test_the_worker_daemon_imports_what_a_streaming_levels_and_routers_tasks_run(
+    run_python: Callable[..., Any],
+) -> None:
+    # Imported, not run: the module's imports are what every forked worker starts with.
+    code = textwrap.dedent(
+        """
+        import sys
+        import beam_spark_runner.worker_daemon
+        for name in ("beam_spark_runner.streaming.levels", "beam_spark_runner.streaming.router",
+                     "beam_spark_runner.execution.stage_worker"):
+            assert name in sys.modules, name
+        """
+    )
+    completed = run_python(["-c", code])
+    assert completed.returncode == 0, completed.stderr

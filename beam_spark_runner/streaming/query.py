@@ -39,7 +39,7 @@ from beam_spark_runner.planning import (
 )
 from beam_spark_runner.session import settings_within
 from beam_spark_runner.spark_compat import named_function
-from beam_spark_runner.streaming import pre_init_server
+from beam_spark_runner.streaming import jvm_warmup, pre_init_server
 from beam_spark_runner.streaming import rows as routed
 from beam_spark_runner.streaming.bounded_side_inputs import BroadcastPlan, plan_broadcasts
 from beam_spark_runner.streaming.check import is_unbounded_splittable
@@ -529,6 +529,7 @@ def start_query(
     if topology.levels:
         # Up by the first micro-batch's planning, which runs each level's pre-init.
         pre_init_server.start(spark)
+        jvm_warmup.start(spark.sparkContext)
     ensure_state_store(spark)
     _quiet_interruptions()
     owned_checkpoint = checkpoint_location is None
