@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -41,11 +41,37 @@ DAEMON_CONF = "spark.python.daemon.module"
 DAEMON_MODULE = "beam_spark_runner.worker_daemon"
 DESCRIPTION = "beam-spark-runner: starting the Python workers"
 
-# The Spark contexts whose workers were warmed: once per context. The Python objects, not
-# their JVM side: Py4J compares and hashes those in the JVM, and a context's JVM may have
-# exited (``driver_jvm.forget``; a new JVM's identity hash codes repeat an old one's).
-_warmed: weakref.WeakSet[SparkContext] = weakref.WeakSet()
-_lock = threading.Lock()
+
+class OncePerContext:
+    """Starts a function in a background thread at most once per Spark context.
+
+    Keeps the Python contexts, weakly: Py4J compares and hashes a context's JVM side in the
+    JVM, which may have exited (``driver_jvm.forget``; a new JVM's identity hash codes
+    repeat an old one's).
+    """
+
+    def __init__(self, thread_name: str) -> None:
+        self._thread_name = thread_name
+        self._started: weakref.WeakSet[SparkContext] = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    def __contains__(self, context: SparkContext) -> bool:
+        return context in self._started
+
+    def start(
+        self, context: SparkContext, target: Callable[..., None], *args: object
+    ) -> threading.Thread | None:
+        """The thread running ``target(*args)``; None if one started for ``context``."""
+        with self._lock:
+            if context in self._started:
+                return None
+            self._started.add(context)
+        thread = threading.Thread(target=target, args=args, name=self._thread_name, daemon=True)
+        thread.start()
+        return thread
+
+
+_warmed = OncePerContext("beam-spark-runner-worker-warmup")
 
 
 def _elements(elements: Iterable[int]) -> Iterator[int]:
@@ -82,15 +108,4 @@ def start(context: SparkContext) -> threading.Thread | None:
     """
     if not applies(context.getConf()):
         return None
-    with _lock:
-        if context in _warmed:
-            return None
-        _warmed.add(context)
-    thread = threading.Thread(
-        target=_warm,
-        args=(context, max(1, context.defaultParallelism)),
-        name="beam-spark-runner-worker-warmup",
-        daemon=True,
-    )
-    thread.start()
-    return thread
+    return _warmed.start(context, _warm, context, max(1, context.defaultParallelism))

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-import weakref
 from typing import Any
 
 import pytest
 
 from beam_spark_runner.streaming import jvm_warmup
+from beam_spark_runner.worker_warmup import OncePerContext
 
 
 @pytest.mark.parametrize(
@@ -56,7 +56,7 @@ class _FailingJvm:
 def test_a_failed_load_is_logged_not_raised(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(jvm_warmup, "_warmed", weakref.WeakSet())
+    monkeypatch.setattr(jvm_warmup, "_warmed", OncePerContext("test"))
     context = _Context("local[2]", _FailingJvm())
     caplog.set_level(logging.DEBUG, logger=jvm_warmup.__name__)
     thread = jvm_warmup.start(context)  # type: ignore[arg-type]
@@ -69,7 +69,7 @@ def test_a_failed_load_is_logged_not_raised(
 def test_a_local_sessions_jvm_loads_rocksdb_and_janino_once(
     spark_session: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(jvm_warmup, "_warmed", weakref.WeakSet())
+    monkeypatch.setattr(jvm_warmup, "_warmed", OncePerContext("test"))
     caplog.set_level(logging.DEBUG, logger=jvm_warmup.__name__)
     context = spark_session.sparkContext
     thread = jvm_warmup.start(context)

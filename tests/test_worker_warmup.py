@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import textwrap
-import weakref
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -22,6 +21,7 @@ from beam_spark_runner.session import SIMPLIFIED_TRACEBACK, worker_environment
 from beam_spark_runner.spark_compat import pyspark_version
 from beam_spark_runner.streaming import jvm_warmup
 from beam_spark_runner.streaming.check import STREAMING_SPARK
+from beam_spark_runner.worker_warmup import OncePerContext
 
 
 class _FakeRdd:
@@ -149,7 +149,7 @@ def test_batch_and_streaming_pipelines_share_the_sessions_one_worker_daemon(
     ``SPARK_SIMPLIFIED_TRACEBACK``) forked from a second daemon, which imported Beam again.
 
     The query also warms the local JVM (``jvm_warmup``) while it plans."""
-    monkeypatch.setattr(jvm_warmup, "_warmed", weakref.WeakSet())
+    monkeypatch.setattr(jvm_warmup, "_warmed", OncePerContext("test"))
     options = PipelineOptions(beam_options)
     batch, streaming = str(tmp_path / "batch"), str(tmp_path / "streaming")
     with beam.Pipeline(options=options) as pipeline:

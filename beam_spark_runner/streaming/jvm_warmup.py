@@ -23,8 +23,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import weakref
 from typing import TYPE_CHECKING, Any
+
+from beam_spark_runner.worker_warmup import OncePerContext
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -34,8 +35,7 @@ _LOGGER = logging.getLogger(__name__)
 # A class Janino compiles: the smallest that loads its scanner, parser and class writer.
 _FIRST_CLASS = "public int first(Object[] values) { return values.length; }"
 
-_warmed: weakref.WeakSet[SparkContext] = weakref.WeakSet()
-_lock = threading.Lock()
+_warmed = OncePerContext("beam-spark-jvm-warmup")
 
 
 def runs_tasks_in_driver(master: str) -> bool:
@@ -63,12 +63,4 @@ def start(context: SparkContext) -> threading.Thread | None:
     """
     if not runs_tasks_in_driver(context.master or "") or context._jvm is None:
         return None
-    with _lock:
-        if context in _warmed:
-            return None
-        _warmed.add(context)
-    thread = threading.Thread(
-        target=_load, args=(context._jvm,), name="beam-spark-jvm-warmup", daemon=True
-    )
-    thread.start()
-    return thread
+    return _warmed.start(context, _load, context._jvm)
