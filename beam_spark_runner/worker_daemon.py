@@ -31,11 +31,16 @@ from pyspark.daemon import manager  # noqa: E402
 
 import beam_spark_runner.execution.grouping  # noqa: E402, F401
 import beam_spark_runner.execution.stage_worker  # noqa: E402, F401
-import beam_spark_runner.streaming.levels  # noqa: E402, F401
-import beam_spark_runner.streaming.router  # noqa: E402, F401
 from beam_spark_runner import beam_internals  # noqa: E402
 from beam_spark_runner.execution.zip_directories import remember_zip_directories  # noqa: E402
+from beam_spark_runner.spark_compat import pyspark_version  # noqa: E402
+from beam_spark_runner.streaming.check import STREAMING_SPARK  # noqa: E402
 from beam_spark_runner.streaming.driver_processes import quiet_on_closed_socket  # noqa: E402
+
+if pyspark_version() >= STREAMING_SPARK:
+    # Only where pipelines stream: the levels build on PySpark 4.1's transformWithState.
+    import beam_spark_runner.streaming.levels  # noqa: F401
+    import beam_spark_runner.streaming.router  # noqa: F401
 
 if __name__ == "__main__":
     # Found once here (a search of the heap) rather than in every forked worker.
