@@ -29,6 +29,11 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[test]"
+	@# Bytecode for the package, as a wheel's install writes it: an editable install's modules
+	@# are otherwise compiled from source in every process (the driver, the worker daemon,
+	@# a streaming query's pre-init server) where PYTHONDONTWRITEBYTECODE is set. Python
+	@# still checks each file's timestamp: an edited module is compiled from its source.
+	$(PY) -m compileall -q beam_spark_runner
 	@touch $(STAMP)
 
 install: $(STAMP)
