@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: install demo test unit-test cluster-test restart-test validates-runner teststream-check dataframe-check matrix lint typecheck bench bench-nexmark bench-streaming clean help
+.PHONY: install jar demo test unit-test cluster-test restart-test validates-runner teststream-check dataframe-check matrix lint typecheck bench bench-nexmark bench-streaming clean help
 
 help:
 	@echo "make demo              run the demo pipeline on an embedded local[*] Spark"
@@ -22,6 +22,7 @@ help:
 	@echo "make matrix            smoke tests on the other Spark/Beam lines (nox; see noxfile.py)"
 	@echo "make bench-streaming   streaming Nexmark: ours, PySpark Structured Streaming, DirectRunner (~1 h)"
 	@echo "make lint typecheck    ruff and mypy"
+	@echo "make jar               rebuild beam_spark_runner/jars/ from jvm/src (needs a JDK)"
 	@echo "make bench             benchmarks (see benchmarks/)"
 	@echo "make bench-nexmark     the windowed Nexmark queries, one round (~40 min)"
 
@@ -37,6 +38,17 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 install: $(STAMP)
+
+# The runner's few JVM classes (jvm/src), built for Java 8 and up against the Hadoop that
+# PySpark ships, into a jar the package carries (committed: users need no JDK's compiler).
+# Reproducible: fixed entry times, so the same sources give the same bytes.
+JAR := beam_spark_runner/jars/beam-spark-runner-jvm.jar
+jar: $(STAMP)
+	rm -rf build/jvm && mkdir -p build/jvm $(dir $(JAR))
+	javac -Xlint:all -Xlint:-options -Werror --release 8 -d build/jvm \
+		-cp "$$($(PY) -c 'import pyspark, pathlib; print(next((pathlib.Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar")))')" \
+		$$(find jvm/src -name '*.java' | sort)
+	jar --create --date=2026-01-01T00:00:00Z --file $(JAR) -C build/jvm .
 
 demo: $(STAMP)
 	$(PY) -m beam_spark_runner demo --output demo-output/wordcount

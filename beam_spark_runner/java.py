@@ -210,6 +210,11 @@ def class_archive_key(java: str, spark: Path, conf: Mapping[str, str]) -> str:
     add(str(spark.resolve()))
     for name in _ARCHIVE_CONF:
         add(name, conf.get(name))
+    # A jar replaced under the same name (the runner's own, on an upgrade) needs a new
+    # archive: the JVM refuses one whose jars changed.
+    for entry in (conf.get("spark.driver.extraClassPath") or "").split(os.pathsep):
+        if entry.endswith(".jar"):
+            add(entry, _stamp(Path(entry)))
     add(_HEAP, _large_heap(conf.get(_HEAP)))
     for name in _ARCHIVE_ENV:
         add(name, os.environ.get(name))

@@ -257,7 +257,13 @@ def test_the_key_follows_java_spark_and_the_class_path(tmp_path: Path, monkeypat
     monkeypatch.delenv("SPARK_DIST_CLASSPATH")
     (jars / "spark-sql.jar").write_text("2")
     changed.append(java.class_archive_key(str(binary), jars.parent, {}))
-    assert len({key, *changed}) == 5
+    extra = tmp_path / "extra.jar"
+    extra.write_text("1")
+    class_path = {"spark.driver.extraClassPath": str(extra)}
+    changed.append(java.class_archive_key(str(binary), jars.parent, class_path))
+    extra.write_text("22")  # the same jar's name, other classes
+    changed.append(java.class_archive_key(str(binary), jars.parent, class_path))
+    assert len({key, *changed}) == 7
 
 
 def test_options_without_the_archive() -> None:

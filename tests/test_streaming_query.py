@@ -15,12 +15,10 @@ if pyspark_version() < STREAMING_SPARK:
     pytest.skip("the query module needs PySpark 4.1+", allow_module_level=True)
 
 from beam_spark_runner.streaming.query import (
-    CHECKPOINT_FILE_MANAGER_CONF,
     ROCKSDB_PROVIDER,
     SIMPLIFIED_TRACEBACK_CONF,
     STATE_STORE_PROVIDER_CONF,
     QueryInterrupted,
-    checkpoint_file_settings,
     ensure_state_store,
     is_interruption,
     one_worker_daemon,
@@ -182,27 +180,3 @@ def test_without_simplified_tracebacks_arrow_workers_get_transform_with_states_e
         worker_env[SIMPLIFIED_TRACEBACK] = runners
     with settings_within(spark_session, one_worker_daemon()):
         assert worker_setting() == "1"
-
-
-def test_a_local_checkpoint_is_written_through_hadoops_file_system_api(
-    spark_session: Any, tmp_path: Any
-) -> None:
-    """No ``readlink`` process per renamed checkpoint file: on the local disk only, and only
-    where the session names no manager of its own; Spark finds the class it names."""
-    settings = checkpoint_file_settings(spark_session, str(tmp_path))
-    assert list(settings) == [CHECKPOINT_FILE_MANAGER_CONF]
-    name = settings[CHECKPOINT_FILE_MANAGER_CONF]
-    assert name.endswith(".FileSystemBasedCheckpointFileManager")
-    jvm = spark_session.sparkContext._jvm
-    assert jvm.java.lang.Class.forName(name).getSimpleName() == (
-        "FileSystemBasedCheckpointFileManager"
-    )
-    assert checkpoint_file_settings(spark_session, f"file://{tmp_path}") == settings
-    # Another file system (Hadoop's HTTP one: no connection until a file is read) keeps
-    # Spark's default.
-    assert checkpoint_file_settings(spark_session, "http://127.0.0.1:9/checkpoint") == {}
-    # One Hadoop cannot resolve (no file system for the scheme): the query will say so.
-    assert checkpoint_file_settings(spark_session, "nosuchfs://host/checkpoint") == {}
-    with settings_within(spark_session, {CHECKPOINT_FILE_MANAGER_CONF: "users.Manager"}):
-        assert checkpoint_file_settings(spark_session, str(tmp_path)) == {}
-    assert spark_session.conf.get(CHECKPOINT_FILE_MANAGER_CONF, None) is None

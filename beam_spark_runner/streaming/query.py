@@ -44,6 +44,7 @@ from beam_spark_runner.streaming import rows as routed
 from beam_spark_runner.streaming.bounded_side_inputs import BroadcastPlan, plan_broadcasts
 from beam_spark_runner.streaming.check import is_unbounded_splittable
 from beam_spark_runner.streaming.checkpoint import check_checkpoint
+from beam_spark_runner.streaming.checkpoint_files import checkpoint_file_settings, spark_location
 from beam_spark_runner.streaming.levels import Level
 from beam_spark_runner.streaming.progress import ProgressReport
 from beam_spark_runner.streaming.result import StreamingPipelineResult, wait_for
@@ -83,13 +84,6 @@ _ROOT_KINDS = ("impulse", TEST_STREAM_BUFFER_KIND, SPARK_STREAM_BUFFER_KIND)
 # How often the driver logs a running query's progress.
 _PROGRESS_SECONDS = 5.0
 SIMPLIFIED_TRACEBACK_CONF = "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled"
-CHECKPOINT_FILE_MANAGER_CONF = "spark.sql.streaming.checkpointFileManagerClass"
-# Spark's checkpoint file manager over Hadoop's FileSystem API, where Spark 4.1+ and 4.0
-# keep it: for a checkpoint on the local disk (see ``checkpoint_file_settings``).
-_FILE_SYSTEM_MANAGERS = (
-    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
-    "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager",
-)
 
 
 def _feeders(plan: Plan, buffer_id: bytes) -> tuple[tuple[str, str], ...]:
@@ -363,43 +357,6 @@ def one_worker_daemon() -> dict[str, str]:
     return {SIMPLIFIED_TRACEBACK_CONF: "false"}
 
 
-def checkpoint_file_settings(spark: SparkSession, checkpoint: str) -> dict[str, str]:
-    """The checkpoint file manager a query over a checkpoint on the local disk starts with.
-
-    Spark's default writes each checkpoint file (the offset and commit logs, every state
-    store's snapshot files) through Hadoop's ``FileContext``, whose rename asks for each
-    path's link status. Without Hadoop's native library, which a pip-installed PySpark
-    lacks, Hadoop's local file system answers that by running ``readlink`` in a new
-    process, about 4 ms a call from the driver JVM, several calls a file. The manager over
-    Hadoop's ``FileSystem`` API renames with ``File.renameTo`` (atomic on a local disk):
-    the offset and commit logs' writes took 8-10 ms a micro-batch instead of 30, and a
-    micro-batch of a two-level query 0.58-0.65 s instead of 0.72-0.87 s
-    (``docs/performance.md``). Not for other file systems (HDFS, object stores), whose
-    renames Spark's default handles as they need, nor where the session names a manager.
-    A location Hadoop cannot resolve here keeps the default too: the query reports it.
-    """
-    from py4j.protocol import Py4JError
-
-    if spark.conf.get(CHECKPOINT_FILE_MANAGER_CONF, None) is not None:
-        return {}
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    hadoop_conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
-    try:
-        file_system = jvm.org.apache.hadoop.fs.Path(checkpoint).getFileSystem(hadoop_conf)
-        if file_system.getScheme() != "file":
-            return {}
-    except Py4JError:
-        return {}
-    for name in _FILE_SYSTEM_MANAGERS:
-        try:
-            jvm.java.lang.Class.forName(name)
-        except Py4JError:  # a class this Spark lacks
-            continue
-        return {CHECKPOINT_FILE_MANAGER_CONF: name}
-    return {}
-
-
 def _source_plan(plan: Plan, topology: Topology) -> SourcePlan:
     impulse = next(
         (b.decode() for b, buffer in plan.buffers.items() if buffer.kind == "impulse"), None
@@ -568,16 +525,17 @@ def start_query(
     )
     spark_context.setJobDescription(f"Beam pipeline {job_name} (streaming)")
     try:
+        location = spark_location(spark, checkpoint)
         settings = {
             **(sql_settings or {}),
             **one_worker_daemon(),
-            **checkpoint_file_settings(spark, checkpoint),
+            **checkpoint_file_settings(spark, location),
         }
         with settings_within(spark, settings):
             query = (
                 frame.writeStream.queryName(query_name)
                 .foreachBatch(watch.on_batch)
-                .option("checkpointLocation", checkpoint)
+                .option("checkpointLocation", location)
                 .trigger(processingTime=f"{trigger_seconds} seconds")
                 .start()
             )

@@ -1,0 +1,152 @@
+"""How a streaming query's checkpoint files reach the disk: which file system, which manager.
+
+A query writes a few dozen small checkpoint files every micro-batch (its offset and commit
+logs, each stateful operator's state store files, their schema and metadata files). Two of
+Hadoop's local file system's costs there are processes it starts without Hadoop's native
+library, which a pip-installed PySpark lacks:
+
+* Spark's default checkpoint file manager renames each file through Hadoop's
+  ``FileContext``, which asks for each path's link status by running ``readlink``.
+  ``checkpoint_file_settings`` picks Spark's manager over the ``FileSystem`` API for a
+  checkpoint on the local disk instead.
+* Hadoop sets every file's and directory's permission by running ``chmod``: 73 processes in
+  a small three-level query's first micro-batch, more in each later one. A session the runner
+  starts on a local master carries the runner's own local file system
+  (``jvm/src/.../LocalCheckpointFileSystem.java``, in ``jars/``) under the scheme
+  ``beamlocal``, which sets permissions through Java, and ``spark_location`` names a local
+  checkpoint directory with that scheme. A warm small query took 1.73 s instead of 1.96 s
+  (``docs/performance.md``).
+
+Both apply only to a checkpoint on the local disk; the location the user gave (a path or a
+``file:`` URI) names the same directory either way, and the same checkpoint can be resumed
+with or without them. Other file systems (HDFS, object stores) keep Spark's defaults.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+_LOGGER = logging.getLogger(__name__)
+
+CHECKPOINT_FILE_MANAGER_CONF = "spark.sql.streaming.checkpointFileManagerClass"
+# Spark's checkpoint file manager over Hadoop's FileSystem API, where Spark 4.1+ and 4.0
+# keep it.
+_FILE_SYSTEM_MANAGERS = (
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
+    "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager",
+)
+JAR = Path(__file__).resolve().parent.parent / "jars" / "beam-spark-runner-jvm.jar"
+LOCAL_SCHEME = "beamlocal"
+LOCAL_FILE_SYSTEM = "beam_spark_runner.jvm.LocalCheckpointFileSystem"
+LOCAL_FILE_CONTEXT = "beam_spark_runner.jvm.LocalCheckpointFs"
+LOCAL_FILE_SYSTEM_CONF = f"spark.hadoop.fs.{LOCAL_SCHEME}.impl"
+LOCAL_FILE_CONTEXT_CONF = f"spark.hadoop.fs.AbstractFileSystem.{LOCAL_SCHEME}.impl"
+DRIVER_CLASS_PATH = "spark.driver.extraClassPath"
+_LOCAL_SCHEMES = ("file", LOCAL_SCHEME)
+
+
+def _spark_defaults(key: str) -> str | None:
+    """``key``'s value in the ``spark-defaults.conf`` Spark's launcher reads, if it sets one."""
+    from beam_spark_runner import java
+
+    directory = os.environ.get("SPARK_CONF_DIR") or str(java.spark_home() / "conf")
+    try:
+        lines = (Path(directory) / "spark-defaults.conf").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        # A Java properties file: the key, then whitespace, "=" or ":" before the value.
+        match = re.match(r"\s*([^\s=:#!]+)\s*[=:\s]\s*(.*)", line)
+        if match is not None and match.group(1) == key:
+            return match.group(2).strip()
+    return None
+
+
+def session_settings(conf: Mapping[str, str]) -> dict[str, str]:
+    """What a local session the runner starts adds to ``conf`` for ``LOCAL_SCHEME``.
+
+    The jar goes on the driver JVM's class path after any the user gave (``--spark_conf``
+    or ``spark-defaults.conf``, whose value a launcher setting would replace). Nothing if
+    the package was installed without its jar.
+    """
+    if not JAR.is_file():
+        _LOGGER.debug("No %s: checkpoints on the local disk use Hadoop's file: file system", JAR)
+        return {}
+    given = conf.get(DRIVER_CLASS_PATH) or _spark_defaults(DRIVER_CLASS_PATH)
+    entries = [entry for entry in (given or "").split(os.pathsep) if entry]
+    return {
+        DRIVER_CLASS_PATH: os.pathsep.join([*entries, str(JAR)]),
+        LOCAL_FILE_SYSTEM_CONF: LOCAL_FILE_SYSTEM,
+        LOCAL_FILE_CONTEXT_CONF: LOCAL_FILE_CONTEXT,
+    }
+
+
+def spark_location(spark: SparkSession, checkpoint: str) -> str:
+    """The checkpoint location to give Spark for the user's ``checkpoint``.
+
+    A directory on the local disk under ``LOCAL_SCHEME`` (``beamlocal:///abs/path``) where the
+    session has the runner's local file system (a session the runner started on a local
+    master); otherwise ``checkpoint`` itself, as it is for other file systems and for a
+    location Hadoop cannot resolve here (the query reports it).
+    """
+    from py4j.protocol import Py4JError
+
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    hadoop_conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
+    if hadoop_conf.get(f"fs.{LOCAL_SCHEME}.impl") != LOCAL_FILE_SYSTEM:
+        return checkpoint
+    try:
+        jvm.java.lang.Class.forName(LOCAL_FILE_SYSTEM)
+        path = jvm.org.apache.hadoop.fs.Path(checkpoint)
+        file_system = path.getFileSystem(hadoop_conf)
+        if file_system.getScheme() != "file":
+            return checkpoint
+        local = file_system.makeQualified(path).toUri().getPath()
+        return str(jvm.org.apache.hadoop.fs.Path(LOCAL_SCHEME, None, local).toString())
+    except Py4JError:  # the jar is not on this JVM's class path, or no file system resolves
+        return checkpoint
+
+
+def checkpoint_file_settings(spark: SparkSession, location: str) -> dict[str, str]:
+    """The checkpoint file manager a query over ``location`` on the local disk starts with.
+
+    Spark's default writes each checkpoint file (the offset and commit logs, every state
+    store's snapshot files) through Hadoop's ``FileContext``, whose rename asks for each
+    path's link status. Without Hadoop's native library Hadoop's local file system answers
+    that by running ``readlink`` in a new process, about 4 ms a call from the driver JVM,
+    several calls a file. The manager over Hadoop's ``FileSystem`` API renames with
+    ``File.renameTo`` (atomic on a local disk): the offset and commit logs' writes took
+    8-10 ms a micro-batch instead of 30, and a micro-batch of a two-level query 0.58-0.65 s
+    instead of 0.72-0.87 s (``docs/performance.md``). Not for other file systems (HDFS,
+    object stores), whose renames Spark's default handles as they need, nor where the
+    session names a manager. A location Hadoop cannot resolve here keeps the default too.
+    """
+    from py4j.protocol import Py4JError
+
+    if spark.conf.get(CHECKPOINT_FILE_MANAGER_CONF, None) is not None:
+        return {}
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    hadoop_conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
+    try:
+        file_system = jvm.org.apache.hadoop.fs.Path(location).getFileSystem(hadoop_conf)
+        if file_system.getScheme() not in _LOCAL_SCHEMES:
+            return {}
+    except Py4JError:
+        return {}
+    for name in _FILE_SYSTEM_MANAGERS:
+        try:
+            jvm.java.lang.Class.forName(name)
+        except Py4JError:  # a class this Spark lacks
+            continue
+        return {CHECKPOINT_FILE_MANAGER_CONF: name}
+    return {}
