@@ -24,11 +24,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from beam_spark_runner import driver_jvm, java, spark_compat, worker_warmup
+from beam_spark_runner import driver_jvm, jars, java, spark_compat, worker_warmup
 from beam_spark_runner.java import check_java, required_java_major
 from beam_spark_runner.master_reachability import check_master_reachable
 from beam_spark_runner.options import DEFAULT_MASTER, SparkSettings
-from beam_spark_runner.streaming import checkpoint_files
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -167,7 +166,7 @@ def session_conf(master: str, settings: SparkSettings) -> dict[str, str]:
         # A streaming query's checkpoint on the local disk without a `chmod` process per
         # file (streaming.checkpoint_files). Local only: a cluster's executors would need
         # the jar on their class path too.
-        conf.update(checkpoint_files.session_settings(conf))
+        conf.update(jars.session_settings(conf, java.spark_home()))
     return conf
 
 

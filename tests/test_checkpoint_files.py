@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
 import stat
-import subprocess
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -16,22 +11,16 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that, equal_to
 
+from beam_spark_runner.jars import LOCAL_FILE_SYSTEM
 from beam_spark_runner.session import settings_within
 from beam_spark_runner.spark_compat import pyspark_version
-from beam_spark_runner.streaming import checkpoint_files
 from beam_spark_runner.streaming.check import STREAMING_SPARK
 from beam_spark_runner.streaming.checkpoint_files import (
     CHECKPOINT_FILE_MANAGER_CONF,
-    DRIVER_CLASS_PATH,
-    JAR,
-    LOCAL_FILE_SYSTEM,
     checkpoint_file_settings,
-    session_settings,
     spark_location,
 )
 from tests.conftest import SPARK_TEST_MASTER
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_a_local_checkpoint_is_written_through_hadoops_file_system_api(
@@ -146,57 +135,3 @@ def test_a_streaming_querys_checkpoint_is_written_through_the_runners_file_syste
     assert Path("offsets", "0") in files and Path("commits", "0") in files
     assert any(path.parts[0] == "state" for path in files), files
     assert [path for path in files if path.suffix == ".crc"] == [Path(".beam-plan.json.crc")]
-
-
-def test_the_jar_goes_on_the_driver_class_path_after_the_users(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
-    added = session_settings({})
-    assert added[DRIVER_CLASS_PATH] == str(JAR)
-    assert added["spark.hadoop.fs.beamlocal.impl"] == LOCAL_FILE_SYSTEM
-    assert added["spark.hadoop.fs.AbstractFileSystem.beamlocal.impl"].endswith(".LocalCheckpointFs")
-    mine = os.pathsep.join(["/opt/a.jar", "/opt/b/*"])
-    assert session_settings({DRIVER_CLASS_PATH: mine})[DRIVER_CLASS_PATH] == (
-        os.pathsep.join([mine, str(JAR)])
-    )
-    # spark-defaults.conf's value, which the launcher would not read once the runner sets one.
-    (tmp_path / "spark-defaults.conf").write_text(
-        f"# defaults\nspark.driver.memory 2g\n{DRIVER_CLASS_PATH}   /opt/c.jar\n"
-    )
-    assert session_settings({})[DRIVER_CLASS_PATH] == os.pathsep.join(["/opt/c.jar", str(JAR)])
-    monkeypatch.setattr(checkpoint_files, "JAR", tmp_path / "missing.jar")
-    assert session_settings({}) == {}
-
-
-def _jdk_version(text: str) -> str | None:
-    match = re.search(r"(\d+(\.\d+)*)", text)
-    return match.group(1) if match else None
-
-
-def test_the_jar_is_built_from_its_sources(tmp_path: Path) -> None:
-    """The committed jar holds exactly what ``make jar`` compiles from ``jvm/src``."""
-    javac = shutil.which("javac")
-    if javac is None:
-        pytest.skip("no javac on PATH to compile jvm/src with")
-    with zipfile.ZipFile(JAR) as jar:
-        manifest = jar.read("META-INF/MANIFEST.MF").decode()
-        built = {name: jar.read(name) for name in jar.namelist() if name.endswith(".class")}
-    created_by = re.search(r"Created-By: (\S+)", manifest)
-    here = subprocess.run([javac, "-version"], capture_output=True, text=True, check=True)
-    ours = _jdk_version(here.stdout + here.stderr)
-    if created_by is None or _jdk_version(created_by.group(1)) != ours:
-        pytest.skip(f"the jar was built by JDK {created_by and created_by.group(1)}, not {ours}")
-    import pyspark
-
-    hadoop = next((Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar"))
-    sources = sorted(str(path) for path in (ROOT / "jvm" / "src").rglob("*.java"))
-    subprocess.run(
-        [javac, "-Xlint:-options", "--release", "8", "-d", str(tmp_path), "-cp", str(hadoop)]
-        + sources,
-        check=True,
-    )
-    compiled = {
-        str(path.relative_to(tmp_path)): path.read_bytes() for path in tmp_path.rglob("*.class")
-    }
-    assert built == compiled, "the jar is older than jvm/src: run `make jar` and commit it"

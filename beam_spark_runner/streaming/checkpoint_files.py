@@ -10,12 +10,11 @@ library, which a pip-installed PySpark lacks:
   ``checkpoint_file_settings`` picks Spark's manager over the ``FileSystem`` API for a
   checkpoint on the local disk instead.
 * Hadoop sets every file's and directory's permission by running ``chmod``: 73 processes in
-  a small three-level query's first micro-batch, more in each later one. A session the runner
-  starts on a local master carries the runner's own local file system
-  (``jvm/src/.../LocalCheckpointFileSystem.java``, in ``jars/``) under the scheme
-  ``beamlocal``, which sets permissions through Java, and ``spark_location`` names a local
-  checkpoint directory with that scheme. A warm small query took 1.73 s instead of 1.96 s
-  (``docs/performance.md``).
+  a small three-level query's first micro-batch, more in each later one. A session the
+  runner starts on a local master carries the runner's own local file system (``jars``)
+  under the scheme ``beamlocal``, which sets permissions through Java, and
+  ``spark_location`` names a local checkpoint directory with that scheme. A warm small
+  query took 1.73 s instead of 1.96 s (``docs/performance.md``).
 
 Both apply only to a checkpoint on the local disk; the location the user gave (a path or a
 ``file:`` URI) names the same directory either way, and the same checkpoint can be resumed
@@ -24,17 +23,12 @@ with or without them. Other file systems (HDFS, object stores) keep Spark's defa
 
 from __future__ import annotations
 
-import logging
-import os
-import re
-from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING
+
+from beam_spark_runner.jars import LOCAL_FILE_SYSTEM, LOCAL_SCHEME
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-_LOGGER = logging.getLogger(__name__)
 
 CHECKPOINT_FILE_MANAGER_CONF = "spark.sql.streaming.checkpointFileManagerClass"
 # Spark's checkpoint file manager over Hadoop's FileSystem API, where Spark 4.1+ and 4.0
@@ -43,50 +37,7 @@ _FILE_SYSTEM_MANAGERS = (
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
     "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager",
 )
-JAR = Path(__file__).resolve().parent.parent / "jars" / "beam-spark-runner-jvm.jar"
-LOCAL_SCHEME = "beamlocal"
-LOCAL_FILE_SYSTEM = "beam_spark_runner.jvm.LocalCheckpointFileSystem"
-LOCAL_FILE_CONTEXT = "beam_spark_runner.jvm.LocalCheckpointFs"
-LOCAL_FILE_SYSTEM_CONF = f"spark.hadoop.fs.{LOCAL_SCHEME}.impl"
-LOCAL_FILE_CONTEXT_CONF = f"spark.hadoop.fs.AbstractFileSystem.{LOCAL_SCHEME}.impl"
-DRIVER_CLASS_PATH = "spark.driver.extraClassPath"
 _LOCAL_SCHEMES = ("file", LOCAL_SCHEME)
-
-
-def _spark_defaults(key: str) -> str | None:
-    """``key``'s value in the ``spark-defaults.conf`` Spark's launcher reads, if it sets one."""
-    from beam_spark_runner import java
-
-    directory = os.environ.get("SPARK_CONF_DIR") or str(java.spark_home() / "conf")
-    try:
-        lines = (Path(directory) / "spark-defaults.conf").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        # A Java properties file: the key, then whitespace, "=" or ":" before the value.
-        match = re.match(r"\s*([^\s=:#!]+)\s*[=:\s]\s*(.*)", line)
-        if match is not None and match.group(1) == key:
-            return match.group(2).strip()
-    return None
-
-
-def session_settings(conf: Mapping[str, str]) -> dict[str, str]:
-    """What a local session the runner starts adds to ``conf`` for ``LOCAL_SCHEME``.
-
-    The jar goes on the driver JVM's class path after any the user gave (``--spark_conf``
-    or ``spark-defaults.conf``, whose value a launcher setting would replace). Nothing if
-    the package was installed without its jar.
-    """
-    if not JAR.is_file():
-        _LOGGER.debug("No %s: checkpoints on the local disk use Hadoop's file: file system", JAR)
-        return {}
-    given = conf.get(DRIVER_CLASS_PATH) or _spark_defaults(DRIVER_CLASS_PATH)
-    entries = [entry for entry in (given or "").split(os.pathsep) if entry]
-    return {
-        DRIVER_CLASS_PATH: os.pathsep.join([*entries, str(JAR)]),
-        LOCAL_FILE_SYSTEM_CONF: LOCAL_FILE_SYSTEM,
-        LOCAL_FILE_CONTEXT_CONF: LOCAL_FILE_CONTEXT,
-    }
 
 
 def spark_location(spark: SparkSession, checkpoint: str) -> str:
