@@ -43,12 +43,15 @@ install: $(STAMP)
 # PySpark ships, into a jar the package carries (committed: users need no JDK's compiler).
 # Reproducible: fixed entry times, so the same sources give the same bytes.
 JAR := beam_spark_runner/jars/beam-spark-runner-jvm.jar
+HADOOP_API = $$($(PY) -c 'import pyspark, pathlib; print(next((pathlib.Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar")))')
 jar: $(STAMP)
 	rm -rf build/jvm && mkdir -p build/jvm $(dir $(JAR))
-	javac -Xlint:all -Xlint:-options -Werror --release 8 -d build/jvm \
-		-cp "$$($(PY) -c 'import pyspark, pathlib; print(next((pathlib.Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar")))')" \
-		$$(find jvm/src -name '*.java' | sort)
-	jar --create --date=2026-01-01T00:00:00Z --file $(JAR) -C build/jvm .
+	hadoop="$(HADOOP_API)" && \
+	javac -Xlint:all -Xlint:-options -Werror --release 8 -d build/jvm/classes -cp "$$hadoop" \
+		$$(find jvm/src -name '*.java' | sort) && \
+	echo "Built-Against: $$(basename "$$hadoop" .jar)" > build/jvm/MANIFEST.MF
+	jar --create --date=2026-01-01T00:00:00Z --file $(JAR) --manifest build/jvm/MANIFEST.MF \
+		-C build/jvm/classes .
 
 demo: $(STAMP)
 	$(PY) -m beam_spark_runner demo --output demo-output/wordcount

@@ -135,3 +135,60 @@ def test_a_streaming_querys_checkpoint_is_written_through_the_runners_file_syste
     assert Path("offsets", "0") in files and Path("commits", "0") in files
     assert any(path.parts[0] == "state" for path in files), files
     assert [path for path in files if path.suffix == ".crc"] == [Path(".beam-plan.json.crc")]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    pyspark_version() < STREAMING_SPARK, reason="the runner's streaming settings need PySpark 4.1+"
+)
+def test_either_file_system_resumes_the_others_checkpoint(
+    spark_session: Any, tmp_path: Path
+) -> None:
+    """A stateful query's checkpoint written through ``beamlocal:``, resumed through
+    ``file:`` (a session without the runner's jar) and back: its state carries over."""
+    from beam_spark_runner.streaming.query import ROCKSDB_PROVIDER, STATE_STORE_PROVIDER_CONF
+
+    source = tmp_path / "in"
+    source.mkdir()
+    checkpoint = tmp_path / "checkpoint"
+    counts: dict[str, int] = {}
+
+    def run(location: str, part: int, keys: list[str]) -> None:
+        (source / f"{part}.json").write_text("".join(f'{{"key": "{k}"}}\n' for k in keys))
+        frame = (
+            spark_session.readStream.schema("key STRING").json(str(source)).groupBy("key").count()
+        )
+
+        def collect(batch: Any, _batch_id: int) -> None:
+            counts.update({row["key"]: row["count"] for row in batch.collect()})
+
+        settings = {
+            STATE_STORE_PROVIDER_CONF: ROCKSDB_PROVIDER,
+            **checkpoint_file_settings(spark_session, location),
+        }
+        with settings_within(spark_session, settings):
+            query = (
+                frame.writeStream.outputMode("update")
+                .foreachBatch(collect)
+                .option("checkpointLocation", location)
+                .trigger(availableNow=True)
+                .start()
+            )
+        assert query.awaitTermination(120), "the availableNow query did not end in 120 s"
+        assert query.exception() is None
+
+    local = spark_location(spark_session, str(checkpoint))
+    assert local.startswith("beamlocal:")
+    run(local, 0, ["a", "b", "a"])
+    assert counts == {"a": 2, "b": 1}
+    run(f"file://{checkpoint}", 1, ["a", "c"])
+    assert counts == {"a": 3, "b": 1, "c": 1}
+    run(local, 2, ["b", "c", "c"])
+    assert counts == {"a": 3, "b": 2, "c": 3}
+    assert sorted(
+        path.name for path in (checkpoint / "commits").iterdir() if path.name[0] != "."
+    ) == [
+        "0",
+        "1",
+        "2",
+    ]
