@@ -74,28 +74,24 @@ public class LocalCheckpointFileSystem extends RawLocalFileSystem {
 
   @Override
   public boolean rename(Path source, Path destination) throws IOException {
-    boolean renamed = super.rename(source, destination);
-    if (renamed) {
-      removeChecksum(destination);
-    }
-    return renamed;
+    return removeChecksum(super.rename(source, destination), destination);
   }
 
   @Override
   public boolean delete(Path path, boolean recursive) throws IOException {
-    boolean deleted = super.delete(path, recursive);
-    if (deleted) {
-      removeChecksum(path);
-    }
-    return deleted;
+    return removeChecksum(super.delete(path, recursive), path);
   }
 
-  /** Removes the checksum file Hadoop's checksummed local file system keeps beside `path`. */
-  private void removeChecksum(Path path) throws IOException {
+  /**
+   * Once `path` was renamed to or deleted (`done`), removes the checksum file Hadoop's
+   * checksummed local file system keeps beside it, if any. Returns `done`.
+   */
+  private boolean removeChecksum(boolean done, Path path) throws IOException {
     Path parent = path.getParent();
-    if (parent != null) {
+    if (done && parent != null) {
       Path checksum = new Path(parent, "." + path.getName() + ".crc");
       Files.deleteIfExists(pathToFile(checksum).toPath());
     }
+    return done;
   }
 }
