@@ -166,6 +166,11 @@ def spark_home() -> Path:
     return Path(pyspark.__file__).resolve().parent
 
 
+def spark_conf_directory(spark: Path) -> Path:
+    """The conf directory Spark's launcher reads: ``SPARK_CONF_DIR``, else the install's own."""
+    return Path(os.environ.get("SPARK_CONF_DIR") or spark / "conf")
+
+
 def class_path_directory(spark: Path, conf: Mapping[str, str]) -> Path | None:
     """A non-empty directory with more of the driver JVM's class path after it, if any.
 
@@ -179,7 +184,7 @@ def class_path_directory(spark: Path, conf: Mapping[str, str]) -> Path | None:
     """
     groups = [
         conf.get("spark.driver.extraClassPath"),
-        os.environ.get("SPARK_CONF_DIR") or str(spark / "conf"),
+        str(spark_conf_directory(spark)),
         str(spark / "jars" / "*"),
         *(os.environ.get(name) for name in ("HADOOP_CONF_DIR", "YARN_CONF_DIR")),
         os.environ.get("SPARK_DIST_CLASSPATH"),

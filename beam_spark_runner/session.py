@@ -166,7 +166,7 @@ def session_conf(master: str, settings: SparkSettings) -> dict[str, str]:
         # A streaming query's checkpoint on the local disk without a `chmod` process per
         # file (streaming.checkpoint_files). Local only: a cluster's executors would need
         # the jar on their class path too.
-        conf.update(jars.session_settings(conf, java.spark_home()))
+        conf.update(jars.session_settings(conf, java.spark_conf_directory(java.spark_home())))
     return conf
 
 

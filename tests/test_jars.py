@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from beam_spark_runner import jars
+from beam_spark_runner import jars, java
 from beam_spark_runner.jars import DRIVER_CLASS_PATH, JAR, LOCAL_FILE_SYSTEM, session_settings
 from beam_spark_runner.options import SparkSettings
 from beam_spark_runner.session import session_conf
@@ -23,12 +23,16 @@ def test_the_jar_goes_on_the_driver_class_path_after_the_users(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("SPARK_CONF_DIR", raising=False)  # then Spark's own, under its home
-    added = session_settings({}, tmp_path)
+
+    def settings(conf: dict[str, str]) -> dict[str, str]:
+        return session_settings(conf, java.spark_conf_directory(tmp_path))
+
+    added = settings({})
     assert added[DRIVER_CLASS_PATH] == str(JAR)
     assert added["spark.hadoop.fs.beamlocal.impl"] == LOCAL_FILE_SYSTEM
     assert added["spark.hadoop.fs.AbstractFileSystem.beamlocal.impl"].endswith(".LocalCheckpointFs")
     mine = os.pathsep.join(["/opt/a.jar", "/opt/b/*"])
-    assert session_settings({DRIVER_CLASS_PATH: mine}, tmp_path)[DRIVER_CLASS_PATH] == (
+    assert settings({DRIVER_CLASS_PATH: mine})[DRIVER_CLASS_PATH] == (
         os.pathsep.join([mine, str(JAR)])
     )
     # spark-defaults.conf's value, which the launcher would not read once the runner sets one.
@@ -36,13 +40,11 @@ def test_the_jar_goes_on_the_driver_class_path_after_the_users(
     (tmp_path / "conf" / "spark-defaults.conf").write_text(
         f"# defaults\nspark.driver.memory 2g\n{DRIVER_CLASS_PATH}   /opt/c.jar\n"
     )
-    assert session_settings({}, tmp_path)[DRIVER_CLASS_PATH] == (
-        os.pathsep.join(["/opt/c.jar", str(JAR)])
-    )
+    assert settings({})[DRIVER_CLASS_PATH] == os.pathsep.join(["/opt/c.jar", str(JAR)])
     monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))  # a conf directory without one
-    assert session_settings({}, tmp_path)[DRIVER_CLASS_PATH] == str(JAR)
+    assert settings({})[DRIVER_CLASS_PATH] == str(JAR)
     monkeypatch.setattr(jars, "JAR", tmp_path / "missing.jar")
-    assert session_settings({}, tmp_path) == {}
+    assert settings({}) == {}
 
 
 def _jdk_version(text: str) -> str | None:

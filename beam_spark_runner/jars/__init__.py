@@ -26,11 +26,10 @@ LOCAL_FILE_CONTEXT_CONF = f"spark.hadoop.fs.AbstractFileSystem.{LOCAL_SCHEME}.im
 DRIVER_CLASS_PATH = "spark.driver.extraClassPath"
 
 
-def _spark_defaults(spark_home: Path, key: str) -> str | None:
-    """``key``'s value in the ``spark-defaults.conf`` Spark's launcher reads, if it sets one."""
-    directory = os.environ.get("SPARK_CONF_DIR") or str(spark_home / "conf")
+def _spark_defaults(conf_directory: Path, key: str) -> str | None:
+    """``key``'s value in the directory's ``spark-defaults.conf``, if it sets one."""
     try:
-        lines = (Path(directory) / "spark-defaults.conf").read_text().splitlines()
+        lines = (conf_directory / "spark-defaults.conf").read_text().splitlines()
     except OSError:
         return None
     for line in lines:
@@ -41,17 +40,17 @@ def _spark_defaults(spark_home: Path, key: str) -> str | None:
     return None
 
 
-def session_settings(conf: Mapping[str, str], spark_home: Path) -> dict[str, str]:
+def session_settings(conf: Mapping[str, str], conf_directory: Path) -> dict[str, str]:
     """What a local session the runner starts adds to its ``conf`` to load the jar.
 
     The jar goes on the driver JVM's class path after any entries the user gave
-    (``--spark_conf``, or the ``spark-defaults.conf`` of ``spark_home``, whose value the
-    launcher would no longer read once the runner sets one). Nothing if the package was
+    (``--spark_conf``, or the ``spark-defaults.conf`` in Spark's ``conf_directory``, whose
+    value the launcher would no longer read once the runner sets one). Nothing if the package was
     installed without its jar: checkpoints then use Hadoop's ``file:`` file system.
     """
     if not JAR.is_file():
         return {}
-    given = conf.get(DRIVER_CLASS_PATH) or _spark_defaults(spark_home, DRIVER_CLASS_PATH)
+    given = conf.get(DRIVER_CLASS_PATH) or _spark_defaults(conf_directory, DRIVER_CLASS_PATH)
     entries = [entry for entry in (given or "").split(os.pathsep) if entry]
     return {
         DRIVER_CLASS_PATH: os.pathsep.join([*entries, str(JAR)]),

@@ -14,7 +14,7 @@ library, which a pip-installed PySpark lacks:
   runner starts on a local master carries the runner's own local file system (``jars``)
   under the scheme ``beamlocal``, which sets permissions through Java, and
   ``spark_location`` names a local checkpoint directory with that scheme. A warm small
-  query took 1.73 s instead of 1.96 s (``docs/performance.md``).
+  query took 1.47 s instead of 1.71 s (``docs/performance.md``).
 
 Both apply only to a checkpoint on the local disk; the location the user gave (a path or a
 ``file:`` URI) names the same directory either way, and the same checkpoint can be resumed
@@ -23,7 +23,7 @@ with or without them. Other file systems (HDFS, object stores) keep Spark's defa
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from beam_spark_runner.jars import LOCAL_FILE_SYSTEM, LOCAL_SCHEME
 
@@ -40,31 +40,51 @@ _FILE_SYSTEM_MANAGERS = (
 _LOCAL_SCHEMES = ("file", LOCAL_SCHEME)
 
 
-def spark_location(spark: SparkSession, checkpoint: str) -> str:
-    """The checkpoint location to give Spark for the user's ``checkpoint``.
-
-    A directory on the local disk under ``LOCAL_SCHEME`` (``beamlocal:///abs/path``) where the
-    session has the runner's local file system (a session the runner started on a local
-    master); otherwise ``checkpoint`` itself, as it is for other file systems and for a
-    location Hadoop cannot resolve here (the query reports it).
-    """
+def _file_system(spark: SparkSession, location: str) -> tuple[Any, Any] | None:
+    """Hadoop's file system for ``location`` and its ``Path``; None if none resolves here."""
     from py4j.protocol import Py4JError
 
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     hadoop_conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
+    try:
+        path = jvm.org.apache.hadoop.fs.Path(location)
+        return path.getFileSystem(hadoop_conf), path
+    except Py4JError:
+        return None
+
+
+def _has_class(spark: SparkSession, name: str) -> bool:
+    """Whether the driver JVM can load the class ``name``."""
+    from py4j.protocol import Py4JError
+
+    try:
+        spark.sparkContext._jvm.java.lang.Class.forName(name)  # type: ignore[union-attr]
+    except Py4JError:
+        return False
+    return True
+
+
+def spark_location(spark: SparkSession, checkpoint: str) -> str:
+    """The checkpoint location to give Spark for the user's ``checkpoint``.
+
+    A directory on the local disk under ``LOCAL_SCHEME`` (``beamlocal:/abs/path``) where the
+    session has the runner's local file system (a session the runner started on a local
+    master); otherwise ``checkpoint`` itself, as it is for other file systems and for a
+    location Hadoop cannot resolve here (the query reports it).
+    """
+    hadoop_conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
     if hadoop_conf.get(f"fs.{LOCAL_SCHEME}.impl") != LOCAL_FILE_SYSTEM:
         return checkpoint
-    try:
-        jvm.java.lang.Class.forName(LOCAL_FILE_SYSTEM)
-        path = jvm.org.apache.hadoop.fs.Path(checkpoint)
-        file_system = path.getFileSystem(hadoop_conf)
-        if file_system.getScheme() != "file":
-            return checkpoint
-        local = file_system.makeQualified(path).toUri().getPath()
-        return str(jvm.org.apache.hadoop.fs.Path(LOCAL_SCHEME, None, local).toString())
-    except Py4JError:  # the jar is not on this JVM's class path, or no file system resolves
+    resolved = _file_system(spark, checkpoint)
+    if resolved is None or resolved[0].getScheme() != "file":
         return checkpoint
+    if not _has_class(spark, LOCAL_FILE_SYSTEM):  # the jar is not on this JVM's class path
+        return checkpoint
+    file_system, path = resolved
+    local = file_system.makeQualified(path).toUri().getPath()
+    jvm = spark.sparkContext._jvm
+    return str(jvm.org.apache.hadoop.fs.Path(LOCAL_SCHEME, None, local).toString())  # type: ignore[union-attr]
 
 
 def checkpoint_file_settings(spark: SparkSession, location: str) -> dict[str, str]:
@@ -81,23 +101,13 @@ def checkpoint_file_settings(spark: SparkSession, location: str) -> dict[str, st
     object stores), whose renames Spark's default handles as they need, nor where the
     session names a manager. A location Hadoop cannot resolve here keeps the default too.
     """
-    from py4j.protocol import Py4JError
-
     if spark.conf.get(CHECKPOINT_FILE_MANAGER_CONF, None) is not None:
         return {}
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    hadoop_conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
-    try:
-        file_system = jvm.org.apache.hadoop.fs.Path(location).getFileSystem(hadoop_conf)
-        if file_system.getScheme() not in _LOCAL_SCHEMES:
-            return {}
-    except Py4JError:
+    resolved = _file_system(spark, location)
+    if resolved is None or resolved[0].getScheme() not in _LOCAL_SCHEMES:
         return {}
+    # The first of these classes this Spark has.
     for name in _FILE_SYSTEM_MANAGERS:
-        try:
-            jvm.java.lang.Class.forName(name)
-        except Py4JError:  # a class this Spark lacks
-            continue
-        return {CHECKPOINT_FILE_MANAGER_CONF: name}
+        if _has_class(spark, name):
+            return {CHECKPOINT_FILE_MANAGER_CONF: name}
     return {}

@@ -13,7 +13,7 @@
  * or a delete here also removes the final file's old checksum, where Hadoop's `file:` file
  * system left one, so that a later query over `file:` does not check the new file against it.
  *
- * The runner names a local checkpoint directory with this scheme (`beamlocal:///path`);
+ * The runner names a local checkpoint directory with this scheme (`beamlocal:/path`);
  * everything else keeps Hadoop's `file:` file system. See
  * beam_spark_runner/streaming/checkpoint_files.py.
  */
