@@ -31,14 +31,15 @@ def test_the_highest_rate_kept_up_with_and_the_table() -> None:
     growing = [(1000, d) for d in (1.0, 1.3, 1.7, 2.2, 2.9, 3.8, 4.9, 6.4, 8.3)]
     trials = [
         Trial("ours", 5, 1000, steady, latencies=[1.5, 2.5]),
-        Trial("ours", 5, 2000, steady),
+        Trial("ours", 5, 2000, steady, latencies=[3.0], watermark_latencies=[0.5, 1.25]),
         Trial("ours", 5, 4000, growing),
         Trial("pyspark", 0, 1000, [], error="boom"),
     ]
     assert highest_kept_up(trials, "ours", 5) == 2000
     assert highest_kept_up(trials, "pyspark", 0) is None
     table = markdown_table(trials).splitlines()
-    assert table[2] == "| q5 | ours | 1000 | yes | 9 | 1.0 | 1.0 | 1.5 | 2.5 |"
+    assert table[2] == "| q5 | ours | 1000 | yes | 9 | 1.0 | 1.0 | 1.5 | 2.5 | - | - |"
+    assert table[3].endswith("| 3.0 | 3.0 | 0.5 | 1.25 |")
     assert table[4].startswith("| q5 | ours | 4000 | no |")
     assert "error: boom" in table[5]
 
@@ -70,6 +71,69 @@ def test_pane_latencies_leave_out_windows_that_ended_while_it_warmed_up(tmp_path
     (directory / "1.txt").write_text("100.0 130.0\n110.0 111.5\n")
     (directory / "2.txt").write_text("120.0 122.0\n")
     assert sorted(pane_latencies(str(directory), warm=105.0)) == [1.5, 2.0]
+
+
+def test_a_panes_latency_past_the_watermark_counts_from_the_first_watermark_past_its_end() -> None:
+    from benchmarks.streaming import watermark_latencies
+
+    # (watermark, wall time it was seen): it reached 110 at 111.0 (not 112.0, seen later).
+    passes = [(105.0, 106.0), (112.0, 112.0), (110.0, 111.0), (125.0, 126.0)]
+    # Window ends 110 and 120 (counted), 100 (warming up), 130 (no watermark past it).
+    panes = [(110.0, 111.5), (110.0, 113.0), (120.0, 126.5), (100.0, 101.0), (130.0, 131.0)]
+    assert watermark_latencies(panes, passes, warm=105.0) == [0.5, 2.0, 0.5]
+    # A window's last timestamp is a microsecond before its end: a watermark there passed it.
+    assert watermark_latencies([(110.0, 111.0)], [(110.0 - 1e-6, 110.5)], warm=0.0) == [0.5]
+    assert watermark_latencies([(110.0, 111.0)], [(110.0 - 2e-6, 110.5)], warm=0.0) == []
+
+
+def test_the_event_step_records_a_bundles_latest_event_time_and_when_it_read_it(
+    tmp_path: object,
+) -> None:
+    from pathlib import Path
+    from types import SimpleNamespace
+    from unittest import mock
+
+    from apache_beam.utils.timestamp import Timestamp
+
+    from benchmarks import nexmark
+    from benchmarks.streaming import _Events, _pairs
+
+    events = _Events(str(tmp_path))
+    events.start_bundle()
+    times = iter([50.0, 51.0, 52.0])
+    with mock.patch("benchmarks.streaming.time.time", lambda: next(times)):
+        out = [
+            next(iter(events.process(SimpleNamespace(value=n), Timestamp(seconds)))).__dict__
+            for n, seconds in ((0, 10.5), (1, 12.0), (2, 11.0))
+        ]
+    assert out == [nexmark.event(n).__dict__ for n in range(3)]
+    assert list(Path(str(tmp_path)).iterdir()) == [], "written before the bundle ended"
+    events.finish_bundle()
+    events.start_bundle()
+    events.finish_bundle()  # an empty bundle writes nothing
+    assert _pairs(str(tmp_path)) == [(12.0, 52.0)]
+
+
+def test_pyspark_watermark_passes_are_each_batchs_latest_event_time_at_its_end() -> None:
+    from types import SimpleNamespace
+
+    from benchmarks.streaming import _batch_watermark_passes
+
+    query = SimpleNamespace(
+        recentProgress=[
+            {"timestamp": "2026-12-04T00:00:00.000Z", "durationMs": {"triggerExecution": 500}},
+            {
+                "timestamp": "2026-12-04T00:00:02.000Z",
+                "durationMs": {"triggerExecution": 1500},
+                "eventTime": {
+                    "max": "2026-12-04T00:00:01.750Z",
+                    "watermark": "1970-01-01T00:00:00.000Z",
+                },
+            },
+        ]
+    )
+    midnight = 1796342400.0  # 2026-12-04T00:00:00Z
+    assert _batch_watermark_passes(query) == [(midnight + 1.75, midnight + 3.5)]
 
 
 def test_the_pane_sink_writes_a_bundles_lines_at_its_end(tmp_path: object) -> None:
