@@ -83,6 +83,10 @@ STATE_STORE_PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
 _ROOT_KINDS = ("impulse", TEST_STREAM_BUFFER_KIND, SPARK_STREAM_BUFFER_KIND)
 # How often the driver logs a running query's progress.
 _PROGRESS_SECONDS = 5.0
+# How often a query that has fired everything checks whether Spark has committed its last
+# micro-batch (a ``lastProgress`` read, ~1 ms) before stopping it. The commit comes a few
+# ms after the batch's action; meanwhile the query goes on to plan the next micro-batch.
+_COMMIT_POLL_SECONDS = 0.01
 SIMPLIFIED_TRACEBACK_CONF = "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled"
 
 
@@ -581,7 +585,11 @@ def start_query(
             if watch.finished.is_set():
                 # Let Spark commit the last batch before stopping, so a named checkpoint
                 # does not replay it.
-                wait_for(lambda: _last_batch(query) >= (watch.final_batch or 0), timeout=10)
+                wait_for(
+                    lambda: _last_batch(query) >= (watch.final_batch or 0),
+                    timeout=10,
+                    poll=_COMMIT_POLL_SECONDS,
+                )
                 query.stop()
             failure = query.exception()
             if failure is not None:
