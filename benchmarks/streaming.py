@@ -196,49 +196,46 @@ def watermark_latencies(
     watermark at or past it (a window's last timestamp is a microsecond before its end);
     panes of windows no observation passed are left out.
     """
-    # Earliest wall time per watermark, as the watermark goes down: a running minimum.
-    ordered = sorted(passes, key=lambda p: -p[0])
-    marks, moments = [], []
-    earliest = math.inf
-    for watermark, at in ordered:
-        earliest = min(earliest, at)
-        marks.append(-watermark)
-        moments.append(earliest)
+    ordered = sorted(passes)
+    watermarks = [watermark for watermark, _ in ordered]
+    # earliest[i]: the earliest wall time of the passes from the i-th lowest watermark up.
+    earliest = [math.inf] * (len(ordered) + 1)
+    for i in range(len(ordered) - 1, -1, -1):
+        earliest[i] = min(earliest[i + 1], ordered[i][1])
     latencies = []
     for end, written in panes:
-        if end < warm:
-            continue
-        # The passes whose watermark >= end - 1 us: the prefix of ``ordered`` up to it.
-        count = bisect.bisect_right(marks, -(end - 1e-6))
-        if count:
-            latencies.append(written - moments[count - 1])
+        first = bisect.bisect_left(watermarks, end - 1e-6)
+        if end >= warm and first < len(ordered):
+            latencies.append(written - earliest[first])
     return latencies
 
 
 def _batch_watermark_passes(query: Any) -> list[tuple[float, float]]:
     """``(latest event time read, end)`` of each micro-batch of a PySpark query with an
     event-time watermark: at its end Spark moves the watermark to that time (no delay)."""
-    import datetime
-
-    def seconds(text: str) -> float:
-        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
     passes = []
     for progress in query.recentProgress:
         latest = progress.get("eventTime", {}).get("max")
-        duration = progress.get("durationMs", {}).get("triggerExecution")
-        if latest is not None and duration is not None:
-            passes.append((seconds(latest), seconds(progress["timestamp"]) + duration / 1000))
+        if latest is not None and "triggerExecution" in progress.get("durationMs", {}):
+            passes.append((_iso_seconds(latest), _batch_end(progress)))
     return passes
+
+
+def _iso_seconds(text: str) -> float:
+    """Seconds since the epoch of a time in Spark's progress (ISO 8601, ``Z`` for UTC)."""
+    import datetime
+
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _batch_end(progress: dict[str, Any]) -> float:
+    """Wall time a micro-batch ended, from its progress report."""
+    return _iso_seconds(progress["timestamp"]) + progress["durationMs"]["triggerExecution"] / 1000
 
 
 def _first_batch_end(query: Any) -> float:
     """Wall time the query's first micro-batch ended."""
-    import datetime
-
-    first = query.recentProgress[0]
-    started = datetime.datetime.fromisoformat(first["timestamp"].replace("Z", "+00:00"))
-    return started.timestamp() + first["durationMs"]["triggerExecution"] / 1000
+    return _batch_end(query.recentProgress[0])
 
 
 def _after_first_batch(active: Callable[[], Sequence[Any]], seconds: float) -> Any:
@@ -337,7 +334,6 @@ class _Events(beam.DoFn):  # type: ignore[misc]
             return
         with open(os.path.join(self.directory, f"{os.getpid()}.txt"), "a") as out:
             out.write(f"{self._latest / 1e6} {self._at}\n")
-        self._latest = -1
 
 
 # ``--ours-conf KEY=VALUE`` entries: Spark settings of our runner's session, for A/B runs.
