@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from beam_spark_runner import driver_jvm, jars, java, spark_compat, worker_warmup
+from beam_spark_runner import driver_jvm, jars, java, spark_compat, worker_warmup, worker_zygote
 from beam_spark_runner.java import check_java, required_java_major
 from beam_spark_runner.master_reachability import check_master_reachable
 from beam_spark_runner.options import DEFAULT_MASTER, SparkSettings
@@ -316,9 +316,15 @@ def _start(master: str, settings: SparkSettings, conf: dict[str, str]) -> SparkS
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
+    if worker_warmup.applies(conf) and not _jvm_started():
+        # Just before the JVM: the worker daemon it launches is forked from this process.
+        worker_zygote.start(tempfile.gettempdir())
     # The JVM first, with the session's settings, to see its class path before the session.
     launch = SparkConf().setMaster(master).setAppName(settings.app_name)
-    SparkContext._ensure_initialized(conf=launch.setAll(list(conf.items())))  # noqa: SLF001
+    try:
+        SparkContext._ensure_initialized(conf=launch.setAll(list(conf.items())))  # noqa: SLF001
+    finally:
+        worker_zygote.withdraw()
     without_mllib_session_functions(conf)
     if worker_warmup.applies(conf):
         # The context first, so that its Python workers start while the SQL session does

@@ -15,6 +15,12 @@ from __future__ import annotations
 import gc
 import logging
 
+if __name__ == "__main__":
+    from beam_spark_runner import worker_zygote
+
+    # Forked from the driver's zygote where there is one (it returns only where not).
+    worker_zygote.hand_over()
+
 
 class _DropDriverWarnings(logging.Filter):
     """Drops Beam's import-time warning that the driver, importing Beam, already printed."""
@@ -42,7 +48,9 @@ if pyspark_version() >= STREAMING_SPARK:
     import beam_spark_runner.streaming.levels  # noqa: F401
     import beam_spark_runner.streaming.router  # noqa: F401
 
-if __name__ == "__main__":
+
+def serve() -> None:
+    """Runs PySpark's daemon loop in this process, its imports done."""
     # Found once here (a search of the heap) rather than in every forked worker.
     beam_internals.type_pickle_caches()
     remember_zip_directories()
@@ -52,3 +60,7 @@ if __name__ == "__main__":
     gc.freeze()
     pyspark.daemon.worker = quiet_on_closed_socket(pyspark.daemon.worker)  # type: ignore[assignment]
     manager()
+
+
+if __name__ == "__main__":
+    serve()

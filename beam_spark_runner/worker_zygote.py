@@ -1,0 +1,361 @@
+"""A local session's Python worker daemon forked from the driver, not started afresh.
+
+A local session's first Python task waits for the runner's worker daemon
+(``beam_spark_runner.worker_daemon``) to import Beam, pyarrow, PySpark and the runner's
+executor: about 1.2 CPU-s, on two cores that the starting JVM already keeps busy. The
+driver has imported most of that already, to build the pipeline. So, just before the driver
+starts its JVM, :func:`start` forks the driver into a *zygote*: an idle copy that waits on
+a Unix socket. When Spark then launches the daemon (``python -m
+beam_spark_runner.worker_daemon``), that fresh interpreter only hands its standard streams,
+environment, working directory and arguments to the zygote (:func:`hand_over`); the zygote
+forks the real daemon, which takes them over and runs PySpark's daemon loop with everything
+already imported, and then exits (it serves one daemon). The launched interpreter stays as
+the daemon's stand-in: Spark's signals to it are passed on, and it exits when the daemon
+does.
+
+What a fresh interpreter would not have is reset in the forked daemon (:func:`_reset`): the
+environment, working directory, arguments and import path are the launched interpreter's; its
+``__main__`` is a new, empty module (a worker finds none of the main script's names, as on a
+cluster: ``--save_main_session`` is still needed); the standard streams are new objects on
+the launched interpreter's descriptors; signal handlers, ``atexit`` handlers, warning
+filters and logging are a fresh interpreter's; and it always leaves through ``os._exit``, so
+none of the driver's exit handlers run twice. What stays are the modules the driver had
+imported, in the state the driver left them in, as in an in-process runner (DirectRunner):
+a cluster's executors import them afresh from the pickled functions. In ``ps`` the daemon
+and its workers show the driver's command line.
+
+Only where it is safe and pays: a local session the runner creates (``worker_warmup``'s
+daemon), on Linux, before the driver's JVM starts, from a driver with no other Python thread
+and no native thread but those that fork safely (forking a process with other threads can
+leave their locks held forever in the copy), whose memory is under
+:data:`MAX_DRIVER_RSS_BYTES` (the daemon keeps the pages it was forked with). Anywhere else,
+or if the zygote cannot be reached, the daemon starts as before.
+``BEAM_SPARK_RUNNER_ZYGOTE=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# The launched daemon imports this module before anything heavy: its imports stay to what
+# the interpreter has loaded at start; the rest is imported where used.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from socket import socket
+
+ENVIRONMENT = "BEAM_SPARK_RUNNER_ZYGOTE"
+MAX_DRIVER_RSS_BYTES = 1 << 30
+# Threads of native libraries that fork safely (they register fork handlers), as PySpark's
+# own daemon forks its workers with them: pyarrow's jemalloc thread. Numerical libraries'
+# pools (OpenBLAS, through numpy) carry the process's name.
+FORK_SAFE_THREADS = frozenset({"jemalloc_bg_thd"})
+_HEADER = 8  # bytes of the request's length, sent with the descriptors
+_STREAMS = 3  # stdin, stdout, stderr
+
+_started = False
+
+
+def fork_safe() -> bool:
+    """Whether forking this process leaves no other thread's locks held in the copy.
+
+    True only with no Python thread but this one, and no native thread other than those
+    of :data:`FORK_SAFE_THREADS` or those named as the process is (gRPC's, a JVM's and most
+    others name theirs).
+    """
+    import threading
+
+    if threading.active_count() != 1:
+        return False
+    try:
+        with open("/proc/self/comm") as comm:
+            own = comm.read().strip()
+        names = []
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                names.append(comm.read().strip())
+    except OSError:
+        return False
+    return all(name == own or name in FORK_SAFE_THREADS for name in names)
+
+
+def _resident_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return MAX_DRIVER_RSS_BYTES
+
+
+def start(socket_directory: str) -> bool:
+    """Forks the zygote, once per process; whether it did.
+
+    Call it just before the driver's JVM starts, and :func:`withdraw` once it has: the JVM
+    inherits :data:`ENVIRONMENT` from this process, and the daemons it launches from it.
+    """
+    global _started
+    if _started or os.environ.get(ENVIRONMENT) == "0" or not sys.platform.startswith("linux"):
+        return False
+    if _resident_bytes() >= MAX_DRIVER_RSS_BYTES or not fork_safe():
+        return False
+    import socket
+
+    path = os.path.join(socket_directory, f"beam-spark-zygote-{os.getpid()}.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        if os.path.exists(path):
+            os.unlink(path)
+        listener.bind(path)
+        listener.listen(4)
+    except OSError:
+        listener.close()
+        return False
+    # The zygote watches this pipe: the driver's end closes when the driver exits.
+    watched, watch = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the zygote: never returns into the driver's code
+        try:
+            os.close(watch)
+            _serve(listener, watched, path)
+        finally:
+            os._exit(0)
+    os.close(watched)
+    listener.close()
+    _started = True
+    _keep.append(watch)
+    os.environ[ENVIRONMENT] = f"{os.getpid()}:{path}"
+    return True
+
+
+_keep: list[int] = []  # the driver's end of the zygote's pipe, open for the driver's life
+
+
+def withdraw() -> None:
+    """Takes :data:`ENVIRONMENT` out of this process's environment (the JVM has it)."""
+    if os.environ.get(ENVIRONMENT, "0") != "0":
+        del os.environ[ENVIRONMENT]
+
+
+def _serve(listener: socket, watched: int, path: str) -> None:
+    """The zygote: forks one daemon for the first well-formed request, or leaves with the
+    driver."""
+    import select
+    import signal
+    import socket
+
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the daemon it forks is reaped
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C in the driver's terminal is not its
+    try:
+        while True:
+            ready, _, _ = select.select([listener, watched], [], [])
+            if watched in ready:
+                return  # the driver is gone
+            connection, _ = listener.accept()
+            with connection:
+                request = _read_request(connection)
+                if request is None:
+                    continue
+                payload, descriptors = request
+                os.unlink(path)
+                if os.fork() == 0:
+                    listener.close()
+                    os.close(watched)
+                    connection.sendall(str(os.getpid()).encode())
+                    connection.close()
+                    _become(payload, descriptors)  # never returns
+                return
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+
+
+def _read_request(connection: socket) -> tuple[bytes, list[int]] | None:
+    import socket
+
+    message, descriptors, _, _ = socket.recv_fds(connection, _HEADER, _STREAMS)
+    payload = b""
+    if len(message) == _HEADER and len(descriptors) == _STREAMS:
+        size = int.from_bytes(message, "big")
+        while len(payload) < size:
+            chunk = connection.recv(size - len(payload))
+            if not chunk:
+                break
+            payload += chunk
+        if len(payload) == size:
+            return payload, descriptors
+    for descriptor in descriptors:
+        os.close(descriptor)
+    return None
+
+
+def _become(payload: bytes, descriptors: list[int]) -> None:
+    """In the forked daemon: takes over the launched interpreter's process state, runs."""
+    code = 1
+    try:
+        import json
+
+        request = json.loads(payload)
+        for target, descriptor in enumerate(descriptors):
+            os.dup2(descriptor, target)
+            os.close(descriptor)
+        _reset(request["environment"], request["cwd"], request["argv"])
+        from beam_spark_runner import worker_daemon
+
+        worker_daemon.serve()
+        code = 0
+    except SystemExit as exit_:  # PySpark's daemon leaves through sys.exit
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    except BaseException:  # noqa: BLE001 - said on the daemon's stderr, then it exits
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _reset(environment: dict[str, str], cwd: str, argv: list[str]) -> None:
+    """What a freshly started interpreter with this environment would have."""
+    import atexit
+    import io
+    import signal
+    import types
+    import warnings
+
+    atexit._clear()  # noqa: SLF001 - the driver's exit handlers are not this process's
+    for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(number, signal.SIG_DFL)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as the interpreter sets it at start
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.environ.clear()
+    os.environ.update(environment)
+    os.chdir(cwd)
+    sys.argv = list(argv)
+    # The interpreter reads PYTHONPATH only at start; its entries go first, as there.
+    extra = [p for p in environment.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [*extra, *(p for p in sys.path if p not in extra)]
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = __builtins__
+    sys.modules["__main__"] = main
+    # New stream objects on descriptors 0-2: the driver's may be a test runner's captures.
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(
+        io.FileIO(1, "w", closefd=False), line_buffering=True
+    )
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False), line_buffering=True, errors="backslashreplace"
+    )
+    warnings.resetwarnings()
+    for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning):
+        warnings.simplefilter("ignore", category)
+    warnings.simplefilter("ignore", ResourceWarning)
+    warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
+    _reset_logging()
+
+
+def _reset_logging() -> None:
+    """Logging as a fresh interpreter has it: no handlers, filters or levels set."""
+    import logging
+
+    root = logging.getLogger()
+    loggers = [root, *logging.Logger.manager.loggerDict.values()]
+    for logger in loggers:
+        if isinstance(logger, logging.Logger):
+            for handler in list(logger.handlers):
+                logger.removeHandler(handler)
+            logger.filters.clear()
+            logger.setLevel(logging.NOTSET)
+            logger.propagate = True
+            logger.disabled = False
+    root.setLevel(logging.WARNING)
+    logging.disable(logging.NOTSET)
+
+
+def hand_over() -> None:
+    """In a daemon Spark launched: has the driver's zygote fork the real one, then stands in
+    for it until it exits.
+
+    Returns only where there is no zygote to hand over to (then the caller starts as
+    usual): none was offered, or the driver that offered it is not this JVM's.
+    """
+    offer = os.environ.get(ENVIRONMENT, "")
+    driver, _, path = offer.partition(":")
+    if not path or not _is_grandparent(driver):
+        return
+    import json
+    import socket
+
+    payload = json.dumps({"environment": dict(os.environ), "cwd": os.getcwd(), "argv": sys.argv})
+    data = payload.encode()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.connect(path)
+            socket.send_fds(connection, [len(data).to_bytes(_HEADER, "big")], [0, 1, 2])
+            connection.sendall(data)
+            connection.shutdown(socket.SHUT_WR)
+            answer = b""
+            while chunk := connection.recv(64):
+                answer += chunk
+        pid = int(answer)
+    except (OSError, ValueError):
+        return  # the zygote is gone (it served a daemon already, or the driver exited)
+    _stand_in(pid)
+
+
+def _parent(pid: str) -> str:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[1]
+
+
+def _is_grandparent(driver: str) -> bool:
+    """Whether ``driver`` started the JVM that started this process."""
+    try:
+        return _parent(str(os.getppid())) == driver
+    except (OSError, IndexError):
+        return False
+
+
+def _forward_to(pid: int) -> Callable[[int, object], None]:
+    def forward(number: int, frame: object) -> None:
+        try:
+            os.kill(pid, number)
+        except ProcessLookupError:
+            pass
+
+    return forward
+
+
+def _stand_in(pid: int) -> None:
+    """Passes Spark's signals on to the daemon ``pid``; exits when it does."""
+    import select
+    import signal
+
+    forward = _forward_to(pid)
+    for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(number, forward)
+    # The daemon reads Spark's requests on stdin and answers on stdout: not this process.
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for target in (0, 1):
+        os.dup2(devnull, target)
+    os.close(devnull)
+    try:
+        waiter: int | None = os.pidfd_open(pid)
+    except OSError:
+        waiter = None
+    while True:
+        if waiter is not None:
+            if select.select([waiter], [], [], 1.0)[0]:
+                break
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        select.select([], [], [], 0.2)
+    os._exit(0)
