@@ -131,6 +131,7 @@ def start(socket_directory: str) -> bool:
 
 
 _keep: list[int] = []  # the driver's end of the zygote's pipe, open for the driver's life
+_inherited: list[object] = []  # in a forked daemon: the driver's stream objects
 
 
 def withdraw() -> None:
@@ -140,17 +141,15 @@ def withdraw() -> None:
 
 
 def _serve(listener: socket, watched: int, path: str) -> None:
-    """The zygote: forks one daemon for the first well-formed request, or leaves with the
-    driver."""
+    """The zygote: forks one daemon, for the first well-formed request, or leaves."""
     import select
     import signal
-    import socket
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the daemon it forks is reaped
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C in the driver's terminal is not its
     try:
         while True:
-            ready, _, _ = select.select([listener, watched], [], [])
+            ready, _, _ = select.select([listener.fileno(), watched], [], [])
             if watched in ready:
                 return  # the driver is gone
             connection, _ = listener.accept()
@@ -244,13 +243,20 @@ def _reset(environment: dict[str, str], cwd: str, argv: list[str]) -> None:
     main.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = main
     # New stream objects on descriptors 0-2: the driver's may be a test runner's captures.
-    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
-    sys.stdout = sys.__stdout__ = io.TextIOWrapper(
-        io.FileIO(1, "w", closefd=False), line_buffering=True
+    # The driver's are kept, never collected: one that owns its descriptor would close it.
+    _inherited.extend([sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__])
+    _inherited.append(sys.__stderr__)
+    streams = (
+        io.TextIOWrapper(io.FileIO(0, "r", closefd=False)),
+        io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True),
+        io.TextIOWrapper(
+            io.FileIO(2, "w", closefd=False), line_buffering=True, errors="backslashreplace"
+        ),
     )
-    sys.stderr = sys.__stderr__ = io.TextIOWrapper(
-        io.FileIO(2, "w", closefd=False), line_buffering=True, errors="backslashreplace"
-    )
+    for name, stream in zip(("stdin", "stdout", "stderr"), streams, strict=True):
+        # Both names, as at start (``sys.__stdout__`` is Final to type checkers).
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
     warnings.resetwarnings()
     for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning):
         warnings.simplefilter("ignore", category)
@@ -278,8 +284,7 @@ def _reset_logging() -> None:
 
 
 def hand_over() -> None:
-    """In a daemon Spark launched: has the driver's zygote fork the real one, then stands in
-    for it until it exits.
+    """In a daemon Spark launched: the zygote forks the real one; this stands in for it.
 
     Returns only where there is no zygote to hand over to (then the caller starts as
     usual): none was offered, or the driver that offered it is not this JVM's.
