@@ -323,6 +323,9 @@ def _start(master: str, settings: SparkSettings, conf: dict[str, str]) -> SparkS
     launch = SparkConf().setMaster(master).setAppName(settings.app_name)
     try:
         SparkContext._ensure_initialized(conf=launch.setAll(list(conf.items())))  # noqa: SLF001
+    except BaseException:
+        worker_zygote.stop()
+        raise
     finally:
         worker_zygote.withdraw()
     without_mllib_session_functions(conf)

@@ -54,8 +54,6 @@ FORK_SAFE_THREADS = frozenset({"jemalloc_bg_thd"})
 _HEADER = 8  # bytes of the request's length, sent with the descriptors
 _STREAMS = 3  # stdin, stdout, stderr
 
-_started = False
-
 
 def fork_safe() -> bool:
     """Whether forking this process leaves no other thread's locks held in the copy.
@@ -89,19 +87,23 @@ def _resident_bytes() -> int:
 
 
 def start(socket_directory: str) -> bool:
-    """Forks the zygote, once per process; whether it did.
+    """Forks a zygote for the JVM about to start; whether it did.
 
     Call it just before the driver's JVM starts, and :func:`withdraw` once it has: the JVM
-    inherits :data:`ENVIRONMENT` from this process, and the daemons it launches from it.
+    inherits :data:`ENVIRONMENT` from this process, and the daemons it launches from it. A
+    zygote forked for an earlier JVM that it never served leaves.
     """
-    global _started
-    if _started or os.environ.get(ENVIRONMENT) == "0" or not sys.platform.startswith("linux"):
+    global _zygotes
+    stop()
+    if os.environ.get(ENVIRONMENT) == "0" or not sys.platform.startswith("linux"):
         return False
     if _resident_bytes() >= MAX_DRIVER_RSS_BYTES or not fork_safe():
         return False
     import socket
 
-    path = os.path.join(socket_directory, f"beam-spark-zygote-{os.getpid()}.sock")
+    _zygotes += 1
+    name = f"beam-spark-zygote-{os.getpid()}-{_zygotes}.sock"
+    path = os.path.join(socket_directory, name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         if os.path.exists(path):
@@ -111,7 +113,8 @@ def start(socket_directory: str) -> bool:
     except OSError:
         listener.close()
         return False
-    # The zygote watches this pipe: the driver's end closes when the driver exits.
+    # The zygote watches this pipe: the driver's end closes when the driver exits (or
+    # calls :func:`stop`).
     watched, watch = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -124,13 +127,13 @@ def start(socket_directory: str) -> bool:
             os._exit(0)
     os.close(watched)
     listener.close()
-    _started = True
-    _keep.append(watch)
+    _watches.append(watch)
     os.environ[ENVIRONMENT] = f"{os.getpid()}:{path}"
     return True
 
 
-_keep: list[int] = []  # the driver's end of the zygote's pipe, open for the driver's life
+_zygotes = 0  # zygotes this process forked
+_watches: list[int] = []  # the driver's end of its zygote's pipe
 _inherited: list[object] = []  # in a forked daemon: the driver's stream objects
 
 
@@ -138,6 +141,12 @@ def withdraw() -> None:
     """Takes :data:`ENVIRONMENT` out of this process's environment (the JVM has it)."""
     if os.environ.get(ENVIRONMENT, "0") != "0":
         del os.environ[ENVIRONMENT]
+
+
+def stop() -> None:
+    """Has a zygote that has not served a daemon leave (the JVM it was for did not start)."""
+    while _watches:
+        os.close(_watches.pop())
 
 
 def _serve(listener: socket, watched: int, path: str) -> None:

@@ -211,3 +211,44 @@ def test_without_an_offer_from_this_jvms_driver_the_daemon_starts_itself(
     assert worker_zygote.hand_over() is None
     monkeypatch.setenv(worker_zygote.ENVIRONMENT, "0")
     assert worker_zygote.hand_over() is None
+
+
+_STOP_AND_AGAIN = textwrap.dedent(
+    """
+    import os, time
+    from beam_spark_runner import worker_zygote
+
+    def gone(path):
+        deadline = time.monotonic() + 10
+        while os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return not os.path.exists(path)
+
+    assert worker_zygote.start("/tmp")
+    first = os.environ[worker_zygote.ENVIRONMENT].partition(":")[2]
+    worker_zygote.withdraw()
+    print("offered", os.path.exists(first), worker_zygote.ENVIRONMENT in os.environ)
+    worker_zygote.stop()  # the JVM it was for did not start: it leaves
+    print("stopped", gone(first))
+    assert worker_zygote.start("/tmp")  # the next JVM's
+    second = os.environ[worker_zygote.ENVIRONMENT].partition(":")[2]
+    print("again", second != first, os.path.exists(second))
+    assert worker_zygote.start("/tmp")  # forked again: the unserved one before it leaves
+    print("replaced", gone(second))
+    print(os.environ[worker_zygote.ENVIRONMENT].partition(":")[2])
+    """
+)
+
+
+def test_a_zygote_no_daemon_was_handed_to_leaves_when_stopped_or_replaced(
+    run_python: Callable[..., Any],
+) -> None:
+    result = run_python(["-c", _STOP_AND_AGAIN], env={worker_zygote.ENVIRONMENT: None})
+    assert result.returncode == 0, result.stderr[-3000:]
+    *lines, last = result.stdout.splitlines()
+    assert lines == ["offered True False", "stopped True", "again True True", "replaced True"]
+    # The last one leaves with the driver.
+    deadline = time.monotonic() + 10
+    while os.path.exists(last) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(last)
