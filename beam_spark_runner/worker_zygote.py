@@ -150,17 +150,21 @@ def stop() -> None:
 
 
 def _serve(listener: socket, watched: int, path: str) -> None:
-    """The zygote: forks one daemon, for the first well-formed request, or leaves."""
+    """The zygote: forks one daemon and waits for it; or leaves, having forked none.
+
+    The daemon is forked for the first well-formed request. The zygote stays its parent,
+    so that the daemon and its workers remain in the driver's process tree (where tools
+    that watch a job's processes look for them: the benchmarks' CPU and memory figures).
+    """
     import select
     import signal
 
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the daemon it forks is reaped
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C in the driver's terminal is not its
     try:
         while True:
             ready, _, _ = select.select([listener.fileno(), watched], [], [])
             if watched in ready:
-                return  # the driver is gone
+                return  # the driver is gone, or forked another zygote
             connection, _ = listener.accept()
             with connection:
                 request = _read_request(connection)
@@ -168,16 +172,22 @@ def _serve(listener: socket, watched: int, path: str) -> None:
                     continue
                 payload, descriptors = request
                 os.unlink(path)
-                if os.fork() == 0:
+                daemon = os.fork()
+                if daemon == 0:
                     listener.close()
                     os.close(watched)
                     connection.sendall(str(os.getpid()).encode())
                     connection.close()
                     _become(payload, descriptors)  # never returns
-                return
+            for descriptor in descriptors:  # the daemon's, not this process's
+                os.close(descriptor)
+            break
     finally:
+        listener.close()
         if os.path.exists(path):
             os.unlink(path)
+    os.close(watched)
+    os.waitpid(daemon, 0)
 
 
 def _read_request(connection: socket) -> tuple[bytes, list[int]] | None:

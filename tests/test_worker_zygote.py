@@ -43,7 +43,13 @@ _DRIVER = textwrap.dedent(
             daemon = os.getppid()
             with open(f"/proc/{daemon}/cmdline") as cmdline:
                 command = cmdline.read().replace("\\0", " ")
+            ancestors, pid = [], daemon
+            while pid > 1:
+                ancestors.append(pid)
+                with open(f"/proc/{pid}/stat") as stat:
+                    pid = int(stat.read().rsplit(")", 1)[1].split()[1])
             line = {
+                "ancestors": ancestors,
                 "daemon_command": command,
                 "main_has_driver_global": "DRIVER_ONLY" in vars(sys.modules["__main__"]),
                 "driver_handlers": [
@@ -64,6 +70,7 @@ _DRIVER = textwrap.dedent(
         assert_that(pipeline | beam.Create([1, 2, 3]) | beam.ParDo(Report()), equal_to([1, 2, 3]))
     sys.stdout = sys.__stdout__
     print("offer left in the driver's environment:", os.environ.get("BEAM_SPARK_RUNNER_ZYGOTE"))
+    print("driver", os.getpid())
     """
 )
 
@@ -92,7 +99,10 @@ def test_a_fresh_drivers_worker_daemon_is_forked_from_it_and_reset(
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [json.loads(line) for line in report.read_text().splitlines()]
     assert lines
+    driver = int(result.stdout.split("driver ")[1].split()[0])
     for line in lines:
+        # The workers are in the driver's process tree, as a freshly started daemon's are.
+        assert driver in line["ancestors"], line
         # Forked from the driver, the daemon shows the driver's command line; else its own.
         assert (token in line["daemon_command"]) is offered, line
         assert ("beam_spark_runner.worker_daemon" in line["daemon_command"]) is not offered
