@@ -9,9 +9,10 @@ a Unix socket. When Spark then launches the daemon (``python -m
 beam_spark_runner.worker_daemon``), that fresh interpreter only hands its standard streams,
 environment, working directory and arguments to the zygote (:func:`hand_over`); the zygote
 forks the real daemon, which takes them over and runs PySpark's daemon loop with everything
-already imported, and then exits (it serves one daemon). The launched interpreter stays as
-the daemon's stand-in: Spark's signals to it are passed on, and it exits when the daemon
-does.
+already imported. The zygote serves that one daemon and stays its parent until it exits, so
+the daemon and its workers remain in the driver's process tree. The launched interpreter
+stays as the daemon's stand-in: Spark's signals to it are passed on, and it exits when the
+daemon does.
 
 What a fresh interpreter would not have is reset in the forked daemon (:func:`_reset`): the
 environment, working directory, arguments and import path are the launched interpreter's; its
