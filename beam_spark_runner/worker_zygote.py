@@ -119,7 +119,13 @@ def start(socket_directory: str) -> bool:
     watched, watch = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
+    import warnings
+
+    with warnings.catch_warnings():
+        # Python 3.12+ warns of any fork of a process with more than one thread; those
+        # here are the pools fork_safe allows, and PySpark's daemon forks with them too.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
     if pid == 0:  # the zygote: never returns into the driver's code
         try:
             os.close(watch)
