@@ -94,7 +94,7 @@ def start(socket_directory: str) -> bool:
     inherits :data:`ENVIRONMENT` from this process, and the daemons it launches from it. A
     zygote forked for an earlier JVM that it never served leaves.
     """
-    global _zygotes
+    global _zygotes, _watch
     stop()
     if os.environ.get(ENVIRONMENT) == "0" or not sys.platform.startswith("linux"):
         return False
@@ -134,13 +134,13 @@ def start(socket_directory: str) -> bool:
             os._exit(0)
     os.close(watched)
     listener.close()
-    _watches.append(watch)
+    _watch = watch
     os.environ[ENVIRONMENT] = f"{os.getpid()}:{path}"
     return True
 
 
 _zygotes = 0  # zygotes this process forked
-_watches: list[int] = []  # the driver's end of its zygote's pipe
+_watch: int | None = None  # the driver's end of its zygote's pipe
 _inherited: list[object] = []  # in a forked daemon: the driver's stream objects
 
 
@@ -152,8 +152,10 @@ def withdraw() -> None:
 
 def stop() -> None:
     """Has a zygote that has not served a daemon leave (the JVM it was for did not start)."""
-    while _watches:
-        os.close(_watches.pop())
+    global _watch
+    if _watch is not None:
+        os.close(_watch)
+        _watch = None
 
 
 def _serve(listener: socket, watched: int, path: str) -> None:
@@ -178,7 +180,6 @@ def _serve(listener: socket, watched: int, path: str) -> None:
                 if request is None:
                     continue
                 payload, descriptors = request
-                os.unlink(path)
                 daemon = os.fork()
                 if daemon == 0:
                     listener.close()
