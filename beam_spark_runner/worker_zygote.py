@@ -45,6 +45,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from socket import socket
+    from typing import Any
 
 ENVIRONMENT = "BEAM_SPARK_RUNNER_ZYGOTE"
 MAX_DRIVER_RSS_BYTES = 1 << 30
@@ -176,17 +177,24 @@ def _serve(listener: socket, watched: int, path: str) -> None:
                 return  # the driver is gone, or forked another zygote
             connection, _ = listener.accept()
             with connection:
-                request = _read_request(connection)
-                if request is None:
+                received = _read_request(connection)
+                if received is None:
                     continue
-                payload, descriptors = request
+                payload, descriptors = received
+                import json
+
+                request = json.loads(payload)
+                if not _same_interpreter(request):
+                    for descriptor in descriptors:
+                        os.close(descriptor)
+                    continue  # no answer: that daemon starts afresh, in its interpreter
                 daemon = os.fork()
                 if daemon == 0:
                     listener.close()
                     os.close(watched)
                     connection.sendall(str(os.getpid()).encode())
                     connection.close()
-                    _become(payload, descriptors)  # never returns
+                    _become(request, descriptors)  # never returns
             for descriptor in descriptors:  # the daemon's, not this process's
                 os.close(descriptor)
             break
@@ -217,13 +225,18 @@ def _read_request(connection: socket) -> tuple[bytes, list[int]] | None:
     return None
 
 
-def _become(payload: bytes, descriptors: list[int]) -> None:
+def _same_interpreter(request: dict[str, object]) -> bool:
+    """Whether the launched daemon runs this interpreter and environment.
+
+    A session's ``spark.pyspark.python`` or ``PYSPARK_PYTHON`` may name another.
+    """
+    return request.get("prefix") == sys.prefix and request.get("version") == sys.version
+
+
+def _become(request: dict[str, Any], descriptors: list[int]) -> None:
     """In the forked daemon: takes over the launched interpreter's process state, runs."""
     code = 1
     try:
-        import json
-
-        request = json.loads(payload)
         for target, descriptor in enumerate(descriptors):
             os.dup2(descriptor, target)
             os.close(descriptor)
@@ -314,17 +327,35 @@ def hand_over() -> None:
     """In a daemon Spark launched: the zygote forks the real one; this stands in for it.
 
     Returns only where there is no zygote to hand over to (then the caller starts as
-    usual): none was offered, or the driver that offered it is not this JVM's.
+    usual): none was offered, the driver that offered it is not this JVM's, or this daemon
+    runs another interpreter or environment than the driver's.
     """
     offer = os.environ.get(ENVIRONMENT, "")
     driver, _, path = offer.partition(":")
     if not path or not _is_grandparent(driver):
         return
+    pid = _ask(path, _request())
+    if pid is not None:
+        _stand_in(pid)
+
+
+def _request() -> dict[str, object]:
+    """What the forked daemon takes over from this launched one, and what it checks."""
+    return {
+        "environment": dict(os.environ),
+        "cwd": os.getcwd(),
+        "argv": sys.argv,
+        "prefix": sys.prefix,
+        "version": sys.version,
+    }
+
+
+def _ask(path: str, request: dict[str, object]) -> int | None:
+    """The pid of the daemon the zygote at ``path`` forked for ``request``; None if none."""
     import json
     import socket
 
-    payload = json.dumps({"environment": dict(os.environ), "cwd": os.getcwd(), "argv": sys.argv})
-    data = payload.encode()
+    data = json.dumps(request).encode()
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
             connection.connect(path)
@@ -334,10 +365,11 @@ def hand_over() -> None:
             answer = b""
             while chunk := connection.recv(64):
                 answer += chunk
-        pid = int(answer)
+        return int(answer)
     except (OSError, ValueError):
-        return  # the zygote is gone (it served a daemon already, or the driver exited)
-    _stand_in(pid)
+        # The zygote is gone (it served a daemon already, or the driver exited), or it
+        # declined (another interpreter).
+        return None
 
 
 def _parent(pid: str) -> str:

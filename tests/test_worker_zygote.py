@@ -262,3 +262,26 @@ def test_a_zygote_no_daemon_was_handed_to_leaves_when_stopped_or_replaced(
     while os.path.exists(last) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not os.path.exists(last)
+
+
+_OTHER_INTERPRETER = textwrap.dedent(
+    """
+    import os, sys
+    from beam_spark_runner import worker_zygote
+
+    assert worker_zygote.start("/tmp")
+    path = os.environ[worker_zygote.ENVIRONMENT].partition(":")[2]
+    other = {**worker_zygote._request(), "prefix": "/another/venv"}
+    print("forked", worker_zygote._ask(path, other))
+    print("still offered", os.path.exists(path))
+    """
+)
+
+
+def test_a_daemon_of_another_interpreter_is_not_forked_from_the_driver(
+    run_python: Callable[..., Any],
+) -> None:
+    """``PYSPARK_PYTHON`` may name another interpreter: that daemon starts itself."""
+    result = run_python(["-c", _OTHER_INTERPRETER], env={worker_zygote.ENVIRONMENT: None})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split("\n")[:2] == ["forked None", "still offered True"]
