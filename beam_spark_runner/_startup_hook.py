@@ -205,12 +205,13 @@ def forked_pre_init(argv: Sequence[str]) -> None:
     import marshal
     import socket
 
+    from beam_spark_runner import handover
+
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(path)
         request = marshal.dumps((sys.executable, sys.version, os.getcwd(), dict(os.environ)))
-        socket.send_fds(conn, [len(request).to_bytes(4, "big")], [2])
-        conn.sendall(request)
+        handover.send(conn, request, [2])
         if conn.recv(1) != b"S":
             conn.close()
             return

@@ -39,6 +39,8 @@ from __future__ import annotations
 import os
 import sys
 
+from beam_spark_runner import handover
+
 # The launched daemon imports this module before anything heavy: its imports stay to what
 # the interpreter has loaded at start; the rest is imported where used.
 TYPE_CHECKING = False
@@ -53,7 +55,6 @@ MAX_DRIVER_RSS_BYTES = 1 << 30
 # own daemon forks its workers with them: pyarrow's jemalloc thread. Numerical libraries'
 # pools (OpenBLAS, through numpy) carry the process's name.
 FORK_SAFE_THREADS = frozenset({"jemalloc_bg_thd"})
-_HEADER = 8  # bytes of the request's length, sent with the descriptors
 _STREAMS = 3  # stdin, stdout, stderr
 
 
@@ -177,10 +178,10 @@ def _serve(listener: socket, watched: int, path: str) -> None:
                 return  # the driver is gone, or forked another zygote
             connection, _ = listener.accept()
             with connection:
-                received = _read_request(connection)
-                if received is None:
+                try:
+                    payload, descriptors = handover.receive(connection, _STREAMS)
+                except (OSError, EOFError):
                     continue
-                payload, descriptors = received
                 import json
 
                 request = json.loads(payload)
@@ -204,25 +205,6 @@ def _serve(listener: socket, watched: int, path: str) -> None:
             os.unlink(path)
     os.close(watched)
     os.waitpid(daemon, 0)
-
-
-def _read_request(connection: socket) -> tuple[bytes, list[int]] | None:
-    import socket
-
-    message, descriptors, _, _ = socket.recv_fds(connection, _HEADER, _STREAMS)
-    payload = b""
-    if len(message) == _HEADER and len(descriptors) == _STREAMS:
-        size = int.from_bytes(message, "big")
-        while len(payload) < size:
-            chunk = connection.recv(size - len(payload))
-            if not chunk:
-                break
-            payload += chunk
-        if len(payload) == size:
-            return payload, descriptors
-    for descriptor in descriptors:
-        os.close(descriptor)
-    return None
 
 
 def _same_interpreter(request: dict[str, object]) -> bool:
@@ -272,13 +254,8 @@ def _reset(environment: dict[str, str], cwd: str, argv: list[str]) -> None:
         signal.signal(number, signal.SIG_DFL)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as the interpreter sets it at start
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    os.environ.clear()
-    os.environ.update(environment)
-    os.chdir(cwd)
+    sys.path[:] = handover.take_over(environment, cwd)
     sys.argv = list(argv)
-    # The interpreter reads PYTHONPATH only at start; its entries go first, as there.
-    extra = [p for p in environment.get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:] = [*extra, *(p for p in sys.path if p not in extra)]
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = main
@@ -355,12 +332,10 @@ def _ask(path: str, request: dict[str, object]) -> int | None:
     import json
     import socket
 
-    data = json.dumps(request).encode()
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
             connection.connect(path)
-            socket.send_fds(connection, [len(data).to_bytes(_HEADER, "big")], [0, 1, 2])
-            connection.sendall(data)
+            handover.send(connection, json.dumps(request).encode(), range(_STREAMS))
             connection.shutdown(socket.SHUT_WR)
             answer = b""
             while chunk := connection.recv(64):

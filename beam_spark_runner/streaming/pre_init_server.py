@@ -35,6 +35,7 @@ import threading
 import traceback
 from typing import TYPE_CHECKING, Any
 
+from beam_spark_runner import handover
 from beam_spark_runner._startup_hook import (
     PRE_INIT_MODULE,
     pre_init_socket_path,
@@ -129,17 +130,8 @@ def _alive(pid: int) -> bool:
 
 def _receive(conn: socket.socket) -> tuple[tuple[Any, ...], list[int]]:
     """A request: (executable, version, working directory, environment), and its stderr."""
-    header, fds, _, _ = socket.recv_fds(conn, 4, 1)
-    if len(header) != 4:
-        raise EOFError("a pre-init request without its header")
-    size = int.from_bytes(header, "big")
-    payload = bytearray()
-    while len(payload) < size:
-        chunk = conn.recv(size - len(payload))
-        if not chunk:
-            raise EOFError("a pre-init request cut short")
-        payload += chunk
-    return marshal.loads(bytes(payload)), list(fds)
+    payload, fds = handover.receive(conn, 1)
+    return marshal.loads(payload), fds
 
 
 def _run_child(stderr_fd: int, cwd: str, env: dict[str, str]) -> None:
@@ -152,11 +144,7 @@ def _run_child(stderr_fd: int, cwd: str, env: dict[str, str]) -> None:
         os.dup2(devnull, 0)
         os.dup2(devnull, 1)  # the pre-init's prints: silenced, as the start-up hook does
         os.close(devnull)
-        os.chdir(cwd)
-        os.environ.clear()
-        os.environ.update(env)
-        extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        path = extra + [p for p in sys.path if p not in extra]
+        path = handover.take_over(env, cwd)
         prefer_installed_pyspark(path)
         sys.path[:] = path
         import runpy
