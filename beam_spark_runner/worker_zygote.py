@@ -29,7 +29,8 @@ Only where it is safe and pays: a local session the runner creates (``worker_war
 daemon), on Linux, before the driver's JVM starts, from a driver with no other Python thread
 and no native thread but those that fork safely (forking a process with other threads can
 leave their locks held forever in the copy), whose memory is under
-:data:`MAX_DRIVER_RSS_BYTES` (the daemon keeps the pages it was forked with). Anywhere else,
+:data:`MAX_DRIVER_RSS_BYTES` (the daemon keeps the pages it was forked with), for a daemon
+launched with the driver's own interpreter and environment. Anywhere else,
 or if the zygote cannot be reached, the daemon starts as before.
 ``BEAM_SPARK_RUNNER_ZYGOTE=0`` turns it off.
 """
@@ -167,6 +168,7 @@ def _serve(listener: socket, watched: int, path: str) -> None:
     so that the daemon and its workers remain in the driver's process tree (where tools
     that watch a job's processes look for them: the benchmarks' CPU and memory figures).
     """
+    import json
     import select
     import signal
 
@@ -182,8 +184,6 @@ def _serve(listener: socket, watched: int, path: str) -> None:
                     payload, descriptors = handover.receive(connection, _STREAMS)
                 except (OSError, EOFError):
                     continue
-                import json
-
                 request = json.loads(payload)
                 if not _same_interpreter(request):
                     for descriptor in descriptors:
