@@ -14,7 +14,7 @@ import math
 import random
 import time
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from unittest import mock
 
@@ -81,6 +81,28 @@ class CountsAfterYielding(beam.DoFn):
         for i in range((0, 1, 255, 256, 257, 512)[element % 6]):
             yield element * 1000 + i
         Metrics.counter("test", "ended").inc()
+
+
+class FewOutputs(beam.DoFn):
+    """None, one or two outputs per element, as an empty iterator, a tuple or a generator."""
+
+    def process(self, element: int) -> Iterable[Any]:
+        case = element % 6
+        if case == 0:
+            return iter(())
+        if case == 1:
+            return (element,)
+        if case == 2:
+            return (element, window.TimestampedValue(-element, Timestamp(element)))
+        return self._generate(element, case)
+
+    def _generate(self, element: int, case: int) -> Iterator[Any]:
+        if case == 3:
+            yield element
+            yield window.TimestampedValue(element + 1, Timestamp(element * 2))
+        elif case == 4:
+            yield window.TimestampedValue(element, Timestamp(element * 3))
+        Metrics.counter("test", "generated").inc()
 
 
 class BundleOutputs(beam.DoFn):
@@ -172,6 +194,7 @@ STEPS: dict[str, Callable[[Any], Any]] = {
     "map": lambda pc: pc | beam.Map(_counted),
     "flat_map": lambda pc: pc | beam.FlatMap(lambda x: [x] * (x % 3)),
     "generators_around_a_chunk": lambda pc: pc | beam.ParDo(CountsAfterYielding()),
+    "none_one_or_two_outputs": lambda pc: pc | beam.ParDo(FewOutputs()),
     "filter": lambda pc: pc | beam.Filter(lambda x: x % 4 != 1),
     "map_tuple": lambda pc: (
         pc | beam.Map(lambda x: (x, str(x))) | beam.MapTuple(lambda a, b: f"{b}:{a + 1}")

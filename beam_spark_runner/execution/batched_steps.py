@@ -55,7 +55,7 @@ import sys
 import threading
 import time
 import typing
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 from apache_beam.transforms.window import GlobalWindow
@@ -68,6 +68,8 @@ _LOGGER = logging.getLogger(__name__)
 
 _WITH_VALUE = bi.WindowedValue.with_value
 _TIMESTAMPED = bi.TimestampedValue
+# What ``next`` gives an iterator that has ended.
+_END = object()
 # Elements that go through the steps together.
 _CHUNK = 256
 
@@ -397,7 +399,7 @@ class _Step:
             bi.reraise_augmented(self.runner, error, None)
             raise
 
-    def _plain(self, outputs: list[Any]) -> bool:
+    def _plain(self, outputs: Sequence[Any]) -> bool:
         """Whether no output needs Beam's output handler (checked per type, cached)."""
         types = set(map(type, outputs))
         if types <= self.plain_types:
@@ -408,7 +410,7 @@ class _Step:
         self.plain_types |= types
         return True
 
-    def _handle_each(self, values: list[Any], outputs: list[Any]) -> None:
+    def _handle_each(self, values: list[Any], outputs: Sequence[Any]) -> None:
         timestamped = self.timestamped
         if timestamped is not None and all(type(o) is _TIMESTAMPED for o in outputs):
             # What Beam's output handler makes of a ``TimestampedValue``: the value at its
@@ -452,17 +454,34 @@ class _Step:
         process = self.call
         assert process is not None
         receiver = self.receiver
+        plain_types = self.plain_types
         for windowed_value in values:
             results = process(windowed_value.value)
             if results is None:
                 continue
-            if type(results) is list:
+            kind = type(results)
+            if kind is list or kind is tuple:
                 self._extend(windowed_value, results)
             else:
                 # An iterator (a generator, a range) is read a chunk at a time, not whole.
+                # Most DoFns give none or one output per element: those are read with
+                # ``next``, without a chunk's list (0.43 -> 0.25 us a one-output generator,
+                # 0.27 -> 0.12 us an empty iterator).
                 iterator = iter(results)
+                first = next(iterator, _END)
+                if first is _END:
+                    continue
+                second = next(iterator, _END)
+                if second is _END:
+                    if type(first) in plain_types:
+                        receiver.values.append(windowed_value.with_value(first))
+                    else:
+                        self._extend(windowed_value, [first])
+                    if len(receiver.values) >= _CHUNK:
+                        flush()
+                    continue
+                piece = [first, second, *itertools.islice(iterator, _CHUNK - 2)]
                 while True:
-                    piece = list(itertools.islice(iterator, _CHUNK))
                     if piece:
                         self._extend(windowed_value, piece)
                         if len(receiver.values) >= _CHUNK:
@@ -471,10 +490,11 @@ class _Step:
                         # It has ended: asking again would cost a call per element, a
                         # third of a one-output generator's handling (0.63 -> 0.40 us).
                         break
+                    piece = list(itertools.islice(iterator, _CHUNK))
             if len(receiver.values) >= _CHUNK:
                 flush()
 
-    def _extend(self, windowed_value: Any, results: list[Any]) -> None:
+    def _extend(self, windowed_value: Any, results: Sequence[Any]) -> None:
         """One element's outputs, with its windowing (or through Beam's handler)."""
         if len(results) == 1 and type(results[0]) in self.plain_types:
             # A one-output element (most generators'): no set of its types to build.
