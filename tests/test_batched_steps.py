@@ -226,7 +226,7 @@ STEPS: dict[str, Callable[[Any], Any]] = {
         | beam.WindowInto(window.FixedWindows(5))
         | beam.ParDo(WithParams())
     ),
-    # Only TimestampedValues: windows from a cache (``bi.timestamp_windows``); in sliding
+    # Only TimestampedValues: windows from a cache (``bi.micros_windows``); in sliding
     # windows an element in three windows gets its three new windows three times, as Beam.
     "only_timestamped": lambda pc: (
         pc
@@ -725,16 +725,17 @@ def test_idle_batched_dofns_are_torn_down_and_set_up_again() -> None:
 )
 def test_window_assigner_gives_what_beams_assign_gives(window_fn: Any) -> None:
     """The cached windows equal Beam's ``assign`` for every timestamp, negative ones too,
-    by the timestamp in µs (``window_assigner``) or as a ``Timestamp``."""
+    by the timestamp in µs, for a ``WindowInto`` (``window_assigner``) or a window
+    function (``micros_windows``)."""
     windowing = beam.transforms.core.Windowing(window_fn)
     assign = bi.window_assigner(bi.window_into_dofn(windowing))
-    by_timestamp = bi.timestamp_windows(window_fn)
-    assert assign is not None and by_timestamp is not None
+    by_micros = bi.micros_windows(window_fn)
+    assert assign is not None and by_micros is not None
     # Each timestamp twice: from Beam's assign, then from the cache.
     for micros in [*range(-25_000_000, 25_000_000, 250_001)] * 2:
         timestamp = Timestamp(micros=micros)
         expected = window_fn.assign(window.WindowFn.AssignContext(timestamp))
-        for got in (assign(micros), by_timestamp(timestamp)):
+        for got in (assign(micros), by_micros(micros)):
             assert got == expected, micros
             assert type(got) is type(expected)
 

@@ -36,6 +36,32 @@ def test_timestamp_of_micros_is_beams_timestamp(micros: int) -> None:
     assert repr(made) == repr(expected)
 
 
+@pytest.mark.parametrize(
+    "timestamp",
+    [
+        Timestamp(micros=0),
+        Timestamp(micros=-1),
+        Timestamp(micros=1_767_225_600_123_456),
+        Timestamp.of(-2.375),
+        Timestamp.of(1.5),
+        MIN_TIMESTAMP,
+        MAX_TIMESTAMP,
+    ],
+    ids=repr,
+)
+def test_micros_of_timestamp_is_beams_micros(timestamp: Timestamp) -> None:
+    assert bi.micros_of_timestamp(timestamp) == timestamp.micros
+
+
+def test_micros_of_a_timestamp_finer_than_micros_fails_as_beams_does() -> None:
+    try:
+        finer = Timestamp(1, 123_456_789, precision=9)
+    except TypeError:
+        pytest.skip("this Beam's Timestamp has no precision (microseconds only)")
+    with pytest.raises(ValueError, match="greater than microsecond precision"):
+        bi.micros_of_timestamp(finer)
+
+
 _WINDOWINGS = [
     (coders.GlobalWindowCoder(), [[GlobalWindow()]]),
     (

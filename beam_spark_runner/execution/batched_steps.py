@@ -184,8 +184,8 @@ class _Step:
         self.reads_window_sides = False
         self.window_calls: dict[Any, Callable[[Any], Any]] = {}
         self.handler: Any = None
-        # The step's windows of a ``TimestampedValue`` output, by its timestamp, where its
-        # window function is one ``bi.timestamp_windows`` takes.
+        # The step's windows of a ``TimestampedValue`` output, by its timestamp (µs), where
+        # its window function is one ``bi.micros_windows`` takes.
         self.timestamped: Callable[[Any], Any] | None = None
         # Output types that need no output handler, seen so far.
         self.plain_types: set[type] = set()
@@ -217,7 +217,7 @@ class _Step:
             self.call = self.callable
         if bi.is_simple_callable(dofn):
             self.handler = bi.simple_output_handler(windowing, self.receiver)
-            self.timestamped = bi.timestamp_windows(windowing.windowfn)
+            self.timestamped = bi.micros_windows(windowing.windowfn)
             self.kind, self.callable = bi.wrapped_callable(dofn) or ("flat_map", dofn.process)
             self.arguments = (args, kwargs)
             if not self.side_inputs:
@@ -415,14 +415,18 @@ class _Step:
         if timestamped is not None and all(type(o) is _TIMESTAMPED for o in outputs):
             # What Beam's output handler makes of a ``TimestampedValue``: the value at its
             # timestamp in the windows the step's window function assigns it there, once
-            # per window of the input element; only the assignment is cached.
-            make = bi.WindowedValue
+            # per window of the input element; only the assignment is cached. Made from the
+            # timestamp's microseconds, as a decoded windowed value is (its ``Timestamp`` is
+            # made again if read).
+            make = bi.create_windowed_value
+            micros_of = bi.micros_of_timestamp
             append = self.receiver.values.append
             for windowed_value, output in zip(values, outputs, strict=True):
-                windows = timestamped(output.timestamp)
+                micros = micros_of(output.timestamp)
+                windows = timestamped(micros)
                 if len(windowed_value.windows) != 1:
                     windows *= len(windowed_value.windows)
-                append(make(output.value, output.timestamp, windows))
+                append(make(output.value, micros, windows))
             return
         handle = self.handler.handle_process_outputs
         for windowed_value, output in zip(values, outputs, strict=True):
