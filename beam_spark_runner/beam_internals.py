@@ -1026,6 +1026,33 @@ def _batchable_params() -> tuple[Any, ...]:
     return (core.DoFn.TimestampParam, core.DoFn.WindowParam)
 
 
+def timestamp_window_params(dofn: Any) -> tuple[str, ...] | None:
+    """The timestamp and window parameters ``dofn``'s ``process`` takes after its element.
+
+    Where it takes nothing else (``DoFn.TimestampParam``, ``DoFn.WindowParam``):
+    "timestamp" or "window" per parameter, in order; None for any other signature.
+
+    Beam's ``PerWindowInvoker`` calls such a DoFn as ``process(element, timestamp or
+    window, ...)``, once per window of the element where it takes its window
+    (``has_windowed_inputs``), and handles its outputs as the ``SimpleInvoker``'s.
+    """
+    from apache_beam.transforms import core
+
+    method = runners_common.MethodWrapper(dofn, "process")
+    defaults = method.defaults
+    if not defaults or len(method.args) != len(defaults) + 1:
+        return None
+    kinds = []
+    for default in defaults:
+        if core.DoFn.TimestampParam == default:
+            kinds.append("timestamp")
+        elif core.DoFn.WindowParam == default:
+            kinds.append("window")
+        else:
+            return None
+    return tuple(kinds)
+
+
 def _is_dofn_param(default: Any) -> bool:
     """Whether a ``process`` default is one of Beam's ``DoFn.*Param`` (instance or class).
 

@@ -1129,3 +1129,42 @@ def test_a_call_that_fails_fails_as_beams_call_does() -> None:
         with pytest.raises(TypeError) as ours:
             _with_arguments(_defaults, args, kwargs)(0)
         assert str(ours.value) == str(beams.value)
+
+
+class _NoProcess:
+    """A step's DoFnRunner that fails if an element is processed through it."""
+
+    def __init__(self, runner: Any) -> None:
+        self._runner = runner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._runner, name)
+
+    def process(self, windowed_value: Any) -> None:
+        raise AssertionError(f"called per element: {windowed_value}")
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        ("map_params", [("timestamp",)]),
+        ("dofn_params", [("timestamp", "window")]),
+        ("sliding_windows", [("timestamp", "window")]),
+    ],
+)
+def test_dofns_taking_their_timestamp_or_window_are_called_directly(
+    kind: str, expected: list[tuple[str, ...]]
+) -> None:
+    """Not through Beam's DoFnRunner per element (``runner.process`` is never called); a
+    DoFn taking its window is called once per window of the element (``per_window``)."""
+    spec = _stage(STEPS[kind], f"params-{kind}-{next(_RUNS)}", True)
+    first, _ = _run(spec)  # sets the steps up (kept between batches)
+    batched = stage_worker(spec).batched
+    assert batched is not None
+    direct = [s for s in batched._steps if s.params_of is not None]
+    assert [s.per_window for s in direct] == ["window" in names for names in expected]
+    for step in direct:
+        step.runner = _NoProcess(step.runner)
+    again, _ = _run(spec)
+    assert again == first and first
+    tear_down_stage_workers()

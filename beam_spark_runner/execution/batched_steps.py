@@ -81,6 +81,45 @@ def _nanos_to_ms(nanos: int) -> int:
 _GLOBAL_WINDOW = GlobalWindow()
 
 
+def _params_of(params: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """A windowed value's timestamp or (only) window per name in ``params``, in order.
+
+    As Beam's invoker passes them (after ``_per_window`` where a window is taken).
+    """
+    if params == ("timestamp",):
+        return lambda windowed_value: (windowed_value.timestamp,)
+    if params == ("window",):
+        return lambda windowed_value: (windowed_value.windows[0],)
+    getters = [
+        (lambda w: w.timestamp) if name == "timestamp" else (lambda w: w.windows[0])
+        for name in params
+    ]
+    return lambda windowed_value: tuple(get(windowed_value) for get in getters)
+
+
+def _per_window(values: list[Any]) -> list[Any]:
+    """Each element once per window, in that window alone.
+
+    As Beam's ``PerWindowInvoker`` calls a DoFn taking its window (the same value,
+    timestamp and pane).
+    """
+    if all(len(windowed_value.windows) == 1 for windowed_value in values):
+        return values
+    exploded = []
+    for windowed_value in values:
+        windows = windowed_value.windows
+        if len(windows) == 1:
+            exploded.append(windowed_value)
+            continue
+        value, timestamp, pane = (
+            windowed_value.value,
+            windowed_value.timestamp,
+            windowed_value.pane_info,
+        )
+        exploded.extend(bi.WindowedValue(value, timestamp, (w,), pane) for w in windows)
+    return exploded
+
+
 _ArgumentOrders = dict[tuple[int, tuple[str, ...]], tuple[str, ...] | None]
 
 
@@ -189,6 +228,11 @@ class _Step:
         self.timestamped: Callable[[Any], Any] | None = None
         # Output types that need no output handler, seen so far.
         self.plain_types: set[type] = set()
+        # A "flat_map" DoFn taking its timestamp or window after the element
+        # (``bi.timestamp_window_params``): those of a windowed value, and whether it is
+        # called once per window of an element (where it takes its window).
+        self.params_of: Callable[[Any], tuple[Any, ...]] | None = None
+        self.per_window = False
         self.nanos = [0, 0, 0]
 
     def set_up(self) -> None:
@@ -226,6 +270,23 @@ class _Step:
                 self.reads_global_sides = True
             else:
                 self.reads_window_sides = True
+        elif not (
+            self.side_inputs
+            or args
+            or kwargs
+            or self.kind
+            or self.assign
+            or self.passes
+            or self.precombine is not None
+        ):
+            params = bi.timestamp_window_params(dofn)
+            if params is not None:
+                self.handler = bi.simple_output_handler(windowing, self.receiver)
+                self.timestamped = bi.micros_windows(windowing.windowfn)
+                self.kind = "flat_map"
+                self.callable = self.call = dofn.process
+                self.params_of = _params_of(params)
+                self.per_window = "window" in params
         with self.states[0]:
             self.runner.setup()
 
@@ -281,7 +342,8 @@ class _Step:
         runner, self.runner = self.runner, None
         self.side_inputs = []
         self.handler = self.assign = self.precombine = None
-        self.kind = self.callable = self.call = None
+        self.kind = self.callable = self.call = self.params_of = None
+        self.per_window = False
         self.arguments = ((), {})
         self.reads_global_sides = self.reads_window_sides = False
         self.window_calls = {}
@@ -393,6 +455,8 @@ class _Step:
                 self._map(values)
             elif self.kind == "filter":
                 self._filter(values)
+            elif self.params_of is not None:
+                self._flat_map(_per_window(values) if self.per_window else values, flush)
             else:
                 self._flat_map(values, flush)
         except BaseException as error:  # noqa: BLE001 - re-raised naming the step, as Beam
@@ -459,8 +523,12 @@ class _Step:
         assert process is not None
         receiver = self.receiver
         plain_types = self.plain_types
+        params_of = self.params_of
         for windowed_value in values:
-            results = process(windowed_value.value)
+            if params_of is None:
+                results = process(windowed_value.value)
+            else:
+                results = process(windowed_value.value, *params_of(windowed_value))
             if results is None:
                 continue
             kind = type(results)
