@@ -83,6 +83,15 @@ class CountsAfterYielding(beam.DoFn):
         Metrics.counter("test", "ended").inc()
 
 
+class InTwoWindows(beam.DoFn):
+    """Each element in two windows, with a pane of its own (Beam's handler keeps both)."""
+
+    def process(self, element: int) -> Iterator[WindowedValue]:
+        pane = PaneInfo(False, element % 2 == 0, PaneInfoTiming.LATE, element, element)
+        windows = [window.IntervalWindow(0, 10 + element), window.IntervalWindow(5, 15)]
+        yield WindowedValue(element, Timestamp(micros=element * 1_000), windows, pane)
+
+
 class FewOutputs(beam.DoFn):
     """None, one or two outputs per element, as an empty iterator, a tuple or a generator."""
 
@@ -195,6 +204,11 @@ STEPS: dict[str, Callable[[Any], Any]] = {
     "flat_map": lambda pc: pc | beam.FlatMap(lambda x: [x] * (x % 3)),
     "generators_around_a_chunk": lambda pc: pc | beam.ParDo(CountsAfterYielding()),
     "none_one_or_two_outputs": lambda pc: pc | beam.ParDo(FewOutputs()),
+    # Beam's invoker calls a DoFn taking its window once per window, the element in that
+    # window alone and with no pane (``PerWindowInvoker.invoke_process``).
+    "several_windows_with_a_pane": lambda pc: (
+        pc | beam.ParDo(InTwoWindows()) | beam.ParDo(WithParams())
+    ),
     "filter": lambda pc: pc | beam.Filter(lambda x: x % 4 != 1),
     "map_tuple": lambda pc: (
         pc | beam.Map(lambda x: (x, str(x))) | beam.MapTuple(lambda a, b: f"{b}:{a + 1}")
@@ -1167,4 +1181,22 @@ def test_dofns_taking_their_timestamp_or_window_are_called_directly(
         step.runner = _NoProcess(step.runner)
     again, _ = _run(spec)
     assert again == first and first
+    tear_down_stage_workers()
+
+
+def test_a_dofn_taking_its_window_passes_on_each_window_without_a_pane_as_beam_does() -> None:
+    """Beam's invoker calls it per window with a new windowed value of no pane, whose
+    outputs keep none: a pane reader after it (run by the bundle processor) sees that."""
+    elements, _, spec = _compare_with(
+        lambda pc: (
+            _three_maps(pc)
+            | beam.ParDo(InTwoWindows())
+            | beam.ParDo(WithParams())
+            | beam.ParDo(PaneReader())
+        ),
+        "windows-then-pane",
+    )
+    assert len(elements) == 2 * 2 * ELEMENTS  # two bundles, two windows
+    worker = stage_worker(spec)
+    assert worker.batched is not None and worker.batched.plan.remainder is not None
     tear_down_stage_workers()

@@ -100,8 +100,8 @@ def _params_of(params: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
 def _per_window(values: list[Any]) -> list[Any]:
     """Each element once per window, in that window alone.
 
-    As Beam's ``PerWindowInvoker`` calls a DoFn taking its window (the same value,
-    timestamp and pane).
+    As Beam's ``PerWindowInvoker`` calls a DoFn taking its window: the same value and
+    timestamp, and no pane (``invoke_process`` makes a new ``WindowedValue`` without one).
     """
     if all(len(windowed_value.windows) == 1 for windowed_value in values):
         return values
@@ -111,12 +111,8 @@ def _per_window(values: list[Any]) -> list[Any]:
         if len(windows) == 1:
             exploded.append(windowed_value)
             continue
-        value, timestamp, pane = (
-            windowed_value.value,
-            windowed_value.timestamp,
-            windowed_value.pane_info,
-        )
-        exploded.extend(bi.WindowedValue(value, timestamp, (w,), pane) for w in windows)
+        value, timestamp = windowed_value.value, windowed_value.timestamp
+        exploded.extend(bi.WindowedValue(value, timestamp, (w,)) for w in windows)
     return exploded
 
 
