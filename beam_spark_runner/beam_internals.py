@@ -817,15 +817,21 @@ interval_bounds: Callable[[Any], tuple[int, int]] = operator.attrgetter(
 _INTERVAL_WINDOW = window.IntervalWindow
 
 
+# The installed Beam's ``Timestamp`` attributes, and timestamps (µs) the faster makers and
+# readers below are checked against Beam's own constructor and property with.
+_TIMESTAMP_LAYOUT = vars(Timestamp(micros=0)).keys()
+_SECONDS_AT_PRECISION = {"_precision", "_seconds", "_subseconds"}  # Beam 2.7x
+_TIMESTAMP_PROBES = (0, 1, -1, 1_700_000_000_123_456, -62_135_596_800_000_000, MIN_TIMESTAMP.micros)
+
+
 def _timestamp_maker() -> Callable[[int], Any]:
     """A maker of ``Timestamp(micros=m)`` that skips the constructor's checks.
 
     That is about half its cost. It sets the attributes of the installed Beam's layout,
     checked against the constructor; the constructor itself for a layout not known here.
     """
-    probes = (0, 1, -1, 1_700_000_000_123_456, -62_135_596_800_000_000, MIN_TIMESTAMP.micros)
     new = Timestamp.__new__
-    if vars(Timestamp(micros=0)).keys() == {"_precision", "_seconds", "_subseconds"}:
+    if _TIMESTAMP_LAYOUT == _SECONDS_AT_PRECISION:
         # Beam 2.7x: seconds and a fraction at a precision (6: microseconds).
 
         def make(micros: int) -> Any:
@@ -834,7 +840,7 @@ def _timestamp_maker() -> Callable[[int], Any]:
             made._seconds, made._subseconds = divmod(micros, 1_000_000)
             return made
 
-    elif vars(Timestamp(micros=0)).keys() == {"micros"}:
+    elif _TIMESTAMP_LAYOUT == {"micros"}:
         # Beam 2.69 and before: one attribute.
 
         def make(micros: int) -> Any:
@@ -844,7 +850,7 @@ def _timestamp_maker() -> Callable[[int], Any]:
 
     else:
         return lambda micros: Timestamp(micros=micros)
-    if all(vars(make(m)) == vars(Timestamp(micros=m)) for m in probes):
+    if all(vars(make(m)) == vars(Timestamp(micros=m)) for m in _TIMESTAMP_PROBES):
         return make
     return lambda micros: Timestamp(micros=micros)
 
@@ -856,27 +862,23 @@ timestamp_of_micros: Callable[[int], Any] = _timestamp_maker()
 def _micros_reader() -> Callable[[Any], int]:
     """A reader of ``timestamp.micros`` that skips the property and its method call.
 
-    That is about two thirds of its cost. It reads the attributes of the installed Beam's
-    layout, checked against the property; the property itself for a layout not known here
-    and for a timestamp finer than microseconds (whose ``micros`` raises, as Beam's does).
+    That is about two thirds of its cost. It reads the attributes of Beam 2.7x's layout,
+    checked against the property; the property itself for any other layout (Beam 2.69's
+    ``micros`` is an attribute: nothing to skip) and for a timestamp finer than
+    microseconds (whose ``micros`` raises, as Beam's does).
     """
-    probes = (0, 1, -1, 1_700_000_000_123_456, -62_135_596_800_000_000, MIN_TIMESTAMP.micros)
-    layout = vars(Timestamp(micros=0)).keys()
-    if layout == {"_precision", "_seconds", "_subseconds"}:
-        # Beam 2.7x: seconds and a fraction at a precision (6: microseconds).
+    by_property = operator.attrgetter("micros")
+    if _TIMESTAMP_LAYOUT != _SECONDS_AT_PRECISION:
+        return by_property
 
-        def micros(timestamp: Any) -> int:
-            if timestamp._precision == 6:
-                return timestamp._seconds * 1_000_000 + timestamp._subseconds  # type: ignore[no-any-return]
-            return timestamp.micros  # type: ignore[no-any-return]
+    def micros(timestamp: Any) -> int:
+        if timestamp._precision == 6:
+            return timestamp._seconds * 1_000_000 + timestamp._subseconds  # type: ignore[no-any-return]
+        return timestamp.micros  # type: ignore[no-any-return]
 
-    else:
-        # Beam 2.69 and before keep ``micros`` as an attribute: nothing to skip.
-        return operator.attrgetter("micros")
-    made = [Timestamp(micros=m) for m in probes] + [Timestamp.of(s / 8) for s in range(-9, 9)]
-    if all(micros(t) == t.micros for t in made):
-        return micros
-    return operator.attrgetter("micros")
+    made = [Timestamp(micros=m) for m in _TIMESTAMP_PROBES]
+    made += [Timestamp.of(s / 8) for s in range(-9, 9)]
+    return micros if all(micros(t) == t.micros for t in made) else by_property
 
 
 # ``timestamp.micros``, faster (a ``TimestampedValue`` output's windowed value reads it).
@@ -1019,11 +1021,11 @@ _STANDARD_WINDOW_FNS = (
 )
 
 
-def _batchable_params() -> tuple[Any, ...]:
-    """What a DoFn may ask for besides its element for the batched path to run it."""
+def _batchable_params() -> dict[str, Any]:
+    """What a DoFn may ask for besides its element for the batched path to run it, by name."""
     from apache_beam.transforms import core
 
-    return (core.DoFn.TimestampParam, core.DoFn.WindowParam)
+    return {"timestamp": core.DoFn.TimestampParam, "window": core.DoFn.WindowParam}
 
 
 def timestamp_window_params(dofn: Any) -> tuple[str, ...] | None:
@@ -1036,21 +1038,18 @@ def timestamp_window_params(dofn: Any) -> tuple[str, ...] | None:
     window, ...)``, once per window of the element where it takes its window
     (``has_windowed_inputs``), and handles its outputs as the ``SimpleInvoker``'s.
     """
-    from apache_beam.transforms import core
-
     method = runners_common.MethodWrapper(dofn, "process")
     defaults = method.defaults
     if not defaults or len(method.args) != len(defaults) + 1:
         return None
-    kinds = []
+    params = _batchable_params().items()
+    names = []
     for default in defaults:
-        if core.DoFn.TimestampParam == default:
-            kinds.append("timestamp")
-        elif core.DoFn.WindowParam == default:
-            kinds.append("window")
-        else:
+        name = next((name for name, param in params if param == default), None)
+        if name is None:
             return None
-    return tuple(kinds)
+        names.append(name)
+    return tuple(names)
 
 
 def _is_dofn_param(default: Any) -> bool:
@@ -1163,7 +1162,7 @@ def unbatchable_dofn_reason(dofn: Any, args: Any, kwargs: Any, side_inputs: int 
         and len(process.args) - len(process.defaults) != 1 + positional_sides
     ):
         return "process takes other arguments than the element (and its side inputs)"
-    allowed = _batchable_params()
+    allowed = _batchable_params().values()
     # Unpickled parameters are copies: compare as Beam does (by the parameter's id).
     if any(_is_dofn_param(d) and not any(p == d for p in allowed) for d in process.defaults):
         return "process takes parameters other than timestamp and window"
