@@ -1,7 +1,8 @@
 """Streaming Nexmark: which event rates each runner keeps up with, and window latency.
 
     .venv/bin/python -m benchmarks.streaming [--queries 0,1,2,5,7,8,11]
-        [--rates 250,500,1000,...] [--seconds 30] [--runners ours,pyspark,direct]
+        [--rates 250,500,1000,...] [--seconds 30]
+        [--runners ours,pyspark,pyspark-python,direct]
 
 Each trial runs one query at one event rate on ``local[2]``, for ``--seconds`` after its first
 micro-batch (Python workers start then):
@@ -11,7 +12,17 @@ micro-batch (Python workers start then):
   event time the source's ``timestamp``, so event time follows the wall clock);
 * ``pyspark``: the same query hand-written in PySpark Structured Streaming over the same
   ``rate`` source and the same event function in SQL (``nexmark.event_columns``), its
-  event time the same ``timestamp`` under a watermark of no delay (:func:`pyspark_query`).
+  event time the same ``timestamp`` under a watermark of no delay (:func:`pyspark_query`);
+* ``pyspark-python`` (q0-q2 only): a floor for any runner that runs Beam's Python per
+  event. PySpark Structured Streaming over the same ``rate`` source hands each
+  micro-batch's rows to Python in Arrow batches (``mapInArrow``); each row's event comes
+  from the Python generator ours runs and goes through the query's own user code
+  (:func:`run_pyspark_python`), with nothing of a runner around it.
+
+Ours makes each row's event in its first step: for windowed queries ``_Events``, which
+also records the event times it read (the latency past the watermark, below); for q0-q2,
+which have no latency, a plain ``Map`` (:func:`event_of_row`), as the floor calls the
+generator.
 
 Both are Structured Streaming queries with the same trigger interval, so the same numbers
 describe them: Spark's progress reports each micro-batch's input rows and duration. The
@@ -61,6 +72,7 @@ import logging
 import math
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -336,6 +348,14 @@ class _Events(beam.DoFn):  # type: ignore[misc]
             out.write(f"{self._latest / 1e6} {self._at}\n")
 
 
+def event_of_row(row: Any) -> Any:
+    """The event of a ``rate`` source's row, for queries without windows: no latency is
+    measured there, so no event time is recorded (``_Events`` reads each event's
+    timestamp and the wall clock, about 1.4 us an event, which neither hand-written
+    PySpark nor the Python-per-event floor pays)."""
+    return nexmark.event(int(row.value))
+
+
 # ``--ours-conf KEY=VALUE`` entries: Spark settings of our runner's session, for A/B runs.
 OURS_CONF: list[str] = []
 
@@ -365,7 +385,7 @@ def run_ours(query: int, rate: int, seconds: float, trigger: float = TRIGGER_SEC
     events = (
         pipeline
         | ReadFromSparkStream("rate", options={"rowsPerSecond": rate, "numPartitions": 2})
-        | "Event" >> beam.ParDo(_Events(reads))
+        | "Event" >> (beam.ParDo(_Events(reads)) if query in WINDOWED else beam.Map(event_of_row))
     )
     output = module.load(events, dict(nexmark.QUERY_ARGS), pipeline.options)
     _ = output | "Sink" >> beam.ParDo(_Panes(panes) if query in WINDOWED else _Drop())
@@ -514,6 +534,100 @@ def run_pyspark(query: int, rate: int, seconds: float, trigger: float = TRIGGER_
         running.stop()
 
 
+# The queries the Python-per-event floor (``pyspark-python``) has: the stateless ones.
+PYTHON_FLOOR_QUERIES = (0, 1, 2)
+
+
+def python_floor_steps(query: int) -> Callable[[Any], list[Any]]:
+    """Query ``query``'s Beam user code for one event, as plain Python: the outputs of
+    one event through the query's own DoFn (q0, Beam's ``RoundTripFn``) or the same
+    functions its ``Filter`` and ``Map`` steps call (q1, q2: ``nexmark_query_util.is_bid``
+    and the model's constructor or the result dictionary)."""
+    from apache_beam.testing.benchmarks.nexmark.queries import nexmark_query_util, query0
+
+    is_bid = nexmark_query_util.is_bid
+    bid_type = nexmark.nexmark_model.Bid
+    skip = nexmark.QUERY_ARGS["auction_skip"]
+    names = nexmark_query_util.ResultNames
+    if query == 0:
+        round_trip = query0.RoundTripFn()
+        return lambda event: list(round_trip.process(event))
+    if query == 1:
+        return lambda event: (
+            [
+                bid_type(
+                    event.auction,
+                    event.bidder,
+                    event.price * nexmark.USD_TO_EURO,
+                    event.date_time,
+                    event.extra,
+                )
+            ]
+            if is_bid(event)
+            else []
+        )
+    if query == 2:
+        return lambda event: (
+            [{names.AUCTION_ID: event.auction, names.PRICE: event.price}]
+            if is_bid(event) and event.auction % skip == 0
+            else []
+        )
+    raise ValueError(
+        f"the Python-per-event floor has queries {PYTHON_FLOOR_QUERIES}, not query {query}"
+    )
+
+
+def run_pyspark_python(
+    query: int, rate: int, seconds: float, trigger: float = TRIGGER_SECONDS
+) -> Trial:
+    """A floor for any runner that runs Beam's Python per event: PySpark Structured
+    Streaming over the same ``rate`` source, each micro-batch's rows handed to Python as
+    Arrow batches (``mapInArrow``), where each row's event comes from the same Python
+    generator ours runs (``nexmark.event``) and goes through the query's own user code
+    (:func:`python_floor_steps`). No windows, timestamps, panes, framing or watermarks: only
+    the generator, the user code and PySpark's own hand-over of rows to Python and back
+    (one ``long`` column per output)."""
+    import pyarrow as pa
+    from pyspark.sql import SparkSession
+
+    from beam_spark_runner.session import local_driver_memory
+
+    if query not in PYTHON_FLOOR_QUERIES:
+        raise ValueError(
+            f"the Python-per-event floor has queries {PYTHON_FLOOR_QUERIES}, not query {query}"
+        )
+    # Its Python workers run this interpreter (Spark's default is ``python3`` on the path).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.driver.memory", local_driver_memory())
+        .getOrCreate()
+    )
+    source = (
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", rate)
+        .option("numPartitions", 2)
+        .load()
+    )
+
+    def per_event(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        steps = python_floor_steps(query)
+        event = nexmark.event
+        for batch in batches:
+            outputs = [len(steps(event(n))) for n in batch.column("value").to_pylist()]
+            yield pa.RecordBatch.from_arrays([pa.array(outputs, pa.int64())], ["outputs"])
+
+    out = source.select("value").mapInArrow(per_event, "outputs long")
+    checkpoint = tempfile.mkdtemp(prefix="bench-streaming-checkpoint-")
+    writer = out.writeStream.option("checkpointLocation", checkpoint).format("noop")
+    running = writer.trigger(processingTime=f"{trigger} seconds").start()
+    try:
+        _after_first_batch(lambda: [running], seconds)
+        return Trial("pyspark-python", query, rate, _progress_batches(running), trigger=trigger)
+    finally:
+        running.stop()
+
+
 def search_rates(rates: Sequence[int], keeps_up_at: Callable[[int], bool], start: int) -> None:
     """Finds the highest of ``rates`` (ascending) that a runner keeps up with, trying few:
     from ``rates[start]``, every other rate upwards while it keeps up (downwards until it
@@ -578,7 +692,12 @@ def run_direct(query: int, rate: int, seconds: float, trigger: float = TRIGGER_S
     return Trial("direct", query, rate, [], latencies, overrun=overrun)
 
 
-RUNNERS = {"ours": run_ours, "pyspark": run_pyspark, "direct": run_direct}
+RUNNERS = {
+    "ours": run_ours,
+    "pyspark": run_pyspark,
+    "pyspark-python": run_pyspark_python,
+    "direct": run_direct,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
