@@ -20,7 +20,7 @@ help:
 	@echo "make teststream-check  Beam's streaming test modules on this runner, in streaming (long)"
 	@echo "make dataframe-check   Beam's DataFrame API tests on this runner next to DirectRunner (~5-7 min)"
 	@echo "make matrix            smoke tests on the other Spark/Beam lines (nox; see noxfile.py)"
-	@echo "make bench-streaming   streaming Nexmark: ours, PySpark Structured Streaming, DirectRunner (~1 h)"
+	@echo "make bench-streaming   streaming Nexmark: ours, PySpark Structured Streaming (and a Python-per-event floor), DirectRunner (~1.5 h)"
 	@echo "make lint typecheck    ruff and mypy"
 	@echo "make jar               rebuild beam_spark_runner/jars/ from jvm/src (needs a JDK)"
 	@echo "make bench             benchmarks (see benchmarks/)"

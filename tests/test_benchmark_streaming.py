@@ -300,3 +300,25 @@ def test_queries_without_windows_make_their_events_with_a_plain_map() -> None:
 
     row = type("Row", (), {"value": 51})()
     assert nexmark.FINGERPRINTS[0](event_of_row(row)) == nexmark.FINGERPRINTS[0](nexmark.event(51))
+
+
+def test_the_python_floor_runs_only_on_its_queries(tmp_path: object, monkeypatch: object) -> None:
+    from pathlib import Path
+
+    from benchmarks import streaming
+
+    seen: list[tuple[str, int]] = []
+
+    def fake(runner: str) -> Any:
+        def run(query: int, rate: int, seconds: float, trigger: float) -> Trial:
+            seen.append((runner, query))
+            return Trial(runner, query, rate, [(rate, 1.0)] * 9)
+
+        return run
+
+    for runner in ("ours", "pyspark-python"):
+        monkeypatch.setitem(streaming.RUNNERS, runner, fake(runner))  # type: ignore[attr-defined]
+    output = Path(str(tmp_path)) / "streaming.json"
+    argv = ["--queries", "1,5", "--rates", "4000", "--runners", "ours,pyspark-python"]
+    assert streaming.main([*argv, "--output", str(output)]) == 0
+    assert seen == [("ours", 1), ("pyspark-python", 1), ("ours", 5)]
