@@ -13,7 +13,8 @@ makes against Beam's decoding of Beam's encoding before trusting it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,23 @@ def _plain(column: pa.Array) -> list[Any]:
 
 def _micros_instants(column: pa.Array) -> list[Any]:
     make = bi.timestamp_of_micros
-    return [None if m is None else make(m) for m in timestamp_micros(column).to_pylist()]
+    micros = timestamp_micros(column).to_pylist()
+    if not column.null_count:
+        return list(map(make, micros))
+    return [None if m is None else make(m) for m in micros]
+
+
+def _tuple_maker(row_type: Any) -> Callable[[Iterable[tuple[Any, ...]]], Iterator[Any]]:
+    """Rows of ``row_type`` from tuples of their fields.
+
+    A named tuple's generated ``__new__`` is ``tuple.__new__(cls, fields)`` and nothing
+    else: such rows are made by ``tuple.__new__`` directly, without a Python call per row.
+    Any other row type is called.
+    """
+    new = getattr(row_type.__new__, "__globals__", {}).get("_tuple_new")
+    if new is tuple.__new__:
+        return lambda fields: map(tuple.__new__, itertools.repeat(row_type), fields)
+    return lambda fields: itertools.starmap(row_type, fields)
 
 
 def _field_values(field: schema_pb2.Field) -> _FieldValues | None:
@@ -87,6 +104,10 @@ class RowValues:
         (the global window and the only pane): the caller takes all three from Beam's
         decoding of a probe. (Beam 2.69 makes a row type per coder, 2.7x one per schema.)
         """
+        if len(micros) != batch.num_rows:
+            raise ValueError(
+                f"Expected an event time per row; found {len(micros)} for {batch.num_rows} rows."
+            )
         columns = []
         for name, reader, nullable in zip(self._names, self._readers, self._nullable, strict=True):
             column = batch.column(name)
@@ -96,11 +117,13 @@ class RowValues:
                     f"{name!r}. Make the column nullable or fill it in the source."
                 )
             columns.append(reader(column))
-        row = row_type
-        create = bi.create_windowed_value
-        return [
-            create(row(*fields), at, windows, pane)
-            for fields, at in zip(
-                zip(*columns, strict=True), windowed_value_micros(micros).tolist(), strict=True
+        rows = _tuple_maker(row_type)(zip(*columns, strict=True))
+        return list(
+            map(
+                bi.create_windowed_value,
+                rows,
+                windowed_value_micros(micros).tolist(),
+                itertools.repeat(windows),
+                itertools.repeat(pane),
             )
-        ]
+        )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import itertools
 import logging
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -261,14 +262,14 @@ class ColumnsInput:
         if first is None:
             return None
 
-        def values() -> Iterator[Any]:
-            yield from first
-            for batch in batches[1:]:
-                made = self.columns.windowed_values(batch, self.columns.event_micros(batch))
-                assert made is not None  # checked on the first batch
-                yield from made
+        def made(batch: pa.RecordBatch) -> list[Any]:
+            values = self.columns.windowed_values(batch, self.columns.event_micros(batch))
+            assert values is not None  # checked on the first batch
+            return values
 
-        return values()
+        # A batch's values are made when the steps reach it; each is handed on by the
+        # chain, not by a Python generator per value.
+        return itertools.chain(first, itertools.chain.from_iterable(map(made, batches[1:])))
 
 
 def columns_cell(batch: pa.RecordBatch) -> bytes:
