@@ -322,3 +322,30 @@ def test_the_python_floor_runs_only_on_its_queries(tmp_path: object, monkeypatch
     argv = ["--queries", "1,5", "--rates", "4000", "--runners", "ours,pyspark-python"]
     assert streaming.main([*argv, "--output", str(output)]) == 0
     assert seen == [("ours", 1), ("pyspark-python", 1), ("ours", 5)]
+
+
+def test_a_failing_trial_is_an_error_in_the_table_and_the_run_goes_on(
+    tmp_path: object, monkeypatch: object
+) -> None:
+    import json
+    from pathlib import Path
+
+    from benchmarks import streaming
+
+    def run(query: int, rate: int, seconds: float, trigger: float) -> Trial:
+        if rate > 4000:
+            raise ConnectionRefusedError("the JVM has ended")
+        return Trial("pyspark", query, rate, [(rate, 1.0)] * 9)
+
+    monkeypatch.setitem(streaming.RUNNERS, "pyspark", run)  # type: ignore[attr-defined]
+    output = Path(str(tmp_path)) / "streaming.json"
+    argv = ["--queries", "7,8", "--rates", "4000,16000", "--runners", "pyspark"]
+    assert streaming.main([*argv, "--output", str(output)]) == 0
+    rows = json.loads(output.read_text())
+    assert [(r["query"], r["rate"], r["keeps_up"]) for r in rows] == [
+        (7, 4000, True),
+        (7, 16000, False),
+        (8, 4000, True),
+        (8, 16000, False),
+    ]
+    assert rows[1]["error"] == "ConnectionRefusedError: the JVM has ended"
