@@ -16,7 +16,7 @@ micro-batch (Python workers start then):
 * ``pyspark-python`` (q0-q2 only): a floor for any runner that runs Beam's Python per
   event. PySpark Structured Streaming over the same ``rate`` source hands each
   micro-batch's rows to Python in Arrow batches (``mapInArrow``); each row's event comes
-  from the Python generator ours runs and goes through the query's own user code
+  from the Python generator ours runs and goes through the query's user code
   (:func:`run_pyspark_python`), with nothing of a runner around it.
 
 Ours makes each row's event in its first step: for windowed queries ``_Events``, which
@@ -476,31 +476,40 @@ def pyspark_query(query: int, events: DataFrame) -> DataFrame:
     raise ValueError(f"no PySpark Structured Streaming version of Nexmark query {query}")
 
 
-def run_pyspark(query: int, rate: int, seconds: float, trigger: float = TRIGGER_SECONDS) -> Trial:
-    """The hand-written PySpark Structured Streaming query at ``rate`` events/s."""
+def _rate_stream(rate: int) -> DataFrame:
+    """Spark's ``rate`` source at ``rate`` rows/s in 2 partitions, on the session ours runs
+    on (``local[2]`` with its driver heap: Spark's default of 1 GiB ran out at 256 000
+    events/s on q7), created if none is; what both hand-written runners read."""
     from pyspark.sql import SparkSession
-    from pyspark.sql import functions as F
 
     from beam_spark_runner.session import local_driver_memory
-    from beam_spark_runner.streaming.query import ROCKSDB_PROVIDER, STATE_STORE_PROVIDER_CONF
 
-    # The session ours runs on: local[2], its driver heap (Spark's default of 1 GiB ran
-    # out at 256 000 events/s on q7), a shuffle partition per core (Spark's default of 200
-    # makes every stateful micro-batch run 200 tasks) and RocksDB state. Whichever
-    # runner's trial creates the session, both get the same settings.
     spark = (
         SparkSession.builder.master("local[2]")
         .config("spark.driver.memory", local_driver_memory())
         .getOrCreate()
     )
-    spark.conf.set("spark.sql.shuffle.partitions", str(spark.sparkContext.defaultParallelism))
-    spark.conf.set(STATE_STORE_PROVIDER_CONF, ROCKSDB_PROVIDER)
-    source = (
+    return (
         spark.readStream.format("rate")
         .option("rowsPerSecond", rate)
         .option("numPartitions", 2)
         .load()
     )
+
+
+def run_pyspark(query: int, rate: int, seconds: float, trigger: float = TRIGGER_SECONDS) -> Trial:
+    """The hand-written PySpark Structured Streaming query at ``rate`` events/s."""
+    from pyspark.sql import functions as F
+
+    from beam_spark_runner.streaming.query import ROCKSDB_PROVIDER, STATE_STORE_PROVIDER_CONF
+
+    # The session ours runs on (``_rate_stream``), with a shuffle partition per core
+    # (Spark's default of 200 makes every stateful micro-batch run 200 tasks) and RocksDB
+    # state. Whichever runner's trial creates the session, both get the same settings.
+    source = _rate_stream(rate)
+    spark = source.sparkSession
+    spark.conf.set("spark.sql.shuffle.partitions", str(spark.sparkContext.defaultParallelism))
+    spark.conf.set(STATE_STORE_PROVIDER_CONF, ROCKSDB_PROVIDER)
     numbered = source.select(F.col("value").alias("id"), F.col("timestamp").alias("t"))
     events = nexmark.event_columns(numbered, keep=("t",)).withWatermark("t", "0 seconds")
     out = pyspark_query(query, events)
@@ -540,38 +549,18 @@ PYTHON_FLOOR_QUERIES = (0, 1, 2)
 
 def python_floor_steps(query: int) -> Callable[[Any], list[Any]]:
     """Query ``query``'s Beam user code for one event, as plain Python: the outputs of
-    one event through the query's own DoFn (q0, Beam's ``RoundTripFn``) or the same
-    functions its ``Filter`` and ``Map`` steps call (q1, q2: ``nexmark_query_util.is_bid``
-    and the model's constructor or the result dictionary)."""
-    from apache_beam.testing.benchmarks.nexmark.queries import nexmark_query_util, query0
+    one event through the query's own DoFn (q0, Beam's ``RoundTripFn``), or through the
+    functions that do its ``Filter`` and ``Map`` steps' work (q1, q2: those of the
+    hand-written RDD versions, ``nexmark``, checked against Beam's queries)."""
+    from apache_beam.testing.benchmarks.nexmark.queries import query0
 
-    is_bid = nexmark_query_util.is_bid
-    bid_type = nexmark.nexmark_model.Bid
-    skip = nexmark.QUERY_ARGS["auction_skip"]
-    names = nexmark_query_util.ResultNames
     if query == 0:
         round_trip = query0.RoundTripFn()
         return lambda event: list(round_trip.process(event))
     if query == 1:
-        return lambda event: (
-            [
-                bid_type(
-                    event.auction,
-                    event.bidder,
-                    event.price * nexmark.USD_TO_EURO,
-                    event.date_time,
-                    event.extra,
-                )
-            ]
-            if is_bid(event)
-            else []
-        )
+        return lambda event: [nexmark._to_euro(event)] if nexmark._is_bid(event) else []
     if query == 2:
-        return lambda event: (
-            [{names.AUCTION_ID: event.auction, names.PRICE: event.price}]
-            if is_bid(event) and event.auction % skip == 0
-            else []
-        )
+        return lambda event: [nexmark._q2_project(event)] if nexmark._q2_keep(event) else []
     raise ValueError(
         f"the Python-per-event floor has queries {PYTHON_FLOOR_QUERIES}, not query {query}"
     )
@@ -583,29 +572,16 @@ def run_pyspark_python(
     """A floor for any runner that runs Beam's Python per event: PySpark Structured
     Streaming over the same ``rate`` source, each micro-batch's rows handed to Python as
     Arrow batches (``mapInArrow``), where each row's event comes from the same Python
-    generator ours runs (``nexmark.event``) and goes through the query's own user code
+    generator ours runs (``nexmark.event``) and goes through the query's user code
     (:func:`python_floor_steps`). No windows, timestamps, panes, framing or watermarks: only
     the generator, the user code and PySpark's own hand-over of rows to Python and back
     (a ``long`` per row: how many outputs its event gave)."""
     import pyarrow as pa
-    from pyspark.sql import SparkSession
-
-    from beam_spark_runner.session import local_driver_memory
 
     python_floor_steps(query)  # fails before Spark starts for a query it does not have
     # Its Python workers run this interpreter (Spark's default is ``python3`` on the path).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.driver.memory", local_driver_memory())
-        .getOrCreate()
-    )
-    source = (
-        spark.readStream.format("rate")
-        .option("rowsPerSecond", rate)
-        .option("numPartitions", 2)
-        .load()
-    )
+    source = _rate_stream(rate)
 
     def per_event(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         steps = python_floor_steps(query)

@@ -1200,3 +1200,21 @@ def test_a_dofn_taking_its_window_passes_on_each_window_without_a_pane_as_beam_d
     worker = stage_worker(spec)
     assert worker.batched is not None and worker.batched.plan.remainder is not None
     tear_down_stage_workers()
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        ("timestamp",),
+        ("window",),
+        ("timestamp", "window"),
+        ("window", "timestamp"),
+        ("window", "timestamp", "window"),  # no direct getter: names compared
+    ],
+)
+def test_a_dofns_timestamp_and_window_are_passed_in_its_order(params: tuple[str, ...]) -> None:
+    from beam_spark_runner.execution.batched_steps import _params_of
+
+    windowed_value = WindowedValue(7, Timestamp(micros=5), [window.IntervalWindow(0, 10)])
+    expected = {"timestamp": Timestamp(micros=5), "window": window.IntervalWindow(0, 10)}
+    assert _params_of(params)(windowed_value) == tuple(expected[name] for name in params)
