@@ -6,12 +6,16 @@ main elements until their side inputs are ready) is most of its state, so it liv
 the value, in a list state of (tag, chunk) rows: each micro-batch appends one chunk per
 tag that got elements (one ``appendList`` call), and only a batch in which some tags are
 due reads the list, takes their chunks and puts the rest back. The tag says what a chunk
-waits for (a window, a side input's watermarks); the chunk is whatever its node encodes.
+waits for (a window, a side input's watermarks); the chunk is whatever its node encodes,
+compressed on the way in (``state_bytes``: what the JVM reads back crosses to Python a
+character at a time). Chunks put back are put back as they were stored.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
+
+from beam_spark_runner.streaming.state_bytes import pack, unpack
 
 
 class ChunkStore(Protocol):
@@ -32,7 +36,7 @@ class ListStateChunks:
 
     def append(self, chunks: list[tuple[bytes, bytes]]) -> None:
         if chunks:
-            self._list.appendList(chunks)
+            self._list.appendList([(tag, pack(chunk)) for tag, chunk in chunks])
 
     def take(self, tags: set[bytes]) -> dict[bytes, list[bytes]]:
         if not tags or not self._list.exists():
@@ -42,7 +46,7 @@ class ListStateChunks:
         for row in self._list.get():
             tag = bytes(row[0])
             if tag in tags:
-                taken.setdefault(tag, []).append(bytes(row[1]))
+                taken.setdefault(tag, []).append(unpack(bytes(row[1])))
             else:
                 kept.append((tag, bytes(row[1])))
         if kept:

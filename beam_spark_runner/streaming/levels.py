@@ -5,11 +5,11 @@ group with that micro-batch's rows. Rows addressed to a later step pass through 
 a GroupByKey's shard runs ``grouping.run_group_shard``, a stateful DoFn's shard
 ``stateful.run_stateful_shard``, an unbounded splittable DoFn's shard
 ``splittable.run_splittable_shard``, a stage with side inputs
-``side_inputs.run_side_input_shard``, each with its state as one value in the state store (one
-read and one write per shard and batch). What a shard buffers for a later batch (a
-GroupByKey's values until their window's on-time pane, a stage's main elements until its
-side inputs are ready) is appended to a list beside it (``chunk_lists``), read only in
-the batch it is due. Its rows out are packed (``rows.packed``).
+``side_inputs.run_side_input_shard``, each with its state as one value in the state
+store (one read and one write per shard and batch, compressed: ``state_bytes``). What a
+shard buffers for a later batch (a GroupByKey's values until their window's on-time pane,
+a stage's main elements until its side inputs are ready) is appended to a list beside it
+(``chunk_lists``), read only in the batch it is due. Its rows out are packed (``rows.packed``).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from beam_spark_runner.streaming.side_inputs import (
     run_side_input_shard,
 )
 from beam_spark_runner.streaming.splittable import SplittableShardState, run_splittable_shard
+from beam_spark_runner.streaming.state_bytes import pack, unpack
 from beam_spark_runner.streaming.stateful import StatefulShardState, run_stateful_shard
 from beam_spark_runner.streaming.topology import Topology
 
@@ -102,7 +103,7 @@ class Level:
         """One stateful (node, shard) for one micro-batch: its rows out; its state updated."""
         node = self.topology.nodes[target]
         previous = self._state.get() if self._state.exists() else None
-        encoded = bytes(previous[0]) if previous else None
+        encoded = unpack(bytes(previous[0])) if previous else None
         if target in self.groups:
             # It decodes keys' states, keeps them while it runs and encodes them again (no
             # user code runs here).
@@ -117,7 +118,7 @@ class Level:
                     rows,
                     self._chunks,
                 )
-                self._state.update((encode_shard_state(group_state),))
+                self._state.update((pack(encode_shard_state(group_state)),))
                 release_shard_state(group_state)
         elif target in self.with_side_inputs:
             assert self._waiting is not None  # declared in init with the side-input stages
@@ -132,17 +133,17 @@ class Level:
                 self.sinks,
                 self._waiting,
             )
-            self._state.update((side_state.encode(),))
+            self._state.update((pack(side_state.encode()),))
         elif target in self.stages:
             stage_state = StatefulShardState.decode(encoded) if encoded else None
             stage_state, out = run_stateful_shard(
                 self.topology, node, shard, self.stages[target], stage_state, rows, self.sinks
             )
-            self._state.update((stage_state.encode(),))
+            self._state.update((pack(stage_state.encode()),))
         else:
             sdf_state = SplittableShardState.decode(encoded) if encoded else None
             sdf_state, out = run_splittable_shard(
                 self.topology, node, shard, self.splittable[target], sdf_state, rows, self.sinks
             )
-            self._state.update((sdf_state.encode(),))
+            self._state.update((pack(sdf_state.encode()),))
         return out

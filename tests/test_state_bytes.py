@@ -1,0 +1,177 @@
+"""A shard's state value and buffered chunks, compressed in the state store."""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from apache_beam.coders import coders
+from apache_beam.transforms.window import IntervalWindow
+from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.windowed_value import WindowedValue
+
+from beam_spark_runner.spark_compat import pyspark_version
+from beam_spark_runner.streaming.check import STREAMING_SPARK
+
+if pyspark_version() < STREAMING_SPARK:
+    pytest.skip("transformWithState needs PySpark 4.1+", allow_module_level=True)
+
+from beam_spark_runner.streaming import levels, state_bytes  # noqa: E402
+from beam_spark_runner.streaming.chunk_lists import ListStateChunks  # noqa: E402
+
+
+class Bid:
+    """A value of a class with no coder, pickled by Beam's ``FastPrimitivesCoder``."""
+
+    def __init__(self, auction: int, price: int, at: Timestamp) -> None:
+        self.auction = auction
+        self.price = price
+        self.date_time = at
+        self.extra = "abcdefghijklm"
+
+
+def _framed_bids(count: int) -> bytes:
+    """A side-input stage's framed run of windowed bids, as the waiting list holds them."""
+    coder = coders.WindowedValueCoder(coders.FastPrimitivesCoder(), coders.IntervalWindowCoder())
+    impl = coder.get_impl()
+    window = IntervalWindow(1_700_000_000, 1_700_000_010)
+    encoded = []
+    for n in range(count):
+        at = Timestamp(micros=1_700_000_000_000_000 + n * 997)
+        element = impl.encode_nested(WindowedValue(Bid(n % 1000, 100 + n % 77, at), at, [window]))
+        encoded.append(struct.pack(">I", len(element)) + element)
+    return b"".join(encoded)
+
+
+class _ListState:
+    """PySpark's ``ListState`` as a processor sees it."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[bytes, bytes]] | None = None
+
+    def exists(self) -> bool:
+        return self.rows is not None
+
+    def get(self) -> Iterator[tuple[bytes, bytes]]:
+        return iter(self.rows or [])
+
+    def put(self, rows: list[tuple[bytes, bytes]]) -> None:
+        self.rows = list(rows)
+
+    def appendList(self, rows: list[tuple[bytes, bytes]]) -> None:  # noqa: N802 - PySpark's
+        self.rows = [*(self.rows or []), *rows]
+
+    def clear(self) -> None:
+        self.rows = None
+
+
+def test_a_long_value_is_stored_compressed_and_read_back_whole() -> None:
+    chunk = _framed_bids(2_000)
+    stored = state_bytes.pack(chunk)
+    assert stored.startswith(state_bytes._MAGIC)
+    # Pickled objects repeat their class and field names: far fewer bytes cross from the
+    # JVM (measured 16x on Nexmark q7's bids).
+    assert len(stored) * 5 < len(chunk)
+    assert state_bytes.unpack(stored) == chunk
+
+
+def test_a_short_value_is_stored_as_it_is() -> None:
+    value = pickle.dumps({"watermark": 5}, protocol=pickle.HIGHEST_PROTOCOL)
+    assert len(value) < state_bytes.PACK_AT_LEAST
+    assert state_bytes.pack(value) == value
+    assert state_bytes.unpack(value) == value
+
+
+def test_values_an_earlier_version_wrote_are_read_unchanged() -> None:
+    # Shard states were pickles; a side-input stage's chunks framed runs, whose first four
+    # bytes are a length: neither can start as a packed value does.
+    state = pickle.dumps(list(range(1_000)), protocol=pickle.HIGHEST_PROTOCOL)
+    run = _framed_bids(50)
+    for value in (state, run):
+        assert len(value) >= state_bytes.PACK_AT_LEAST
+        assert state_bytes.unpack(value) == value
+    largest_binary = struct.pack(">I", 2**31 - 1)  # a Spark binary value is under 2 GiB
+    assert largest_binary < state_bytes._MAGIC
+    assert not state.startswith(state_bytes._MAGIC[:1])
+
+
+def test_the_waiting_list_holds_chunks_compressed_and_puts_back_what_it_keeps() -> None:
+    list_state = _ListState()
+    chunks = ListStateChunks(list_state)
+    first, second, small = _framed_bids(300), _framed_bids(400), b"\x00\x00\x00\x01x"
+    chunks.append([(b"a", first), (b"b", second), (b"a", small)])
+    assert list_state.rows is not None
+    stored = dict(list_state.rows[:2])
+    assert all(len(stored[tag]) * 5 < len(raw) for tag, raw in ((b"a", first), (b"b", second)))
+    assert chunks.take({b"a"}) == {b"a": [first, small]}
+    # What stays is put back as it was stored, not compressed again.
+    assert list_state.rows == [(b"b", stored[b"b"])]
+    assert chunks.take({b"b"}) == {b"b": [second]}
+    assert list_state.rows is None
+
+
+def test_the_waiting_list_takes_chunks_an_earlier_version_stored_uncompressed() -> None:
+    list_state = _ListState()
+    old = _framed_bids(300)
+    list_state.rows = [(b"a", old)]
+    chunks = ListStateChunks(list_state)
+    chunks.append([(b"a", _framed_bids(5))])
+    assert chunks.take({b"a"}) == {b"a": [old, _framed_bids(5)]}
+
+
+class _ValueState:
+    """PySpark's ``ValueState`` of a shard: one row of one binary column."""
+
+    def __init__(self, value: bytes | None) -> None:
+        self.value = value
+
+    def exists(self) -> bool:
+        return self.value is not None
+
+    def get(self) -> tuple[bytes]:
+        assert self.value is not None
+        return (self.value,)
+
+    def update(self, row: tuple[bytes]) -> None:
+        self.value = row[0]
+
+
+class _ShardState:
+    def __init__(self, payload: bytes) -> None:
+        self.payload = payload
+
+    def encode(self) -> bytes:
+        return self.payload
+
+    @staticmethod
+    def decode(data: bytes) -> _ShardState:
+        return _ShardState(data)
+
+
+class _Topology:
+    nodes = {7: "a stage with side inputs"}
+
+
+@pytest.mark.parametrize("written_by", ["this version", "an earlier version"])
+def test_a_level_reads_its_shards_value_and_writes_it_compressed(
+    written_by: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    previous = _framed_bids(200)
+    seen: list[bytes] = []
+
+    def run_shard(topology: Any, node: Any, shard: int, spec: Any, state: Any, *rest: Any) -> Any:
+        seen.append(state.payload)
+        return _ShardState(state.payload + b"!"), []
+
+    monkeypatch.setattr(levels, "SideInputShardState", _ShardState)
+    monkeypatch.setattr(levels, "run_side_input_shard", run_shard)
+    level = levels.Level(_Topology(), {}, {}, {}, {7: "spec"}, None)  # type: ignore[arg-type, dict-item]
+    value = _ValueState(state_bytes.pack(previous) if written_by == "this version" else previous)
+    level.bind(value, _ListState())
+    assert level._run_shard(7, 0, iter([])) == []
+    assert seen == [previous]
+    assert value.value is not None and value.value.startswith(state_bytes._MAGIC)
+    assert state_bytes.unpack(value.value) == previous + b"!"
