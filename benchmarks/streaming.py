@@ -543,8 +543,9 @@ def run_pyspark(query: int, rate: int, seconds: float, trigger: float = TRIGGER_
         running.stop()
 
 
-# The queries the Python-per-event floor (``pyspark-python``) has: the stateless ones.
-PYTHON_FLOOR_QUERIES = (0, 1, 2)
+# The queries the Python-per-event floor (``pyspark-python``) has: the stateless ones, and
+# q7 (its bids buffered with Beam's coder until their window's highest price is known).
+PYTHON_FLOOR_QUERIES = (0, 1, 2, 7)
 
 
 def python_floor_steps(query: int) -> Callable[[Any], list[Any]]:
@@ -562,8 +563,80 @@ def python_floor_steps(query: int) -> Callable[[Any], list[Any]]:
     if query == 2:
         return lambda event: [nexmark._q2_project(event)] if nexmark._q2_keep(event) else []
     raise ValueError(
-        f"the Python-per-event floor has queries {PYTHON_FLOOR_QUERIES}, not query {query}"
+        f"the Python-per-event floor has per-event steps for queries 0, 1 and 2, not query {query}"
     )
+
+
+def floor_q7_bids(numbers: Sequence[int]) -> tuple[list[bool], list[int], list[bytes]]:
+    """The floor's q7, per event: which of the events numbered ``numbers`` are bids, and
+    each bid's price and encoding by Beam's coder for the query's bids (they have no type
+    hint: ``FastPrimitivesCoder``, which pickles them), the least a runner buffering Beam's
+    elements until their window's highest price is known must do."""
+    from apache_beam.coders import coders
+
+    encode = coders.FastPrimitivesCoder().get_impl().encode
+    is_bid, event = nexmark._is_bid, nexmark.event
+    mask: list[bool] = []
+    prices: list[int] = []
+    encoded: list[bytes] = []
+    for n in numbers:
+        item = event(n)
+        if is_bid(item):
+            mask.append(True)
+            prices.append(item.price)
+            encoded.append(encode(item))
+        else:
+            mask.append(False)
+    return mask, prices, encoded
+
+
+def floor_q7_select(best: int, encoded: Sequence[bytes]) -> list[Any]:
+    """The floor's q7, per window: its bids decoded by Beam's coder and passed through
+    Beam's ``SelectMaxBidFn`` with the window's highest price as its side input."""
+    from apache_beam.coders import coders
+    from apache_beam.testing.benchmarks.nexmark.queries.query7 import SelectMaxBidFn
+
+    decode = coders.FastPrimitivesCoder().get_impl().decode
+    select = SelectMaxBidFn().process
+    return [bid for data in encoded for bid in select(decode(data), best)]
+
+
+def _floor_q7(source: DataFrame) -> DataFrame:
+    """The floor's q7 over the ``rate`` source: Python makes each event and encodes each
+    bid (:func:`floor_q7_bids`); Spark keeps them per fixed window (the rows' timestamps,
+    Beam's window size) until its watermark passes the window's end, as hand-written
+    PySpark's q7 does, with the highest price; Python decodes and selects them
+    (:func:`floor_q7_select`). One ``long`` per window out: how many bids it selected."""
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+
+    def bids(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            mask, prices, encoded = floor_q7_bids(batch.column("value").to_pylist())
+            times = batch.column("timestamp").filter(pa.array(mask, pa.bool_()))
+            yield pa.RecordBatch.from_arrays(
+                [times, pa.array(prices, pa.int64()), pa.array(encoded, pa.binary())],
+                ["t", "price", "bid"],
+            )
+
+    def selected(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            counts = [
+                len(floor_q7_select(best, encoded))
+                for best, encoded in zip(
+                    batch.column("best").to_pylist(), batch.column("bids").to_pylist(), strict=True
+                )
+            ]
+            yield pa.RecordBatch.from_arrays([pa.array(counts, pa.int64())], ["outputs"])
+
+    size = f"{nexmark.QUERY_ARGS['window_size_sec']} seconds"
+    windows = (
+        source.mapInArrow(bids, "t timestamp, price long, bid binary")
+        .withWatermark("t", "0 seconds")
+        .groupBy(F.window("t", size))
+        .agg(F.max("price").alias("best"), F.collect_list("bid").alias("bids"))
+    )
+    return windows.select("best", "bids").mapInArrow(selected, "outputs long")
 
 
 def run_pyspark_python(
@@ -575,10 +648,17 @@ def run_pyspark_python(
     generator ours runs (``nexmark.event``) and goes through the query's user code
     (:func:`python_floor_steps`). No windows, timestamps, panes, framing or watermarks: only
     the generator, the user code and PySpark's own hand-over of rows to Python and back
-    (a ``long`` per row: how many outputs its event gave)."""
+    (a ``long`` per row: how many outputs its event gave). q7 adds what Beam's semantics
+    make any runner do for it (:func:`_floor_q7`): its bids encoded by Beam's coder, kept
+    by Spark per window, decoded and selected once the window is complete."""
     import pyarrow as pa
 
-    python_floor_steps(query)  # fails before Spark starts for a query it does not have
+    if query not in PYTHON_FLOOR_QUERIES:
+        raise ValueError(
+            f"the Python-per-event floor has queries {PYTHON_FLOOR_QUERIES}, not query {query}"
+        )
+    if query != 7:
+        python_floor_steps(query)
     # Its Python workers run this interpreter (Spark's default is ``python3`` on the path).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     source = _rate_stream(rate)
@@ -590,7 +670,16 @@ def run_pyspark_python(
             outputs = [len(steps(event(n))) for n in batch.column("value").to_pylist()]
             yield pa.RecordBatch.from_arrays([pa.array(outputs, pa.int64())], ["outputs"])
 
-    out = source.select("value").mapInArrow(per_event, "outputs long")
+    if query == 7:
+        from beam_spark_runner.streaming.query import ROCKSDB_PROVIDER, STATE_STORE_PROVIDER_CONF
+
+        # The hand-written PySpark runner's settings (``run_pyspark``).
+        spark = source.sparkSession
+        spark.conf.set("spark.sql.shuffle.partitions", str(spark.sparkContext.defaultParallelism))
+        spark.conf.set(STATE_STORE_PROVIDER_CONF, ROCKSDB_PROVIDER)
+        out = _floor_q7(source)
+    else:
+        out = source.select("value").mapInArrow(per_event, "outputs long")
     checkpoint = tempfile.mkdtemp(prefix="bench-streaming-checkpoint-")
     writer = out.writeStream.option("checkpointLocation", checkpoint).format("noop")
     running = writer.trigger(processingTime=f"{trigger} seconds").start()

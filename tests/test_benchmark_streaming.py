@@ -285,13 +285,44 @@ def test_the_python_floor_runs_each_querys_own_user_code(query: int) -> None:
         assert all(out is not item for out, item in zip(outputs, items, strict=True))
 
 
-def test_the_python_floor_has_only_the_stateless_queries() -> None:
+def test_the_python_floor_has_only_q0_to_q2_and_q7() -> None:
     from benchmarks.streaming import python_floor_steps, run_pyspark_python
 
     with pytest.raises(ValueError, match="not query 5"):
         python_floor_steps(5)
     with pytest.raises(ValueError, match="not query 7"):
-        run_pyspark_python(7, 1000, 1.0)
+        python_floor_steps(7)  # q7 is windowed: no per-event steps
+    with pytest.raises(ValueError, match="not query 5"):
+        run_pyspark_python(5, 1000, 1.0)
+
+
+def test_the_python_floors_q7_selects_the_bids_beams_q7_gives() -> None:
+    """Encoded per event and selected per window by Beam's ``SelectMaxBidFn``, the floor's
+    bids are the plain-Python reference's (windows by the events' own times here; the
+    floor's Spark query windows them by the ``rate`` rows' times, as ours does)."""
+    from benchmarks import nexmark
+    from benchmarks.streaming import floor_q7_bids, floor_q7_select
+
+    numbers = range(25_000)
+    mask, prices, encoded = floor_q7_bids(numbers)
+    items = list(nexmark.events(0, 25_000))
+    bids = [item for item, is_bid in zip(items, mask, strict=True) if is_bid]
+    assert len(bids) == len(prices) == len(encoded) == sum(map(nexmark._is_bid, items))
+    assert prices == [bid.price for bid in bids]
+    windows: dict[int, list[tuple[int, bytes]]] = {}
+    for bid, price, data in zip(bids, prices, encoded, strict=True):
+        windows.setdefault(nexmark.fixed_window(nexmark.millis(bid)), []).append((price, data))
+    assert len(windows) > 1
+    selected = [
+        bid
+        for kept in windows.values()
+        for bid in floor_q7_select(max(p for p, _ in kept), [d for _, d in kept])
+    ]
+    expected = nexmark.python_query(7, items)
+    assert expected
+    assert sorted(map(nexmark.q7_fingerprint, selected)) == sorted(
+        map(nexmark.q7_fingerprint, expected)
+    )
 
 
 def test_queries_without_windows_make_their_events_with_a_plain_map() -> None:

@@ -34,9 +34,10 @@ def _runs(rows: list[routed.Row]) -> dict[tuple[object, ...], list[tuple[bytes |
     long; a keyed or framed run's pairs are under port 0; only a GroupByKey's keys are
     kept)."""
     runs: dict[tuple[object, ...], list[tuple[bytes | None, bytes]]] = {}
-    for target, shard, key, element, *_, port in rows:
-        if element is None:
+    for target, shard, key, packed, *_, port in rows:
+        if packed is None:
             continue
+        element = routed.cell(packed)
         if port == routed.KEYED_RUN:
             pairs = list(routed.keyed_run_elements(element))
             port = 0
@@ -93,6 +94,47 @@ def test_a_run_is_cut_once_it_reaches_the_cell_size(monkeypatch: pytest.MonkeyPa
     # Cut after the element that reaches 7 bytes: 4 elements (8 bytes) a row.
     assert [len(r[3] or b"") for r in packed] == [8, 8, 4]
     assert _runs(packed) == _runs(rows)
+
+
+@pytest.mark.parametrize("target", [1, 2, 3, 4])
+@pytest.mark.parametrize("cell_bytes", [routed.PACKED_CELL_BYTES, 9])
+def test_addressed_rows_are_the_rows_packed_makes_of_a_row_per_element(
+    monkeypatch: pytest.MonkeyPatch, target: int, cell_bytes: int
+) -> None:
+    """A router addresses a stage's outputs to a reader in runs: packed, the same rows,
+    byte for byte, as a row per element packed, each address's rows in the same order (a
+    stateful DoFn, a stateless stage, a GroupByKey, a stage with side inputs; runs cut or
+    not)."""
+    monkeypatch.setattr(routed, "PACKED_CELL_BYTES", cell_bytes)
+    topology = _topology()
+    keyed = target in (1, 3)
+    elements = [_element(i) * (1 + i % 3) for i in range(40)]
+    keys = [b"k%d" % (i % 7) if keyed else None for i in range(40)]
+    expected = routed.packed(
+        [routed.element_row(topology, target, k, e) for k, e in zip(keys, elements, strict=True)],
+        topology,
+    )
+    rows = routed.packed(routed.addressed_rows(topology, target, keys, elements), topology)
+
+    def by_address(row: routed.Row) -> tuple[int, int, int]:
+        return row[0], row[1], row[7]
+
+    assert sorted(rows, key=by_address) == sorted(expected, key=by_address)  # a stable sort
+    addresses = [(r[0], r[1], r[7]) for r in expected]
+    # Cut into several rows an address or not: each address's run whole.
+    assert (len(set(addresses)) < len(addresses)) == (cell_bytes == 9)
+
+
+def test_a_cell_of_many_elements_travels_compressed_and_reads_back_whole() -> None:
+    topology = _topology()
+    elements = [b"bid %d of auction 1000 at price 12233, date_time" % i for i in range(2_000)]
+    rows = routed.packed([routed.element_row(topology, 4, None, e) for e in elements], topology)
+    runs = [r for r in rows if r[3] is not None]
+    assert len(runs) == SHARDS
+    assert sum(len(r[3] or b"") for r in runs) * 5 < sum(map(len, elements))
+    assert sorted(e for r in runs for e in routed.framed_run_elements(routed.cell(r[3]))) == sorted(
+        elements
+    )
 
 
 @pytest.mark.parametrize("offset", [0, 3])

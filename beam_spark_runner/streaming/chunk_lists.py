@@ -7,7 +7,7 @@ the value, in a list state of (tag, chunk) rows: each micro-batch appends one ch
 tag that got elements (one ``appendList`` call), and only a batch in which some tags are
 due reads the list, takes their chunks and puts the rest back. The tag says what a chunk
 waits for (a window, a side input's watermarks); the chunk is whatever its node encodes,
-compressed on the way in (``state_bytes``: what the JVM reads back crosses to Python a
+compressed on the way in (``compression``: what the JVM reads back crosses to Python a
 character at a time). Chunks put back are put back as they were stored.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from beam_spark_runner.streaming.state_bytes import pack, unpack
+from beam_spark_runner.streaming.compression import pack, unpack
 
 
 class ChunkStore(Protocol):

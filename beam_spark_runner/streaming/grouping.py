@@ -73,6 +73,7 @@ from beam_spark_runner.streaming.rows import (
     KEYED_RUN,
     PORT,
     Row,
+    cell,
     keyed_run_elements,
     marker_of,
     output_rows,
@@ -597,10 +598,10 @@ def run_group_shard(
         if row[ELEMENT] is None:
             markers.append(marker_of(row))
         elif row[PORT] == KEYED_RUN:
-            for key, element in keyed_run_elements(bytes(row[ELEMENT])):
+            for key, element in keyed_run_elements(cell(row[ELEMENT])):
                 elements[key].append(element)
         else:
-            elements[bytes(row[KEY])].append(bytes(row[ELEMENT]))
+            elements[bytes(row[KEY])].append(cell(row[ELEMENT]))
     grouper = streaming_grouper(spec)
     out: list[Row] = []
     # The grouping key goes along: a stateful reader shards by it.

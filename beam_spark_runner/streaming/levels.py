@@ -6,7 +6,7 @@ a GroupByKey's shard runs ``grouping.run_group_shard``, a stateful DoFn's shard
 ``stateful.run_stateful_shard``, an unbounded splittable DoFn's shard
 ``splittable.run_splittable_shard``, a stage with side inputs
 ``side_inputs.run_side_input_shard``, each with its state as one value in the state
-store (one read and one write per shard and batch, compressed: ``state_bytes``). What a
+store (one read and one write per shard and batch, compressed: ``compression``). What a
 shard buffers for a later batch (a GroupByKey's values until their window's on-time pane,
 a stage's main elements until its side inputs are ready) is appended to a list beside it
 (``chunk_lists``), read only in the batch it is due. Its rows out are packed (``rows.packed``).
@@ -23,6 +23,7 @@ from beam_spark_runner.execution import collector
 from beam_spark_runner.execution.grouping import GroupSpec
 from beam_spark_runner.execution.stage_worker import StageSpec, TaskSinks, recording
 from beam_spark_runner.streaming.chunk_lists import ListStateChunks
+from beam_spark_runner.streaming.compression import pack, unpack
 from beam_spark_runner.streaming.grouping import (
     decode_shard_state,
     encode_shard_state,
@@ -38,7 +39,6 @@ from beam_spark_runner.streaming.side_inputs import (
     run_side_input_shard,
 )
 from beam_spark_runner.streaming.splittable import SplittableShardState, run_splittable_shard
-from beam_spark_runner.streaming.state_bytes import pack, unpack
 from beam_spark_runner.streaming.stateful import StatefulShardState, run_stateful_shard
 from beam_spark_runner.streaming.topology import Topology
 

@@ -34,7 +34,7 @@ from beam_spark_runner.execution.stage_worker import (
 )
 from beam_spark_runner.streaming import rows as routed
 from beam_spark_runner.streaming.spark_sources import ColumnsInput, StreamColumns, cell_batches
-from beam_spark_runner.streaming.topology import SINK, Topology
+from beam_spark_runner.streaming.topology import SINK, Node, Topology
 from beam_spark_runner.streaming.watermarks import Marker
 
 
@@ -84,7 +84,7 @@ def run_router(
             if row[routed.PORT] == routed.COLUMNS:
                 columns[row[routed.TARGET]].append((row[routed.PRODUCER], row[routed.ELEMENT]))
             elif row[routed.ELEMENT] is not None:
-                data[row[routed.TARGET]].append(row[routed.ELEMENT])
+                data[row[routed.TARGET]].append(routed.cell(row[routed.ELEMENT]))
             else:
                 markers[row[routed.TARGET]].append(routed.marker_of(row))
     out: list[routed.Row] = []
@@ -93,21 +93,7 @@ def run_router(
         bundles = _bundles(spec, data.pop(index, []), columns.pop(index, []))
         if bundles:
             for output in run_stage_bundles(stage, bundles, sinks):
-                for tag, key, element in zip(
-                    output.column(TAG).to_pylist(),
-                    output.column(STAGE_KEY).to_pylist(),
-                    output.column(STAGE_ELEMENT).to_pylist(),
-                    strict=True,
-                ):
-                    local = [t for t in node.targets[tag] if t in spec.stages]
-                    for target in local:
-                        data[target].append(element)
-                    if len(local) < len(node.targets[tag]) or node.side_targets:
-                        out.extend(
-                            row
-                            for row in routed.output_rows(topology, node, tag, key, element)
-                            if row[0] not in spec.stages
-                        )
+                out.extend(_routed_outputs(spec, node, output, data))
         for marker in markers.pop(index, []):
             for target in node.all_targets or (SINK,):
                 if target in spec.stages:
@@ -116,6 +102,37 @@ def run_router(
                     out.extend(routed.marker_rows(topology, target, marker))
     if out:
         yield routed.to_batch(routed.packed(out, topology))
+
+
+def _routed_outputs(
+    spec: RouterSpec, node: Node, output: pa.RecordBatch, data: dict[int, list[bytes]]
+) -> list[routed.Row]:
+    """A stage's outputs, each to its readers.
+
+    A stage of this router gets them in ``data``; the rows for later steps are returned,
+    packed per reader (``rows.addressed_rows``), a side input's per element and shard.
+    """
+    topology = spec.topology
+    tags = output.column(TAG)
+    distinct = pc.unique(tags).to_pylist()  # one: each batch a stage worker makes
+    rows: list[routed.Row] = []
+    for tag in distinct:
+        part = output if len(distinct) == 1 else output.filter(pc.equal(tags, tag))
+        elements = part.column(STAGE_ELEMENT).to_pylist()
+        keys: list[bytes | None] | None = None
+        for target in node.targets[tag]:
+            if target in spec.stages:
+                data[target].extend(elements)
+                continue
+            if keys is None:
+                keys = part.column(STAGE_KEY).to_pylist()
+            rows.extend(routed.addressed_rows(topology, target, keys, elements))
+        if node.side_targets:
+            for target, port in node.side_targets[tag]:
+                if target not in spec.stages:
+                    for element in elements:
+                        rows.extend(routed.side_element_rows(topology, target, port, element))
+    return rows
 
 
 def router_stage_order(topology: Topology, router: int) -> list[int]:

@@ -52,6 +52,7 @@ from beam_spark_runner.streaming.rows import (
     FRAMED_RUN,
     PORT,
     Row,
+    cell,
     framed_run_elements,
     marker_of,
     routed_marker,
@@ -311,10 +312,10 @@ def run_side_input_shard(
         if row[ELEMENT] is None:
             markers.append(marker_of(row))
         elif row[PORT] == FRAMED_RUN:
-            for elements, earliest, needs in coders.framed_runs(bytes(row[ELEMENT])):
+            for elements, earliest, needs in coders.framed_runs(cell(row[ELEMENT])):
                 state.wait(elements, earliest, needs)
         elif row[PORT] > 0:
-            state.sides[row[PORT] - 1].append(bytes(row[ELEMENT]))
+            state.sides[row[PORT] - 1].append(cell(row[ELEMENT]))
         else:
             raise ValueError(
                 f"{node.name}: expected its main elements as a framed run (port {FRAMED_RUN}, "

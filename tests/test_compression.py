@@ -19,7 +19,7 @@ from beam_spark_runner.streaming.check import STREAMING_SPARK
 if pyspark_version() < STREAMING_SPARK:
     pytest.skip("transformWithState needs PySpark 4.1+", allow_module_level=True)
 
-from beam_spark_runner.streaming import levels, state_bytes  # noqa: E402
+from beam_spark_runner.streaming import levels, compression  # noqa: E402
 from beam_spark_runner.streaming.chunk_lists import ListStateChunks  # noqa: E402
 
 
@@ -70,19 +70,19 @@ class _ListState:
 
 def test_a_long_value_is_stored_compressed_and_read_back_whole() -> None:
     chunk = _framed_bids(2_000)
-    stored = state_bytes.pack(chunk)
-    assert stored.startswith(state_bytes._MAGIC)
+    stored = compression.pack(chunk)
+    assert stored.startswith(compression._MAGIC)
     # Pickled objects repeat their class and field names: far fewer bytes cross from the
     # JVM (measured 16x on Nexmark q7's bids).
     assert len(stored) * 5 < len(chunk)
-    assert state_bytes.unpack(stored) == chunk
+    assert compression.unpack(stored) == chunk
 
 
 def test_a_short_value_is_stored_as_it_is() -> None:
     value = pickle.dumps({"watermark": 5}, protocol=pickle.HIGHEST_PROTOCOL)
-    assert len(value) < state_bytes.PACK_AT_LEAST
-    assert state_bytes.pack(value) == value
-    assert state_bytes.unpack(value) == value
+    assert len(value) < compression.PACK_AT_LEAST
+    assert compression.pack(value) == value
+    assert compression.unpack(value) == value
 
 
 def test_values_an_earlier_version_wrote_are_read_unchanged() -> None:
@@ -91,11 +91,11 @@ def test_values_an_earlier_version_wrote_are_read_unchanged() -> None:
     state = pickle.dumps(list(range(1_000)), protocol=pickle.HIGHEST_PROTOCOL)
     run = _framed_bids(50)
     for value in (state, run):
-        assert len(value) >= state_bytes.PACK_AT_LEAST
-        assert state_bytes.unpack(value) == value
+        assert len(value) >= compression.PACK_AT_LEAST
+        assert compression.unpack(value) == value
     largest_binary = struct.pack(">I", 2**31 - 1)  # a Spark binary value is under 2 GiB
-    assert largest_binary < state_bytes._MAGIC
-    assert not state.startswith(state_bytes._MAGIC[:1])
+    assert largest_binary < compression._MAGIC
+    assert not state.startswith(compression._MAGIC[:1])
 
 
 def test_the_waiting_list_holds_chunks_compressed_and_puts_back_what_it_keeps() -> None:
@@ -169,9 +169,9 @@ def test_a_level_reads_its_shards_value_and_writes_it_compressed(
     monkeypatch.setattr(levels, "SideInputShardState", _ShardState)
     monkeypatch.setattr(levels, "run_side_input_shard", run_shard)
     level = levels.Level(_Topology(), {}, {}, {}, {7: "spec"}, None)  # type: ignore[arg-type, dict-item]
-    value = _ValueState(state_bytes.pack(previous) if written_by == "this version" else previous)
+    value = _ValueState(compression.pack(previous) if written_by == "this version" else previous)
     level.bind(value, _ListState())
     assert level._run_shard(7, 0, iter([])) == []
     assert seen == [previous]
-    assert value.value is not None and value.value.startswith(state_bytes._MAGIC)
-    assert state_bytes.unpack(value.value) == previous + b"!"
+    assert value.value is not None and value.value.startswith(compression._MAGIC)
+    assert compression.unpack(value.value) == previous + b"!"
