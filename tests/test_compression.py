@@ -19,7 +19,7 @@ from beam_spark_runner.streaming.check import STREAMING_SPARK
 if pyspark_version() < STREAMING_SPARK:
     pytest.skip("transformWithState needs PySpark 4.1+", allow_module_level=True)
 
-from beam_spark_runner.streaming import levels, compression  # noqa: E402
+from beam_spark_runner.streaming import compression, levels  # noqa: E402
 from beam_spark_runner.streaming.chunk_lists import ListStateChunks  # noqa: E402
 
 
