@@ -13,11 +13,14 @@ micro-batch (Python workers start then):
 * ``pyspark``: the same query hand-written in PySpark Structured Streaming over the same
   ``rate`` source and the same event function in SQL (``nexmark.event_columns``), its
   event time the same ``timestamp`` under a watermark of no delay (:func:`pyspark_query`);
-* ``pyspark-python`` (q0-q2 only): a floor for any runner that runs Beam's Python per
+* ``pyspark-python`` (q0-q2 and q7): a floor for any runner that runs Beam's Python per
   event. PySpark Structured Streaming over the same ``rate`` source hands each
   micro-batch's rows to Python in Arrow batches (``mapInArrow``); each row's event comes
   from the Python generator ours runs and goes through the query's user code
-  (:func:`run_pyspark_python`), with nothing of a runner around it.
+  (:func:`run_pyspark_python`), with nothing of a runner around it. On q7 its bids are
+  encoded by Beam's coder, kept per window by Spark and decoded for Beam's
+  ``SelectMaxBidFn`` (:func:`_floor_q7`): q7 hand-written in PySpark with Python per
+  event, which is no floor (Spark rewrites each window's list every micro-batch).
 
 Ours makes each row's event in its first step: for windowed queries ``_Events``, which
 also records the event times it read (the latency past the watermark, below); for q0-q2,
