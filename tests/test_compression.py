@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pickle
 import struct
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,6 +11,7 @@ from apache_beam.coders import coders
 from apache_beam.transforms.window import IntervalWindow
 from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
+from list_states import ListState
 
 from beam_spark_runner.spark_compat import pyspark_version
 from beam_spark_runner.streaming.check import STREAMING_SPARK
@@ -46,28 +46,6 @@ def _framed_bids(count: int) -> bytes:
     return b"".join(encoded)
 
 
-class _ListState:
-    """PySpark's ``ListState`` as a processor sees it."""
-
-    def __init__(self) -> None:
-        self.rows: list[tuple[bytes, bytes]] | None = None
-
-    def exists(self) -> bool:
-        return self.rows is not None
-
-    def get(self) -> Iterator[tuple[bytes, bytes]]:
-        return iter(self.rows or [])
-
-    def put(self, rows: list[tuple[bytes, bytes]]) -> None:
-        self.rows = list(rows)
-
-    def appendList(self, rows: list[tuple[bytes, bytes]]) -> None:  # noqa: N802 - PySpark's
-        self.rows = [*(self.rows or []), *rows]
-
-    def clear(self) -> None:
-        self.rows = None
-
-
 def test_a_long_value_is_stored_compressed_and_read_back_whole() -> None:
     chunk = _framed_bids(2_000)
     stored = compression.pack(chunk)
@@ -99,7 +77,7 @@ def test_values_an_earlier_version_wrote_are_read_unchanged() -> None:
 
 
 def test_the_waiting_list_holds_chunks_compressed_and_puts_back_what_it_keeps() -> None:
-    list_state = _ListState()
+    list_state = ListState()
     chunks = ListStateChunks(list_state)
     first, second, small = _framed_bids(300), _framed_bids(400), b"\x00\x00\x00\x01x"
     chunks.append([(b"a", first), (b"b", second), (b"a", small)])
@@ -114,7 +92,7 @@ def test_the_waiting_list_holds_chunks_compressed_and_puts_back_what_it_keeps() 
 
 
 def test_the_waiting_list_takes_chunks_an_earlier_version_stored_uncompressed() -> None:
-    list_state = _ListState()
+    list_state = ListState()
     old = _framed_bids(300)
     list_state.rows = [(b"a", old)]
     chunks = ListStateChunks(list_state)
@@ -170,7 +148,7 @@ def test_a_level_reads_its_shards_value_and_writes_it_compressed(
     monkeypatch.setattr(levels, "run_side_input_shard", run_shard)
     level = levels.Level(_Topology(), {}, {}, {}, {7: "spec"}, None)  # type: ignore[arg-type, dict-item]
     value = _ValueState(compression.pack(previous) if written_by == "this version" else previous)
-    level.bind(value, _ListState())
+    level.bind(value, ListState())
     assert level._run_shard(7, 0, iter([])) == []
     assert seen == [previous]
     assert value.value is not None and value.value.startswith(compression._MAGIC)

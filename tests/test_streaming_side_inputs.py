@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pickle
 import struct
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,6 +11,7 @@ from apache_beam.coders import coders
 from apache_beam.transforms.window import IntervalWindow
 from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
+from list_states import ListState
 
 from beam_spark_runner.beam_internals import WindowedHeaders
 from beam_spark_runner.spark_compat import pyspark_version
@@ -48,31 +48,6 @@ class MemoryWaitingStore:
                 kept.append(entry)
         self.chunks = kept
         return taken
-
-
-class _ListState:
-    """PySpark's ``ListState`` as the processor sees it (rows of (needs, chunk))."""
-
-    def __init__(self) -> None:
-        self.rows: list[tuple[bytes, bytes]] | None = None
-        self.writes = 0
-
-    def exists(self) -> bool:
-        return self.rows is not None
-
-    def get(self) -> Iterator[tuple[bytes, bytes]]:
-        return iter(self.rows or [])
-
-    def put(self, rows: list[tuple[bytes, bytes]]) -> None:
-        self.rows = list(rows)
-        self.writes += len(rows)
-
-    def appendList(self, rows: list[tuple[bytes, bytes]]) -> None:  # noqa: N802
-        self.rows = [*(self.rows or []), *rows]
-        self.writes += len(rows)
-
-    def clear(self) -> None:
-        self.rows = None
 
 
 class _Undecodable:
@@ -155,7 +130,7 @@ def test_a_state_written_before_buckets_is_read() -> None:
 
 @pytest.mark.parametrize("store_kind", ["memory", "list state"])
 def test_waiting_elements_live_in_the_store_and_come_back_in_order(store_kind: str) -> None:
-    list_state = _ListState()
+    list_state = ListState()
     store: side_inputs.WaitingStore = (
         MemoryWaitingStore()
         if store_kind == "memory"
