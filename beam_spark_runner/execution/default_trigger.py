@@ -34,6 +34,9 @@ from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedV
 
 from beam_spark_runner import beam_internals as bi
 
+_GRANULARITY = TIME_GRANULARITY.micros
+_MAX_MICROS = MAX_TIMESTAMP.micros
+
 
 @dataclasses.dataclass
 class WindowPanes:
@@ -263,10 +266,13 @@ class DefaultTriggerDriver:
         )
 
     @staticmethod
-    def earliest_hold(state: DefaultTriggerState) -> Timestamp:
-        """As Beam's ``InMemoryUnmergedState.get_earliest_hold``."""
+    def earliest_hold(state: DefaultTriggerState) -> int:
+        """As Beam's ``InMemoryUnmergedState.get_earliest_hold``, in microseconds.
+
+        Without making the ``Timestamp`` (2 % of Nexmark q11's Python time).
+        """
         holds = [min(panes.holds) for panes in state.values() if panes.holds]
-        return Timestamp(micros=min(holds)) - TIME_GRANULARITY if holds else MAX_TIMESTAMP
+        return min(holds) - _GRANULARITY if holds else _MAX_MICROS
 
 
 # Windows rebuilt from their bounds, shared by every key that decodes them (bounded: the

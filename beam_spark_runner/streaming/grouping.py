@@ -117,6 +117,7 @@ _LAYOUT = "beam-spark-gbk-keys-v2"
 # The visit time of a key with work every micro-batch (a processing-time timer, or a key
 # of an older checkpoint until its first batch settles it).
 _ALWAYS = MIN_MICROS
+_MAX_TIMESTAMP_MICROS = MAX_TIMESTAMP.micros
 
 
 @dataclasses.dataclass
@@ -529,9 +530,9 @@ class StreamingGrouper:
             else:
                 due = bi.trigger_state_next_work(state, lateness)
                 shard.visits[key_bytes] = _ALWAYS if due is None else min(due, MAX_MICROS)
-                hold = state.get_earliest_hold()
-            if hold < MAX_TIMESTAMP:
-                shard.holds[key_bytes] = hold.micros
+                hold = state.get_earliest_hold().micros
+            if hold < _MAX_TIMESTAMP_MICROS:
+                shard.holds[key_bytes] = hold
             else:
                 shard.holds.pop(key_bytes, None)
 
