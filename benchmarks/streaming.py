@@ -481,17 +481,23 @@ def pyspark_query(query: int, events: DataFrame) -> DataFrame:
 
 def _rate_stream(rate: int) -> DataFrame:
     """Spark's ``rate`` source at ``rate`` rows/s in 2 partitions, on the session ours runs
-    on (``local[2]`` with its driver heap: Spark's default of 1 GiB ran out at 256 000
-    events/s on q7), created if none is; what both hand-written runners read."""
+    on, created if none is: ``local[2]`` with its driver heap (Spark's default of 1 GiB ran
+    out at 256 000 events/s on q7), a shuffle partition per core (Spark's default of 200
+    makes every stateful micro-batch run 200 tasks) and RocksDB state. What both
+    hand-written runners read; whichever runner's trial creates the session, all get the
+    same settings."""
     from pyspark.sql import SparkSession
 
     from beam_spark_runner.session import local_driver_memory
+    from beam_spark_runner.streaming.query import ROCKSDB_PROVIDER, STATE_STORE_PROVIDER_CONF
 
     spark = (
         SparkSession.builder.master("local[2]")
         .config("spark.driver.memory", local_driver_memory())
         .getOrCreate()
     )
+    spark.conf.set("spark.sql.shuffle.partitions", str(spark.sparkContext.defaultParallelism))
+    spark.conf.set(STATE_STORE_PROVIDER_CONF, ROCKSDB_PROVIDER)
     return (
         spark.readStream.format("rate")
         .option("rowsPerSecond", rate)
@@ -504,15 +510,7 @@ def run_pyspark(query: int, rate: int, seconds: float, trigger: float = TRIGGER_
     """The hand-written PySpark Structured Streaming query at ``rate`` events/s."""
     from pyspark.sql import functions as F
 
-    from beam_spark_runner.streaming.query import ROCKSDB_PROVIDER, STATE_STORE_PROVIDER_CONF
-
-    # The session ours runs on (``_rate_stream``), with a shuffle partition per core
-    # (Spark's default of 200 makes every stateful micro-batch run 200 tasks) and RocksDB
-    # state. Whichever runner's trial creates the session, both get the same settings.
     source = _rate_stream(rate)
-    spark = source.sparkSession
-    spark.conf.set("spark.sql.shuffle.partitions", str(spark.sparkContext.defaultParallelism))
-    spark.conf.set(STATE_STORE_PROVIDER_CONF, ROCKSDB_PROVIDER)
     numbered = source.select(F.col("value").alias("id"), F.col("timestamp").alias("t"))
     events = nexmark.event_columns(numbered, keep=("t",)).withWatermark("t", "0 seconds")
     out = pyspark_query(query, events)
@@ -651,9 +649,10 @@ def run_pyspark_python(
     generator ours runs (``nexmark.event``) and goes through the query's user code
     (:func:`python_floor_steps`). No windows, timestamps, panes, framing or watermarks: only
     the generator, the user code and PySpark's own hand-over of rows to Python and back
-    (a ``long`` per row: how many outputs its event gave). q7 adds what Beam's semantics
-    make any runner do for it (:func:`_floor_q7`): its bids encoded by Beam's coder, kept
-    by Spark per window, decoded and selected once the window is complete."""
+    (a ``long`` per row: how many outputs its event gave). On q7 (:func:`_floor_q7`) its
+    bids are encoded by Beam's coder, kept by Spark per window and decoded and selected
+    once the window is complete: q7 hand-written in PySpark with Python per event, no
+    floor (Spark's aggregation rewrites each window's list every micro-batch)."""
     import pyarrow as pa
 
     if query not in PYTHON_FLOOR_QUERIES:
@@ -673,16 +672,11 @@ def run_pyspark_python(
             outputs = [len(steps(event(n))) for n in batch.column("value").to_pylist()]
             yield pa.RecordBatch.from_arrays([pa.array(outputs, pa.int64())], ["outputs"])
 
-    if query == 7:
-        from beam_spark_runner.streaming.query import ROCKSDB_PROVIDER, STATE_STORE_PROVIDER_CONF
-
-        # The hand-written PySpark runner's settings (``run_pyspark``).
-        spark = source.sparkSession
-        spark.conf.set("spark.sql.shuffle.partitions", str(spark.sparkContext.defaultParallelism))
-        spark.conf.set(STATE_STORE_PROVIDER_CONF, ROCKSDB_PROVIDER)
-        out = _floor_q7(source)
-    else:
-        out = source.select("value").mapInArrow(per_event, "outputs long")
+    out = (
+        _floor_q7(source)
+        if query == 7
+        else source.select("value").mapInArrow(per_event, "outputs long")
+    )
     checkpoint = tempfile.mkdtemp(prefix="bench-streaming-checkpoint-")
     writer = out.writeStream.option("checkpointLocation", checkpoint).format("noop")
     running = writer.trigger(processingTime=f"{trigger} seconds").start()

@@ -117,7 +117,6 @@ _LAYOUT = "beam-spark-gbk-keys-v2"
 # The visit time of a key with work every micro-batch (a processing-time timer, or a key
 # of an older checkpoint until its first batch settles it).
 _ALWAYS = MIN_MICROS
-_MAX_TIMESTAMP_MICROS = MAX_TIMESTAMP.micros
 
 
 @dataclasses.dataclass
@@ -531,7 +530,7 @@ class StreamingGrouper:
                 due = bi.trigger_state_next_work(state, lateness)
                 shard.visits[key_bytes] = _ALWAYS if due is None else min(due, MAX_MICROS)
                 hold = state.get_earliest_hold().micros
-            if hold < _MAX_TIMESTAMP_MICROS:
+            if hold < MAX_MICROS:  # Beam's MAX_TIMESTAMP
                 shard.holds[key_bytes] = hold
             else:
                 shard.holds.pop(key_bytes, None)

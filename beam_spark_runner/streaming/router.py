@@ -21,20 +21,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from beam_spark_runner.execution.stage_worker import (
-    ELEMENT as STAGE_ELEMENT,
-)
-from beam_spark_runner.execution.stage_worker import (
-    KEY as STAGE_KEY,
-)
-from beam_spark_runner.execution.stage_worker import (
-    TAG,
     StageSpec,
     TaskSinks,
     run_stage_bundles,
 )
 from beam_spark_runner.streaming import rows as routed
 from beam_spark_runner.streaming.spark_sources import ColumnsInput, StreamColumns, cell_batches
-from beam_spark_runner.streaming.topology import SINK, Node, Topology
+from beam_spark_runner.streaming.topology import SINK, Topology
 from beam_spark_runner.streaming.watermarks import Marker
 
 
@@ -93,7 +86,7 @@ def run_router(
         bundles = _bundles(spec, data.pop(index, []), columns.pop(index, []))
         if bundles:
             for output in run_stage_bundles(stage, bundles, sinks):
-                out.extend(_routed_outputs(spec, node, output, data))
+                out.extend(routed.stage_output_rows(topology, node, output, spec.stages, data))
         for marker in markers.pop(index, []):
             for target in node.all_targets or (SINK,):
                 if target in spec.stages:
@@ -102,37 +95,6 @@ def run_router(
                     out.extend(routed.marker_rows(topology, target, marker))
     if out:
         yield routed.to_batch(routed.packed(out, topology))
-
-
-def _routed_outputs(
-    spec: RouterSpec, node: Node, output: pa.RecordBatch, data: dict[int, list[bytes]]
-) -> list[routed.Row]:
-    """A stage's outputs, each to its readers.
-
-    A stage of this router gets them in ``data``; the rows for later steps are returned,
-    packed per reader (``rows.addressed_rows``), a side input's per element and shard.
-    """
-    topology = spec.topology
-    tags = output.column(TAG)
-    distinct = pc.unique(tags).to_pylist()  # one: each batch a stage worker makes
-    rows: list[routed.Row] = []
-    for tag in distinct:
-        part = output if len(distinct) == 1 else output.filter(pc.equal(tags, tag))
-        elements = part.column(STAGE_ELEMENT).to_pylist()
-        keys: list[bytes | None] | None = None
-        for target in node.targets[tag]:
-            if target in spec.stages:
-                data[target].extend(elements)
-                continue
-            if keys is None:
-                keys = part.column(STAGE_KEY).to_pylist()
-            rows.extend(routed.addressed_rows(topology, target, keys, elements))
-        if node.side_targets:
-            for target, port in node.side_targets[tag]:
-                if target not in spec.stages:
-                    for element in elements:
-                        rows.extend(routed.side_element_rows(topology, target, port, element))
-    return rows
 
 
 def router_stage_order(topology: Topology, router: int) -> list[int]:

@@ -35,12 +35,14 @@ from __future__ import annotations
 import functools
 import struct
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from beam_spark_runner.coders import arrow_columns as stage_columns
 from beam_spark_runner.streaming.compression import pack, unpack
 from beam_spark_runner.streaming.topology import GROUP, SINK, Node, Topology
 from beam_spark_runner.streaming.watermarks import Marker, producer_id
@@ -185,7 +187,7 @@ def addressed_rows(
     """
     node = topology.nodes[target]
     if not node.stateful:
-        return [_run_row((target, 0, 0), run) for run in _cut(elements)]
+        return [_row((target, 0, 0), _joined(run)) for run in _cut(elements)]
     shards = topology.shards
     crc32 = zlib.crc32
     runs: list[list[bytes]] = [[] for _ in range(shards)]
@@ -205,9 +207,9 @@ def addressed_rows(
             runs[crc32(key if key is not None else element) % shards].append(element)
         port = 0
     return [
-        _run_row((target, shard, port), cell)
+        _row((target, shard, port), _joined(cut))
         for shard, run in enumerate(runs)
-        for cell in _cut(run)
+        for cut in _cut(run)
     ]
 
 
@@ -225,6 +227,42 @@ def _cut(elements: list[bytes]) -> list[list[bytes]]:
     if run:
         runs.append(run)
     return runs
+
+
+def stage_output_rows(
+    topology: Topology,
+    node: Node,
+    output: pa.RecordBatch,
+    local: Collection[int] = (),
+    data: dict[int, list[bytes]] | None = None,
+) -> list[Row]:
+    """A stage's output batch addressed to the readers of its output.
+
+    The batch is in the stage output layout (``arrow_columns``: tag, key, element). Rows
+    go in runs per reader (``addressed_rows``), a side input's per element and shard.
+    Readers in ``local`` (a router's own stages) get the elements in ``data`` instead.
+    """
+    tags = output.column(stage_columns.TAG)
+    distinct = pc.unique(tags).to_pylist()  # one: each batch a stage worker makes
+    rows: list[Row] = []
+    for tag in distinct:
+        part = output if len(distinct) == 1 else output.filter(pc.equal(tags, tag))
+        elements = part.column(stage_columns.ELEMENT).to_pylist()
+        keys: list[bytes | None] | None = None
+        for target in node.targets[tag]:
+            if target in local:
+                assert data is not None, "a router's own stages read their elements in data"
+                data[target].extend(elements)
+                continue
+            if keys is None:
+                keys = part.column(stage_columns.KEY).to_pylist()
+            rows.extend(addressed_rows(topology, target, keys, elements))
+        if node.side_targets:
+            for target, port in node.side_targets[tag]:
+                if target not in local:
+                    for element in elements:
+                        rows.extend(side_element_rows(topology, target, port, element))
+    return rows
 
 
 def _runs(elements: pa.BinaryArray) -> list[bytes]:
@@ -262,12 +300,10 @@ def packed(rows: Iterable[Row], topology: Topology) -> list[Row]:
     after the elements.
     """
     runs: dict[tuple[int, int, int], list[bytes]] = {}
-    sizes: dict[tuple[int, int, int], int] = {}
     grouped = {node.index for node in topology.nodes if node.kind == GROUP}
     waiting = {node.index for node in topology.nodes if node.side_expected}
     frame = _FRAME.pack
     length = _LENGTH.pack
-    out: list[Row] = []
     markers: list[Row] = []
     for row in rows:
         target, shard, key, element = row[0], row[1], row[2], row[3]
@@ -286,26 +322,19 @@ def packed(rows: Iterable[Row], topology: Topology) -> list[Row]:
         run = runs.get(address)
         if run is None:
             run = runs[address] = []
-            sizes[address] = 0
         run.append(element)
-        sizes[address] += len(element)
-        if sizes[address] >= PACKED_CELL_BYTES:
-            out.append(_packed_row(address, runs.pop(address)))
-    out.extend(_packed_row(address, run) for address, run in runs.items())
+    out = [_row(address, pack(_joined(cut))) for address, run in runs.items() for cut in _cut(run)]
     out.extend(markers)
     return out
 
 
-def _run_row(address: tuple[int, int, int], run: list[bytes]) -> Row:
-    target, shard, port = address
-    element = run[0] if len(run) == 1 else b"".join(run)
-    return (target, shard, None, element, None, None, None, port)
+def _joined(run: list[bytes]) -> bytes:
+    return run[0] if len(run) == 1 else b"".join(run)
 
 
-def _packed_row(address: tuple[int, int, int], run: list[bytes]) -> Row:
+def _row(address: tuple[int, int, int], cell: bytes) -> Row:
     target, shard, port = address
-    element = pack(run[0] if len(run) == 1 else b"".join(run))
-    return (target, shard, None, element, None, None, None, port)
+    return (target, shard, None, cell, None, None, None, port)
 
 
 def cell(value: Any) -> bytes:

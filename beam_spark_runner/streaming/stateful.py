@@ -26,13 +26,6 @@ from apache_beam.utils.timestamp import MAX_TIMESTAMP, Timestamp
 
 from beam_spark_runner.errors import StageExecutionError
 from beam_spark_runner.execution.stage_worker import (
-    ELEMENT as STAGE_ELEMENT,
-)
-from beam_spark_runner.execution.stage_worker import (
-    KEY as STAGE_KEY,
-)
-from beam_spark_runner.execution.stage_worker import (
-    TAG,
     BundleOutputs,
     StageSpec,
     TaskSinks,
@@ -43,8 +36,8 @@ from beam_spark_runner.metrics import task_metrics
 from beam_spark_runner.streaming.rows import (
     Row,
     elements_and_markers,
-    output_rows,
     routed_marker,
+    stage_output_rows,
 )
 from beam_spark_runner.streaming.topology import Node, Topology
 from beam_spark_runner.streaming.watermarks import (
@@ -152,11 +145,5 @@ def routed_outputs(
     out: list[Row] = []
     for bundle in outputs:
         for batch in bundle.record_batches(spec.outputs, worker.key_extractors):
-            for tag, key, element in zip(
-                batch.column(TAG).to_pylist(),
-                batch.column(STAGE_KEY).to_pylist(),
-                batch.column(STAGE_ELEMENT).to_pylist(),
-                strict=True,
-            ):
-                out.extend(output_rows(topology, node, tag, key, element))
+            out.extend(stage_output_rows(topology, node, batch))
     return out
