@@ -1218,3 +1218,18 @@ def test_a_dofns_timestamp_and_window_are_passed_in_its_order(params: tuple[str,
     windowed_value = WindowedValue(7, Timestamp(micros=5), [window.IntervalWindow(0, 10)])
     expected = {"timestamp": Timestamp(micros=5), "window": window.IntervalWindow(0, 10)}
     assert _params_of(params)(windowed_value) == tuple(expected[name] for name in params)
+
+
+@pytest.mark.parametrize(
+    "timestamp",
+    [Timestamp.of(2.5), Timestamp(seconds=3, subseconds=7, precision=3), Timestamp(micros=-1)],
+)
+def test_a_dofns_timestamp_is_the_values_own_at_its_precision(timestamp: Any) -> None:
+    """As Beam's invoker passes it: a ``Timestamp`` made again from the value's microseconds
+    would be equal, but would print a millisecond one as microseconds."""
+    from beam_spark_runner.execution.batched_steps import _params_of
+
+    windowed_value = WindowedValue(7, timestamp, [window.GlobalWindow()])
+    (made,) = _params_of(("timestamp",))(windowed_value)
+    assert made == timestamp and made.micros == timestamp.micros
+    assert repr(made) == repr(timestamp)

@@ -57,6 +57,8 @@ from beam_spark_runner.execution.default_trigger import (
 
 Bounds = tuple[int, int]  # a session's start and end, micros
 
+_micros = bi.micros_of_timestamp
+
 
 @dataclasses.dataclass
 class SessionPanes:
@@ -125,38 +127,47 @@ def _merge(state: SessionTriggerState, new: Iterable[Bounds]) -> dict[Bounds, Bo
     only known windows have state, and no two of them share a start.
     """
     merged_away: dict[Bounds, Bounds] = {}
-
-    def merge(run: list[Bounds], result: Bounds) -> None:
-        target = state.get(result)
-        for window in run:
-            if window == result:
-                continue
-            merged_away[window] = result
-            moved = state.pop(window, None)
-            if moved is None:
-                continue  # a new window: no state yet
-            if target is None:
-                target = state[result] = SessionPanes(buckets=[])
-            target.buckets.extend(moved.buckets)
-            target.holds.extend(moved.holds)
-            target.count += moved.count
-            target.finished = target.finished or moved.finished
-        if target is not None:
-            target.timer = False
-
-    run: list[Bounds] = []
-    end = 0
-    for window in sorted({*state, *new}, key=lambda w: w[0]):
-        if run and end > window[0]:
-            run.append(window)
-            end = max(end, window[1])
-            continue
-        if len(run) > 1:
-            merge(run, (run[0][0], end))
-        run, end = [window], window[1]
-    if len(run) > 1:
-        merge(run, (run[0][0], end))
+    # Sorted as tuples: by start, then end. Beam sorts by start alone; among windows with
+    # the same start the order does not show (above).
+    windows = sorted({*state, *new})
+    count = len(windows)
+    i = 0
+    while i < count:
+        start, end = windows[i]
+        j = i + 1
+        while j < count and windows[j][0] < end:
+            if windows[j][1] > end:
+                end = windows[j][1]
+            j += 1
+        if j - i > 1:
+            _merge_run(state, windows[i:j], (start, end), merged_away)
+        i = j
     return merged_away
+
+
+def _merge_run(
+    state: SessionTriggerState,
+    run: list[Bounds],
+    result: Bounds,
+    merged_away: dict[Bounds, Bounds],
+) -> None:
+    """One run of overlapping windows into ``result`` (see ``_merge``)."""
+    target = state.get(result)
+    for window in run:
+        if window == result:
+            continue
+        merged_away[window] = result
+        moved = state.pop(window, None)
+        if moved is None:
+            continue  # a new window: no state yet
+        if target is None:
+            target = state[result] = SessionPanes(buckets=[])
+        target.buckets.extend(moved.buckets)
+        target.holds.extend(moved.holds)
+        target.count += moved.count
+        target.finished = target.finished or moved.finished
+    if target is not None:
+        target.timer = False
 
 
 class SessionsDriver(DefaultTriggerDriver):
@@ -179,28 +190,25 @@ class SessionsDriver(DefaultTriggerDriver):
         input_watermark: Timestamp,
     ) -> Iterator[WindowedValue]:
         """New elements of one key; yields the panes that fire at once (late data)."""
-        input_micros = input_watermark.micros
-        lateness = self.allowed_lateness.micros
+        input_micros = _micros(input_watermark)
+        # A window ending before this is expired: Beam drops its input as late.
+        cut = input_micros - self.allowed_lateness.micros
         bounds = bi.interval_bounds
         by_window: dict[Bounds, list[WindowedValue]] = {}
         for wv in windowed_values:
             for window in wv.windows:
                 key = bounds(window)
-                if input_micros > key[1] + lateness:
-                    continue  # expired: Beam drops it
-                elements = by_window.get(key)
-                if elements is None:
-                    by_window[key] = [wv]
-                else:
-                    elements.append(wv)
+                if key[1] >= cut:
+                    by_window.setdefault(key, []).append(wv)
         if not by_window.keys() <= state.keys():
             merged_away = _merge(state, by_window)
             if merged_away:
                 merged: dict[Bounds, list[WindowedValue]] = {}
+                get = merged_away.get
                 for key, elements in by_window.items():
-                    merged.setdefault(merged_away.get(key, key), []).extend(elements)
+                    merged.setdefault(get(key, key), []).extend(elements)
                 by_window = merged
-        floor = output_watermark.micros
+        floor = _micros(output_watermark)
         early_count = self.trigger.early_count
         for key, elements in by_window.items():
             panes = state.get(key)
@@ -255,9 +263,14 @@ class SessionsDriver(DefaultTriggerDriver):
 
     def fire_timers(self, state: DefaultTriggerState, watermark: Timestamp) -> Iterator[Any]:
         """The panes of sessions whose end the watermark reached, in end order."""
-        at = watermark.micros
+        at = _micros(watermark)
         due = [key for key, panes in state.items() if panes.timer and key[1] <= at]
-        for key in sorted(due, key=lambda w: w[1]):
+        if not due:
+            return iter(())  # most keys, most micro-batches: no generator made
+        return self._fire_due(state, sorted(due, key=lambda w: w[1]))
+
+    def _fire_due(self, state: DefaultTriggerState, due: list[Bounds]) -> Iterator[Any]:
+        for key in due:
             panes = state[key]
             panes.timer = False
             if not panes.finished:
