@@ -102,10 +102,11 @@ def test_the_event_step_records_a_bundles_latest_event_time_and_when_it_read_it(
     events.start_bundle()
     times = iter([50.0, 51.0, 52.0])
     with mock.patch("benchmarks.streaming.time.time", lambda: next(times)):
-        out = [
-            next(iter(events.process(SimpleNamespace(value=n), Timestamp(seconds)))).__dict__
+        rows = [
+            SimpleNamespace(value=n, timestamp=Timestamp(seconds))
             for n, seconds in ((0, 10.5), (1, 12.0), (2, 11.0))
         ]
+        out = [next(iter(events.process(row))).__dict__ for row in rows]
     assert out == [nexmark.event(n).__dict__ for n in range(3)]
     assert list(Path(str(tmp_path)).iterdir()) == [], "written before the bundle ended"
     events.finish_bundle()
