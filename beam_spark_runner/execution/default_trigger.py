@@ -257,13 +257,12 @@ class DefaultTriggerDriver:
         ``allowed_lateness`` to forget.
         """
         end = self._end
-        return min(
-            (
-                end(window) if panes.timer else end(window) + allowed_lateness + 1
-                for window, panes in state.items()
-            ),
-            default=MIN_TIMESTAMP.micros,
-        )
+        visit = None
+        for window, panes in state.items():
+            at = end(window) if panes.timer else end(window) + allowed_lateness + 1
+            if visit is None or at < visit:
+                visit = at
+        return MIN_TIMESTAMP.micros if visit is None else visit
 
     @staticmethod
     def earliest_hold(state: DefaultTriggerState) -> int:
