@@ -356,9 +356,9 @@ class _Events(beam.DoFn):  # type: ignore[misc]
 
 def event_of_row(row: Any) -> Any:
     """The event of a ``rate`` source's row, for queries without windows: no latency is
-    measured there, so no event time is recorded (``_Events`` reads each event's
-    timestamp and the wall clock, about 1.4 us an event, which neither hand-written
-    PySpark nor the Python-per-event floor pays)."""
+    measured there, so no event time is recorded (``_Events`` reads each row's event
+    time and the wall clock, which neither hand-written PySpark nor the Python-per-event
+    floor pays)."""
     return nexmark.event(int(row.value))
 
 
