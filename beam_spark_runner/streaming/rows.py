@@ -190,27 +190,47 @@ def addressed_rows(
         return [_row((target, 0, 0), _joined(run)) for run in _cut(elements)]
     shards = topology.shards
     crc32 = zlib.crc32
-    runs: list[list[bytes]] = [[] for _ in range(shards)]
+    # Per shard: the pieces of its current run (frames and elements, joined once when the
+    # run is cut, not concatenated per element), their size, and the runs cut so far.
+    pieces: list[list[bytes]] = [[] for _ in range(shards)]
+    sizes = [0] * shards
+    cuts: list[list[bytes]] = [[] for _ in range(shards)]
+
+    def cut(shard: int) -> None:
+        cuts[shard].append(_joined(pieces[shard]))
+        pieces[shard], sizes[shard] = [], 0
+
     if node.kind == GROUP:
-        frame = _FRAME.pack
+        frame, framing = _FRAME.pack, _FRAME.size
         for key, element in zip(keys, elements, strict=True):
             assert key is not None, "a GroupByKey's element without its key"
-            runs[crc32(key) % shards].append(frame(len(key), len(element)) + key + element)
+            shard = crc32(key) % shards
+            pieces[shard] += (frame(len(key), len(element)), key, element)
+            sizes[shard] += framing + len(key) + len(element)
+            if sizes[shard] >= PACKED_CELL_BYTES:
+                cut(shard)
         port = KEYED_RUN
     elif node.side_expected:
-        length = _LENGTH.pack
+        length, framing = _LENGTH.pack, _LENGTH.size
         for element in elements:
-            runs[crc32(element) % shards].append(length(len(element)) + element)
+            shard = crc32(element) % shards
+            pieces[shard] += (length(len(element)), element)
+            sizes[shard] += framing + len(element)
+            if sizes[shard] >= PACKED_CELL_BYTES:
+                cut(shard)
         port = FRAMED_RUN
     else:
         for key, element in zip(keys, elements, strict=True):
-            runs[crc32(key if key is not None else element) % shards].append(element)
+            shard = crc32(key if key is not None else element) % shards
+            pieces[shard].append(element)
+            sizes[shard] += len(element)
+            if sizes[shard] >= PACKED_CELL_BYTES:
+                cut(shard)
         port = 0
-    return [
-        _row((target, shard, port), _joined(cut))
-        for shard, run in enumerate(runs)
-        for cut in _cut(run)
-    ]
+    for shard in range(shards):
+        if pieces[shard]:
+            cut(shard)
+    return [_row((target, shard, port), run) for shard in range(shards) for run in cuts[shard]]
 
 
 def _cut(elements: list[bytes]) -> list[list[bytes]]:
