@@ -1220,10 +1220,16 @@ def test_a_dofns_timestamp_and_window_are_passed_in_its_order(params: tuple[str,
     assert _params_of(params)(windowed_value) == tuple(expected[name] for name in params)
 
 
-@pytest.mark.parametrize(
-    "timestamp",
-    [Timestamp.of(2.5), Timestamp(seconds=3, subseconds=7, precision=3), Timestamp(micros=-1)],
-)
+def _timestamps_at_precisions() -> list[Any]:
+    made = [Timestamp.of(2.5), Timestamp(micros=-1)]
+    try:  # Beam 2.7x: a Timestamp has a precision; milliseconds here
+        made.append(Timestamp(seconds=3, subseconds=7, precision=3))  # type: ignore[call-arg]
+    except TypeError:  # before: microseconds only
+        pass
+    return made
+
+
+@pytest.mark.parametrize("timestamp", _timestamps_at_precisions())
 def test_a_dofns_timestamp_is_the_values_own_at_its_precision(timestamp: Any) -> None:
     """As Beam's invoker passes it: a ``Timestamp`` made again from the value's microseconds
     would be equal, but would print a millisecond one as microseconds."""
