@@ -465,12 +465,10 @@ class StreamingGrouper:
     def _fire_timers(self, shard: ShardState) -> Iterator[Any]:
         watermark = Timestamp(micros=shard.watermarks.input_watermark)
         beams = {}
-        default = self.default
         for key_bytes, key_state in shard.loaded():
             if isinstance(key_state.state, DefaultTriggerState):
-                assert default is not None, "default-trigger state under another trigger"
                 # Its firings never set timers: one round.
-                for pane in default.fire_timers(key_state.state, watermark):
+                for pane in self._driver_of(key_state).fire_timers(key_state.state, watermark):
                     yield key_bytes, key_state.key, pane
             else:
                 beams[key_bytes] = key_state
@@ -506,12 +504,11 @@ class StreamingGrouper:
         def expired(window: Any) -> bool:
             return bool(window.end + lateness < watermark)
 
-        default, at, micros = self.default, shard.watermarks.input_watermark, lateness.micros
+        at, micros = shard.watermarks.input_watermark, lateness.micros
         for key_bytes, key_state in list(shard.keys.items()):
             state = key_state.state
             if isinstance(state, DefaultTriggerState):
-                assert default is not None, "default-trigger state under another trigger"
-                default.forget_expired(state, at, micros)
+                self._driver_of(key_state).forget_expired(state, at, micros)
                 if not state:
                     shard.remove(key_bytes)
                 continue
@@ -522,13 +519,12 @@ class StreamingGrouper:
     def _settle(self, shard: ShardState) -> None:
         """Records each decoded key's next visit and earliest hold."""
         lateness = self.allowed_lateness.micros
-        default = self.default
         for key_bytes, key_state in shard.keys.items():
             state = key_state.state
             if isinstance(state, DefaultTriggerState):
-                assert default is not None, "default-trigger state under another trigger"
-                shard.visits[key_bytes] = default.next_visit(state, lateness)
-                hold = default.earliest_hold(state)
+                driver = self._driver_of(key_state)
+                shard.visits[key_bytes] = driver.next_visit(state, lateness)
+                hold = driver.earliest_hold(state)
             else:
                 due = bi.trigger_state_next_work(state, lateness)
                 shard.visits[key_bytes] = _ALWAYS if due is None else min(due, MAX_MICROS)

@@ -182,7 +182,7 @@ def addressed_rows(
     The runs ``packed`` makes of their ``element_row`` rows: per shard, in their order, as
     a keyed run for a GroupByKey, a framed run for a stage with side inputs, else
     concatenated; a run cut once it reaches ``PACKED_CELL_BYTES``. Without a row per
-    element (1.8 against 0.9 us an element, Nexmark q7's bids). Not compressed yet:
+    element (1.8 against about 0.6 us an element, Nexmark q7's bids). Not compressed yet:
     ``packed`` takes such rows as they are (joining those of an address) and compresses.
     """
     node = topology.nodes[target]
@@ -191,7 +191,9 @@ def addressed_rows(
     shards = topology.shards
     crc32 = zlib.crc32
     # Per shard: the pieces of its current run (frames and elements, joined once when the
-    # run is cut, not concatenated per element), their size, and the runs cut so far.
+    # run is cut, not concatenated per element), their size, and the runs cut so far. The
+    # cut is ``_cut``'s rule, counted here as pieces are added: ``_cut`` over pieces, an
+    # element's pieces never split, took 0.50 against 0.36 us a 25-byte element.
     pieces: list[list[bytes]] = [[] for _ in range(shards)]
     sizes = [0] * shards
     cuts: list[list[bytes]] = [[] for _ in range(shards)]
