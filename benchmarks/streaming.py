@@ -18,9 +18,10 @@ micro-batch (Python workers start then):
   micro-batch's rows to Python in Arrow batches (``mapInArrow``); each row's event comes
   from the Python generator ours runs and goes through the query's user code
   (:func:`run_pyspark_python`), with nothing of a runner around it. On q7 its bids are
-  encoded by Beam's coder, kept per window by Spark and decoded for Beam's
-  ``SelectMaxBidFn`` (:func:`_floor_q7`): q7 hand-written in PySpark with Python per
-  event, which is no floor (Spark rewrites each window's list every micro-batch).
+  encoded by Beam's coder and compressed, a run per window and Arrow batch, kept per
+  shard in a ``transformWithState`` list state until Spark's watermark passes their
+  window's end, then decoded for Beam's ``SelectMaxBidFn`` (:func:`_floor_q7`): the least
+  a runner buffering Beam's q7 bids must do.
 
 Ours makes each row's event in its first step: for windowed queries ``_Events``, which
 also records the event times it read (the latency past the watermark, below); for q0-q2,
@@ -75,6 +76,7 @@ import logging
 import math
 import os
 import statistics
+import struct
 import sys
 import tempfile
 import time
@@ -571,76 +573,208 @@ def python_floor_steps(query: int) -> Callable[[Any], list[Any]]:
     )
 
 
-def floor_q7_bids(numbers: Sequence[int]) -> tuple[list[bool], list[int], list[bytes]]:
-    """The floor's q7, per event: which of the events numbered ``numbers`` are bids, and
-    each bid's price and encoding by Beam's coder for the query's bids (they have no type
-    hint: ``FastPrimitivesCoder``, which pickles them), the least a runner buffering Beam's
-    elements until their window's highest price is known must do."""
-    from apache_beam.coders import coders
+def floor_q7_pack(
+    numbers: Sequence[int], micros: Sequence[int]
+) -> dict[int, tuple[bytes, int, int]]:
+    """The floor's q7 for one Arrow batch of the ``rate`` source's rows: event ``n`` of
+    each row, at the row's time (``micros``, microseconds); per fixed window (its start in
+    microseconds), its bids encoded by Beam's coder for the query's bids, concatenated and
+    compressed (:func:`_floor_pack`), with their highest price and latest time.
 
-    encode = coders.FastPrimitivesCoder().get_impl().encode
+    The bids have no type hint, so Beam's coder is ``FastPrimitivesCoder``, which pickles
+    them. That is the least a runner buffering Beam's elements until their window's
+    highest price is known must do per event, besides making it: encode it, and keep it
+    (compressed, as ours keeps what it buffers).
+    """
+    from apache_beam.coders import coders
+    from apache_beam.coders.coder_impl import create_OutputStream
+
+    encode = coders.FastPrimitivesCoder().get_impl().encode_to_stream
     is_bid, event = nexmark._is_bid, nexmark.event
-    mask: list[bool] = []
-    prices: list[int] = []
-    encoded: list[bytes] = []
-    for n in numbers:
+    window_micros = nexmark.WINDOW_SIZE_MS * 1000
+    windows: dict[int, list[Any]] = {}
+    for n, at in zip(numbers, micros, strict=True):
         item = event(n)
-        if is_bid(item):
-            mask.append(True)
-            prices.append(item.price)
-            encoded.append(encode(item))
-        else:
-            mask.append(False)
-    return mask, prices, encoded
+        if not is_bid(item):
+            continue
+        start = at - at % window_micros
+        kept = windows.get(start)
+        if kept is None:
+            kept = windows[start] = [create_OutputStream(), item.price, at]
+        encode(item, kept[0], True)
+        if item.price > kept[1]:
+            kept[1] = item.price
+        if at > kept[2]:
+            kept[2] = at
+    return {
+        start: (_floor_pack(out.get()), best, latest)
+        for start, (out, best, latest) in windows.items()
+    }
 
 
-def floor_q7_select(best: int, encoded: Sequence[bytes]) -> list[Any]:
-    """The floor's q7, per window: its bids decoded by Beam's coder and passed through
-    Beam's ``SelectMaxBidFn`` with the window's highest price as its side input."""
+def floor_q7_select(best: int, packed: Sequence[bytes]) -> list[Any]:
+    """The floor's q7 for one window: its bids (runs :func:`floor_q7_pack` made) decoded
+    by Beam's coder and passed through Beam's ``SelectMaxBidFn`` with the window's highest
+    price as its side input."""
     from apache_beam.coders import coders
+    from apache_beam.coders.coder_impl import create_InputStream
     from apache_beam.testing.benchmarks.nexmark.queries.query7 import SelectMaxBidFn
 
-    decode = coders.FastPrimitivesCoder().get_impl().decode
+    decode = coders.FastPrimitivesCoder().get_impl().decode_from_stream
     select = SelectMaxBidFn().process
-    return [bid for data in encoded for bid in select(decode(data), best)]
+    selected: list[Any] = []
+    for data in packed:
+        stream = create_InputStream(_floor_unpack(data))
+        while stream.size():
+            selected.extend(select(decode(stream, True), best))
+    return selected
+
+
+# A packed run's size before compression (a format, not a ``struct.Struct``: run as
+# ``__main__``, this module's functions are pickled by value for the workers).
+_FLOOR_SIZE = "<Q"
+
+
+def _floor_pack(data: bytes) -> bytes:
+    """``data`` compressed as ours compresses what it buffers (Zstandard, level 1)."""
+    import pyarrow as pa
+
+    codec = pa.Codec("zstd", compression_level=1)
+    return struct.pack(_FLOOR_SIZE, len(data)) + codec.compress(data, asbytes=True)
+
+
+def _floor_unpack(data: bytes) -> bytes:
+    import pyarrow as pa
+
+    (size,) = struct.unpack_from(_FLOOR_SIZE, data)
+    codec = pa.Codec("zstd", compression_level=1)
+    start = struct.calcsize(_FLOOR_SIZE)
+    return codec.decompress(data[start:], decompressed_size=size, asbytes=True)
+
+
+def _floor_shards(spark: Any) -> tuple[int, ...]:
+    """A shard number per shuffle partition, each landing on its own partition when Spark
+    groups by it (Spark hashes a grouping key as ``hash`` does, modulo the partitions),
+    so each shard's bids are decoded on their own core."""
+    from pyspark.sql import functions as F
+
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    numbers = spark.range(64).select(F.col("id").cast("int").alias("shard"))
+    placed = numbers.select("shard", F.pmod(F.hash("shard"), F.lit(partitions)).alias("p"))
+    first: dict[int, int] = {}
+    for row in placed.collect():
+        first.setdefault(row.p, row.shard)
+    return tuple(first[p] for p in sorted(first))
+
+
+def _floor_q7_processor() -> Any:
+    """The floor's q7 per shard (a ``transformWithState`` processor; PySpark before 4.0
+    has none, hence made on demand): it keeps each window's compressed runs of bids and
+    every highest price it is sent in a list state, with an event-time timer at the
+    window's end; when Spark's watermark passes it, it selects the window's bids
+    (:func:`floor_q7_select`) and gives how many it selected."""
+    from pyspark.sql import Row
+    from pyspark.sql.streaming import StatefulProcessor
+    from pyspark.sql.types import BinaryType, LongType, StructField, StructType
+
+    window_micros = nexmark.WINDOW_SIZE_MS * 1000
+
+    class FloorQ7(StatefulProcessor):  # type: ignore[misc]
+        def init(self, handle: Any) -> None:
+            fields = [
+                StructField("window", LongType()),
+                StructField("best", LongType()),
+                StructField("bids", BinaryType()),
+            ]
+            self.handle = handle
+            self.kept = handle.getListState("kept", StructType(fields))
+
+        def handleInputRows(  # noqa: N802 - PySpark's name
+            self,
+            key: Any,
+            rows: Iterator[Any],
+            timerValues: Any,  # noqa: N803
+        ) -> Iterator[Any]:
+            added = [(row.window, row.best, row.bids) for row in rows]
+            self.kept.appendList(added)
+            for start in {window for window, _, _ in added}:
+                self.handle.registerTimer((start + window_micros) // 1000)
+            return iter(())
+
+        def handleExpiredTimer(  # noqa: N802 - PySpark's name
+            self,
+            key: Any,
+            timerValues: Any,  # noqa: N803
+            expiredTimerInfo: Any,  # noqa: N803
+        ) -> Iterator[Any]:
+            start = expiredTimerInfo.getExpiryTimeInMs() * 1000 - window_micros
+            best, runs, kept = -1, [], []
+            for window, price, bids in self.kept.get():
+                if window == start:
+                    best = max(best, price)
+                    if bids:
+                        runs.append(bytes(bids))
+                else:
+                    kept.append((window, price, bytes(bids)))
+            if kept:
+                self.kept.put(kept)
+            else:
+                self.kept.clear()
+            yield Row(window=start, outputs=len(floor_q7_select(best, runs)))
+
+        def close(self) -> None:
+            pass
+
+    return FloorQ7()
 
 
 def _floor_q7(source: DataFrame) -> DataFrame:
-    """The floor's q7 over the ``rate`` source: Python makes each event and encodes each
-    bid (:func:`floor_q7_bids`); Spark keeps them per fixed window (the rows' timestamps,
-    Beam's window size) until its watermark passes the window's end, as hand-written
-    PySpark's q7 does, with the highest price; Python decodes and selects them
-    (:func:`floor_q7_select`). One ``long`` per window out: how many bids it selected."""
+    """The floor's q7 over the ``rate`` source, as a runner of Beam's q7 would have to run
+    it at least, with nothing of a runner around it. Python makes each event and encodes
+    each bid, a compressed run per window and Arrow batch (:func:`floor_q7_pack`); each
+    run goes to one shard, its window's highest price to every shard (as ours sends a side
+    input's elements); a ``transformWithState`` per shard keeps them in a list state until
+    Spark's watermark (the rows' latest time, no delay) passes the window's end, then
+    decodes and selects them (:func:`_floor_q7_processor`). One row per window and shard
+    out: how many bids it selected."""
     import pyarrow as pa
-    from pyspark.sql import functions as F
+    from pyspark import TaskContext
 
-    def bids(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    shards = _floor_shards(source.sparkSession)
+
+    def packed(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        mine = shards[TaskContext.get().partitionId() % len(shards)]
         for batch in batches:
-            mask, prices, encoded = floor_q7_bids(batch.column("value").to_pylist())
-            times = batch.column("timestamp").filter(pa.array(mask, pa.bool_()))
+            micros = batch.column("timestamp").cast(pa.int64()).to_pylist()
+            windows = floor_q7_pack(batch.column("value").to_pylist(), micros)
+            rows = [
+                (shard, start, latest, best, runs if shard == mine else b"")
+                for start, (runs, best, latest) in windows.items()
+                for shard in shards
+            ]
+            if not rows:
+                continue
+            shard, start, latest, best, runs = (list(column) for column in zip(*rows, strict=True))
             yield pa.RecordBatch.from_arrays(
-                [times, pa.array(prices, pa.int64()), pa.array(encoded, pa.binary())],
-                ["t", "price", "bid"],
+                [
+                    pa.array(shard, pa.int32()),
+                    pa.array(start, pa.int64()),
+                    pa.array(latest, pa.timestamp("us", tz="UTC")),
+                    pa.array(best, pa.int64()),
+                    pa.array(runs, pa.binary()),
+                ],
+                ["shard", "window", "t", "best", "bids"],
             )
 
-    def selected(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            counts = [
-                len(floor_q7_select(best, encoded))
-                for best, encoded in zip(
-                    batch.column("best").to_pylist(), batch.column("bids").to_pylist(), strict=True
-                )
-            ]
-            yield pa.RecordBatch.from_arrays([pa.array(counts, pa.int64())], ["outputs"])
-
-    size = f"{nexmark.QUERY_ARGS['window_size_sec']} seconds"
-    windows = (
-        source.mapInArrow(bids, "t timestamp, price long, bid binary")
+    schema = "shard int, window long, t timestamp, best long, bids binary"
+    return (
+        source.mapInArrow(packed, schema)
         .withWatermark("t", "0 seconds")
-        .groupBy(F.window("t", size))
-        .agg(F.max("price").alias("best"), F.collect_list("bid").alias("bids"))
+        .groupBy("shard")
+        .transformWithState(
+            _floor_q7_processor(), "window long, outputs long", "Append", "EventTime"
+        )
     )
-    return windows.select("best", "bids").mapInArrow(selected, "outputs long")
 
 
 def run_pyspark_python(
@@ -653,9 +787,11 @@ def run_pyspark_python(
     (:func:`python_floor_steps`). No windows, timestamps, panes, framing or watermarks: only
     the generator, the user code and PySpark's own hand-over of rows to Python and back
     (a ``long`` per row: how many outputs its event gave). On q7 (:func:`_floor_q7`) its
-    bids are encoded by Beam's coder, kept by Spark per window and decoded and selected
-    once the window is complete: q7 hand-written in PySpark with Python per event, no
-    floor (Spark's aggregation rewrites each window's list every micro-batch)."""
+    bids are encoded by Beam's coder, kept per shard until Spark's watermark passes their
+    window's end and then decoded and selected: what any runner of Beam's q7 must do
+    per event, in PySpark with nothing else. (Until 2026-12-06 Spark's own aggregation
+    kept each window's list, which it rewrote every micro-batch: that kept up with half
+    of ours' rate, no floor.)"""
     import pyarrow as pa
 
     if query not in PYTHON_FLOOR_QUERIES:

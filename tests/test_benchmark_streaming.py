@@ -298,26 +298,33 @@ def test_the_python_floor_has_only_q0_to_q2_and_q7() -> None:
 
 
 def test_the_python_floors_q7_selects_the_bids_beams_q7_gives() -> None:
-    """Encoded per event and selected per window by Beam's ``SelectMaxBidFn``, the floor's
-    bids are the plain-Python reference's (windows by the events' own times here; the
-    floor's Spark query windows them by the ``rate`` rows' times, as ours does)."""
+    """Encoded, packed per window and Arrow batch, and selected per window by Beam's
+    ``SelectMaxBidFn``, the floor's bids are the plain-Python reference's (windows by the
+    events' own times here; the floor's Spark query windows them by the ``rate`` rows'
+    times, as ours does). Its runs are compressed."""
     from benchmarks import nexmark
-    from benchmarks.streaming import floor_q7_bids, floor_q7_select
+    from benchmarks.streaming import floor_q7_pack, floor_q7_select
 
-    numbers = range(25_000)
-    mask, prices, encoded = floor_q7_bids(numbers)
     items = list(nexmark.events(0, 25_000))
-    bids = [item for item, is_bid in zip(items, mask, strict=True) if is_bid]
-    assert len(bids) == len(prices) == len(encoded) == sum(map(nexmark._is_bid, items))
-    assert prices == [bid.price for bid in bids]
-    windows: dict[int, list[tuple[int, bytes]]] = {}
-    for bid, price, data in zip(bids, prices, encoded, strict=True):
-        windows.setdefault(nexmark.fixed_window(nexmark.millis(bid)), []).append((price, data))
+    micros = [nexmark.millis(item) * 1000 for item in items]
+    windows: dict[int, list[tuple[bytes, int, int]]] = {}
+    for first in range(0, 25_000, 10_000):  # Arrow batches of 10 000 rows, as Spark's
+        numbers = range(first, min(first + 10_000, 25_000))
+        packed = floor_q7_pack(numbers, micros[first : first + 10_000])
+        for start, run in packed.items():
+            windows.setdefault(start, []).append(run)
     assert len(windows) > 1
+    bids = [item for item in items if nexmark._is_bid(item)]
+    assert sum(len(run) for runs in windows.values() for run, _, _ in runs) < 200 * len(bids)
+    for start, runs in windows.items():
+        in_window = [b for b in bids if nexmark.fixed_window(nexmark.millis(b)) * 1000 == start]
+        assert max(best for _, best, _ in runs) == max(bid.price for bid in in_window)
+        latest = max(nexmark.millis(bid) for bid in in_window) * 1000
+        assert max(at for _, _, at in runs) == latest
     selected = [
         bid
-        for kept in windows.values()
-        for bid in floor_q7_select(max(p for p, _ in kept), [d for _, d in kept])
+        for runs in windows.values()
+        for bid in floor_q7_select(max(best for _, best, _ in runs), [run for run, _, _ in runs])
     ]
     expected = nexmark.python_query(7, items)
     assert expected
