@@ -76,7 +76,6 @@ import logging
 import math
 import os
 import statistics
-import struct
 import sys
 import tempfile
 import time
@@ -579,15 +578,17 @@ def floor_q7_pack(
     """The floor's q7 for one Arrow batch of the ``rate`` source's rows: event ``n`` of
     each row, at the row's time (``micros``, microseconds); per fixed window (its start in
     microseconds), its bids encoded by Beam's coder for the query's bids, concatenated and
-    compressed (:func:`_floor_pack`), with their highest price and latest time.
+    compressed as ours compresses what it buffers (``streaming.compression.pack``), with
+    their highest price and latest time.
 
     The bids have no type hint, so Beam's coder is ``FastPrimitivesCoder``, which pickles
     them. That is the least a runner buffering Beam's elements until their window's
-    highest price is known must do per event, besides making it: encode it, and keep it
-    (compressed, as ours keeps what it buffers).
+    highest price is known must do per event, besides making it: encode it, and keep it.
     """
     from apache_beam.coders import coders
     from apache_beam.coders.coder_impl import create_OutputStream
+
+    from beam_spark_runner.streaming.compression import pack
 
     encode = coders.FastPrimitivesCoder().get_impl().encode_to_stream
     is_bid, event = nexmark._is_bid, nexmark.event
@@ -607,8 +608,7 @@ def floor_q7_pack(
         if at > kept[2]:
             kept[2] = at
     return {
-        start: (_floor_pack(out.get()), best, latest)
-        for start, (out, best, latest) in windows.items()
+        start: (pack(out.get()), best, latest) for start, (out, best, latest) in windows.items()
     }
 
 
@@ -620,36 +620,16 @@ def floor_q7_select(best: int, packed: Sequence[bytes]) -> list[Any]:
     from apache_beam.coders.coder_impl import create_InputStream
     from apache_beam.testing.benchmarks.nexmark.queries.query7 import SelectMaxBidFn
 
+    from beam_spark_runner.streaming.compression import unpack
+
     decode = coders.FastPrimitivesCoder().get_impl().decode_from_stream
     select = SelectMaxBidFn().process
     selected: list[Any] = []
     for data in packed:
-        stream = create_InputStream(_floor_unpack(data))
+        stream = create_InputStream(unpack(data))
         while stream.size():
             selected.extend(select(decode(stream, True), best))
     return selected
-
-
-# A packed run's size before compression (a format, not a ``struct.Struct``: run as
-# ``__main__``, this module's functions are pickled by value for the workers).
-_FLOOR_SIZE = "<Q"
-
-
-def _floor_pack(data: bytes) -> bytes:
-    """``data`` compressed as ours compresses what it buffers (Zstandard, level 1)."""
-    import pyarrow as pa
-
-    codec = pa.Codec("zstd", compression_level=1)
-    return struct.pack(_FLOOR_SIZE, len(data)) + codec.compress(data, asbytes=True)
-
-
-def _floor_unpack(data: bytes) -> bytes:
-    import pyarrow as pa
-
-    (size,) = struct.unpack_from(_FLOOR_SIZE, data)
-    codec = pa.Codec("zstd", compression_level=1)
-    start = struct.calcsize(_FLOOR_SIZE)
-    return codec.decompress(data[start:], decompressed_size=size, asbytes=True)
 
 
 def _floor_shards(spark: Any) -> tuple[int, ...]:
