@@ -22,7 +22,7 @@ help:
 	@echo "make matrix            smoke tests on the other Spark/Beam lines (nox; see noxfile.py)"
 	@echo "make bench-streaming   streaming Nexmark: ours, PySpark Structured Streaming (and a Python-per-event floor), DirectRunner (~1.5 h)"
 	@echo "make lint typecheck    ruff and mypy"
-	@echo "make jar               rebuild beam_spark_runner/jars/ from jvm/src (needs a JDK)"
+	@echo "make jar               rebuild beam_spark_runner/spark/jars/ from jvm/src (needs a JDK)"
 	@echo "make bench             benchmarks (see benchmarks/)"
 	@echo "make bench-nexmark     the windowed Nexmark queries, one round (~40 min)"
 
@@ -42,7 +42,7 @@ install: $(STAMP)
 # The runner's few JVM classes (jvm/src), built for Java 8 and up against the Hadoop that
 # PySpark ships, into a jar the package carries (committed: users need no JDK's compiler).
 # Reproducible: fixed entry times, so the same sources give the same bytes.
-JAR := beam_spark_runner/jars/beam-spark-runner-jvm.jar
+JAR := beam_spark_runner/spark/jars/beam-spark-runner-jvm.jar
 HADOOP_API = $$($(PY) -c 'import pyspark, pathlib; print(next((pathlib.Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar")))')
 jar: $(STAMP)
 	rm -rf build/jvm && mkdir -p build/jvm $(dir $(JAR))

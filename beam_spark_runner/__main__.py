@@ -28,7 +28,7 @@ def _distribution_version(name: str) -> str:
 
 
 def _java_description() -> str:
-    from beam_spark_runner.java import java_executable, java_version
+    from beam_spark_runner.spark.java import java_executable, java_version
 
     java = java_executable()
     if java is None:

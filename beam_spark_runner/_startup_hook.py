@@ -205,7 +205,7 @@ def forked_pre_init(argv: Sequence[str]) -> None:
     import marshal
     import socket
 
-    from beam_spark_runner import handover
+    from beam_spark_runner.workers import handover
 
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

@@ -6,7 +6,7 @@ from typing import Any
 
 from apache_beam.runners.runner import PipelineResult, PipelineState
 
-from beam_spark_runner.metrics import RunMetrics, SparkMetrics
+from beam_spark_runner.monitoring.metrics import RunMetrics, SparkMetrics
 
 
 class SparkPipelineResult(PipelineResult):

@@ -11,31 +11,27 @@ from apache_beam.options.value_provider import RuntimeValueProvider
 from apache_beam.pipeline import PipelineVisitor
 from apache_beam.runners.runner import PipelineRunner, PipelineState
 
-from beam_spark_runner import (
-    _startup_hook,
-    beam_globals,
-    java,
-    main_session,
-    run_summary,
-    worker_logs,
-)
+from beam_spark_runner import _startup_hook
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.batch_test_stream import replace_test_streams
-from beam_spark_runner.capabilities import (
+from beam_spark_runner.errors import PipelineExecutionError, UnsupportedFeatureError
+from beam_spark_runner.execution import beam_globals, main_session
+from beam_spark_runner.io.match_continuously import start_match_continuously_now
+from beam_spark_runner.monitoring import run_summary, worker_logs
+from beam_spark_runner.options import batched_steps, spark_settings
+from beam_spark_runner.planning import build_plan
+from beam_spark_runner.planning.capabilities import (
     check_pipeline,
     check_plan,
     check_requirements,
     check_stages,
     unbounded_pcollections,
 )
-from beam_spark_runner.errors import PipelineExecutionError, UnsupportedFeatureError
-from beam_spark_runner.io.match_continuously import start_match_continuously_now
-from beam_spark_runner.job import run_plan
-from beam_spark_runner.native_create import NativeCreateOverride
-from beam_spark_runner.options import batched_steps, spark_settings
-from beam_spark_runner.planning import build_plan
 from beam_spark_runner.result import SparkPipelineResult
-from beam_spark_runner.session import (
+from beam_spark_runner.rewrites.batch_test_stream import replace_test_streams
+from beam_spark_runner.rewrites.native_create import NativeCreateOverride
+from beam_spark_runner.run.batch import run_plan
+from beam_spark_runner.spark import java
+from beam_spark_runner.spark.session import (
     interpreted_sql,
     interpreted_sql_settings,
     obtain_session,

@@ -492,7 +492,7 @@ def _rate_stream(rate: int) -> DataFrame:
     same settings."""
     from pyspark.sql import SparkSession
 
-    from beam_spark_runner.session import local_driver_memory
+    from beam_spark_runner.spark.session import local_driver_memory
     from beam_spark_runner.streaming.query import ROCKSDB_PROVIDER, STATE_STORE_PROVIDER_CONF
 
     spark = (

@@ -27,7 +27,7 @@ def _driver_jvm_lives_on() -> Iterator[None]:
     yield
     if "pyspark" not in sys.modules:
         return
-    from beam_spark_runner import driver_jvm
+    from beam_spark_runner.spark import driver_jvm
 
     ended = driver_jvm.how_it_ended()
     if ended is not None and ended not in _driver_exits_reported:
@@ -41,7 +41,7 @@ def spark_session() -> Any:
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from beam_spark_runner.options import spark_settings
-    from beam_spark_runner.session import obtain_session
+    from beam_spark_runner.spark.session import obtain_session
 
     options = PipelineOptions(
         ["--runner=SparkStructuredRunner", f"--spark_master={SPARK_TEST_MASTER}"]

@@ -22,14 +22,13 @@ from apache_beam.transforms.periodicsequence import PeriodicImpulse
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, Timestamp
 
-from beam_spark_runner import session
-from beam_spark_runner.batch_test_stream import (
+from beam_spark_runner.errors import UnsupportedFeatureError
+from beam_spark_runner.rewrites.batch_test_stream import (
     BatchTestStream,
     replace_test_streams,
     streaming_only_reason,
 )
-from beam_spark_runner.errors import UnsupportedFeatureError
-from beam_spark_runner.watermark_observers import (
+from beam_spark_runner.rewrites.watermark_observers import (
     DEFAULT_GROUPING,
     EMITTED,
     STATEFUL,
@@ -38,6 +37,7 @@ from beam_spark_runner.watermark_observers import (
     TRIGGERED_GROUPING,
     WatermarkObserver,
 )
+from beam_spark_runner.spark import session
 
 SPARK_ARGS = ["--runner=SparkStructuredRunner", "--spark_master=local[2]"]
 

@@ -44,7 +44,7 @@ from beam_spark_runner.execution.stage_worker import (
     tear_down_stage_workers,
 )
 from beam_spark_runner.execution.text_read import TextInput, TextRange
-from beam_spark_runner.metrics import TaskMetrics
+from beam_spark_runner.monitoring.metrics import TaskMetrics
 from beam_spark_runner.planning import Plan, PlannedStage, build_plan
 
 _RUNS = itertools.count()

@@ -25,8 +25,8 @@ from apache_beam.options.pipeline_options import PipelineOptions, StreamingOptio
 from apache_beam.testing.util import assert_that, equal_to
 from stage_specs import stage_spec
 
-from beam_spark_runner import beam_globals
 from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.execution import beam_globals
 from beam_spark_runner.execution.stage_worker import (
     ELEMENT,
     KEY,

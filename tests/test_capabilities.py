@@ -8,8 +8,8 @@ from apache_beam.coders import VarIntCoder
 from apache_beam.transforms import userstate
 
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.capabilities import check_pipeline
 from beam_spark_runner.errors import UnsupportedFeatureError
+from beam_spark_runner.planning.capabilities import check_pipeline
 
 REQUIREMENTS = bi.common_urns.requirements
 

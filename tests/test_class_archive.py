@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from beam_spark_runner import java, session
 from beam_spark_runner.options import SparkSettings
+from beam_spark_runner.spark import java, session
 
 KEY = "k" * 20
 MAGIC = (0xF00BABA8).to_bytes(4, sys.byteorder)

@@ -10,7 +10,7 @@ import pytest
 from beam_spark_runner import __main__ as cli
 from beam_spark_runner import demo
 from beam_spark_runner._version import __version__
-from beam_spark_runner.java import java_executable, java_version
+from beam_spark_runner.spark.java import java_executable, java_version
 
 
 def report_rows(stdout: str) -> dict[str, str]:

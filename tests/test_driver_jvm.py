@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from beam_spark_runner import driver_jvm
 from beam_spark_runner.errors import DriverExitedError, PipelineExecutionError
-from beam_spark_runner.job import describe_failure
+from beam_spark_runner.run.batch import describe_failure
+from beam_spark_runner.spark import driver_jvm
 
 
 class _Process:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from beam_spark_runner.spark_compat import pyspark_version
+from beam_spark_runner.spark.compat import pyspark_version
 from beam_spark_runner.streaming import driver_processes
 from beam_spark_runner.streaming.check import STREAMING_SPARK
 from beam_spark_runner.streaming.driver_processes import (
@@ -71,7 +71,7 @@ def test_pre_init_prints_go_nowhere(
 
 
 def test_other_processes_are_left_alone(main_module: Callable[[str], None]) -> None:
-    main_module("beam_spark_runner.worker_daemon")
+    main_module("beam_spark_runner.workers.daemon")
     stdout, excepthook = sys.stdout, sys.excepthook
     quiet_pre_init()
     quiet_daemon_child()

@@ -14,8 +14,8 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.errors import PipelineExecutionError
-from beam_spark_runner.native_create import NativeCreateOverride
 from beam_spark_runner.planning import Plan, build_plan
+from beam_spark_runner.rewrites.native_create import NativeCreateOverride
 from beam_spark_runner.translators import driver_side_inputs
 from beam_spark_runner.translators.driver_side_inputs import driver_stage
 from tests.conftest import SPARK_TEST_MASTER

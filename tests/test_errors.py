@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from beam_spark_runner.errors import SparkMasterUnreachableError
-from beam_spark_runner.master_reachability import check_master_reachable, master_addresses
+from beam_spark_runner.spark.master import check_master_reachable, master_addresses
 
 FAILING_SCRIPT = textwrap.dedent(
     """

@@ -16,7 +16,7 @@ from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution.stage_worker import TaskSinks
 from beam_spark_runner.options import spark_settings
 from beam_spark_runner.planning import build_plan
-from beam_spark_runner.session import obtain_session
+from beam_spark_runner.spark.session import obtain_session
 from beam_spark_runner.translators import translator_for
 from beam_spark_runner.translators.base import TranslationContext
 from beam_spark_runner.translators.fused_stage import groups_in_stage

@@ -19,8 +19,8 @@ from apache_beam.testing.util import assert_that, equal_to
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution import inline_side_inputs
 from beam_spark_runner.execution.stage_worker import ELEMENT, KEY
-from beam_spark_runner.native_create import NativeCreateOverride
 from beam_spark_runner.planning import Plan, build_plan
+from beam_spark_runner.rewrites.native_create import NativeCreateOverride
 from beam_spark_runner.translators import fused_stage
 
 SPARK_ARGS = ["--runner=SparkStructuredRunner", "--spark_master=local[2]"]
@@ -53,7 +53,7 @@ def test_the_combines_merge_runs_in_the_default_injections_python_worker() -> No
 
     from beam_spark_runner.execution.stage_worker import TaskSinks
     from beam_spark_runner.options import spark_settings
-    from beam_spark_runner.session import obtain_session
+    from beam_spark_runner.spark.session import obtain_session
     from beam_spark_runner.translators import translator_for
     from beam_spark_runner.translators.base import TranslationContext
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from beam_spark_runner import jars, java
-from beam_spark_runner.jars import DRIVER_CLASS_PATH, JAR, LOCAL_FILE_SYSTEM, session_settings
 from beam_spark_runner.options import SparkSettings
-from beam_spark_runner.session import session_conf
+from beam_spark_runner.spark import jars, java
+from beam_spark_runner.spark.jars import DRIVER_CLASS_PATH, JAR, LOCAL_FILE_SYSTEM, session_settings
+from beam_spark_runner.spark.session import session_conf
 
 ROOT = Path(__file__).resolve().parent.parent
 

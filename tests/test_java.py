@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from beam_spark_runner import java as session
 from beam_spark_runner.errors import JavaNotFoundError, SparkRunnerError
+from beam_spark_runner.spark import java as session
 
 
 def fake_java(java_home: Path, version_output: str) -> Path:

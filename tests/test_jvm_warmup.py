@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from beam_spark_runner.streaming import jvm_warmup
-from beam_spark_runner.worker_warmup import OncePerContext
+from beam_spark_runner.workers.warmup import OncePerContext
 
 
 @pytest.mark.parametrize(

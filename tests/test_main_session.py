@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from beam_spark_runner import main_session
-from beam_spark_runner.spark_compat import pyspark_version
+from beam_spark_runner.execution import main_session
+from beam_spark_runner.spark.compat import pyspark_version
 from beam_spark_runner.streaming.check import STREAMING_SPARK
 
 needs_streaming = pytest.mark.skipif(

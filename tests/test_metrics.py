@@ -14,8 +14,8 @@ from apache_beam.metrics.cells import DistributionData
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_spark_runner import metrics as m
-from beam_spark_runner.attempts import (
+from beam_spark_runner.monitoring import metrics as m
+from beam_spark_runner.monitoring.failed_attempts import (
     AttemptCollector,
     AttemptReportAddress,
     FailedAttempt,

@@ -22,9 +22,7 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import PANE_INFO_UNKNOWN
 
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner import spark_compat
 from beam_spark_runner.execution.stage_worker import TaskSinks
-from beam_spark_runner.native_create import NativeCreateOverride
 from beam_spark_runner.options import spark_settings
 from beam_spark_runner.planning import (
     CREATE_URN,
@@ -33,7 +31,9 @@ from beam_spark_runner.planning import (
     decode_create_payload,
     encode_create_payload,
 )
-from beam_spark_runner.session import obtain_session
+from beam_spark_runner.rewrites.native_create import NativeCreateOverride
+from beam_spark_runner.spark import compat as spark_compat
+from beam_spark_runner.spark.session import obtain_session
 from beam_spark_runner.translators import translator_for
 from beam_spark_runner.translators.base import TranslationContext
 

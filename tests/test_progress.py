@@ -2,7 +2,7 @@
 
 from types import SimpleNamespace
 
-from beam_spark_runner.progress import ProgressReporter
+from beam_spark_runner.monitoring.job_progress import ProgressReporter
 
 
 class FakeTracker:

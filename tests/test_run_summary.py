@@ -13,7 +13,7 @@ import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_spark_runner import run_summary
+from beam_spark_runner.monitoring import run_summary
 
 
 def test_a_run_says_how_long_it_took_and_which_files_it_wrote(

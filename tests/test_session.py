@@ -7,9 +7,14 @@ from typing import Any
 
 import pytest
 
-from beam_spark_runner import session, spark_compat
 from beam_spark_runner.options import SparkSettings
-from beam_spark_runner.session import LOCAL_DRIVER_JAVA_OPTIONS, QUIET_LOG4J_PROFILE, session_conf
+from beam_spark_runner.spark import compat as spark_compat
+from beam_spark_runner.spark import session
+from beam_spark_runner.spark.session import (
+    LOCAL_DRIVER_JAVA_OPTIONS,
+    QUIET_LOG4J_PROFILE,
+    session_conf,
+)
 from beam_spark_runner.streaming.check import STREAMING_SPARK
 
 QUIET = f"-Dlog4j2.configurationFile={QUIET_LOG4J_PROFILE.as_uri()}"
@@ -25,7 +30,7 @@ def test_local_sessions_compile_with_c1_only() -> None:
     conf = session_conf("local[2]", _settings())
     assert conf["spark.driver.defaultJavaOptions"] == f"{LOCAL_DRIVER_JAVA_OPTIONS} {QUIET}"
     assert "-XX:TieredStopAtLevel=1" in LOCAL_DRIVER_JAVA_OPTIONS
-    assert conf["spark.python.daemon.module"] == "beam_spark_runner.worker_daemon"
+    assert conf["spark.python.daemon.module"] == "beam_spark_runner.workers.daemon"
 
 
 def test_users_java_options_win_and_remote_masters_keep_the_jvm_default() -> None:
@@ -50,7 +55,7 @@ def test_the_quiet_log_profile_only_at_the_default_log_level() -> None:
 
 
 def test_local_sessions_get_a_quarter_of_the_memory_within_bounds(monkeypatch) -> None:
-    from beam_spark_runner import session
+    from beam_spark_runner.spark import session
 
     sizes = {"SC_PAGE_SIZE": 4096}
     monkeypatch.setattr(session.os, "sysconf", lambda name: sizes[name])

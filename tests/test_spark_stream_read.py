@@ -18,7 +18,6 @@ from apache_beam.utils.timestamp import Timestamp
 from pyspark.sql import types
 
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.capabilities import check_pipeline
 from beam_spark_runner.errors import UnsupportedFeatureError
 from beam_spark_runner.execution.stage_worker import NO_SINKS
 from beam_spark_runner.io import ReadFromSparkStream
@@ -29,7 +28,8 @@ from beam_spark_runner.io.spark_stream import (
     parse_schema,
 )
 from beam_spark_runner.planning import SPARK_STREAM_URN, Plan, build_plan
-from beam_spark_runner.spark_compat import pyspark_version
+from beam_spark_runner.planning.capabilities import check_pipeline
+from beam_spark_runner.spark.compat import pyspark_version
 from beam_spark_runner.streaming.check import STREAMING_SPARK
 from beam_spark_runner.streaming.watermarks import MIN_MICROS
 

@@ -27,7 +27,7 @@ from apache_beam.transforms import trigger, userstate, window
 from apache_beam.transforms.periodicsequence import PeriodicImpulse
 from apache_beam.transforms.window import TimestampedValue
 
-from beam_spark_runner.spark_compat import pyspark_version
+from beam_spark_runner.spark.compat import pyspark_version
 from beam_spark_runner.streaming.check import STREAMING_SPARK
 from tests.conftest import SPARK_TEST_MASTER
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from beam_spark_runner.spark_compat import pyspark_version
+from beam_spark_runner.spark.compat import pyspark_version
 from beam_spark_runner.streaming.check import STREAMING_SPARK
 from beam_spark_runner.streaming.checkpoint import (
     PLAN_FILE,

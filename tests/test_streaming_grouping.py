@@ -21,7 +21,7 @@ from apache_beam.utils.windowed_value import PaneInfoTiming, WindowedValue
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.planning import GROUP_BY_KEY_URN, build_plan
-from beam_spark_runner.spark_compat import pyspark_version
+from beam_spark_runner.spark.compat import pyspark_version
 from beam_spark_runner.streaming import grouping
 from beam_spark_runner.streaming import rows as routed
 from beam_spark_runner.streaming.check import STREAMING_SPARK

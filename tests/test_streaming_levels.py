@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from pyspark import cloudpickle
 
-from beam_spark_runner.spark_compat import pyspark_version
+from beam_spark_runner.spark.compat import pyspark_version
 from beam_spark_runner.streaming.check import STREAMING_SPARK
 
 if pyspark_version() < STREAMING_SPARK:

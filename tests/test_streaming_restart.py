@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from beam_spark_runner.spark_compat import pyspark_version
+from beam_spark_runner.spark.compat import pyspark_version
 from beam_spark_runner.streaming.check import STREAMING_SPARK
 from tests.cluster.restarts import (
     AFTER_COMMIT,

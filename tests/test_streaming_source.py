@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from beam_spark_runner.spark_compat import pyspark_version
+from beam_spark_runner.spark.compat import pyspark_version
 from beam_spark_runner.streaming import rows as routed
 from beam_spark_runner.streaming.check import STREAMING_SPARK
 from beam_spark_runner.streaming.source import BATCH, WALL_CLOCK, batch_rows, source_frame

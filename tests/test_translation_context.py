@@ -11,7 +11,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution.stage_worker import TaskSinks
 from beam_spark_runner.options import spark_settings
-from beam_spark_runner.session import obtain_session
+from beam_spark_runner.spark.session import obtain_session
 from beam_spark_runner.translators import translator_for
 from beam_spark_runner.translators.base import TranslationContext, stage_output_type
 

@@ -14,15 +14,15 @@ from importlib import metadata
 import pyspark
 import pytest
 
-from beam_spark_runner import spark_compat
 from beam_spark_runner.errors import UnsupportedFeatureError
-from beam_spark_runner.java import required_java_major
+from beam_spark_runner.spark import compat as spark_compat
+from beam_spark_runner.spark.java import required_java_major
 
 INSTALLED = spark_compat.pyspark_version()
 
 require_spark = getattr(spark_compat, "require_spark", None)
 needs_require_spark = pytest.mark.skipif(
-    require_spark is None, reason="beam_spark_runner.spark_compat.require_spark is missing"
+    require_spark is None, reason="beam_spark_runner.spark.compat.require_spark is missing"
 )
 
 

@@ -7,7 +7,7 @@ from apache_beam.pipeline import AppliedPTransform, PipelineVisitor
 from apache_beam.testing.test_stream import TestStream as ScriptedStream
 from apache_beam.transforms import trigger, userstate, window
 
-from beam_spark_runner.watermark_observers import (
+from beam_spark_runner.rewrites.watermark_observers import (
     DEFAULT_GROUPING,
     EMITTED,
     STATEFUL,

@@ -9,8 +9,8 @@ import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_spark_runner import worker_logs
-from beam_spark_runner.spark_compat import pyspark_version
+from beam_spark_runner.monitoring import worker_logs
+from beam_spark_runner.spark.compat import pyspark_version
 from beam_spark_runner.streaming.check import STREAMING_SPARK
 
 needs_streaming = pytest.mark.skipif(

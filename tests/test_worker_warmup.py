@@ -16,12 +16,12 @@ from apache_beam.transforms.periodicsequence import PeriodicImpulse
 from apache_beam.transforms.window import FixedWindows
 from apache_beam.utils.timestamp import Timestamp
 
-from beam_spark_runner import worker_warmup
-from beam_spark_runner.session import SIMPLIFIED_TRACEBACK, worker_environment
-from beam_spark_runner.spark_compat import pyspark_version
+from beam_spark_runner.spark.compat import pyspark_version
+from beam_spark_runner.spark.session import SIMPLIFIED_TRACEBACK, worker_environment
 from beam_spark_runner.streaming import jvm_warmup
 from beam_spark_runner.streaming.check import STREAMING_SPARK
-from beam_spark_runner.worker_warmup import OncePerContext
+from beam_spark_runner.workers import warmup as worker_warmup
+from beam_spark_runner.workers.warmup import OncePerContext
 
 
 class _FakeRdd:
@@ -184,7 +184,7 @@ _WARMED_BEFORE_ANY_JOB = textwrap.dedent(
     import os, sys, time
     from apache_beam.options.pipeline_options import PipelineOptions
     from beam_spark_runner.options import spark_settings
-    from beam_spark_runner.session import obtain_session
+    from beam_spark_runner.spark.session import obtain_session
     from tests.test_worker_warmup import _worker_daemons
 
     options = PipelineOptions(["--runner=SparkStructuredRunner", "--spark_master=local[2]"])
@@ -214,8 +214,8 @@ def test_the_worker_daemon_imports_what_a_streaming_levels_and_routers_tasks_run
     code = textwrap.dedent(
         """
         import sys
-        import beam_spark_runner.worker_daemon
-        from beam_spark_runner.spark_compat import pyspark_version
+        import beam_spark_runner.workers.daemon
+        from beam_spark_runner.spark.compat import pyspark_version
         from beam_spark_runner.streaming.check import STREAMING_SPARK
         names = ["beam_spark_runner.execution.stage_worker"]
         if pyspark_version() >= STREAMING_SPARK:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from beam_spark_runner import worker_zygote
+from beam_spark_runner.workers import zygote as worker_zygote
 
 # A driver in a fresh interpreter: some state of its own (a logging handler, a global in
 # its __main__, an exit handler, captured stdout as a test runner has it), then a pipeline
@@ -105,7 +105,7 @@ def test_a_fresh_drivers_worker_daemon_is_forked_from_it_and_reset(
         assert driver in line["ancestors"], line
         # Forked from the driver, the daemon shows the driver's command line; else its own.
         assert (token in line["daemon_command"]) is offered, line
-        assert ("beam_spark_runner.worker_daemon" in line["daemon_command"]) is not offered
+        assert ("beam_spark_runner.workers.daemon" in line["daemon_command"]) is not offered
         assert not line["main_has_driver_global"]
         assert line["driver_handlers"] == []
         assert (line["offer"] not in (None, "0")) is offered
@@ -126,7 +126,7 @@ _FORK_SAFE = textwrap.dedent(
     """
     import threading, time
     import numpy, pyarrow  # their native pools fork safely, as in PySpark's daemon
-    from beam_spark_runner import worker_zygote
+    from beam_spark_runner.workers import zygote as worker_zygote
     print(worker_zygote.fork_safe())
     thread = threading.Thread(target=time.sleep, args=(1,))
     thread.start()
@@ -143,7 +143,7 @@ def test_only_a_driver_without_other_threads_forks(run_python: Callable[..., Any
 
 
 def test_set_to_0_the_variable_turns_the_zygote_off(run_python: Callable[..., Any]) -> None:
-    code = "from beam_spark_runner import worker_zygote; print(worker_zygote.start('/tmp'))"
+    code = "from beam_spark_runner.workers import zygote; print(zygote.start('/tmp'))"
     result = run_python(["-c", code], env={worker_zygote.ENVIRONMENT: "0"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["False"]
@@ -153,7 +153,7 @@ def test_set_to_0_the_variable_turns_the_zygote_off(run_python: Callable[..., An
 _RESET = textwrap.dedent(
     """
     import atexit, io, json, logging, os, signal, sys, warnings
-    from beam_spark_runner import worker_zygote
+    from beam_spark_runner.workers import zygote as worker_zygote
 
     DRIVER_ONLY = 1
     logging.getLogger().addHandler(logging.StreamHandler(io.StringIO()))
@@ -226,7 +226,7 @@ def test_without_an_offer_from_this_jvms_driver_the_daemon_starts_itself(
 _STOP_AND_AGAIN = textwrap.dedent(
     """
     import os, time
-    from beam_spark_runner import worker_zygote
+    from beam_spark_runner.workers import zygote as worker_zygote
 
     def gone(path):
         deadline = time.monotonic() + 10
@@ -267,7 +267,7 @@ def test_a_zygote_no_daemon_was_handed_to_leaves_when_stopped_or_replaced(
 _OTHER_INTERPRETER = textwrap.dedent(
     """
     import os, sys
-    from beam_spark_runner import worker_zygote
+    from beam_spark_runner.workers import zygote as worker_zygote
 
     assert worker_zygote.start("/tmp")
     path = os.environ[worker_zygote.ENVIRONMENT].partition(":")[2]

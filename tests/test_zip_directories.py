@@ -107,7 +107,7 @@ def test_importers_made_before_the_install_are_remembered_by_it(
 
 def test_a_workers_first_task_of_a_run_installs_it(monkeypatch: pytest.MonkeyPatch) -> None:
     # A cluster's workers run PySpark's own daemon, not the runner's: enter_run installs it.
-    from beam_spark_runner import beam_globals
+    from beam_spark_runner.execution import beam_globals
 
     _without_memo(monkeypatch)
     monkeypatch.setattr(beam_globals, "_current_run", None)

@@ -333,7 +333,7 @@ def _git_commit() -> str:
 
 
 def _java() -> str:
-    from beam_spark_runner.java import java_executable, java_version
+    from beam_spark_runner.spark.java import java_executable, java_version
 
     java = java_executable()
     version = java_version(java) if java else None

@@ -20,9 +20,9 @@ from typing import Any
 import pyarrow as pa
 from apache_beam.coders import coders
 
-from beam_spark_runner import beam_globals
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import split_packed
+from beam_spark_runner.execution import beam_globals
 from beam_spark_runner.execution.grouping import GROUPED_SCHEMA, at_end_of_global_window
 from beam_spark_runner.execution.stage_worker import (
     KEY,

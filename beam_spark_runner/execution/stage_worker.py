@@ -30,12 +30,12 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from beam_spark_runner import beam_globals, worker_logs, worker_warnings
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import KeyExtractor, packed_bytes, split_packed
 from beam_spark_runner.coders.arrow_columns import ELEMENT, KEY, STAGE_OUTPUT_SCHEMA
 from beam_spark_runner.coders.arrow_columns import TAG as TAG  # re-exported: the stage's layout
 from beam_spark_runner.errors import StageExecutionError
+from beam_spark_runner.execution import beam_globals
 from beam_spark_runner.execution.batched_plan import plan_batched_steps
 from beam_spark_runner.execution.batched_steps import BatchedSteps
 from beam_spark_runner.execution.data_channel import ArrowDataChannel, ArrowDataChannelFactory
@@ -48,7 +48,8 @@ from beam_spark_runner.execution.partial_aggregation import (
 from beam_spark_runner.execution.state import InMemoryStateBackend, StateBackend
 from beam_spark_runner.execution.text_read import TextInput, TextRange
 from beam_spark_runner.execution.timers import PendingTimers, TimerFamilyId, timer_families
-from beam_spark_runner.metrics import TaskMetrics, task_metrics
+from beam_spark_runner.monitoring import worker_logs, worker_warnings
+from beam_spark_runner.monitoring.metrics import TaskMetrics, task_metrics
 
 _LOGGER = logging.getLogger(__name__)
 

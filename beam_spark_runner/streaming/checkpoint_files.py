@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from beam_spark_runner.jars import LOCAL_FILE_SYSTEM, LOCAL_SCHEME
+from beam_spark_runner.spark.jars import LOCAL_FILE_SYSTEM, LOCAL_SCHEME
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -43,8 +43,8 @@ from typing import Any
 
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, Timestamp
 
-from beam_spark_runner import beam_globals
 from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.execution import beam_globals
 from beam_spark_runner.execution.default_trigger import (
     DefaultTriggerDriver,
     DefaultTriggerState,

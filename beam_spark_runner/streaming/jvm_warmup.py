@@ -25,7 +25,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from beam_spark_runner.worker_warmup import OncePerContext
+from beam_spark_runner.workers.warmup import OncePerContext
 
 if TYPE_CHECKING:
     from pyspark import SparkContext

@@ -35,12 +35,12 @@ import threading
 import traceback
 from typing import TYPE_CHECKING, Any
 
-from beam_spark_runner import handover
 from beam_spark_runner._startup_hook import (
     PRE_INIT_MODULE,
     pre_init_socket_path,
     prefer_installed_pyspark,
 )
+from beam_spark_runner.workers import handover
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -24,12 +24,11 @@ from typing import TYPE_CHECKING, Any
 from apache_beam.runners.runner import PipelineState
 
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner import java, worker_logs, worker_warnings
-from beam_spark_runner.attempts import AttemptCollector
 from beam_spark_runner.errors import StageExecutionError
-from beam_spark_runner.job import describe_failure, open_run_context
-from beam_spark_runner.main_session import MainSession
-from beam_spark_runner.metrics import RunMetrics, pipeline_level_infos
+from beam_spark_runner.execution.main_session import MainSession
+from beam_spark_runner.monitoring import worker_logs, worker_warnings
+from beam_spark_runner.monitoring.failed_attempts import AttemptCollector
+from beam_spark_runner.monitoring.metrics import RunMetrics, pipeline_level_infos
 from beam_spark_runner.planning import (
     GROUP_BY_KEY_URN,
     SPARK_STREAM_BUFFER_KIND,
@@ -37,8 +36,10 @@ from beam_spark_runner.planning import (
     Plan,
     PlannedStage,
 )
-from beam_spark_runner.session import settings_within
-from beam_spark_runner.spark_compat import named_function
+from beam_spark_runner.run.batch import describe_failure, open_run_context
+from beam_spark_runner.spark import java
+from beam_spark_runner.spark.compat import named_function
+from beam_spark_runner.spark.session import settings_within
 from beam_spark_runner.streaming import jvm_warmup, pre_init_server
 from beam_spark_runner.streaming import rows as routed
 from beam_spark_runner.streaming.bounded_side_inputs import BroadcastPlan, plan_broadcasts

@@ -9,7 +9,7 @@ from typing import Any
 
 from apache_beam.runners.runner import PipelineState
 
-from beam_spark_runner.metrics import RunMetrics
+from beam_spark_runner.monitoring.metrics import RunMetrics
 from beam_spark_runner.result import SparkPipelineResult
 
 

@@ -37,15 +37,15 @@ import struct
 from collections.abc import Hashable, Iterable, Iterator
 from typing import Any, Protocol
 
-from beam_spark_runner import beam_globals
 from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.execution import beam_globals
 from beam_spark_runner.execution.side_inputs import side_input_state_entries
 from beam_spark_runner.execution.stage_worker import (
     StageSpec,
     TaskSinks,
     stage_worker,
 )
-from beam_spark_runner.metrics import task_metrics
+from beam_spark_runner.monitoring.metrics import task_metrics
 from beam_spark_runner.streaming.chunk_lists import ListStateChunks
 from beam_spark_runner.streaming.rows import (
     ELEMENT,

@@ -21,7 +21,7 @@ from typing import Any
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_spark_runner.execution.stage_worker import StageSpec, TaskSinks, stage_worker
-from beam_spark_runner.metrics import task_metrics
+from beam_spark_runner.monitoring.metrics import task_metrics
 from beam_spark_runner.streaming.rows import Row, elements_and_markers, routed_marker
 from beam_spark_runner.streaming.stateful import routed_outputs, run_user_code
 from beam_spark_runner.streaming.topology import Node, Topology

@@ -32,7 +32,7 @@ from beam_spark_runner.execution.stage_worker import (
     stage_worker,
 )
 from beam_spark_runner.execution.timers import PendingTimers, TimerFamilyId
-from beam_spark_runner.metrics import task_metrics
+from beam_spark_runner.monitoring.metrics import task_metrics
 from beam_spark_runner.streaming.rows import (
     Row,
     elements_and_markers,

@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
-from beam_spark_runner import beam_globals, spark_compat
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders.arrow_columns import ELEMENT, KEY, TAG
+from beam_spark_runner.execution import beam_globals
 from beam_spark_runner.execution.partial_aggregation import FLOAT_VALUE, INT_VALUE, VALUE_COUNT
 from beam_spark_runner.execution.stage_worker import TaskSinks
 from beam_spark_runner.planning import EXECUTABLE_STAGE_URN, Plan, PlannedBuffer
+from beam_spark_runner.spark import compat as spark_compat
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -45,7 +45,7 @@ from beam_spark_runner.planning import (
     PlannedStage,
     decode_create_payload,
 )
-from beam_spark_runner.spark_compat import InlineValue, named_function
+from beam_spark_runner.spark.compat import InlineValue, named_function
 from beam_spark_runner.translators.base import (
     coder_closure,
     spark_function_name,

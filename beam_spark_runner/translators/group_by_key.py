@@ -20,7 +20,7 @@ from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution.grouping import GroupSpec, group_sorted
 from beam_spark_runner.execution.stage_worker import KEY
 from beam_spark_runner.planning import GROUP_BY_KEY_URN, Plan, PlannedBuffer
-from beam_spark_runner.spark_compat import named_function
+from beam_spark_runner.spark.compat import named_function
 from beam_spark_runner.translators.base import keyed_rows_type, spark_function_name
 from beam_spark_runner.translators.map_in_arrow import map_in_arrow
 

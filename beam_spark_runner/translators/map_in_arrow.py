@@ -25,7 +25,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from beam_spark_runner import spark_compat
+from beam_spark_runner.spark import compat as spark_compat
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -42,7 +42,7 @@ from beam_spark_runner.planning import (
     PlannedBuffer,
     PlannedStage,
 )
-from beam_spark_runner.spark_compat import named_function
+from beam_spark_runner.spark.compat import named_function
 from beam_spark_runner.translators.base import (
     coder_closure,
     keyed_rows_type,

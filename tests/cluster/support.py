@@ -70,7 +70,7 @@ def spark_home() -> str:
 def require_java() -> None:
     """Skips the test when no usable Java runtime is installed."""
     from beam_spark_runner.errors import JavaNotFoundError
-    from beam_spark_runner.java import check_java, required_java_major
+    from beam_spark_runner.spark.java import check_java, required_java_major
 
     try:
         check_java(required_java_major())

@@ -16,7 +16,7 @@ import gc
 import logging
 
 if __name__ == "__main__":
-    from beam_spark_runner import worker_zygote
+    from beam_spark_runner.workers import zygote as worker_zygote
 
     # Forked from the driver's zygote where there is one (it returns only where not).
     worker_zygote.hand_over()
@@ -39,7 +39,7 @@ import beam_spark_runner.execution.grouping  # noqa: E402, F401
 import beam_spark_runner.execution.stage_worker  # noqa: E402, F401
 from beam_spark_runner import beam_internals  # noqa: E402
 from beam_spark_runner.execution.zip_directories import remember_zip_directories  # noqa: E402
-from beam_spark_runner.spark_compat import pyspark_version  # noqa: E402
+from beam_spark_runner.spark.compat import pyspark_version  # noqa: E402
 from beam_spark_runner.streaming.check import STREAMING_SPARK  # noqa: E402
 from beam_spark_runner.streaming.driver_processes import quiet_on_closed_socket  # noqa: E402
 

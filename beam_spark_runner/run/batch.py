@@ -8,25 +8,26 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from beam_spark_runner import driver_jvm, worker_logs, worker_warnings
-from beam_spark_runner.attempts import AttemptCollector
-from beam_spark_runner.beam_globals import DEFAULT_PICKLE_LIBRARY
 from beam_spark_runner.errors import (
     DriverExitedError,
     PipelineExecutionError,
     StageExecutionError,
 )
+from beam_spark_runner.execution.beam_globals import DEFAULT_PICKLE_LIBRARY
+from beam_spark_runner.execution.main_session import MainSession
 from beam_spark_runner.execution.stage_worker import TaskSinks
-from beam_spark_runner.main_session import MainSession
-from beam_spark_runner.metrics import (
+from beam_spark_runner.monitoring import worker_logs, worker_warnings
+from beam_spark_runner.monitoring.failed_attempts import AttemptCollector
+from beam_spark_runner.monitoring.job_progress import ProgressReporter
+from beam_spark_runner.monitoring.metrics import (
     MetricsSink,
     RunMetrics,
     new_accumulator,
     pipeline_level_infos,
 )
 from beam_spark_runner.planning import Plan
-from beam_spark_runner.progress import ProgressReporter
-from beam_spark_runner.spark_compat import InlineValue
+from beam_spark_runner.spark import driver_jvm
+from beam_spark_runner.spark.compat import InlineValue
 from beam_spark_runner.translators import translator_for
 from beam_spark_runner.translators.base import TranslationContext
 

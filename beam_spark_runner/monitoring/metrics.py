@@ -38,7 +38,11 @@ from apache_beam.metrics.metric import MetricResult, MetricResults
 from pyspark.accumulators import AccumulatorParam
 
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.attempts import AttemptReportAddress, FailedAttempt, report_failed_attempt
+from beam_spark_runner.monitoring.failed_attempts import (
+    AttemptReportAddress,
+    FailedAttempt,
+    report_failed_attempt,
+)
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -123,7 +123,8 @@ def check_pipeline(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
                 f"Transform '{transform.unique_name}' is a TestStream ({TEST_STREAM_URN}), which "
                 "SparkStructuredRunner runs only when it is given the Python pipeline, which "
                 "turns TestStreams that a batch run reproduces into batch sources (see "
-                "beam_spark_runner.batch_test_stream); streaming execution is not supported yet."
+                "beam_spark_runner.rewrites.batch_test_stream); streaming execution is not "
+                "supported yet."
             )
         if transform.spec.urn == SPARK_STREAM_URN:
             raise UnsupportedFeatureError(

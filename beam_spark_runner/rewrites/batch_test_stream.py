@@ -7,7 +7,7 @@ The batch run is one of the streaming runs when
 
 * no element is behind its output's watermark when it arrives (nothing is late at the
   source), and
-* no *observer* (see :mod:`beam_spark_runner.watermark_observers`: a GroupByKey or a
+* no *observer* (see :mod:`beam_spark_runner.rewrites.watermark_observers`: a GroupByKey or a
   stateful DoFn) could tell: once elements have reached it, time does not pass in a
   domain it fires on (its input watermark, the minimum over the outputs reaching it,
   rising to a finite value; or processing time) before more elements reach it, nor at
@@ -46,9 +46,9 @@ from apache_beam.transforms.window import TimestampedValue, WindowFn
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
 
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.capabilities import TEST_STREAM_URN
 from beam_spark_runner.errors import UnsupportedFeatureError
-from beam_spark_runner.watermark_observers import (
+from beam_spark_runner.planning.capabilities import TEST_STREAM_URN
+from beam_spark_runner.rewrites.watermark_observers import (
     DEFAULT_GROUPING,
     TRIGGERED_GROUPING,
     Tag,
@@ -122,7 +122,7 @@ def streaming_only_reason(
     """Why a TestStream with these events needs streaming execution, or None.
 
     ``observers`` are the transforms downstream of it that could tell the difference
-    (:func:`~beam_spark_runner.watermark_observers.find_observers`).
+    (:func:`~beam_spark_runner.rewrites.watermark_observers.find_observers`).
     """
     watermarks: dict[Tag, Timestamp] = {}
     fed: set[WatermarkObserver] = set()  # observers some element has reached

@@ -96,7 +96,7 @@ def check_java(required_major: int) -> str:
 
 def required_java_major() -> int:
     """Spark 4 needs Java 17; Spark 3.5 runs on Java 8 and later."""
-    from beam_spark_runner.spark_compat import pyspark_version
+    from beam_spark_runner.spark.compat import pyspark_version
 
     return 17 if pyspark_version() >= (4, 0) else 8
 

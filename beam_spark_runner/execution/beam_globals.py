@@ -36,7 +36,7 @@ from typing import Any
 from apache_beam.options.pipeline_options import SetupOptions
 
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner import main_session
+from beam_spark_runner.execution import main_session
 from beam_spark_runner.execution.zip_directories import remember_zip_directories
 
 _LOGGER = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ def enter_run(run_id: str, library: str, saved_main_session: Any = None) -> None
 
     A worker process runs one task at a time; tasks of one run share the globals, so the
     caches fill once per run and process. ``saved_main_session`` is a Spark broadcast of the
-    run's :class:`~beam_spark_runner.main_session.MainSession` (``--save_main_session``),
+    run's :class:`~beam_spark_runner.execution.main_session.MainSession` (``--save_main_session``),
     restored into this process's ``__main__`` before anything of the run is unpickled.
     """
     global _current_run

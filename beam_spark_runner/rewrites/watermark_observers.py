@@ -26,7 +26,7 @@ Elements can also reach an observer through an *emitter* (a GroupByKey, or a DoF
 timers), which emits when time passes. :func:`find_observers` walks the pipeline graph
 from a TestStream's outputs and records, per observer, which outputs reach it through
 transparent paths only, through a ParDo, or through an emitter;
-:mod:`beam_spark_runner.batch_test_stream` decides from the script whether any observer
+:mod:`beam_spark_runner.rewrites.batch_test_stream` decides from the script whether any observer
 could see the difference.
 """
 

@@ -24,10 +24,13 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from beam_spark_runner import driver_jvm, jars, java, spark_compat, worker_warmup, worker_zygote
-from beam_spark_runner.java import check_java, required_java_major
-from beam_spark_runner.master_reachability import check_master_reachable
 from beam_spark_runner.options import DEFAULT_MASTER, SparkSettings
+from beam_spark_runner.spark import compat as spark_compat
+from beam_spark_runner.spark import driver_jvm, jars, java
+from beam_spark_runner.spark.java import check_java, required_java_major
+from beam_spark_runner.spark.master import check_master_reachable
+from beam_spark_runner.workers import warmup as worker_warmup
+from beam_spark_runner.workers import zygote as worker_zygote
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -50,7 +53,7 @@ def _package_zip() -> str:
     """A zip of this package, shipped to executors of remote clusters once per process."""
     global _shipped_package
     if _shipped_package is None:
-        root = Path(__file__).resolve().parent
+        root = Path(__file__).resolve().parent.parent
         handle, path = tempfile.mkstemp(prefix="beam_spark_runner-", suffix=".zip")
         os.close(handle)
         with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
