@@ -9,35 +9,24 @@ from typing import Any
 from apache_beam.options import pipeline_options
 from apache_beam.options.value_provider import RuntimeValueProvider
 from apache_beam.pipeline import PipelineVisitor
-from apache_beam.runners.runner import PipelineRunner, PipelineState
+from apache_beam.runners.runner import PipelineRunner
 
 from beam_spark_runner import _startup_hook
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.errors import PipelineExecutionError, UnsupportedFeatureError
-from beam_spark_runner.execution import beam_globals, main_session
+from beam_spark_runner.errors import UnsupportedFeatureError
+from beam_spark_runner.execution import beam_globals
 from beam_spark_runner.io.match_continuously import start_match_continuously_now
-from beam_spark_runner.monitoring import run_summary, worker_logs
-from beam_spark_runner.options import batched_steps, spark_settings
-from beam_spark_runner.planning import build_plan
+from beam_spark_runner.monitoring import run_summary
+from beam_spark_runner.options import spark_settings
 from beam_spark_runner.planning.capabilities import (
-    check_pipeline,
-    check_plan,
-    check_requirements,
-    check_stages,
     unbounded_pcollections,
 )
 from beam_spark_runner.result import SparkPipelineResult
 from beam_spark_runner.rewrites.batch_test_stream import replace_test_streams
 from beam_spark_runner.rewrites.native_create import NativeCreateOverride
-from beam_spark_runner.run.batch import run_plan
-from beam_spark_runner.spark import java
-from beam_spark_runner.spark.session import (
-    interpreted_sql,
-    interpreted_sql_settings,
-    obtain_session,
-    share_driver_path,
-)
-from beam_spark_runner.translators import translator_for
+from beam_spark_runner.run.batch import run_batch
+from beam_spark_runner.run.prepare import prepare
+from beam_spark_runner.run.streaming import run_streaming
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -171,53 +160,11 @@ class SparkStructuredRunner(PipelineRunner):
     def run_streaming(self, proto: Any, options: Any, settings: Any = None) -> SparkPipelineResult:
         """Starts a pipeline proto as one Spark streaming query; returns it RUNNING.
 
-        Every check happens before Spark starts (``streaming.check``); an unsupported
-        pipeline raises ``UnsupportedFeatureError``.
+        Every check happens before Spark starts; an unsupported pipeline raises
+        ``UnsupportedFeatureError``.
         """
-        from beam_spark_runner.streaming.check import (
-            check_streaming_pipeline,
-            check_streaming_plan,
-        )
-        from beam_spark_runner.streaming.test_stream import inline_service_events
-
         settings = settings or spark_settings(options)
-        log_levels = worker_logs.log_levels(options)
-        pickle_library = beam_globals.pickle_library(options)
-        beam_globals.apply(pickle_library)
-        proto = bi.prepare_pipeline_proto(proto)
-        check_requirements(proto)
-        proto = inline_service_events(proto)
-        check_streaming_pipeline(proto)
-        plan = build_plan(
-            proto,
-            is_drain=settings.drain,
-            use_state_iterables=settings.state_backed_iterables,
-            batched_steps=batched_steps(settings),
-            streaming=True,
-        )
-        check_streaming_plan(plan)
-        check_stages(plan)
-        saved_main_session = (
-            main_session.capture(pickle_library)
-            if options.view_as(pipeline_options.SetupOptions).save_main_session
-            else None
-        )
-        spark, owned = obtain_session(settings)
-        share_driver_path(spark)
-        from beam_spark_runner.streaming.query import start_query
-
-        return start_query(
-            plan,
-            spark,
-            settings.app_name,
-            settings.default_parallelism,
-            pickle_library,
-            settings.trigger_interval,
-            settings.checkpoint_location,
-            saved_main_session,
-            log_levels,
-            interpreted_sql_settings(settings, owned),
-        )
+        return run_streaming(prepare(proto, options, settings, streaming=True))
 
     def run_proto(self, proto: Any, options: Any, settings: Any = None) -> SparkPipelineResult:
         """Runs a Beam pipeline proto; every check happens before Spark starts.
@@ -235,45 +182,4 @@ class SparkStructuredRunner(PipelineRunner):
 
     def run_batch(self, proto: Any, options: Any, settings: Any) -> SparkPipelineResult:
         """Runs a pipeline proto in batch, to completion."""
-        log_levels = worker_logs.log_levels(options)
-        pickle_library = beam_globals.pickle_library(options)
-        beam_globals.apply(pickle_library)
-        saved_main_session = (
-            main_session.capture(pickle_library)
-            if options.view_as(pipeline_options.SetupOptions).save_main_session
-            else None
-        )
-        proto = bi.prepare_pipeline_proto(proto)
-        check_pipeline(proto)
-        plan = build_plan(
-            proto,
-            is_drain=settings.drain,
-            use_state_iterables=settings.state_backed_iterables,
-            batched_steps=batched_steps(settings),
-            native_combines=settings.native_combines,
-        )
-        check_plan(plan, translator_for)
-        spark, owned = obtain_session(settings)
-        share_driver_path(spark)
-        job_name = settings.app_name
-        try:
-            with interpreted_sql(spark, settings, owned):
-                infos = run_plan(
-                    plan,
-                    spark,
-                    job_name,
-                    settings.default_parallelism,
-                    pickle_library,
-                    saved_main_session,
-                    log_levels,
-                )
-        except PipelineExecutionError as error:
-            if saved_main_session is None and main_session.missing_main_names(
-                str(error), pickle_library
-            ):
-                raise PipelineExecutionError(
-                    f"{error}\n\n{main_session.SAVE_MAIN_SESSION_HINT}", error.stage_name
-                ) from error
-            raise
-        java.note_pipeline_ran()
-        return SparkPipelineResult(PipelineState.DONE, infos, spark.sparkContext.applicationId)
+        return run_batch(prepare(proto, options, settings, streaming=False))

@@ -78,7 +78,9 @@ def _timed_phases(phases: dict[str, float]) -> Iterator[None]:
     """Wraps the runner's driver steps to time them."""
     import apache_beam as beam
 
-    import beam_spark_runner.runner as runner_module
+    import beam_spark_runner.run.batch as batch_module
+    import beam_spark_runner.run.lifecycle as lifecycle_module
+    import beam_spark_runner.run.prepare as prepare_module
 
     originals: list[tuple[Any, str, Any]] = []
 
@@ -96,10 +98,10 @@ def _timed_phases(phases: dict[str, float]) -> Iterator[None]:
         setattr(owner, name, timed)
 
     wrap(beam.Pipeline, "to_runner_api", "to_runner_api (pipeline proto)")
-    wrap(runner_module.bi, "prepare_pipeline_proto", "prepare proto")
-    wrap(runner_module, "build_plan", "plan (Beam fusion phases)")
-    wrap(runner_module, "obtain_session", "obtain Spark session")
-    wrap(runner_module, "run_plan", "run_plan (translate + the Spark job)")
+    wrap(prepare_module.bi, "prepare_pipeline_proto", "prepare proto")
+    wrap(prepare_module, "build_plan", "plan (Beam fusion phases)")
+    wrap(lifecycle_module, "obtain_session", "obtain Spark session")
+    wrap(batch_module, "_run_job", "the run's job (translate + the Spark job)")
     try:
         yield
     finally:

@@ -382,7 +382,7 @@ def test_a_streaming_only_pipeline_the_streaming_path_refuses_is_refused_before_
         raise AssertionError("Spark was started for a pipeline that must be refused")
 
     monkeypatch.setattr(session, "obtain_session", no_session)
-    monkeypatch.setattr("beam_spark_runner.runner.obtain_session", no_session)
+    monkeypatch.setattr("beam_spark_runner.run.lifecycle.obtain_session", no_session)
     stream = (
         ScriptedStream()
         .add_elements([("k", 1)])

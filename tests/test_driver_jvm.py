@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from beam_spark_runner.errors import DriverExitedError, PipelineExecutionError
-from beam_spark_runner.run.batch import describe_failure
+from beam_spark_runner.run.failures import describe_failure
 from beam_spark_runner.spark import driver_jvm
 
 

@@ -18,11 +18,10 @@ from beam_spark_runner.streaming.query import (
     ROCKSDB_PROVIDER,
     SIMPLIFIED_TRACEBACK_CONF,
     STATE_STORE_PROVIDER_CONF,
-    QueryInterrupted,
     ensure_state_store,
-    is_interruption,
     one_worker_daemon,
 )
+from beam_spark_runner.streaming.sink_watch import QueryInterrupted, is_interruption
 
 # A session's own setting the runner leaves alone (query.ensure_state_store says why).
 CHANGELOG_CHECKPOINTING_CONF = (
@@ -90,10 +89,10 @@ def test_the_error_it_raises_instead_is_short_and_reads_as_an_interruption_to_sp
 def test_py4j_does_not_log_a_stop_as_an_error(caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
-    from beam_spark_runner.streaming.query import _quiet_interruptions
+    from beam_spark_runner.streaming.sink_watch import quiet_interruptions
 
-    _quiet_interruptions()
-    _quiet_interruptions()  # once is enough, twice is harmless
+    quiet_interruptions()
+    quiet_interruptions()  # once is enough, twice is harmless
     logger = logging.getLogger("py4j.clientserver")
     with caplog.at_level(logging.ERROR, logger="py4j.clientserver"):
         for error in (QueryInterrupted(3), ValueError("a real failure")):

@@ -1,0 +1,190 @@
+"""A streaming run: the plan as one Spark streaming query, watched until it ends.
+
+The query (``streaming.query.build_frame``) ends in a ``foreachBatch`` on the driver that
+reads the sink's markers. Once every producer reaching the sink says +inf (every source
+ended and every stage fired everything), the query is stopped after Spark commits its
+last micro-batch, and the result is DONE. A failure ends it FAILED with the Beam stage
+named; ``cancel()`` ends it CANCELLED. Either way the run is closed once.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import threading
+import time
+from typing import Any
+
+from apache_beam.runners.runner import PipelineState
+
+from beam_spark_runner.run.lifecycle import OpenRun
+from beam_spark_runner.run.prepare import PreparedRun
+from beam_spark_runner.spark.session import settings_within
+from beam_spark_runner.streaming import jvm_warmup, pre_init_server
+from beam_spark_runner.streaming.bounded_side_inputs import plan_broadcasts
+from beam_spark_runner.streaming.checkpoint import check_checkpoint
+from beam_spark_runner.streaming.checkpoint_files import checkpoint_file_settings, spark_location
+from beam_spark_runner.streaming.progress import ProgressReport
+from beam_spark_runner.streaming.query import (
+    build_frame,
+    ensure_state_store,
+    one_worker_daemon,
+    plan_topology,
+)
+from beam_spark_runner.streaming.result import StreamingPipelineResult, wait_for
+from beam_spark_runner.streaming.sink_watch import SinkWatch, last_batch, quiet_interruptions
+from beam_spark_runner.streaming.topology import STAGE, Topology
+from beam_spark_runner.translators.base import spark_function_name
+
+_LOGGER = logging.getLogger(__name__)
+
+# How often the driver logs a running query's progress.
+_PROGRESS_SECONDS = 5.0
+# How often a query that has fired everything checks whether Spark has committed its last
+# micro-batch before stopping it (the commit comes a few ms after the batch's action).
+_COMMIT_POLL_SECONDS = 0.01
+
+
+def run_streaming(prepared: PreparedRun) -> StreamingPipelineResult:
+    """Starts ``prepared`` as a streaming query; returns its RUNNING result."""
+    settings = prepared.settings
+    plan, job_name = prepared.plan, prepared.job_name
+    run = OpenRun.open(prepared, broadcast_main_session=False)
+    spark = run.spark
+    broadcasts = plan_broadcasts(plan)
+    topology = plan_topology(plan, run.context.parallelism, broadcasts)
+    owned_checkpoint = settings.checkpoint_location is None
+    checkpoint = settings.checkpoint_location or tempfile.mkdtemp(prefix="beam-spark-checkpoint-")
+    watch = SinkWatch(topology, run.context.sinks.logs)
+    try:
+        if topology.levels:
+            # Up by the first micro-batch's planning, which runs each level's pre-init.
+            pre_init_server.start(spark)
+            jvm_warmup.start(spark.sparkContext)
+        ensure_state_store(spark)
+        quiet_interruptions()
+        if broadcasts.readers:
+            _LOGGER.info(
+                "Bounded side inputs computed before the query and broadcast, for: %s "
+                "(%d stage(s) that only compute them run in batch)",
+                ", ".join(plan.stage(name).display_name for name in sorted(broadcasts.readers)),
+                len(broadcasts.computed_in_batch),
+            )
+        if not owned_checkpoint:
+            check_checkpoint(spark, checkpoint, topology)
+        frame = build_frame(run.context, topology, broadcasts.readers)
+        query_name = f"beam-{spark_function_name(job_name)[5:]}-{run.run_id}"
+        _LOGGER.info(
+            "Beam pipeline %s runs in streaming: one Spark query (%s) of %d stateful "
+            "level(s) over %d shards, a micro-batch every %s s, checkpoint %s",
+            job_name,
+            query_name,
+            topology.levels,
+            topology.shards,
+            settings.trigger_interval,
+            checkpoint,
+        )
+        query = _start(run, frame, query_name, watch, checkpoint)
+    except BaseException as error:
+        if owned_checkpoint:
+            shutil.rmtree(checkpoint, ignore_errors=True)
+        _, failure = run.close(error)
+        raise failure from None  # type: ignore[misc]
+    cancelled = threading.Event()
+
+    def cancel() -> None:
+        cancelled.set()
+        query.stop()
+
+    result = StreamingPipelineResult(spark.sparkContext.applicationId, run.metrics, cancel)
+    report = ProgressReport(job_name, settings.trigger_interval, _node_names(run, topology))
+
+    def watch_query() -> None:
+        started = time.monotonic()
+        error: BaseException | None = None
+        try:
+            _watch(query, watch, report)
+            error = query.exception()
+        except Exception as caught:  # noqa: BLE001 - reported through the result
+            error = caught
+        finally:
+            if owned_checkpoint:
+                shutil.rmtree(checkpoint, ignore_errors=True)
+        _, error = run.close(error)
+        if error is not None:
+            state = PipelineState.FAILED
+        elif watch.finished.is_set():
+            state = PipelineState.DONE
+        else:
+            state = PipelineState.CANCELLED if cancelled.is_set() else PipelineState.STOPPED
+        _LOGGER.info(
+            "Beam pipeline %s (streaming) ended %s after %d micro-batches in %.1f s",
+            job_name,
+            state,
+            watch.batches,
+            time.monotonic() - started,
+        )
+        result.finish(state, watch.batches, error)
+
+    threading.Thread(target=watch_query, name=f"beam-query-{run.run_id}", daemon=True).start()
+    return result
+
+
+def _start(run: OpenRun, frame: Any, query_name: str, watch: SinkWatch, checkpoint: str) -> Any:
+    """Starts the query on ``frame``, its micro-batches read by ``watch`` on the driver."""
+    spark = run.spark
+    spark_context = spark.sparkContext
+    spark_context.setJobDescription(f"Beam pipeline {run.prepared.job_name} (streaming)")
+    try:
+        location = spark_location(spark, checkpoint)
+        # The query plans and runs with these; the session keeps its own.
+        settings = {
+            **run.sql_settings,
+            **one_worker_daemon(),
+            **checkpoint_file_settings(spark, location),
+        }
+        with settings_within(spark, settings):
+            return (
+                frame.writeStream.queryName(query_name)
+                .foreachBatch(watch.on_batch)
+                .option("checkpointLocation", location)
+                .trigger(processingTime=f"{run.prepared.settings.trigger_interval} seconds")
+                .start()
+            )
+    finally:
+        spark_context.setJobDescription(None)  # type: ignore[arg-type]
+
+
+def _watch(query: Any, watch: SinkWatch, report: ProgressReport) -> None:
+    """Until the query ends or has fired everything: its progress logged every few seconds.
+
+    Once everything has fired, Spark commits the last micro-batch before the query stops,
+    so that a named checkpoint does not replay it.
+    """
+    last_log = time.monotonic()
+    while not watch.finished.wait(0.2):
+        if not query.isActive:
+            break
+        if time.monotonic() - last_log > _PROGRESS_SECONDS:
+            last_log = time.monotonic()
+            report.falls_behind(query.recentProgress)
+            _LOGGER.info("%s", report.line(query.lastProgress, dict(watch.watermarks)))
+    if watch.finished.is_set():
+        wait_for(
+            lambda: last_batch(query) >= (watch.final_batch or 0),
+            timeout=10,
+            poll=_COMMIT_POLL_SECONDS,
+        )
+        query.stop()
+
+
+def _node_names(run: OpenRun, topology: Topology) -> dict[int, str]:
+    """Each node's name in progress lines: its stage's, or its GroupByKey's."""
+    plan = run.prepared.plan
+    return {
+        node.index: plan.stage(node.name).display_name
+        if node.kind == STAGE
+        else f"GroupByKey {plan.buffers[node.name.encode()].name}"
+        for node in topology.nodes
+    }
