@@ -7,11 +7,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: install jar demo test unit-test cluster-test restart-test validates-runner teststream-check dataframe-check matrix lint typecheck bench bench-nexmark bench-streaming clean help
+.PHONY: install jar demo quick test unit-test cluster-test restart-test validates-runner teststream-check dataframe-check matrix lint typecheck bench bench-nexmark bench-streaming clean help
 
 help:
 	@echo "make demo              run the demo pipeline on an embedded local[*] Spark"
 	@echo "make test              lint, type-check, unit + pipeline tests, cluster smoke, validates-runner"
+	@echo "make quick             the tests that start no Spark (~1.5 min): the inner loop"
 	@echo "make unit-test         unit and pipeline tests only (local[2])"
 	@echo "make cluster-test      smoke tests on a standalone Spark cluster (separate executors)"
 	@echo "make restart-test      streaming drivers killed and restarted from checkpoints (long)"
@@ -62,6 +63,11 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(PY) -m mypy
+
+# The fast tier: every test that starts no Spark. A test that starts a JVM here fails,
+# saying to mark it `spark` (tests/conftest.py).
+quick: $(STAMP)
+	BEAM_SPARK_QUICK_TESTS=1 $(PYTEST) tests -q -m "not spark and not cluster and not restart"
 
 unit-test: $(STAMP)
 	$(PYTEST) tests -m "not cluster and not restart"

@@ -13,6 +13,45 @@ import pytest
 # Spark with two cores: exercises more than one partition, and stays light on a laptop.
 SPARK_TEST_MASTER = "local[2]"
 
+# `make quick`: the tests that start no Spark. A test that starts a JVM anyway fails there,
+# naming the marker it lacks.
+QUICK = os.environ.get("BEAM_SPARK_QUICK_TESTS") == "1"
+# Fixtures that give a test a Spark session or run its pipelines on Spark.
+_SPARK_FIXTURES = frozenset({"spark_session", "beam_options"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks ``spark`` the tests that use a Spark fixture (the others mark themselves)."""
+    for item in items:
+        if _SPARK_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.spark)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_spark_in_quick_tests() -> Iterator[None]:
+    """In ``make quick``, starting a Spark driver JVM fails the test that does it."""
+    if not QUICK:
+        yield
+        return
+    from pyspark import SparkContext
+
+    # Where SparkContext looks launch_gateway up (pyspark.core.context on 4.x).
+    context_module = sys.modules[SparkContext.__module__]
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        pytest.fail(
+            "This test starts Spark, so `make quick` should not run it: mark it "
+            "`pytest.mark.spark` (or its module, with `pytestmark`)."
+        )
+
+    launch = context_module.launch_gateway
+    context_module.launch_gateway = refuse
+    try:
+        yield
+    finally:
+        context_module.launch_gateway = launch
+
+
 # How each driver JVM of the test process that exited ended; each reported once.
 _driver_exits_reported: set[str] = set()
 

@@ -244,6 +244,7 @@ ACCEPTED_SCRIPTS: dict[str, Callable[[], tuple[ScriptedStream, beam.WindowInto, 
 }
 
 
+@pytest.mark.spark
 @pytest.mark.parametrize("name", sorted(ACCEPTED_SCRIPTS))
 @pytest.mark.parametrize(
     "runner_args",
@@ -290,6 +291,7 @@ def test_a_refused_script_really_differs_between_streaming_and_batch() -> None:
     )
 
 
+@pytest.mark.spark
 @pytest.mark.slow
 def test_deduplicate_per_window_from_a_test_stream() -> None:
     # Beam's DeduplicateTest.test_deduplication_in_different_windows, on this runner.
@@ -333,6 +335,7 @@ def test_deduplicate_per_window_from_a_test_stream() -> None:
         )
 
 
+@pytest.mark.spark
 @pytest.mark.slow
 def test_tagged_outputs_timestamps_and_timestamp_combiner() -> None:
     stream = (

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import apache_beam as beam
+import pytest
 from apache_beam.metrics import Metrics
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -49,6 +50,7 @@ def _run(batched: str) -> Any:
     return result
 
 
+@pytest.mark.spark
 def test_a_pipeline_gives_the_same_results_and_metrics_with_the_path_on_and_off() -> None:
     results = {batched: _run(batched) for batched in ("on", "off")}
     for result in results.values():
@@ -99,6 +101,7 @@ def _windowed_sides(batched: str) -> None:
     p.run().wait_until_finish()
 
 
+@pytest.mark.spark
 def test_windowed_side_inputs_give_each_window_its_value_with_the_path_on_and_off() -> None:
     for batched in ("on", "off"):
         _windowed_sides(batched)
@@ -143,6 +146,7 @@ def _cogroup(batched: str) -> None:
     p.run().wait_until_finish()
 
 
+@pytest.mark.spark
 def test_a_cogroup_by_key_gives_the_same_results_with_the_path_on_and_off() -> None:
     for batched in ("on", "off"):
         _cogroup(batched)

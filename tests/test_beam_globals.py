@@ -188,6 +188,7 @@ def compat_options(*extra: str) -> PipelineOptions:
     return options
 
 
+@pytest.mark.spark
 @needs_dill
 @needs_key_type_pickler
 def test_pipelines_with_different_key_type_picklers_in_one_session() -> None:
@@ -230,6 +231,7 @@ print("default pipeline ran")
 """
 
 
+@pytest.mark.spark
 @needs_dill
 def test_each_pipeline_pickles_and_unpickles_with_its_pickle_library(
     run_python: Any, tmp_path: Any

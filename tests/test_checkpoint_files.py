@@ -106,6 +106,7 @@ def test_the_file_system_sets_permissions_and_leaves_no_stale_checksums(
     assert not checksum.exists()
 
 
+@pytest.mark.spark
 @pytest.mark.skipif(
     pyspark_version() < STREAMING_SPARK, reason="streaming queries need PySpark 4.1+"
 )

@@ -103,6 +103,7 @@ def test_a_failure_while_the_jvm_runs_is_described_as_before(
     assert type(error) is PipelineExecutionError and "boom" in str(error)
 
 
+@pytest.mark.spark
 def test_a_jvm_killed_mid_pipeline_fails_it_saying_how_and_the_next_gets_a_new_one(
     run_python: Callable[..., Any], tmp_path: Path
 ) -> None:

@@ -104,6 +104,7 @@ def test_a_chain_of_tables_from_literals_is_computed_on_the_driver() -> None:
     assert driver_stage(plan, reader.side_inputs[0].buffer_id) is None
 
 
+@pytest.mark.spark
 def test_a_chain_computed_on_the_driver_gives_the_jobs_result(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -168,6 +169,7 @@ def _run_table_also_grouped(caplog: pytest.LogCaptureFixture) -> int:
     return int(counter.committed)
 
 
+@pytest.mark.spark
 def test_a_table_also_read_as_main_input_runs_once_on_the_driver(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -176,6 +178,7 @@ def test_a_table_also_read_as_main_input_runs_once_on_the_driver(
     assert "its rows read as main input too" in caplog.text
 
 
+@pytest.mark.spark
 def test_a_table_too_large_to_keep_on_the_driver_runs_on_spark(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -219,6 +222,7 @@ def _options() -> PipelineOptions:
     )
 
 
+@pytest.mark.spark
 def test_the_driver_computes_it_once_with_its_metrics(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="beam_spark_runner.translators.driver_side_inputs")
     LIFECYCLE.clear()
@@ -235,6 +239,7 @@ def test_the_driver_computes_it_once_with_its_metrics(caplog: pytest.LogCaptureF
     assert "Weigh" in counter.key.step
 
 
+@pytest.mark.spark
 def test_a_failure_on_the_driver_names_the_stage_and_the_users_error() -> None:
     def broken(key: int) -> tuple[int, int]:
         raise ValueError(f"no weight for {key}")

@@ -57,6 +57,7 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+@pytest.mark.spark
 def test_an_unreachable_master_fails_fast_naming_it(
     run_python: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path
 ) -> None:

@@ -9,6 +9,7 @@ import re
 import typing
 
 import apache_beam as beam
+import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that, equal_to
 
@@ -52,6 +53,7 @@ def _keyed(p: beam.Pipeline) -> beam.PCollection:
     return p | beam.Create([(k % 3, k) for k in range(30)])
 
 
+@pytest.mark.spark
 def test_group_by_key_runs_in_its_only_readers_python_worker() -> None:
     p = beam.Pipeline()
     _ = _keyed(p) | beam.GroupByKey() | beam.MapTuple(lambda k, vs: (k, sum(vs)))
@@ -60,6 +62,7 @@ def test_group_by_key_runs_in_its_only_readers_python_worker() -> None:
     assert passes == stages
 
 
+@pytest.mark.spark
 def test_group_by_key_also_read_as_side_input() -> None:
     p = beam.Pipeline(options=PipelineOptions(SPARK_ARGS))
     grouped = _keyed(p) | beam.GroupByKey()
@@ -79,6 +82,7 @@ def test_group_by_key_also_read_as_side_input() -> None:
     p.run().wait_until_finish()
 
 
+@pytest.mark.spark
 def test_grouped_in_stage_output() -> None:
     # More keys than a bundle holds, some spanning Arrow batches of the sorted input.
     p = beam.Pipeline(options=PipelineOptions(SPARK_ARGS))
@@ -105,6 +109,7 @@ def _group_partitions(p: beam.Pipeline) -> list[tuple[bool, int]]:
     ]
 
 
+@pytest.mark.spark
 def test_a_global_combine_merges_in_one_partition() -> None:
     # CombineGlobally keys every element with None: hashed over both cores, one partition
     # would hold them all and the other be a task starting a Python worker for nothing.
@@ -123,6 +128,7 @@ def test_a_global_combine_merges_in_one_partition() -> None:
     assert _group_partitions(p) == [(False, 2)]
 
 
+@pytest.mark.spark
 def test_global_combines_in_one_partition_give_beams_results() -> None:
     p = beam.Pipeline(options=PipelineOptions(SPARK_ARGS))
     numbers = p | beam.Create(range(1, 101)) | beam.FlatMap(lambda x: [x, -x, x])

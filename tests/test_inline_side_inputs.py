@@ -48,6 +48,7 @@ def test_combine_globally_default_injection_reads_its_side_input_inline() -> Non
     assert "InjectDefault" in _inline_stages(plan)[0]
 
 
+@pytest.mark.spark
 def test_the_combines_merge_runs_in_the_default_injections_python_worker() -> None:
     import re
 
@@ -106,6 +107,7 @@ def test_split_rows_separates_main_rows_from_each_side_input() -> None:
     assert sides == [[b"s0"], [b"s1a", b"s1b"]]
 
 
+@pytest.mark.spark
 @pytest.mark.parametrize("empty", [False, True])
 def test_global_combines_give_beams_results_without_a_side_input_job(
     empty: bool, monkeypatch: pytest.MonkeyPatch

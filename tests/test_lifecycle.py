@@ -137,6 +137,7 @@ class LifecycleCombineFn(beam.CombineFn):
         self.markers.write("teardown", set_up=self.set_up)
 
 
+@pytest.mark.spark
 def test_dofn_teardown_after_the_run(tmp_path: Path) -> None:
     with beam.Pipeline(options=PipelineOptions(SPARK_ARGS)) as p:
         squares = (
@@ -153,6 +154,7 @@ def test_dofn_teardown_after_the_run(tmp_path: Path) -> None:
         assert counts["starts"] == counts["finishes"] >= 1
 
 
+@pytest.mark.spark
 def test_combinefn_teardown_after_the_run(tmp_path: Path) -> None:
     with beam.Pipeline(options=PipelineOptions(SPARK_ARGS)) as p:
         total = p | beam.Create(range(10)) | beam.CombineGlobally(LifecycleCombineFn(tmp_path))

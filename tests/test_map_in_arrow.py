@@ -59,6 +59,7 @@ def no_pyspark_map_in_arrow(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_frame_class(), "mapInArrow", refused)
 
 
+@pytest.mark.spark
 def test_pyspark_35_sessions_use_pysparks_mapinarrow(monkeypatch: pytest.MonkeyPatch) -> None:
     spark = _spark()
     context = spark.sparkContext
@@ -71,6 +72,7 @@ def test_pyspark_35_sessions_use_pysparks_mapinarrow(monkeypatch: pytest.MonkeyP
     )
 
 
+@pytest.mark.spark
 def test_the_stage_gives_what_pysparks_mapinarrow_gives() -> None:
     spark = _spark()
     rows = _rows(spark)
@@ -88,6 +90,7 @@ OWN_UDFS = pytest.mark.skipif(
 )
 
 
+@pytest.mark.spark
 @OWN_UDFS
 def test_the_runner_builds_the_udf_itself(no_pyspark_map_in_arrow: None) -> None:
     spark = _spark()
@@ -98,6 +101,7 @@ def test_the_runner_builds_the_udf_itself(no_pyspark_map_in_arrow: None) -> None
     assert _collected(twice)[0] == (b"k0", b"v0??")
 
 
+@pytest.mark.spark
 def test_workers_read_a_broadcast_pickled_into_the_function() -> None:
     spark = _spark()
     suffix = spark.sparkContext.broadcast(b"-broadcast")
@@ -116,6 +120,7 @@ def test_workers_read_a_broadcast_pickled_into_the_function() -> None:
         suffix.destroy()
 
 
+@pytest.mark.spark
 @OWN_UDFS
 def test_a_command_over_the_broadcast_threshold_is_left_to_pyspark(
     monkeypatch: pytest.MonkeyPatch,
@@ -138,6 +143,7 @@ def test_a_command_over_the_broadcast_threshold_is_left_to_pyspark(
     assert _collected(frame)[1] == (b"k1", b"v1+")
 
 
+@pytest.mark.spark
 @OWN_UDFS
 def test_other_jvm_classes_leave_the_session_to_pyspark(monkeypatch: pytest.MonkeyPatch) -> None:
     from py4j.protocol import Py4JError
@@ -160,6 +166,7 @@ def test_other_jvm_classes_leave_the_session_to_pyspark(monkeypatch: pytest.Monk
     assert module._session_udfs(context) is not None  # a new entry, for the other tests
 
 
+@pytest.mark.spark
 def test_an_error_in_the_plan_is_pysparks_own() -> None:
     from pyspark.errors import AnalysisException
 

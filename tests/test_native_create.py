@@ -89,6 +89,7 @@ def _described(p: beam.Pipeline) -> beam.PCollection:
     return p | beam.Create(_VALUES) | beam.Map(describe)
 
 
+@pytest.mark.spark
 def test_elements_are_beams() -> None:
     expected = [
         (repr(value), repr(MIN_TIMESTAMP), repr(GlobalWindow()), repr(PANE_INFO_UNKNOWN))
@@ -101,6 +102,7 @@ def test_elements_are_beams() -> None:
     p.run().wait_until_finish()
 
 
+@pytest.mark.spark
 def test_elements_are_spread_over_every_core() -> None:
     # Without its Reshuffle, a Create's few values must still be read by one task per
     # core: they are a pipeline's seeds, and the stage after them does the work.
@@ -124,6 +126,7 @@ def test_elements_are_spread_over_every_core() -> None:
     assert len(sets[0].committed) == 2, f"Create's elements read in {sets[0].committed} only"
 
 
+@pytest.mark.spark
 def test_literal_rows_cost_the_same_py4j_calls_whatever_their_number() -> None:
     # A literal column per value made ~9 Py4J round trips each: a Create of 1 000 values
     # took ~9 000 to translate.
@@ -154,6 +157,7 @@ def test_literal_rows_cost_the_same_py4j_calls_whatever_their_number() -> None:
     assert calls[0] == calls[1], f"Py4J calls for 2 and 1000 rows: {calls}"
 
 
+@pytest.mark.spark
 @pytest.mark.skipif(
     spark_compat.pyspark_version() < (4, 0), reason="PySpark 3.5 takes no Arrow table"
 )
@@ -178,6 +182,7 @@ def _empty_plan() -> Plan:
     return Plan([], {}, bi.beam_runner_api_pb2.Components(), {}, {})
 
 
+@pytest.mark.spark
 def test_create_root_keeps_beams_step_name_in_metrics() -> None:
     # Beam's FnApiRunner reports the execution times of a Create's root under
     # 'Create/Impulse' (its Impulse, read from the impulse buffer); so does the runner's

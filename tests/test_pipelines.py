@@ -33,6 +33,7 @@ def counter_value(result: beam.runners.runner.PipelineResult, name: str) -> int:
     return sum(c.committed for c in counters)
 
 
+@pytest.mark.spark
 def test_map_flatmap_filter() -> None:
     with pipeline() as p:
         out = (
@@ -45,6 +46,7 @@ def test_map_flatmap_filter() -> None:
         assert_that(out, equal_to(["A", "B", "D", "E"]))
 
 
+@pytest.mark.spark
 def test_identical_creates_in_one_pipeline_and_across_runs() -> None:
     # The session makes small literal rows once per content (TranslationContext.literal_rows):
     # the same rows read twice in a plan, and again by a later run, still count twice.
@@ -56,6 +58,7 @@ def test_identical_creates_in_one_pipeline_and_across_runs() -> None:
             assert_that(both, equal_to(["A", "A", "B", "B"]))
 
 
+@pytest.mark.spark
 def test_partition_and_tagged_outputs() -> None:
     class SplitParity(beam.DoFn):
         def process(self, x: int) -> typing.Iterator[typing.Any]:
@@ -73,6 +76,7 @@ def test_partition_and_tagged_outputs() -> None:
         assert_that(tagged.main, equal_to([x * 10 for x in range(10)]), label="main")
 
 
+@pytest.mark.spark
 def test_batched_dofn() -> None:
     class Double(beam.DoFn):
         def process_batch(self, batch: np.ndarray) -> typing.Iterator[np.ndarray]:
@@ -91,6 +95,7 @@ def test_batched_dofn() -> None:
         assert_that(out, equal_to([2 * i for i in range(20)]))
 
 
+@pytest.mark.spark
 def test_group_by_key_fixed_sliding_and_session_windows() -> None:
     events = [("k", 1, 1), ("k", 2, 2), ("k", 3, 12), ("j", 4, 3), ("j", 5, 40)]
 
@@ -153,6 +158,7 @@ class _EvenOddMerging(window.WindowFn):
         return beam.coders.coders.IntervalWindowCoder()
 
 
+@pytest.mark.spark
 def test_custom_merging_window_fn() -> None:
     with pipeline() as p:
         out = (
@@ -166,6 +172,7 @@ def test_custom_merging_window_fn() -> None:
         assert_that(out, equal_to([("a", [1, 2]), ("b", [3])]))
 
 
+@pytest.mark.spark
 def test_triggered_accumulating_panes() -> None:
     with pipeline() as p:
         out = (
@@ -184,6 +191,7 @@ def test_triggered_accumulating_panes() -> None:
         assert_that(out, equal_to([6]))
 
 
+@pytest.mark.spark
 def test_flatten_same_pcollection_twice_and_empty_inputs() -> None:
     with pipeline() as p:
         a = p | "A" >> beam.Create([1, 2])
@@ -192,6 +200,7 @@ def test_flatten_same_pcollection_twice_and_empty_inputs() -> None:
         assert_that(() | "F2" >> beam.Flatten(pipeline=p), equal_to([]), "none")
 
 
+@pytest.mark.spark
 def test_reshuffle_keeps_timestamps_and_windows() -> None:
     with pipeline() as p:
         out = (
@@ -205,6 +214,7 @@ def test_reshuffle_keeps_timestamps_and_windows() -> None:
         assert_that(out, equal_to([(1, 0), (2, 0), (3, 0), (15, 10)]))
 
 
+@pytest.mark.spark
 def test_combiners_lifted_packed_and_empty() -> None:
     with pipeline() as p:
         nums = p | "Nums" >> beam.Create([1, 2, 3, 4])
@@ -221,6 +231,7 @@ def test_combiners_lifted_packed_and_empty() -> None:
         assert_that(empty | "EmptySum" >> beam.CombineGlobally(sum), equal_to([0]), "empty")
 
 
+@pytest.mark.spark
 def test_side_inputs_all_access_patterns() -> None:
     with pipeline() as p:
         main = p | "Main" >> beam.Create([1, 2])
@@ -243,6 +254,7 @@ def test_side_inputs_all_access_patterns() -> None:
         assert_that(out, equal_to([(101, [100], 3, [1, 3], 2), (102, [100], 3, [1, 3], 2)]))
 
 
+@pytest.mark.spark
 def test_windowed_side_input() -> None:
     with pipeline() as p:
         side = (
@@ -261,6 +273,7 @@ def test_windowed_side_input() -> None:
         assert_that(out, equal_to([(1, ["early"]), (12, ["late"])]))
 
 
+@pytest.mark.spark
 def test_text_read_in_parallel_and_write(tmp_path: typing.Any) -> None:
     source = tmp_path / "input.txt"
     lines = [f"line {i} " + "x" * 80 for i in range(50_000)]  # ~4.5 MB: several splits
@@ -294,6 +307,7 @@ def test_text_read_in_parallel_and_write(tmp_path: typing.Any) -> None:
     assert len(sets[0].committed) >= 2, f"file read by one task only: {sets[0].committed}"
 
 
+@pytest.mark.spark
 def test_small_shuffle_still_spreads_over_every_core() -> None:
     # A lifted combine shuffles one accumulator per key and bundle: a few kilobytes here,
     # which Spark's adaptive execution would merge into one task. Its merge is Python
@@ -324,6 +338,7 @@ def test_small_shuffle_still_spreads_over_every_core() -> None:
     assert len(sets[0].committed) == 2, f"merged in partitions {sets[0].committed} only"
 
 
+@pytest.mark.spark
 def test_user_metrics_of_all_kinds() -> None:
     class Measure(beam.DoFn):
         def __init__(self) -> None:
@@ -357,6 +372,7 @@ def test_user_metrics_of_all_kinds() -> None:
     assert words.committed == {"a", "bb", "ccc"}
 
 
+@pytest.mark.spark
 def test_user_code_runs_once_per_element_with_shared_outputs() -> None:
     """A stage whose output feeds several consumers is computed once (persisted)."""
     calls = Metrics.counter("test", "calls")
@@ -384,6 +400,7 @@ def test_user_code_runs_once_per_element_with_shared_outputs() -> None:
     assert counter_value(result, "calls") == 100
 
 
+@pytest.mark.spark
 def test_failing_dofn_names_stage_and_carries_traceback() -> None:
     def explode(x: int) -> int:
         if x == 3:
@@ -406,6 +423,7 @@ def test_unknown_option_values_are_rejected() -> None:
             _ = p | beam.Create([1])
 
 
+@pytest.mark.spark
 def test_pipeline_is_not_collected_to_driver_results_land_in_files(tmp_path: typing.Any) -> None:
     """Writes happen in executors: the output files exist, named by shard."""
     prefix = str(tmp_path / "nums")
@@ -421,6 +439,7 @@ def test_pipeline_is_not_collected_to_driver_results_land_in_files(tmp_path: typ
     assert sorted(values) == list(range(1000))
 
 
+@pytest.mark.spark
 def test_warnings_from_workers_reach_the_driver() -> None:
     class Warns(beam.DoFn):
         def process(self, x: int) -> typing.Iterator[int]:
@@ -434,6 +453,7 @@ def test_warnings_from_workers_reach_the_driver() -> None:
             _ = p | beam.Create([7]) | beam.ParDo(Warns())
 
 
+@pytest.mark.spark
 def test_reshuffle_then_group_by_key_with_pickled_keys() -> None:
     from apache_beam.coders import coders_test_common
 
@@ -475,6 +495,7 @@ def sum_and_peak_live(kv: typing.Any) -> tuple[int, bool]:
     return total, peak < 300
 
 
+@pytest.mark.spark
 @pytest.mark.parametrize("state_backed", [False, True])
 def test_state_backed_iterables_decode_group_values_one_at_a_time(state_backed: bool) -> None:
     extra = ["--spark_state_backed_iterables"] if state_backed else []

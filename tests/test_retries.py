@@ -21,6 +21,7 @@ DRIVER = Path(__file__).resolve().parent / "cluster" / "retries_driver.py"
 RETRYING_MASTER = "local[2,2]"
 
 
+@pytest.mark.spark
 @pytest.mark.slow
 def test_failed_attempts_are_retried_exactly_once(
     tmp_path: Path, run_python: Callable[..., Any]

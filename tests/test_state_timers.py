@@ -9,6 +9,7 @@ elements spanning several Arrow batches.
 import typing
 
 import apache_beam as beam
+import pytest
 from apache_beam.coders import VarIntCoder
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import combiners, userstate, window
@@ -53,6 +54,7 @@ class CountAndSumAtEnd(beam.DoFn):
         values.clear()
 
 
+@pytest.mark.spark
 def test_value_and_bag_state_with_keys_spanning_batches_and_partitions() -> None:
     keys, per_key = 7, 12_000  # one key's run is longer than an Arrow batch (10 000 rows)
     with pipeline() as p:
@@ -104,6 +106,7 @@ class OrderedTimers(beam.DoFn):
         last.write(seconds)
 
 
+@pytest.mark.spark
 def test_timers_fire_in_timestamp_order_per_key_including_ones_set_by_callbacks() -> None:
     stamps = [30, 10, 50, 20, 40]
     with pipeline() as p:
@@ -143,6 +146,7 @@ class ResetAndClear(beam.DoFn):
         yield key, int(ts.micros // 1_000_000)
 
 
+@pytest.mark.spark
 def test_timer_reset_replaces_and_clear_cancels() -> None:
     # Element order within a key is not defined, so each key sees one kind of change.
     with pipeline() as p:
@@ -182,6 +186,7 @@ class ResetInProcess(beam.DoFn):
         yield key, "cleared timer fired"
 
 
+@pytest.mark.spark
 def test_last_setting_of_a_timer_wins_within_a_bundle() -> None:
     with pipeline() as p:
         out = p | beam.Create([("x", 7), ("y", 9)]) | beam.ParDo(ResetInProcess())
@@ -211,6 +216,7 @@ class ProcessingTimeFlush(beam.DoFn):
         buffer.clear()
 
 
+@pytest.mark.spark
 def test_processing_time_timers_fire_at_the_end_of_a_batch_run() -> None:
     with pipeline() as p:
         out = p | beam.Create([("a", 3), ("a", 1), ("b", 2)]) | beam.ParDo(ProcessingTimeFlush())
@@ -263,6 +269,7 @@ class DistinctAndTotal(beam.DoFn):
         yield key, float(w.start), sorted(seen.read()), total.read()
 
 
+@pytest.mark.spark
 def test_set_and_combining_state_are_per_key_and_window() -> None:
     events = [("a", 1, 0), ("a", 1, 5), ("a", 2, 12), ("b", 3, 1), ("b", 3, 2), ("b", 4, 19)]
     with pipeline() as p:
@@ -308,6 +315,7 @@ class OrderedListState(beam.DoFn):
         yield key, [v for _, v in values.read()]
 
 
+@pytest.mark.spark
 def test_ordered_list_state_reads_in_sort_order() -> None:
     with pipeline() as p:
         out = (
@@ -341,6 +349,7 @@ class CountGroups(beam.DoFn):
         yield key, groups.read()
 
 
+@pytest.mark.spark
 def test_stateful_dofn_reading_a_group_by_key() -> None:
     with pipeline() as p:
         out = (
@@ -368,6 +377,7 @@ class Enrich(beam.DoFn):
             yield kv[0], labels[kv[0]]
 
 
+@pytest.mark.spark
 def test_stateful_dofn_with_a_side_input() -> None:
     with pipeline() as p:
         labels = p | "Labels" >> beam.Create([("a", "A"), ("b", "B")])
@@ -405,6 +415,7 @@ class CountingStateful(beam.DoFn):
         yield len(list(seen.read()))
 
 
+@pytest.mark.spark
 def test_stateful_metrics_and_state_released_between_keys() -> None:
     # Keys share one worker: if a key saw another key's state, counts would exceed 5.
     p = pipeline()

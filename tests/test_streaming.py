@@ -212,6 +212,7 @@ def _cogroup(pipeline: beam.Pipeline) -> Any:
     )
 
 
+@pytest.mark.spark
 @pytest.mark.parametrize(
     "build",
     [
@@ -246,6 +247,7 @@ def _two_groupings(pipeline: beam.Pipeline) -> Any:
     )
 
 
+@pytest.mark.spark
 @pytest.mark.slow
 def test_a_second_grouping_fires_in_the_micro_batch_of_the_first() -> None:
     expected = _direct_output(_two_groupings)
@@ -292,6 +294,7 @@ class _SeenWithSide(beam.DoFn):  # type: ignore[misc]
         yield f"{kv[1]}{len(side)}"
 
 
+@pytest.mark.spark
 @pytest.mark.slow
 def test_a_timers_output_timestamp_holds_the_downstream_watermark() -> None:
     stream = (
@@ -340,6 +343,7 @@ def _written(directory: Path) -> dict[str, list[str]]:
     }
 
 
+@pytest.mark.spark
 @pytest.mark.slow
 def test_an_unbounded_pipeline_writes_direct_runners_files(tmp_path: Path) -> None:
     # Started 6 s ago, so part of the sequence is due at once and the rest is deferred:
@@ -360,6 +364,7 @@ def test_an_unbounded_pipeline_writes_direct_runners_files(tmp_path: Path) -> No
     assert outputs["SparkStructuredRunner"] == outputs["DirectRunner"]
 
 
+@pytest.mark.spark
 @pytest.mark.slow
 def test_main_elements_wait_for_their_side_input_window() -> None:
     main = (
@@ -400,6 +405,7 @@ def test_main_elements_wait_for_their_side_input_window() -> None:
         assert_that(stateful, equal_to(["a2", "b2"]), label="CheckStateful")
 
 
+@pytest.mark.spark
 def test_a_running_query_reports_metrics_and_can_be_cancelled() -> None:
     counted = Metrics.counter("test_streaming", "ticks")
 
@@ -439,6 +445,7 @@ def _note_first(path: str, marker: str) -> str:
     return path
 
 
+@pytest.mark.spark
 @pytest.mark.slow
 def test_continuous_file_matching_reads_files_that_arrive_while_it_runs(tmp_path: Path) -> None:
     """``MatchContinuously`` reads a file there at the start and one dropped while it runs.

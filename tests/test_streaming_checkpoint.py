@@ -68,6 +68,7 @@ def test_a_checkpoint_of_an_earlier_runner_version_is_refused(
         check_checkpoint(spark_session, str(tmp_path), _topology())
 
 
+@pytest.mark.spark
 @pytest.mark.skipif(
     pyspark_version() < STREAMING_SPARK, reason="the query module needs PySpark 4.1+"
 )

@@ -88,6 +88,7 @@ def _drop(inbox: Path, name: str, events: list[tuple[str, int]]) -> None:
     os.replace(temporary, inbox / f"{name}.json")
 
 
+@pytest.mark.spark
 def test_counts_per_window_over_arriving_files_equal_a_batch_run(tmp_path: Path) -> None:
     inbox, out = tmp_path / "inbox", tmp_path / "out"
     inbox.mkdir()
@@ -148,6 +149,7 @@ def _batch_counts(inbox: Path) -> dict[str, int]:
     }
 
 
+@pytest.mark.spark
 def test_rate_windows_fire_as_its_watermark_passes(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()

@@ -138,6 +138,7 @@ def _described_lines(p: beam.Pipeline, pattern: str) -> beam.PCollection:
     return p | beam.io.ReadFromText(pattern) | beam.Map(describe)
 
 
+@pytest.mark.spark
 @pytest.mark.parametrize("compressed", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_read_gives_what_direct_runner_gives(tmp_path: typing.Any, compressed: bool) -> None:
     rng = random.Random(3)

@@ -32,6 +32,7 @@ def _context(outputs: int) -> tuple[TranslationContext, Any]:
     return context, rows
 
 
+@pytest.mark.spark
 def test_an_output_of_several_is_its_tags_rows() -> None:
     context, _ = _context(outputs=3)
     for index in range(3):
@@ -44,6 +45,7 @@ def test_an_output_of_several_is_its_tags_rows() -> None:
     assert [bytes(row.element) for row in buffer_rows.collect()] == [b"out1"]
 
 
+@pytest.mark.spark
 def test_a_stages_only_output_is_read_without_a_filter() -> None:
     # A stage with one output writes nothing else: filtering its tag cost the driver an
     # analysis of the plan (~12 ms) per stage.
@@ -51,6 +53,7 @@ def test_a_stages_only_output_is_read_without_a_filter() -> None:
     assert context.output_frame("Stage", 0) is rows
 
 
+@pytest.mark.spark
 def test_a_session_builds_its_impulse_frame_once() -> None:
     from beam_spark_runner.translators.impulse import impulse_frame
 
@@ -63,6 +66,7 @@ def test_a_session_builds_its_impulse_frame_once() -> None:
     assert frame.rdd.getNumPartitions() == 1
 
 
+@pytest.mark.spark
 def test_small_literal_rows_are_made_once_per_session_and_content(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

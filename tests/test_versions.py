@@ -130,6 +130,7 @@ def test_require_state_protocol_accepts_the_installed_protobuf():
     spark_compat.require_state_protocol("Streaming")
 
 
+@pytest.mark.spark
 def test_a_streaming_run_on_a_pyspark_without_it_is_refused_naming_the_version(run_python):
     """On PySpark 3.5 (no ``pyspark.sql.datasource``, no transformWithState) a streaming
     run is refused before Spark starts, naming Spark 4.1, not failed by an import. Run

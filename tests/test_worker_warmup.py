@@ -198,6 +198,7 @@ _WARMED_BEFORE_ANY_JOB = textwrap.dedent(
 )
 
 
+@pytest.mark.spark
 def test_a_new_local_session_starts_its_worker_daemon_before_any_pipeline_runs(
     run_python: Callable[..., Any],
 ) -> None:
@@ -207,6 +208,7 @@ def test_a_new_local_session_starts_its_worker_daemon_before_any_pipeline_runs(
     assert "daemons 1" in result.stdout, result.stdout + result.stderr[-3000:]
 
 
+@pytest.mark.spark
 def test_the_worker_daemon_imports_what_a_streaming_levels_and_routers_tasks_run(
     run_python: Callable[..., Any],
 ) -> None:

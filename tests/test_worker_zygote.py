@@ -89,6 +89,7 @@ def _processes_with(token: str) -> list[int]:
     return found
 
 
+@pytest.mark.spark
 @pytest.mark.parametrize("offered", [True, False])
 def test_a_fresh_drivers_worker_daemon_is_forked_from_it_and_reset(
     run_python: Callable[..., Any], tmp_path: Any, offered: bool
