@@ -21,7 +21,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.runner import PipelineState
 
-from beam_spark_runner.spark_compat import pyspark_version
+from beam_spark_runner.spark.compat import pyspark_version
 from beam_spark_runner.streaming.check import STREAMING_SPARK
 from beam_spark_runner.streaming.checkpoint_files import spark_location
 from tests.conftest import SPARK_TEST_MASTER
@@ -37,6 +37,7 @@ from tests.fixtures.checkpoint_pipeline import (
 # (``Create``'s ``FlatMap(<lambda at core.py:NNNN>)``) vary with Beam's version.
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.spark,
     pytest.mark.skipif(
         pyspark_version() < STREAMING_SPARK, reason="streaming runs need PySpark 4.1+"
     ),
