@@ -1,0 +1,1 @@
+"""What a person operating a run sees: metrics, progress, worker logs and warnings, the summary."""

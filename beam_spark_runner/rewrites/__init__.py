@@ -1,0 +1,1 @@
+"""Rewrites of the Python pipeline before its proto is built: TestStreams in batch, Creates."""
