@@ -15,10 +15,8 @@ from __future__ import annotations
 import os
 import sys
 
-# Every Python process of the environment runs this module at start (Spark's workers, a
-# streaming query's planners, a user's scripts that never use Beam): it imports only what
-# the interpreter has already loaded. ``typing`` and ``importlib.abc`` alone took 20 ms, a
-# third of a bare interpreter's start. Type checkers read the names below all the same.
+# Every Python process of the environment runs this at start: import only what the
+# interpreter has already loaded (not ``typing``); type checkers read the names below.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import importlib.machinery
@@ -127,13 +125,10 @@ def prefer_installed_pyspark(path: list[str]) -> list[str]:
     """Drops Spark's zips of PySpark and py4j from ``path`` where they are installed too.
 
     Spark puts ``pyspark.zip`` first on the ``PYTHONPATH`` of every Python process it
-    starts (workers, daemons, a streaming query's state planners). The zip holds no
-    bytecode and Python writes none for it, so each process compiled PySpark's modules
-    again: 1.4 s to import ``pyspark.sql.worker.lookup_data_sources`` from the zip, 0.3 s
-    from the installed package; a streaming query started seven such processes one after
-    another before its first task (one per stateful level now). Where the very same files
-    are installed (the zip lies inside the installed package, and the site directory is on
-    ``path`` too), the installed copy, with its bytecode cache, is imported instead.
+    starts (workers, daemons, a streaming query's state planners); Python writes no bytecode
+    for a zip, so each process would compile PySpark's modules again. Where the very same
+    files are installed (the zip lies inside the installed package, and the site directory
+    is on ``path`` too), the installed copy, with its bytecode cache, is imported instead.
     Returns what was dropped.
     """
     dropped = []
@@ -164,9 +159,9 @@ def quiet_pre_init(argv: Sequence[str]) -> bool:
     """In a streaming query's pre-init process: its standard output goes nowhere.
 
     PySpark starts one such process per stateful level and query beside the driver and
-    sends its standard output to the driver's console, where it printed "Starting Streaming
-    TransformWithStateInPandas Python worker." and more: noise a Beam user cannot act on.
-    Its real errors go to the JVM over its socket. Returns whether it silenced.
+    sends its standard output to the driver's console, where it would print "Starting
+    Streaming TransformWithStateInPandas Python worker." and more: noise a Beam user cannot
+    act on. Its real errors go to the JVM over its socket. Returns whether it silenced.
     """
     if runs_module(argv, PRE_INIT_MODULE):
         silence_stdout()

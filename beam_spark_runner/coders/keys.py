@@ -1,20 +1,12 @@
 """Grouping keys for elements on their way to a GroupByKey.
 
-Spark shuffles on a ``key`` binary column. Its value is the element's key encoded with the
-*runner-safe* key coder: user coders Beam does not know are length-prefixed, so the safe
-coder reads them as opaque bytes and never unpickles user objects. Two keys group together
-exactly when their deterministic encodings are equal, as in Beam's own FnApiRunner.
-
-Most elements need no decoding at all. In the global window an element's encoding is a
-fixed-size header (timestamp, window count, a one-byte pane), then the key in the nested
-context, then the value; in one interval window (fixed, sliding, merged sessions) the
-header also holds the window (its end, 8 bytes, and its span, a varint), so its size
-varies with the span; for the key coders the shuffle meets most (varints, strings,
-bytes, length-prefixed user keys and KVs of these) the key's encoding is that nested
-slice, or a part of it. :class:`KeyExtractor` finds the slices of a whole bundle with numpy
-and copies them out with Arrow, and decodes only the elements it cannot slice. A
-value-only element (a ``param_windowed_value`` coder, see ``planning``) has no header: the
-key starts it.
+Spark shuffles on a ``key`` column: the element's key encoded with the *runner-safe* key
+coder, which reads user coders Beam does not know as opaque length-prefixed bytes, never
+unpickling user objects. Keys group together exactly when these encodings are equal, as in
+Beam's FnApiRunner. For the key coders the shuffle meets most (varints, strings, bytes,
+length-prefixed user keys, KVs of these) the key's encoding is cut from the element's own
+bytes, after a header whose layout the constants below give: :class:`KeyExtractor` slices a
+whole bundle with numpy and decodes only the elements it cannot slice.
 """
 
 from __future__ import annotations

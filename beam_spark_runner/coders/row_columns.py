@@ -1,18 +1,12 @@
 """Arrow columns encoded as Beam rows in the global window, a column at a time.
 
 A ``ReadFromSparkStream`` turns each row Spark reads into a Beam element: a row of the
-source's columns (``RowCoder``, possibly in a ``LengthPrefixCoder``), in the global
-window, at its event time, the one pane. Encoded one element at a time, that costs about
-8 us per row in Python (a named tuple, ``Timestamp`` objects, Beam's coder), more than the
-user code of a simple query. :class:`RowColumnsEncoder` writes the same bytes with numpy,
-per column: each field's encodings (varints, big-endian numbers, length-prefixed UTF-8 or
-bytes, a ``MicrosInstant``'s nested row), the null bits, the row's field count and length,
-and the windowed value's timestamp, window and pane, laid side by side for every row.
-
+source's columns (``RowCoder``, possibly in a ``LengthPrefixCoder``) in the global window,
+at its event time, in the one pane. Beam's coder makes Python objects for every row;
+:class:`RowColumnsEncoder` writes the same bytes with numpy, a field at a time for all rows.
 It takes only the field types below (:meth:`RowColumnsEncoder.for_coder` returns None
-otherwise, and the caller encodes element by element), and its caller checks its first
-rows against Beam's own encoding before trusting it. Timestamps are microseconds since
-the epoch.
+otherwise, and the caller encodes element by element); its caller checks its first rows
+against Beam's own encoding before trusting it. Timestamps are microseconds since the epoch.
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
 """Arrow columns as Beam's windowed values of rows, made directly, a column at a time.
 
 A ``ReadFromSparkStream`` whose readers are all stateless stages hands them its rows as
-Arrow columns (``streaming.spark_sources``). A stage running batched steps then needs
-Beam's windowed values of rows, the objects Beam's ``RowCoder`` would decode from the
-encoded elements: :class:`RowValues` makes them from the columns without encoding and
-decoding each element (about 3.4 us per row in Python, against 0.44 here for a ``rate``
-row, its windowed values made with no Python call per row where it can). It takes
-the field types :mod:`row_columns` encodes; the windowed value's timestamp is the event
-time as the windowed-value coder carries it (milliseconds, rounded towards zero), the
-row's own timestamp fields keep their microseconds. Its caller checks the first rows it
-makes against Beam's decoding of Beam's encoding before trusting it.
+Arrow columns (``streaming.spark_sources``); their batched steps need the windowed values
+Beam's ``RowCoder`` would decode. :class:`RowValues` makes them from the columns, for the
+field types :mod:`row_columns` encodes, without encoding and decoding each element. The
+windowed value's timestamp is the event time as the windowed-value coder carries it
+(milliseconds, rounded towards zero); the row's timestamp fields keep their microseconds.
+The caller checks the first rows made against Beam's decoding before trusting them.
 """
 
 from __future__ import annotations
@@ -103,7 +100,7 @@ class RowValues:
 
         The rows are ``row_type``'s (the schema's named tuple), in ``windows`` with ``pane``
         (the global window and the only pane): the caller takes all three from Beam's
-        decoding of a probe. (Beam 2.69 makes a row type per coder, 2.7x one per schema.)
+        decoding of a probe, as Beam makes a row type per coder or per schema by version.
         """
         if len(micros) != batch.num_rows:
             raise ValueError(

@@ -1,14 +1,12 @@
 """The values of encoded ``KV`` elements as a typed column, decoded per batch.
 
-A native combine's writers (``planning.native_combines``) group their elements by key and
-hand Spark partial aggregates (``execution.partial_aggregation``). The keys are the
-grouping keys every writer into a shuffle computes (``coders.keys``); the values are read
-straight from the elements' bytes with numpy: a value starts where its key's nested
-encoding ends and is a varint (``VarIntCoder``, which writes an ``int64`` as its unsigned
-64-bit two's complement) or eight big-endian bytes (``FloatCoder``), possibly after a
-varint length (a ``LengthPrefixCoder`` around either). An element that cannot be read so
-(its key was decoded, or its value does not end where the element does) is decoded with
-the output's own coder.
+A native combine's writers (``planning.native_combines``) hand Spark partial aggregates
+(``execution.partial_aggregation``) under the shuffle's grouping keys (``coders.keys``).
+Each value is read from the element's bytes with numpy where its key's nested encoding
+ends: a varint (``VarIntCoder``) or eight big-endian bytes (``FloatCoder``), possibly after
+a varint length (``LengthPrefixCoder``). An element that cannot be read so (its key was
+decoded, or its value does not end where the element does) is decoded with the stream's
+own coder.
 """
 
 from __future__ import annotations

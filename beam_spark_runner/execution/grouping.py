@@ -1,27 +1,13 @@
 """GroupByKey over key-sorted partitions.
 
 Spark shuffles elements on their ``key`` column and sorts each partition by it; a
-``mapInArrow`` function then walks the sorted batches, cutting them into runs of one key
-(a run may span batches). Each key's elements go through Beam's own ``GroupingBuffer``,
-which decodes them with the pre-grouping coder and runs Beam's batch trigger driver:
-windows, merging windows, triggers and panes all follow Beam's semantics, as in FnApiRunner.
-For the default windowing (global window, default trigger) GroupingBuffer only collects a
-key's values and emits them in one on-time pane at the end of the window; there the runner
-does the same without a buffer per key, reading only each element's value (the header and
-key of every element are checked, and a key that does not fit goes to GroupingBuffer), and
-its output is byte for byte GroupingBuffer's. Writers of such a GroupByKey usually send
-values only (a ``param_windowed_value`` coder, see ``planning``): then an element is the
-key followed by the value, with no header. For the default trigger over windows that do
-not merge (fixed, sliding, or the global window with another timestamp combiner) Beam's
-general trigger driver costs tens of µs per element in batch; there the runner groups
-each key's values per window itself and writes the panes that driver gives (one on-time
-pane per window, first but not last, in the order the windows first appear, at the hold
-the timestamp combiner computes), again byte for byte. Over Beam's ``Sessions`` under the
-triggers the runner's ``SessionsDriver`` takes (``execution.session_trigger``: the default
-trigger, ``AfterWatermark`` with early firings after a count) that driver gives the panes,
-as Beam's driver gives them in batch (``process_entire_key``). The grouped output is one
-cell per key, next to its key, holding its encoded ``KV<K, Iterable<V>>`` elements, one per
-window and pane.
+``mapInArrow`` function walks the sorted batches in runs of one key (a run may span
+batches) and groups each run with Beam's ``GroupingBuffer`` and batch trigger driver, as
+FnApiRunner does. Three common cases are grouped without them, for a lower cost per element
+and the same output (see ``_Grouper._made``): default windowing, the default trigger over
+windows that do not merge, and ``Sessions`` under the triggers ``execution.session_trigger``
+takes. The output is one cell per key, next to its key, holding its encoded
+``KV<K, Iterable<V>>`` elements, one per window and pane.
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """``fileio.MatchContinuously`` built without a start time starts when its pipeline runs.
 
-Beam declares ``MatchContinuously(..., start_timestamp=Timestamp.now(), ...)``: Python
-evaluates that default once, when ``apache_beam.io.fileio`` is first imported, so every
-``MatchContinuously`` built later without a ``start_timestamp`` starts at that import, not
-"now". Beam's deduplicating expansion (``Watch``) stops after ``ceil((stop - start) /
-interval)`` polls, one per interval, so such a transform polls for about as long past its
-``stop_timestamp`` as the process had imported ``fileio`` before it was built; without
-deduplication, ``PeriodicImpulse`` fires every missed interval at once. In a long-lived
-process (a notebook, a service, a test suite; ``apache_beam.dataframe`` imports ``fileio``)
-that is minutes. Seen: ``tests/test_streaming.py``'s ``MatchContinuously(interval=2,
-stop_timestamp=now + 45)`` run 192 s after ``fileio`` was imported polled 119 times and
-ended 300 s after it started, 255 s past its stop timestamp; 12 minutes into the test
-suite it ran past the test's 300 s wait.
-
-The runner gives such a transform (its ``start_timestamp`` is Beam's default object itself)
-the time the pipeline is run as its start, or its stop timestamp if that is earlier. An
-explicit ``start_timestamp`` is kept. Pipelines given to the runner as a proto are not
-changed (their transforms are already expanded).
+Beam's default ``start_timestamp=Timestamp.now()`` is evaluated once, when
+``apache_beam.io.fileio`` is first imported, so a ``MatchContinuously`` built later without
+a start starts at that import: ``Watch`` then polls past ``stop_timestamp`` for about as
+long as the import preceded the build, and ``PeriodicImpulse`` fires every missed interval
+at once; in a long-lived process (a notebook, a service, a test suite) that is minutes. The
+runner starts such a transform (its ``start_timestamp`` is Beam's default object itself)
+when the pipeline runs, or at its stop timestamp if that is earlier. An explicit
+``start_timestamp`` is kept; pipelines given as a proto are already expanded and unchanged.
 """
 
 from __future__ import annotations

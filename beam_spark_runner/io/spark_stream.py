@@ -1,17 +1,12 @@
 """``ReadFromSparkStream``: any Spark streaming source as an unbounded Beam PCollection.
 
-A Beam pipeline on this runner can read what its team's Spark jobs already read (file
-directories, ``rate``, Kafka where the cluster has its connector) without a Beam IO of its
-own. Each row becomes a schema'd element (a ``NamedTuple`` with the source's columns), in
-the global window, at the event time of its ``timestamp_column``. The source's watermark
-follows its progress: the latest event time read so far, less ``watermark_delay``
-seconds (Spark's ``withWatermark`` rule, kept per transform by the runner). Elements
-behind it are late, as Beam defines lateness; a source that reads nothing keeps its
-watermark where it was.
-
-The transform is a runner primitive (``SPARK_STREAM_URN``): the streaming query reads the
-source with ``spark.readStream`` beside its own source (``streaming.spark_sources``).
-Other runners do not know it.
+Reads what Spark jobs already read (file directories, ``rate``, Kafka where the cluster
+has its connector) without a Beam IO: each row a schema'd element (a ``NamedTuple`` of the
+source's columns) in the global window, at the event time of its ``timestamp_column``. The
+watermark is the latest event time read so far less ``watermark_delay`` seconds (Spark's
+``withWatermark`` rule, per transform): elements behind it are late, and it stays put while
+nothing is read. A runner primitive (``SPARK_STREAM_URN``), read with ``spark.readStream``
+beside the query's own source (``streaming.spark_sources``); other runners do not know it.
 """
 
 from __future__ import annotations

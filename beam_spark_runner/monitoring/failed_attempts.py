@@ -1,20 +1,13 @@
 """Metrics of failed task attempts, sent to the driver through a side channel.
 
-Spark merges an accumulator update only from a task attempt that succeeded, so the run's
-metrics accumulator holds Beam's *committed* metrics. Beam's *attempted* metrics also
-count what failed attempts did before failing. A failing task therefore sends what it
-collected straight to the driver: :class:`AttemptCollector` is a small TCP server the driver
-runs for one pipeline run, bound to the address executors reach the driver at
-(``spark.driver.bindAddress`` / ``spark.driver.host``); :func:`report_failed_attempt` is its
-client, called by a task whose body raised.
-
-Best effort by design: a report that cannot be delivered (a firewall, a lost executor, a
-timeout) is logged and dropped, and never replaces the task's own error. Attempted metrics
-are then a lower bound, never below the committed ones.
-
-The wire format is a length-prefixed frame of Beam-encoded values (no pickle): the run's
-random token, the stage name, the Spark partition and attempt number, and the serialized
-monitoring infos. Frames without the run's token are rejected.
+Spark merges accumulator updates only from successful attempts, so the metrics accumulator
+holds Beam's *committed* metrics. For Beam's *attempted* ones a failing task sends its
+metrics (:func:`report_failed_attempt`) to :class:`AttemptCollector`, a small TCP server the
+driver runs for one pipeline run at the address executors reach it
+(``spark.driver.bindAddress`` / ``spark.driver.host``). Best effort: an undeliverable report
+is logged and dropped, never replacing the task's own error, so attempted metrics are a
+lower bound (never below the committed ones). Frames are Beam-encoded (no pickle, see
+``_REPORT_CODER``) and carry the run's random token; frames without it are rejected.
 """
 
 from __future__ import annotations
@@ -197,9 +190,7 @@ class AttemptCollector:
         self.address = AttemptReportAddress(
             advertised_host, port, secrets.token_bytes(_TOKEN_BYTES)
         )
-        # close() wakes the listening thread through this pair at once, where
-        # serve_forever would notice a shutdown only at its next poll (every run waited
-        # for one: ~10 ms of a small pipeline's run with a 20 ms poll).
+        # close() wakes the listener through this pair at once, not at serve_forever's next poll.
         self._wake_reader, self._wake_writer = socket.socketpair()
         self._thread = threading.Thread(
             target=self._serve, name=f"beam-failed-attempts-{port}", daemon=True

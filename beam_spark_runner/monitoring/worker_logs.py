@@ -1,17 +1,13 @@
 """User code's log records in Spark's workers, brought to the driver's log.
 
-Beam's SDK harness sends every log record of user code to the runner (logger name, level,
-message, the transform that ran), at ``--default_sdk_harness_log_level`` (INFO by default)
-with ``--sdk_harness_log_level_overrides`` per logger. Spark's Python workers have no such
-channel, and their root logger has no handler, so a DoFn's ``logging.info`` was lost.
-
-Each task records the records its code logs at the run's levels (capped per task) and
-sends them back through a Spark accumulator; when the run ends, the runner logs each one on
-the driver through the logger of the same name, with the Beam step it came from, so the
-driver's logging configuration (its levels and handlers) decides whether and where it goes.
-Records of failed task attempts are lost with their accumulator updates (Spark merges only
-successful attempts'); the error of a failing task reaches the driver as its
-``PipelineExecutionError``.
+Beam's SDK harness sends user code's log records to the runner, at
+``--default_sdk_harness_log_level`` (INFO by default) with
+``--sdk_harness_log_level_overrides`` per logger; Spark's Python workers have no such
+channel. So each task records what its code logs at those levels (capped per task) into a
+Spark accumulator, and when the run ends the runner logs each record on the driver through
+the logger of the same name, with its Beam step: the driver's logging configuration decides
+whether and where it goes. Records of failed attempts are lost with their accumulator
+updates; a failing task's error reaches the driver as its ``PipelineExecutionError``.
 """
 
 from __future__ import annotations
@@ -67,8 +63,8 @@ def _level(value: object, option: str) -> int:
 
 def log_levels(options: Any) -> LogLevels:
     """The worker log levels a pipeline's options choose; raises ValueError if invalid."""
-    # As Beam's SDK harness reads them, from the class that declares them (a view of it:
-    # get_all_options parses the flags for every options class Beam knows, ~8 ms a run).
+    # From a view of the declaring class, as Beam's harness reads them: get_all_options
+    # would parse the flags of every options class Beam knows.
     worker = options.view_as(pipeline_options.WorkerOptions)
     default = worker.default_sdk_harness_log_level
     overrides = worker.sdk_harness_log_level_overrides or {}
@@ -91,7 +87,7 @@ def log_levels(options: Any) -> LogLevels:
 
 
 class LogsParam(AccumulatorParam):
-    """Accumulates log records, up to a cap per merge."""
+    """Accumulates log records (each task caps its own, see ``recording``)."""
 
     def zero(self, value: list[LogRecord]) -> list[LogRecord]:
         """No records."""

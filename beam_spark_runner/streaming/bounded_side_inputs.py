@@ -1,18 +1,13 @@
 """Bounded side inputs in a streaming run: computed once, before the query, and broadcast.
 
-A stage whose side inputs are all bounded PCollections (computed from ``Create``, a
-bounded read, ... under the Impulse) does not need the streaming machinery for them: the
-runner computes them in batch before the query starts (one Spark job per side input, as a
-batch run does) and ships their state entries with the stage: a Spark broadcast for a
-stateless stage, which then runs in a router; inline (``spark_compat.InlineValue``) for a
-stateful DoFn or an unbounded splittable DoFn, whose ``transformWithState`` workers load no
-broadcasts. Main elements wait for nothing, and no shard keeps a copy of the side input in
-its state (rewritten every micro-batch otherwise).
-
-The stages that compute such a side input leave the streaming graph, so their user code
-runs once. That is only possible when nothing else in the streaming graph needs them: a
-side input whose upstream also feeds a main input (or a leaf that writes somewhere)
-streams as before (``streaming.side_inputs``).
+A stage whose side inputs are all bounded (computed from ``Create``, a bounded read, ...
+under the Impulse) gets them computed in batch before the query starts, one Spark job per
+side input, and shipped with the stage: a Spark broadcast for a stateless stage (run in a
+router), inline (``spark.compat.InlineValue``) for a stateful or unbounded splittable DoFn,
+whose ``transformWithState`` workers load no broadcasts. No shard then rewrites a copy in
+its state every micro-batch. The computing stages leave the streaming graph, so only where
+nothing else there needs them (a main input, a leaf that writes); otherwise the side input
+streams (``streaming.side_inputs``).
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """The streaming query's one source: the roots' rows, micro-batch by micro-batch.
 
 Spark's own ``rate-micro-batch`` source, one row per micro-batch (its ``value`` counts the
-batches from 0), turned into the batch's rows by a ``mapInArrow`` in the workers. Every
-trigger it offers one more batch, so every micro-batch runs, with or without new elements,
-and carries each root's watermark marker: timers and windows fire without new data. A
-batch's processing time is Spark's batch timestamp (``current_timestamp()`` in a streaming
-query), which Spark records in the batch's offsets, so a batch recomputed after a failure
-or a restart sees the same time.
-
-What each batch holds (roots, elements, markers, processing time) is the
-``source_plan.SourcePlan``, pickled with the ``mapInArrow``'s function.
-
-A source of Spark's own costs no Python process beside the driver. A Python data source
-(PySpark 4's ``DataSource`` API, which this was before) made every query start one to serve
-its offsets and others to create and plan it: about 0.5 s before the first micro-batch
-(``docs/performance.md``).
+batches from 0), turned into the batch's rows (``source_plan.SourcePlan``, pickled with the
+function) by a ``mapInArrow`` in the workers. It offers a batch every trigger, so every
+micro-batch runs and carries each root's watermark marker: timers and windows fire without
+new data. A batch's processing time is Spark's batch timestamp, recorded in its offsets, so
+a batch recomputed after a failure or a restart sees the same time. Spark's own source,
+unlike a PySpark ``DataSource``, starts no Python process to serve offsets or plan a query.
 """
 
 from __future__ import annotations

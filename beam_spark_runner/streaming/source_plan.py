@@ -1,15 +1,13 @@
 """What the streaming query's source emits, micro-batch by micro-batch (no Spark here).
 
-Roots: the Impulse (its element in batch 0, then +inf: bounded sources downstream of it
-are read once) and TestStreams (one event per batch, see ``test_stream``; processing time
-starts at 0 and moves only by the TestStream's processing-time advances, as DirectRunner's
-test clock: Beam's trigger driver compares processing-time timers with window ends, so a
-wall-clock start would make every early pane late). Without a TestStream, processing time
-is the driver's wall clock when the batch was planned. Spark streams
-(``spark_sources``) are roots too, read beside the source: it says -inf for them.
+Roots: the Impulse (its element in batch 0, then +inf), TestStreams (one event per batch,
+see ``test_stream``) and Spark streams (``spark_sources``, read beside the source, which
+says -inf for them). With a TestStream, processing time starts at 0 and moves only by its
+processing-time advances, as DirectRunner's test clock does (a wall-clock start would make
+every early pane late); without one, it is the driver's wall clock when the batch is planned.
 
-The plan is built on the driver and pickled with the source's ``mapInArrow`` function
-(``source``), which reads it in the workers. It imports neither Beam nor Spark.
+Built on the driver and pickled with ``source``'s ``mapInArrow`` function; imports neither
+Beam nor Spark.
 """
 
 from __future__ import annotations

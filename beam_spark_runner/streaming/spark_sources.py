@@ -1,15 +1,12 @@
 """Spark's own streaming sources (``io.ReadFromSparkStream``) as roots of the query.
 
-Each read is ``spark.readStream.format(...)`` and one ``mapInArrow`` that turns its rows
-into routed rows: every row a Beam element (a row of the source's columns, in the global
-window, at its event time) addressed to the root's readers, and, per task that read
-anything, a marker with the source's watermark: the latest event time the task read less
-the read's delay. A stateful shard keeps the largest watermark each producer has sent, so
-the source's watermark is the latest event time read by any task of any micro-batch so
-far, less the delay; it never goes back and stays where it is while nothing arrives. The
-reads are unioned with the runner's own source, whose every micro-batch says -inf for
-them (so every stateful shard downstream still runs each micro-batch): the query's chain
-still never forks.
+Each read is ``spark.readStream.format(...)`` and a ``mapInArrow`` that turns its rows into
+routed rows for the root's readers: each row a Beam element (in the global window, at its
+event time) and, per task that read anything, a marker with the latest event time it read
+less the read's delay. Stateful shards keep each producer's largest watermark, so the
+source's watermark never goes back and stays put while nothing arrives. The reads are
+unioned with the runner's own source (which says -inf for them, so every stateful shard
+downstream still runs each micro-batch): the query's chain never forks.
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """A TestStream's events as the steps of the streaming query's source (driver side).
 
 Each event is one micro-batch, as DirectRunner takes each event to quiescence before the
-next: an element event's elements, a watermark event's new watermark for its output, a
-processing-time event's advance of the runner's clock. After the last event every output's
-watermark is +inf, as Beam's TestStream ends. Elements are encoded here, on the driver,
-with their output's data-channel coder, in the global window at their timestamps.
-
-A TestStream that reads its events from a service (``TestStream(endpoint=...)``, Beam's
-``TestStreamServiceController``) has them read here, on the driver, before the query
-starts (:func:`inline_service_events`): the service must end its event stream.
+next: an element event's elements (encoded here with their output's data-channel coder, in
+the global window at their timestamps), a watermark event's new watermark for its output,
+a processing-time event's advance of the runner's clock. After the last event every
+output's watermark is +inf, as Beam's TestStream ends. A TestStream whose events come from
+a service (``TestStream(endpoint=...)``) has them read here, on the driver, before the
+query starts (:func:`inline_service_events`): the service must end its event stream.
 """
 
 from __future__ import annotations
