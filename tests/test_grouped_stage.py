@@ -17,15 +17,11 @@ from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution.stage_worker import TaskSinks
 from beam_spark_runner.options import spark_settings
 from beam_spark_runner.planning import build_plan
+from beam_spark_runner.planning.physical import groups_in_stage, has_one_key
 from beam_spark_runner.spark.session import obtain_session
 from beam_spark_runner.translators import translator_for
 from beam_spark_runner.translators.base import TranslationContext
-from beam_spark_runner.translators.fused_stage import groups_in_stage
-from beam_spark_runner.translators.group_by_key import (
-    grouped_as_read,
-    has_one_key,
-    sorted_by_key,
-)
+from beam_spark_runner.translators.group_by_key import grouped_as_read, sorted_by_key
 
 SPARK_ARGS = ["--runner=SparkStructuredRunner", "--spark_master=local[2]"]
 
