@@ -111,6 +111,7 @@ class StageStrategy:
     # With INLINE_SIDE_INPUTS: the stage writing its side input, run in the same task.
     side_input_writer: str | None = None
 
+
 @dataclasses.dataclass(frozen=True)
 class PhysicalPlan:
     """The decisions of ``physical.decide``: per stage, and per buffer where one applies."""
