@@ -16,7 +16,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution.stage_worker import TaskSinks
 from beam_spark_runner.options import spark_settings
-from beam_spark_runner.planning import build_plan
+from beam_spark_runner.planning import BufferKind, build_plan
 from beam_spark_runner.planning.physical import groups_in_stage, has_one_key
 from beam_spark_runner.spark.session import obtain_session
 from beam_spark_runner.translators import translator_for
@@ -101,7 +101,7 @@ def _group_partitions(p: beam.Pipeline) -> list[tuple[bool, int]]:
     return [
         (has_one_key(buffer, context.plan), sorted_by_key(buffer, context).rdd.getNumPartitions())
         for buffer in context.plan.buffers.values()
-        if buffer.kind == "group"
+        if buffer.kind == BufferKind.GROUP
     ]
 
 

@@ -46,8 +46,8 @@ def _text_files(pattern: str, compression: str) -> list[tuple[str, int]] | None:
 def native_text_reads(pipeline_proto: bi.beam_runner_api_pb2.Pipeline) -> list[str]:
     """Makes each plain ``ReadFromText`` a runner transform; returns their ids.
 
-    Beam reads a text file through a splittable DoFn, which costs several µs per line
-    (restriction claims, watermark estimation, an 8 KiB read buffer). A ``Read`` of Beam's
+    Beam reads a text file through a splittable DoFn, costly per line (restriction claims,
+    watermark estimation, a small read buffer). A ``Read`` of Beam's
     ``_TextSource`` with default settings (``bi.plain_text_source``), uncompressed files
     and lines not read as a side input becomes ``TEXT_READ_URN`` with the matched files as
     payload: planning gives its output a ``textread:`` buffer, the translator splits the

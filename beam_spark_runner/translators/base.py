@@ -29,11 +29,8 @@ if TYPE_CHECKING:
 
 _LOGGER = logging.getLogger(__name__)
 
-# Literal rows (a Create's elements, a text read's byte ranges) already made in a session,
-# by content: the same small Create recurs from run to run (``assert_that``'s
-# ``Create([(None, None)])`` in every test pipeline, a pipeline run again), and making its
-# DataFrame was ~30 Py4J calls and an analysis of its plan (~14 ms a Create). Only rows of
-# at most _REMEMBERED_LITERAL_BYTES in all; the _REMEMBERED_LITERALS most recent per session.
+# Small literal rows already made in a session, by content: the same small Create recurs
+# from run to run (``assert_that``'s), and making its DataFrame costs Py4J calls.
 _REMEMBERED_LITERALS = 32
 _REMEMBERED_LITERAL_BYTES = 64 * 1024
 _LITERALS: weakref.WeakKeyDictionary[Any, OrderedDict[tuple[Any, ...], DataFrame]] = (
@@ -190,7 +187,7 @@ class TranslationContext:
         """The rows of a stage's output ``index`` (all columns of the stage's output).
 
         A stage with one output writes nothing else, so its rows are all of them: no
-        filter, whose analysis was ~12 ms of the driver's time a stage.
+        filter, whose analysis costs driver time.
         """
         frame = self.stage_frame(stage_name)
         if len(self.plan.stage(stage_name).outputs) == 1:
@@ -282,8 +279,8 @@ class TranslationContext:
         The rows are cut, in order, into ``min(len(elements), parallelism)`` partitions of
         near-equal size, so the stage that reads them uses every core: on PySpark 4+ from an
         Arrow table (local rows scanned in the JVM), on PySpark 3.5 from a ``parallelize``d
-        RDD. Either costs ~30 Py4J calls whatever the number of elements, where a literal
-        column costs ~9 per element.
+        RDD. Either costs a few Py4J calls whatever the number of elements, where a literal
+        column costs some per element.
         """
         table = pa.table(
             {KEY: pa.nulls(len(elements), pa.binary()), ELEMENT: pa.array(elements, pa.binary())}
