@@ -12,7 +12,7 @@ from apache_beam.coders import VarIntCoder
 from apache_beam.transforms.userstate import BagStateSpec
 
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.planning import Plan, StageInput, build_plan
+from beam_spark_runner.planning import BufferKind, Plan, StageInput, build_plan
 from beam_spark_runner.rewrites.native_create import NativeCreateOverride
 
 
@@ -67,3 +67,19 @@ def test_build_plan_logs_the_physical_plan_at_debug(caplog: pytest.LogCaptureFix
     _plan()
     assert "Physical plan:" in caplog.text
     assert "fused with its GroupByKey" in caplog.text
+
+
+def test_a_stage_writing_a_native_combine_does_not_run_on_the_driver() -> None:
+    # Its typed value columns are written by its Spark task only.
+    p = beam.Pipeline()
+    pairs = p | "Nums" >> beam.Create([1, 2, 3]) | "Pair" >> beam.Map(lambda x: (x % 2, x))
+    pairs | "Sum" >> beam.CombinePerKey(sum)
+    main = p | "Main" >> beam.Create([0, 1])
+    main | "Look up" >> beam.Map(lambda k, d: d.get(k), d=beam.pvalue.AsDict(pairs))
+    p.replace_all([NativeCreateOverride()])
+    proto = bi.prepare_pipeline_proto(p.to_runner_api(default_environment=bi.default_environment()))
+    plan = build_plan(proto, native_combines=True)
+    (writer,) = [s for s in plan.stages if "Pair" in s.user_transform_names]
+    assert any(plan.buffers[o.buffer_id].kind == BufferKind.NATIVE_COMBINE for o in writer.outputs)
+    assert not plan.strategy(writer.name).on_driver
+    assert plan.physical.driver_writers == {}

@@ -135,9 +135,12 @@ def _qualifies(plan: Plan, name: str, known: dict[str, bool]) -> bool:
 
 
 def _stage_qualifies(plan: Plan, name: str, known: dict[str, bool]) -> bool:
-    """Literal input, stateless, no splittable DoFn, side inputs qualifying in turn."""
+    """Literal input, stateless, no native combine or splittable DoFn, side inputs too."""
     stage = plan.stage(name)
     if stage.stateful:
+        return False
+    # A native combine's typed columns are written by its Spark task only.
+    if any(plan.buffers[o.buffer_id].kind == BufferKind.NATIVE_COMBINE for o in stage.outputs):
         return False
     if any(driver_stage(plan, side.buffer_id, known) is None for side in stage.side_inputs):
         return False

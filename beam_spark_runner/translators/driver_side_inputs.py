@@ -26,7 +26,6 @@ from beam_spark_runner.execution.stage_worker import (
     ELEMENT,
     KEY,
     TAG,
-    has_typed_outputs,
     run_stage,
     tear_down_stage_workers,
 )
@@ -122,8 +121,6 @@ def _compute_on_driver(stage_name: str, context: TranslationContext) -> DriverRo
         stage_spec(stage, context, broadcast_side_inputs(stage, context, inline=True)),
         main_session=None,
     )
-    if main_read and has_typed_outputs(spec.outputs):
-        return None  # a native combine's typed columns: written by its Spark task only
     started = time.monotonic()
     batch = pa.RecordBatch.from_arrays(
         [pa.nulls(len(rows), pa.binary()), pa.array(rows, pa.binary())], names=[KEY, ELEMENT]
