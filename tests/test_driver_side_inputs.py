@@ -14,10 +14,10 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.errors import PipelineExecutionError
-from beam_spark_runner.planning import Plan, build_plan
+from beam_spark_runner.planning import Plan, build_plan, physical
+from beam_spark_runner.planning.physical import driver_stage
 from beam_spark_runner.rewrites.native_create import NativeCreateOverride
 from beam_spark_runner.translators import driver_side_inputs
-from beam_spark_runner.translators.driver_side_inputs import driver_stage
 from tests.conftest import SPARK_TEST_MASTER
 
 WEIGHTS = Metrics.counter("driver_side_inputs_test", "weights")
@@ -148,7 +148,7 @@ def test_a_table_also_read_as_main_input_is_computed_on_the_driver_in_batch_only
     plan = _plan(pipeline)
     stage = driver_stage(plan, _side_buffer(plan))
     assert stage is not None and "Weigh" in plan.stage(stage).display_name
-    assert stage in driver_side_inputs.driver_stages(plan)
+    assert stage in physical.driver_stages(plan)
     # A streaming query would run the stage again for its main readers.
     proto = pipeline.to_runner_api(default_environment=bi.default_environment())
     streaming = build_plan(bi.prepare_pipeline_proto(proto), streaming=True)
@@ -208,7 +208,7 @@ def test_a_table_from_a_file_or_a_grouping_keeps_its_job(tmp_path: Any) -> None:
 
 
 def test_a_large_create_keeps_its_job(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(driver_side_inputs, "DRIVER_SIDE_INPUT_MAX_ROWS", 99)
+    monkeypatch.setattr(physical, "DRIVER_SIDE_INPUT_MAX_ROWS", 99)
     pipeline = beam.Pipeline()
     table = pipeline | "Keys" >> beam.Create(list(range(100))) | "Weigh" >> beam.Map(_weight)
     _lookup(pipeline, table)

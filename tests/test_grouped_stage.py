@@ -16,16 +16,12 @@ from apache_beam.testing.util import assert_that, equal_to
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution.stage_worker import TaskSinks
 from beam_spark_runner.options import spark_settings
-from beam_spark_runner.planning import build_plan
+from beam_spark_runner.planning import BufferKind, build_plan
+from beam_spark_runner.planning.physical import groups_in_stage, has_one_key
 from beam_spark_runner.spark.session import obtain_session
 from beam_spark_runner.translators import translator_for
 from beam_spark_runner.translators.base import TranslationContext
-from beam_spark_runner.translators.fused_stage import groups_in_stage
-from beam_spark_runner.translators.group_by_key import (
-    grouped_as_read,
-    has_one_key,
-    sorted_by_key,
-)
+from beam_spark_runner.translators.group_by_key import grouped_as_read, sorted_by_key
 
 SPARK_ARGS = ["--runner=SparkStructuredRunner", "--spark_master=local[2]"]
 
@@ -105,7 +101,7 @@ def _group_partitions(p: beam.Pipeline) -> list[tuple[bool, int]]:
     return [
         (has_one_key(buffer, context.plan), sorted_by_key(buffer, context).rdd.getNumPartitions())
         for buffer in context.plan.buffers.values()
-        if buffer.kind == "group"
+        if buffer.kind == BufferKind.GROUP
     ]
 
 

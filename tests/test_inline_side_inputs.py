@@ -19,9 +19,9 @@ from apache_beam.testing.util import assert_that, equal_to
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution import inline_side_inputs
 from beam_spark_runner.execution.stage_worker import ELEMENT, KEY
-from beam_spark_runner.planning import Plan, build_plan
+from beam_spark_runner.planning import Plan, build_plan, physical
 from beam_spark_runner.rewrites.native_create import NativeCreateOverride
-from beam_spark_runner.translators import fused_stage
+from beam_spark_runner.translators import driver_side_inputs
 
 SPARK_ARGS = ["--runner=SparkStructuredRunner", "--spark_master=local[2]"]
 
@@ -38,7 +38,7 @@ def _inline_stages(plan: Plan) -> list[str]:
     return [
         " ".join(stage.user_transform_names)
         for stage in plan.stages
-        if fused_stage.reads_side_inputs_inline(plan, stage)
+        if physical.reads_side_inputs_inline(plan, stage)
     ]
 
 
@@ -59,8 +59,8 @@ def test_the_combines_merge_runs_in_the_default_injections_python_worker() -> No
     from beam_spark_runner.translators.base import TranslationContext
 
     plan = _plan(lambda p: p | beam.Create([1, 2, 3]) | beam.combiners.Count.Globally())
-    (inline,) = [s for s in plan.stages if fused_stage.reads_side_inputs_inline(plan, s)]
-    writer = fused_stage.grouped_side_input_writer(plan, inline)
+    (inline,) = [s for s in plan.stages if physical.reads_side_inputs_inline(plan, s)]
+    writer = physical.grouped_side_input_writer(plan, inline)
     assert writer is not None and "Merge" in " ".join(writer.user_transform_names)
     spark, _ = obtain_session(spark_settings(PipelineOptions(SPARK_ARGS)))
     context = TranslationContext(spark, plan, "test", 2, TaskSinks(), translator_for)
@@ -77,9 +77,7 @@ def test_other_side_inputs_keep_the_broadcast() -> None:
 
     def big_main_input(p: beam.Pipeline) -> None:
         total = p | "Side" >> beam.Create([1, 2]) | beam.CombineGlobally(sum).without_defaults()
-        main = p | "Main" >> beam.Create(
-            list(range(fused_stage.INLINE_SIDE_INPUTS_MAX_MAIN_ROWS + 1))
-        )
+        main = p | "Main" >> beam.Create(list(range(physical.INLINE_SIDE_INPUTS_MAX_MAIN_ROWS + 1)))
         main | beam.Map(lambda x, s: x + s, beam.pvalue.AsSingleton(total))
 
     def combined_read_twice(p: beam.Pipeline) -> None:
@@ -113,13 +111,13 @@ def test_global_combines_give_beams_results_without_a_side_input_job(
     empty: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     broadcast_side_inputs: list[str] = []
-    original = fused_stage.side_input_state_entries
+    original = driver_side_inputs.side_input_state_entries
 
     def recording(transform_id: str, *args: object) -> object:
         broadcast_side_inputs.append(transform_id)
         return original(transform_id, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(fused_stage, "side_input_state_entries", recording)
+    monkeypatch.setattr(driver_side_inputs, "side_input_state_entries", recording)
     values = [] if empty else [1, 2, 3, 4]
     p = beam.Pipeline(options=PipelineOptions(SPARK_ARGS))
     nums = p | beam.Create(values).with_output_types(int)

@@ -26,11 +26,11 @@ from apache_beam.transforms.window import TimestampCombiner
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import split_packed
+from beam_spark_runner.coders.arrow_columns import ELEMENT, KEY
 from beam_spark_runner.execution import beam_globals
 from beam_spark_runner.execution.key_runs import key_run_cells
 from beam_spark_runner.execution.session_trigger import SessionsDriver
 from beam_spark_runner.execution.session_trigger import applies as sessions_apply
-from beam_spark_runner.execution.stage_worker import ELEMENT, KEY
 
 GROUPED_SCHEMA = pa.schema([pa.field(KEY, pa.binary()), pa.field(ELEMENT, pa.binary())])
 

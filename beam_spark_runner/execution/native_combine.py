@@ -1,6 +1,6 @@
 """A native combine's aggregated rows, as the elements Beam's lifted combine would give.
 
-Spark aggregates a native combine (``planning.native_combines``) per key in the JVM
+Spark aggregates a native combine (``planning.phases.native_combines``) per key in the JVM
 (``translators.native_combine``): one row per key holding the key, as its writers encoded
 it with the runner-safe key coder, the aggregate (``RESULT``) and, for a mean, the count
 (``COUNT``). Here each row becomes the ``KV`` element the stage after the combine reads: in

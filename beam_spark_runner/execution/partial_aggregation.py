@@ -1,7 +1,7 @@
 """A native combine's writers: each bundle's elements aggregated per key, in Arrow.
 
-A stage writing a native combine's buffer (``planning.native_combines``) hands Spark one
-row per key and bundle, not per element: the bundle's keys (``coders.keys``) and values
+A stage writing a native combine's buffer (``planning.phases.native_combines``) hands Spark
+one row per key and bundle, not per element: the bundle's keys (``coders.keys``) and values
 (``coders.typed_values``) go into an Arrow table, and Arrow's hash aggregation (C++, no
 Python per element) computes the partial aggregate Spark then merges in the JVM
 (``translators.native_combine``), as Beam's lifted combine precombines per bundle:

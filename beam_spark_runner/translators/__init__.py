@@ -1,42 +1,29 @@
-"""The URN -> translator registry.
+"""Translators: each planned node (a buffer or a fused stage) to a Spark DataFrame.
 
-After fusion a pipeline is fused stages (``beam:runner:executable_stage:v1``) joined by
-buffers that runner primitives fill: Impulse, GroupByKey, Reshuffle, Flatten, the
-native text read, the native Create and the native combine. Each has
-a translator here that builds its Spark DataFrame. A URN without a translator is an error
-raised while planning, before Spark starts (see :func:`translator_for`).
+The registry (``registry``, URN -> translator) is loaded on first use, so that importing one
+translator loads that translator's modules only.
 """
 
 from __future__ import annotations
 
-from beam_spark_runner.translators.base import Translator
-from beam_spark_runner.translators.create import CreateTranslator
-from beam_spark_runner.translators.flatten import FlattenTranslator
-from beam_spark_runner.translators.fused_stage import FusedStageTranslator
-from beam_spark_runner.translators.group_by_key import GroupByKeyTranslator
-from beam_spark_runner.translators.impulse import ImpulseTranslator
-from beam_spark_runner.translators.native_combine import NativeCombineTranslator
-from beam_spark_runner.translators.reshuffle import ReshuffleTranslator
-from beam_spark_runner.translators.text_read import TextReadTranslator
+import importlib
+from typing import TYPE_CHECKING, Any
 
-TRANSLATORS: dict[str, Translator] = {
-    translator.urn: translator
-    for translator in (
-        ImpulseTranslator(),
-        FlattenTranslator(),
-        GroupByKeyTranslator(),
-        NativeCombineTranslator(),
-        ReshuffleTranslator(),
-        TextReadTranslator(),
-        CreateTranslator(),
-        FusedStageTranslator(),
-    )
+if TYPE_CHECKING:
+    from beam_spark_runner.translators.base import Translator
+    from beam_spark_runner.translators.registry import TRANSLATORS, translator_for
+
+__all__ = ["TRANSLATORS", "Translator", "translator_for"]
+
+_LAZY = {
+    "TRANSLATORS": "beam_spark_runner.translators.registry",
+    "translator_for": "beam_spark_runner.translators.registry",
+    "Translator": "beam_spark_runner.translators.base",
 }
 
 
-def translator_for(urn: str) -> Translator | None:
-    """The translator registered for ``urn``, or None."""
-    return TRANSLATORS.get(urn)
-
-
-__all__ = ["TRANSLATORS", "Translator", "translator_for"]
+def __getattr__(name: str) -> Any:
+    """The registry's names, imported when first asked for."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name]), name)

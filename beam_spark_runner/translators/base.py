@@ -17,7 +17,6 @@ from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders.arrow_columns import ELEMENT, KEY, TAG
 from beam_spark_runner.execution import beam_globals
 from beam_spark_runner.execution.partial_aggregation import FLOAT_VALUE, INT_VALUE, VALUE_COUNT
-from beam_spark_runner.execution.stage_worker import TaskSinks
 from beam_spark_runner.planning import EXECUTABLE_STAGE_URN, Plan, PlannedBuffer
 from beam_spark_runner.spark import compat as spark_compat
 
@@ -25,15 +24,13 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
+    from beam_spark_runner.execution.stage_worker import TaskSinks
     from beam_spark_runner.translators.driver_side_inputs import DriverRows
 
 _LOGGER = logging.getLogger(__name__)
 
-# Literal rows (a Create's elements, a text read's byte ranges) already made in a session,
-# by content: the same small Create recurs from run to run (``assert_that``'s
-# ``Create([(None, None)])`` in every test pipeline, a pipeline run again), and making its
-# DataFrame was ~30 Py4J calls and an analysis of its plan (~14 ms a Create). Only rows of
-# at most _REMEMBERED_LITERAL_BYTES in all; the _REMEMBERED_LITERALS most recent per session.
+# Small literal rows already made in a session, by content: the same small Create recurs
+# from run to run (``assert_that``'s), and making its DataFrame costs Py4J calls.
 _REMEMBERED_LITERALS = 32
 _REMEMBERED_LITERAL_BYTES = 64 * 1024
 _LITERALS: weakref.WeakKeyDictionary[Any, OrderedDict[tuple[Any, ...], DataFrame]] = (
@@ -143,7 +140,6 @@ class TranslationContext:
         # Stages computed on the driver (driver_side_inputs): what each wrote, None where it
         # ran on Spark after all.
         self.driver_runs: dict[str, DriverRows | None] = {}
-        self._driver_stages: frozenset[str] | None = None
         self.uses = self._count_uses(plan)
 
     @staticmethod
@@ -165,33 +161,20 @@ class TranslationContext:
     def stage_frame(self, stage_name: str) -> DataFrame:
         """The (tag, key, element) output DataFrame of a fused stage.
 
-        A stage the run computes on the driver (``driver_side_inputs``) gives the rows it
+        A stage the run computes on the driver (the plan's decision) gives the rows it
         wrote there, which its main-input readers read without running it again.
         """
-        if stage_name not in self._stage_frames and stage_name in self.driver_stages():
-            from beam_spark_runner.translators.driver_side_inputs import driver_rows
-
-            rows = driver_rows(stage_name, self)
-            if rows is not None:
-                self._stage_frames[stage_name] = self.literal_stage_rows(rows)
         if stage_name not in self._stage_frames:
             frame = self._translate(EXECUTABLE_STAGE_URN, self.plan.stage(stage_name))
-            if self.uses[stage_name] > 1:
-                # Read more than once: persist so user code runs once per element.
+            # Read more than once: persist so user code runs once per element (rows the
+            # driver wrote are literal already).
+            if self.uses[stage_name] > 1 and self.driver_runs.get(stage_name) is None:
                 from pyspark import StorageLevel
 
                 frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
                 self.persisted.append(frame)
             self._stage_frames[stage_name] = frame
         return self._stage_frames[stage_name]
-
-    def driver_stages(self) -> frozenset[str]:
-        """The stages this run computes on the driver (``driver_side_inputs.driver_stages``)."""
-        if self._driver_stages is None:
-            from beam_spark_runner.translators.driver_side_inputs import driver_stages
-
-            self._driver_stages = driver_stages(self.plan)
-        return self._driver_stages
 
     def buffer_frame(self, buffer_id: bytes) -> DataFrame:
         """The (key, element) DataFrame of a buffer."""
@@ -204,7 +187,7 @@ class TranslationContext:
         """The rows of a stage's output ``index`` (all columns of the stage's output).
 
         A stage with one output writes nothing else, so its rows are all of them: no
-        filter, whose analysis was ~12 ms of the driver's time a stage.
+        filter, whose analysis costs driver time.
         """
         frame = self.stage_frame(stage_name)
         if len(self.plan.stage(stage_name).outputs) == 1:
@@ -296,8 +279,8 @@ class TranslationContext:
         The rows are cut, in order, into ``min(len(elements), parallelism)`` partitions of
         near-equal size, so the stage that reads them uses every core: on PySpark 4+ from an
         Arrow table (local rows scanned in the JVM), on PySpark 3.5 from a ``parallelize``d
-        RDD. Either costs ~30 Py4J calls whatever the number of elements, where a literal
-        column costs ~9 per element.
+        RDD. Either costs a few Py4J calls whatever the number of elements, where a literal
+        column costs some per element.
         """
         table = pa.table(
             {KEY: pa.nulls(len(elements), pa.binary()), ELEMENT: pa.array(elements, pa.binary())}

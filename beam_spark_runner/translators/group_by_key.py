@@ -13,12 +13,11 @@ for grouped maps anyway; walking the sorted partition ourselves costs one call p
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.coders.arrow_columns import KEY
 from beam_spark_runner.execution.grouping import GroupSpec, group_sorted
-from beam_spark_runner.execution.stage_worker import KEY
 from beam_spark_runner.planning import GROUP_BY_KEY_URN, Plan, PlannedBuffer
 from beam_spark_runner.spark.compat import named_function
 from beam_spark_runner.translators.base import keyed_rows_type, spark_function_name
@@ -88,46 +87,14 @@ def group_spec(node: PlannedBuffer, context: TranslationContext) -> GroupSpec:
 def sorted_by_key(node: PlannedBuffer, context: TranslationContext) -> DataFrame:
     """The writers' (key, element) rows, shuffled on the key and sorted by it.
 
-    Rows that all have one key (:func:`has_one_key`) go to one partition, unsorted: hashed
-    over every core they would still all land in one partition, and each of the others
-    would be a task starting a Python worker for nothing.
+    Rows that all have one key (``planning.physical.has_one_key``) go to one partition,
+    unsorted: hashed over every core they would still all land in one partition, and each
+    of the others would be a task starting a Python worker for nothing.
     """
     union = context.union(context.writer_frames(node))
-    if has_one_key(node, context.plan):
+    if node.buffer_id in context.plan.physical.single_key_groups:
         return union.repartition(1)
     return union.repartition(union[KEY]).sortWithinPartitions(union[KEY])
-
-
-def has_one_key(node: PlannedBuffer, plan: Plan) -> bool:
-    """Whether every writer keys its elements with None: a ``CombineGlobally``'s grouping.
-
-    Beam's ``CombineGlobally`` keys each element with None (``KeyWithVoid``, a DoFn
-    registered by URN) before its ``CombinePerKey``, whose lifted precombine may follow in
-    the same stage. A key that is None encodes to the same bytes every time.
-    """
-    if not node.writers:
-        return False
-    for stage_name, index in node.writers:
-        stage = plan.stage(stage_name)
-        transforms = stage.descriptor.transforms
-        write = transforms[stage.outputs[index].transform_id]
-        producer = _producer(transforms, bi.only_element(list(write.inputs.values())))
-        if producer is not None and producer.spec.urn == bi.PRECOMBINE_URN:
-            producer = _producer(transforms, bi.only_element(list(producer.inputs.values())))
-        if producer is None or producer.spec.urn not in bi.PAR_DO_URNS:
-            return False
-        payload = bi.beam_runner_api_pb2.ParDoPayload.FromString(producer.spec.payload)
-        if payload.do_fn.urn != bi.KEY_WITH_NONE_DOFN_URN:
-            return False
-    return True
-
-
-def _producer(transforms: Mapping[str, Any], pcollection: str) -> Any:
-    """The transform of a stage that outputs ``pcollection`` (None: none of them)."""
-    for transform in transforms.values():
-        if pcollection in transform.outputs.values():
-            return transform
-    return None
 
 
 class GroupByKeyTranslator:

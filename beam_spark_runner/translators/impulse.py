@@ -15,8 +15,7 @@ if TYPE_CHECKING:
     from beam_spark_runner.translators.base import TranslationContext
 
 
-# The impulse DataFrame of each live session: the same in every run, and building it was
-# 17 Py4J calls and two analyses of its plan (~18 ms of a short pipeline's driver time).
+# The impulse DataFrame of each live session: the same in every run, and costly to build.
 _IMPULSES: weakref.WeakKeyDictionary[SparkSession, DataFrame] = weakref.WeakKeyDictionary()
 
 

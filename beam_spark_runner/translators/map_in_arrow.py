@@ -3,10 +3,9 @@
 Every stage the runner translates is a ``mapInArrow``. PySpark builds each one's Python UDF
 from scratch: it looks up the active session, reads settings, fetches the input's schema,
 sends the workers' environment and include paths to the JVM again (a Py4J call per entry),
-looks up three JVM classes by reflection and parses the result type in the JVM: some 33
-Py4J calls a stage, about 7 ms of a small pipeline's driver time each. Here what does not
-change within a session is made once per ``SparkContext`` and reused; a stage costs two
-calls per input column and six more.
+looks up three JVM classes by reflection and parses the result type in the JVM, a Py4J
+call each. Here what does not change within a session is made once per ``SparkContext``
+and reused.
 
 The UDF is PySpark's own: the same command (the function and its result type, pickled the
 way PySpark pickles it), the same ``SimplePythonFunction`` and ``UserDefinedPythonFunction``,

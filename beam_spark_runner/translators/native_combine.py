@@ -1,6 +1,6 @@
 """Native combines: a CombinePerKey of Beam's sum, min, max, count or mean as a Spark aggregation.
 
-Planning (``planning.native_combines``) turns such a combine into a ``nativecombine:``
+Planning (``planning.phases.native_combines``) turns such a combine into a ``nativecombine:``
 buffer. Its writers send one row per element: the grouping key (as a GroupByKey's writers
 compute it) and the value in a typed column (``coders.typed_values``). Here the rows become
 ``groupBy(key).agg(...)``: Spark aggregates them in the JVM, with a partial aggregation
@@ -30,17 +30,12 @@ from beam_spark_runner.execution.native_combine import (
     NativeCombineSpec,
     encode_results,
 )
-from beam_spark_runner.execution.partial_aggregation import (
-    VALUE_COLUMNS,
-    VALUE_COUNT,
-    NativeOutput,
-)
+from beam_spark_runner.execution.partial_aggregation import VALUE_COLUMNS, VALUE_COUNT
 from beam_spark_runner.planning import (
     NATIVE_COMBINE_URN,
     NativeAggregation,
-    Plan,
     PlannedBuffer,
-    PlannedStage,
+    aggregation_of,
 )
 from beam_spark_runner.spark.compat import named_function
 from beam_spark_runner.translators.base import (
@@ -56,34 +51,6 @@ if TYPE_CHECKING:
     from beam_spark_runner.translators.base import TranslationContext
 
 _VALUE = "value"
-
-
-def aggregation_of(plan: Plan, node: PlannedBuffer) -> NativeAggregation:
-    """What the native combine of this buffer computes."""
-    return NativeAggregation.from_payload(plan.components.transforms[node.name].spec.payload)
-
-
-def combined_in_stage(plan: Plan, node: PlannedStage) -> bool:
-    """Whether the stage writes the native combine's output elements itself.
-
-    It does where it is the combine's only reader and stateless; a combine read by more
-    than one stage, or as a side input, keeps its own DataFrame.
-    """
-    buffer = plan.buffers[node.input_buffer_id]
-    return (
-        buffer.urn == NATIVE_COMBINE_URN
-        and buffer.main_readers == [node.name]
-        and not buffer.side_readers
-        and not node.stateful
-    )
-
-
-def native_output(plan: Plan, buffer: PlannedBuffer, coder_id: str) -> NativeOutput | None:
-    """What a stage output writing to ``buffer`` with ``coder_id`` aggregates, if native."""
-    if buffer.urn != NATIVE_COMBINE_URN:
-        return None
-    aggregation = aggregation_of(plan, buffer)
-    return NativeOutput(aggregation.function, aggregation.value_type, coder_id)
 
 
 def _aggregates(aggregation: NativeAggregation) -> list[Column]:
