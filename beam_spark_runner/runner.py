@@ -84,14 +84,27 @@ class SparkStructuredRunner(PipelineRunner):
 
     def __init__(self) -> None:
         super().__init__()
-        # Beam creates the runner before the pipeline's transforms are applied: from here
-        # on, constructing a pipeline parses each options class once.
-        bi.remember_option_views()
+        # Each options class parsed once while this runner's pipeline is constructed.
+        self._option_views = bi.OptionViews()
+
+    def apply(self, transform: Any, input: Any, options: Any) -> Any:  # noqa: A002 - Beam's name
+        """Applies ``transform`` as Beam does, each options class parsed once per pipeline."""
+        with bi.option_views(self._option_views):
+            return super().apply(transform, input, options)
 
     def run_pipeline(
         self, pipeline: Any, options: pipeline_options.PipelineOptions
     ) -> SparkPipelineResult:
         """Translates ``pipeline`` and runs it to completion on Spark."""
+        try:
+            return self._run_pipeline(pipeline, options)
+        finally:
+            # The next pipeline on this runner parses its options anew (defaults may change).
+            self._option_views = bi.OptionViews()
+
+    def _run_pipeline(
+        self, pipeline: Any, options: pipeline_options.PipelineOptions
+    ) -> SparkPipelineResult:
         started_wall, started = run_summary.now()
         RuntimeValueProvider.set_runtime_options({})
         # The pipeline's pickler before to_runner_api pickles its DoFns: another pipeline

@@ -31,7 +31,12 @@ from stage_specs import stage_spec
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner import planning
 from beam_spark_runner.errors import StageExecutionError
-from beam_spark_runner.execution import text_read
+from beam_spark_runner.execution import (
+    batched_dofns,
+    batched_policy,
+    batched_side_inputs,
+    text_read,
+)
 from beam_spark_runner.execution.batched_plan import plan_batched_steps
 from beam_spark_runner.execution.batched_steps import _CHUNK, SizeSampler, _with_arguments
 from beam_spark_runner.execution.side_inputs import side_input_state_entries
@@ -742,8 +747,8 @@ def test_window_assigner_gives_what_beams_assign_gives(window_fn: Any) -> None:
     by the timestamp in µs, for a ``WindowInto`` (``window_assigner``) or a window
     function (``micros_windows``)."""
     windowing = beam.transforms.core.Windowing(window_fn)
-    assign = bi.window_assigner(bi.window_into_dofn(windowing))
-    by_micros = bi.micros_windows(window_fn)
+    assign = batched_dofns.window_assigner(batched_dofns.window_into_dofn(windowing))
+    by_micros = batched_dofns.micros_windows(window_fn)
     assert assign is not None and by_micros is not None
     # Each timestamp twice: from Beam's assign, then from the cache.
     for micros in [*range(-25_000_000, 25_000_000, 250_001)] * 2:
@@ -759,9 +764,9 @@ class _MySessions(window.Sessions):  # type: ignore[misc]
 
 
 def test_window_assigner_takes_only_the_runners_window_into_and_standard_windows() -> None:
-    assert bi.window_assigner(WithParams()) is None
+    assert batched_dofns.window_assigner(WithParams()) is None
     subclass = beam.transforms.core.Windowing(_MySessions(4))
-    assert bi.window_assigner(bi.window_into_dofn(subclass)) is None
+    assert batched_dofns.window_assigner(batched_dofns.window_into_dofn(subclass)) is None
 
 
 def test_beams_machinery_keeps_the_bundle_processor_its_shipped_user_code_does_not() -> None:
@@ -773,9 +778,12 @@ def test_beams_machinery_keeps_the_bundle_processor_its_shipped_user_code_does_n
     from apache_beam.transforms.util import WithSharedKey
 
     nexmark = nexmark_query_util.AuctionBySellerFn()
-    assert bi.unbatchable_dofn_reason(nexmark, (), {}) is None
+    assert batched_policy.unbatchable_dofn_reason(nexmark, (), {}) is None
     # A DoFn of Beam's transforms whose signature would otherwise qualify.
-    assert bi.unbatchable_dofn_reason(WithSharedKey(), (), {}) == "Beam's own WithSharedKey"
+    assert (
+        batched_policy.unbatchable_dofn_reason(WithSharedKey(), (), {})
+        == "Beam's own WithSharedKey"
+    )
 
 
 def test_a_flatten_inside_the_stage_runs_batched() -> None:
@@ -962,13 +970,13 @@ def test_a_native_text_reads_lines_run_batched_when_nothing_hands_off(tmp_path: 
 def test_globally_windowed_side_inputs_are_read_once_per_batch_for_a_direct_call() -> None:
     spec = _stage(STEPS["keyword_side_input"], f"global-sides-{next(_RUNS)}", True)
     reads = []
-    original = bi.side_input_arguments
+    original = batched_side_inputs.side_input_arguments
 
     def counted(*args: Any) -> Any:
         reads.append(1)
         return original(*args)
 
-    with mock.patch.object(bi, "side_input_arguments", counted):
+    with mock.patch.object(batched_side_inputs, "side_input_arguments", counted):
         _run(spec, bundles=3)
     batched = stage_worker(spec).batched
     assert batched is not None
@@ -981,13 +989,13 @@ def test_globally_windowed_side_inputs_are_read_once_per_batch_for_a_direct_call
 def test_windowed_side_inputs_are_bound_once_per_window_and_batch_for_a_direct_call() -> None:
     spec = _stage(STEPS["windowed_side_direct"], f"window-sides-{next(_RUNS)}", True)
     windows = []
-    original = bi.side_input_arguments
+    original = batched_side_inputs.side_input_arguments
 
     def counted(side_inputs: Any, window: Any, *args: Any) -> Any:
         windows.append(window)
         return original(side_inputs, window, *args)
 
-    with mock.patch.object(bi, "side_input_arguments", counted):
+    with mock.patch.object(batched_side_inputs, "side_input_arguments", counted):
         _run(spec, bundles=3)
     batched = stage_worker(spec).batched
     assert batched is not None

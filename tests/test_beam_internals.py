@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -110,38 +110,6 @@ def test_a_parameterized_windowed_coder_has_no_header() -> None:
         bi.global_window_param_payload(), [coders.BytesCoder(), coders.GlobalWindowCoder()]
     )
     assert bi.WindowedHeaders.of(coder) is None
-
-
-class _CountingMap:
-    """A side-input map that counts its look-ups."""
-
-    def __init__(self) -> None:
-        self.looked_up: list[Any] = []
-        self.resets = 0
-
-    def __getitem__(self, window: Any) -> Any:
-        self.looked_up.append(window)
-        return f"value of {window}"
-
-    def is_globally_windowed(self) -> bool:
-        return False
-
-    def reset(self) -> None:
-        self.resets += 1
-
-
-def test_a_per_window_side_input_looks_each_window_up_once_until_reset() -> None:
-    side_map = _CountingMap()
-    side_input = bi._PerWindowSideInput(side_map)
-    # Equal windows decoded apart are different objects: one look-up for both.
-    first, same, other = IntervalWindow(0, 10), IntervalWindow(0, 10), IntervalWindow(10, 20)
-    assert side_input[first] == side_input[same] == f"value of {first}"
-    assert side_input[other] == f"value of {other}"
-    assert side_input[GlobalWindow()] == side_input[GlobalWindow()]
-    assert side_map.looked_up == [first, other, GlobalWindow()]
-    side_input.reset()
-    assert side_input[same] == f"value of {same}"
-    assert side_map.looked_up[-1] is same and side_map.resets == 1
 
 
 class _Methods:
@@ -286,7 +254,7 @@ def test_remembered_dofn_specs_are_beams_per_instance(monkeypatch: pytest.Monkey
         monkeypatch,
         userstate,
         "get_dofn_specs",
-        bi._remember_dofn_specs,  # noqa: SLF001
+        bi.remember_dofn_specs,
     )
 
     dofns = [Stateful(), Stateful(), beam.Map(lambda x: x).fn, Equal()]
@@ -331,26 +299,16 @@ def test_the_bundle_processor_cache_starts_no_thread_of_its_own() -> None:
     cache.shutdown()
 
 
-def test_key_with_none_dofns_are_fresh_copies_of_one_map() -> None:
-    from apache_beam.transforms import core
-
-    first, second = bi.key_with_none_dofn(), bi.key_with_none_dofn()
-    assert first is not second
-    assert type(first) is core.CallableWrapperDoFn
-    assert list(first.process("v")) == list(second.process("v")) == [(None, "v")]
-    assert bi.wrapped_callable(first) == bi.wrapped_callable(second)
-
-
 @pytest.fixture
-def counted_views(monkeypatch: pytest.MonkeyPatch) -> list[type]:
-    """Installs the option-view memo over a counter of Beam's own ``view_as``.
+def counted_views(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[type]]:
+    """The option-view memo of one pipeline, in force over a counter of Beam's ``view_as``.
 
-    Returns the classes Beam's method was called for through the memo; undone after the
-    test.
+    Yields the classes Beam's method was called for through the memo; Beam's method is
+    back after the test.
     """
     from apache_beam.options import pipeline_options as po
 
-    beams = getattr(po.PipelineOptions.view_as, "__wrapped__", po.PipelineOptions.view_as)
+    beams = po.PipelineOptions.view_as
     calls: list[type] = []
 
     def counted(self: Any, cls: Any) -> Any:
@@ -360,12 +318,14 @@ def counted_views(monkeypatch: pytest.MonkeyPatch) -> list[type]:
     counted.__wrapped__ = beams  # type: ignore[attr-defined]
 
     monkeypatch.setattr(po.PipelineOptions, "view_as", counted)
-    bi.remember_option_views()
-    assert po.PipelineOptions.view_as is not counted
-    memo = po.PipelineOptions.view_as
-    bi.remember_option_views()  # once per process: not wrapped twice
-    assert po.PipelineOptions.view_as is memo
-    return calls
+    views = bi.OptionViews()
+    with bi.option_views(views):
+        assert po.PipelineOptions.view_as is not counted
+        memo = po.PipelineOptions.view_as
+        with bi.option_views(views):  # nested: not wrapped twice
+            assert po.PipelineOptions.view_as is memo
+        yield calls
+    assert po.PipelineOptions.view_as is counted
 
 
 def _view_facts(view: Any) -> tuple[Any, ...]:
@@ -443,44 +403,44 @@ def test_beams_view_runs_where_the_memo_would_not_be_exact(counted_views: list[t
     assert counted_views == [OwnInit, OwnInit] + [po.GoogleCloudOptions] * 2 + [po.TypeOptions]
 
 
-def test_the_runner_remembers_option_views_from_its_creation(
+def test_the_runner_remembers_option_views_only_while_it_applies_a_transform(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    import apache_beam as beam
     from apache_beam.options import pipeline_options as po
 
     from beam_spark_runner.runner import SparkStructuredRunner
 
-    beams = getattr(po.PipelineOptions.view_as, "__wrapped__", po.PipelineOptions.view_as)
-    monkeypatch.setattr(po.PipelineOptions, "view_as", beams)
-    SparkStructuredRunner()
-    assert po.PipelineOptions.view_as.__wrapped__ is beams
+    beams = po.PipelineOptions.view_as
+    seen: list[Any] = []
+
+    class Probe(beam.PTransform):  # type: ignore[misc]
+        def expand(self, pbegin: Any) -> Any:
+            seen.append(po.PipelineOptions.view_as)
+            return pbegin | beam.Create([1])
+
+    p = beam.Pipeline(runner=SparkStructuredRunner(), options=po.PipelineOptions([]))
+    _ = p | Probe()
+    assert seen and seen[0] is not beams and seen[0].__wrapped__ is beams
+    assert po.PipelineOptions.view_as is beams
 
 
-def test_is_simple_callable_reads_the_process_method_as_beams_signature_does() -> None:
+def test_a_later_pipeline_reads_option_defaults_from_the_environment_anew(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import apache_beam as beam
-    from apache_beam.runners import common
-    from apache_beam.transforms import core
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.runners.direct.direct_runner import DirectRunner
 
-    class Plain(beam.DoFn):
-        def process(self, element: Any) -> Any:
-            yield element
+    from beam_spark_runner.options import BATCHED_STEPS_ENV, SparkRunnerOptions
+    from beam_spark_runner.runner import SparkStructuredRunner
 
-    class Stamped(beam.DoFn):
-        def process(self, element: Any, t: Any = beam.DoFn.TimestampParam) -> Any:
-            yield element
-
-    dofns = {
-        "Map(lambda)": (beam.Map(lambda x: x).fn, True),
-        "Map(float)": (beam.Map(float).fn, True),  # float(x=0, /): a plain default
-        "Map(timestamp)": (beam.Map(lambda x, t=beam.DoFn.TimestampParam: x).fn, False),
-        "Plain": (Plain(), True),
-        "Stamped": (Stamped(), False),
-    }
-    for name, (dofn, expected) in dofns.items():
-        defaults = common.DoFnSignature(dofn).process_method.defaults
-        beams = (
-            not any(isinstance(d, core._DoFnParam) for d in defaults)  # noqa: SLF001
-            if type(dofn) is core.CallableWrapperDoFn
-            else not defaults
-        )
-        assert bi.is_simple_callable(dofn) is beams is expected, name
+    monkeypatch.setenv(BATCHED_STEPS_ENV, "on")
+    p = beam.Pipeline(runner=SparkStructuredRunner(), options=PipelineOptions([]))
+    _ = p | beam.Create([1, 2]) | beam.Map(str)
+    assert p.options.view_as(SparkRunnerOptions).spark_batched_steps == "on"
+    monkeypatch.setenv(BATCHED_STEPS_ENV, "off")
+    later = beam.Pipeline(runner=DirectRunner(), options=PipelineOptions([]))
+    _ = later | beam.Create([1])
+    assert later.options.view_as(SparkRunnerOptions).spark_batched_steps == "off"
+    assert PipelineOptions([]).view_as(SparkRunnerOptions).spark_batched_steps == "off"

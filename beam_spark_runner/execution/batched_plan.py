@@ -3,10 +3,10 @@
 Decided once per stage worker: a ParDo with one main input and one output, side inputs only
 read as iterables (``AsSingleton``, ``AsIter``, ``AsList``, ``AsDict``), no state, timers,
 restriction or finalization, whose pickled DoFn the batched path can run
-(``beam_internals.unbatchable_dofn_reason``), ``WindowInto`` with one of Beam's standard
+(``batched_policy.unbatchable_dofn_reason``), ``WindowInto`` with one of Beam's standard
 window functions, a Flatten of one input (each element passed on as it is), and a lifted
-combine's precombine (``beam_internals.precombine_dofn``), its merge and extract phases,
-and ``CombineGlobally``'s ``KeyWithVoid`` (``beam_internals.key_with_none_dofn``). Walking
+combine's precombine (``batched_dofns.precombine_dofn``), its merge and extract phases,
+and ``CombineGlobally``'s ``KeyWithVoid`` (``batched_dofns.key_with_none_dofn``). Walking
 from the stage's input, a PCollection whose readers all qualify (or are stage outputs) is
 processed batched; one read by a step that does not qualify is the *hand-off*, and the
 bundle processor runs the rest of the stage from a copy of the descriptor without the
@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.execution import batched_dofns, batched_policy, batched_side_inputs
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class StepSpec:
     # **kwargs): plain values), a new instance after each teardown.
     make_dofn: Callable[[], tuple[Any, Any, tuple[Any, ...], dict[str, Any]]]
     # A ParDo with side inputs (read as iterables): its side-input maps, given the stage's
-    # state handler (``beam_internals.side_input_maps``).
+    # state handler (``batched_side_inputs.side_input_maps``).
     side_inputs: Callable[[Any], list[Any]] | None = None
 
 
@@ -180,22 +181,26 @@ def _step_spec(descriptor: Any, context: Any, transform_id: str) -> StepSpec | s
         if not bi.is_standard_window_fn(windowing.windowfn):
             return f"a custom window function {type(windowing.windowfn).__name__}"
 
-        make = _input_windowed(functools.partial(bi.window_into_dofn, windowing), input_windowing)
+        make = _input_windowed(
+            functools.partial(batched_dofns.window_into_dofn, windowing), input_windowing
+        )
     elif urn == FLATTEN_URN:
         # One input inside the stage (Beam's fusion gives each input its own transcode).
-        make = _input_windowed(bi.flatten_dofn, input_windowing)
+        make = _input_windowed(batched_dofns.flatten_dofn, input_windowing)
     elif urn == bi.PRECOMBINE_URN or urn in bi.COMBINE_PHASE_URNS:
         # A lifted combine's partial aggregation (Beam's PGBKCVOperation), chunk by chunk,
         # or its merge or extract phase (Beam's CombineOperation), per element.
         combine_payload = transform.spec.payload
         make = _input_windowed(
-            functools.partial(bi.precombine_dofn, combine_payload, context, input_windowing)
+            functools.partial(
+                batched_dofns.precombine_dofn, combine_payload, context, input_windowing
+            )
             if urn == bi.PRECOMBINE_URN
-            else functools.partial(bi.combine_phase_dofn, urn, combine_payload, context),
+            else functools.partial(batched_dofns.combine_phase_dofn, urn, combine_payload, context),
             input_windowing,
         )
     elif payload is not None and payload.do_fn.urn == bi.KEY_WITH_NONE_DOFN_URN:
-        make = _input_windowed(bi.key_with_none_dofn, input_windowing)
+        make = _input_windowed(batched_dofns.key_with_none_dofn, input_windowing)
     elif payload is not None:
         if any(
             side.access_pattern.urn != bi.common_urns.side_inputs.ITERABLE.urn
@@ -215,11 +220,15 @@ def _step_spec(descriptor: Any, context: Any, transform_id: str) -> StepSpec | s
         if info is None:
             return f"a DoFn of {payload.do_fn.urn}"
         dofn, args, kwargs, _, windowing = info
-        reason = bi.unbatchable_dofn_reason(dofn, args, kwargs, len(payload.side_inputs))
+        reason = batched_policy.unbatchable_dofn_reason(
+            dofn, args, kwargs, len(payload.side_inputs)
+        )
         if reason is not None:
             return reason
         if payload.side_inputs:
-            side_inputs = bi.side_input_maps(payload, transform_id, descriptor, context)
+            side_inputs = batched_side_inputs.side_input_maps(
+                payload, transform_id, descriptor, context
+            )
         step_windowing = windowing or input_windowing
         pardo_payload = payload
         # The copy just checked serves the step's first set-up: each copy is unpickled

@@ -15,7 +15,7 @@ phases — run here instead, one step at a time over the batch's decoded windowe
   is a ``WindowedValue``, ``TimestampedValue`` or ``TaggedOutput`` going through Beam's
   output handler; a step with side inputs gets Beam's side-input maps over the stage
   worker's state handler, each value kept per main window for the batch
-  (``beam_internals.side_input_maps``);
+  (``batched_side_inputs.side_input_maps``);
 * each step gets ``setup`` once, ``start_bundle``/``finish_bundle`` per batch (finish
   outputs included, downstream of the step's other outputs, as in Beam) and ``teardown``
   when the stage worker is torn down; its own metrics container (user metrics land under
@@ -61,7 +61,12 @@ from typing import Any, Protocol
 from apache_beam.transforms.window import GlobalWindow
 
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.execution import collector
+from beam_spark_runner.execution import (
+    batched_dofns,
+    batched_policy,
+    batched_side_inputs,
+    collector,
+)
 from beam_spark_runner.execution.batched_plan import BatchedPlan, StepSpec
 
 _LOGGER = logging.getLogger(__name__)
@@ -205,7 +210,7 @@ class _Step:
         self.runner: Any = None
         # ``WindowInto`` with Beam's fixed, sliding, session or global windows: the new
         # windows of an element in one window, by its timestamp in µs
-        # (``bi.window_assigner``).
+        # (``batched_dofns.window_assigner``).
         self.assign: Callable[[int], Any] | None = None
         # A Flatten of one input: each windowed value passed on as it is.
         self.passes = False
@@ -229,12 +234,12 @@ class _Step:
         self.window_calls: dict[Any, Callable[[Any], Any]] = {}
         self.handler: Any = None
         # The step's windows of a ``TimestampedValue`` output, by its timestamp (µs), where
-        # its window function is one ``bi.micros_windows`` takes.
+        # its window function is one ``batched_dofns.micros_windows`` takes.
         self.timestamped: Callable[[Any], Any] | None = None
         # Output types that need no output handler, seen so far.
         self.plain_types: set[type] = set()
         # A "flat_map" DoFn taking its timestamp or window after the element
-        # (``bi.timestamp_window_params``): those of a windowed value, and whether it is
+        # (``batched_policy.timestamp_window_params``): those of a windowed value, and whether it is
         # called once per window of an element (where it takes its window).
         self.params_of: Callable[[Any], tuple[Any, ...]] | None = None
         self.per_window = False
@@ -254,7 +259,7 @@ class _Step:
             kwargs,
             self.side_inputs,
         )
-        self.assign = bi.window_assigner(dofn)
+        self.assign = batched_dofns.window_assigner(dofn)
         self.passes = bool(getattr(type(dofn), "runner_flatten", False))
         if getattr(type(dofn), "runner_precombine", False):
             self.precombine = dofn
@@ -264,9 +269,9 @@ class _Step:
             self.handler = bi.simple_output_handler(windowing, self.receiver)
             self.kind, self.callable = "map", dofn.apply_kv
             self.call = self.callable
-        if bi.is_simple_callable(dofn):
+        if batched_policy.is_simple_callable(dofn):
             self.handler = bi.simple_output_handler(windowing, self.receiver)
-            self.timestamped = bi.micros_windows(windowing.windowfn)
+            self.timestamped = batched_dofns.micros_windows(windowing.windowfn)
             self.kind, self.callable = bi.wrapped_callable(dofn) or ("flat_map", dofn.process)
             self.arguments = (args, kwargs)
             if not self.side_inputs:
@@ -284,10 +289,10 @@ class _Step:
             or self.passes
             or self.precombine is not None
         ):
-            params = bi.timestamp_window_params(dofn)
+            params = batched_policy.timestamp_window_params(dofn)
             if params is not None:
                 self.handler = bi.simple_output_handler(windowing, self.receiver)
-                self.timestamped = bi.micros_windows(windowing.windowfn)
+                self.timestamped = batched_dofns.micros_windows(windowing.windowfn)
                 self.kind = "flat_map"
                 self.callable = self.call = dofn.process
                 self.params_of = _params_of(params)
@@ -303,7 +308,9 @@ class _Step:
         """``callable`` with the side inputs' values for ``window`` in place."""
         assert self.callable is not None
         try:
-            args, kwargs = bi.side_input_arguments(self.side_inputs, window, *self.arguments)
+            args, kwargs = batched_side_inputs.side_input_arguments(
+                self.side_inputs, window, *self.arguments
+            )
         except BaseException as error:  # noqa: BLE001 - re-raised naming the step, as Beam
             bi.reraise_augmented(self.runner, error, None)
             raise

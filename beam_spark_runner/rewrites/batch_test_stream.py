@@ -202,7 +202,7 @@ def _elements(test_stream: TestStream) -> list[_Element]:
     coder = test_stream.coder
     return [
         (event.tag, coder.encode(value.value), Timestamp.of(value.timestamp))
-        for event in test_stream._events  # noqa: SLF001 - TestStream keeps its script here
+        for event in bi.test_stream_events(test_stream)
         if isinstance(event, ElementEvent)
         for value in event.timestamped_values
     ]
@@ -259,14 +259,15 @@ class BatchTestStreamOverride(PTransformOverride):  # type: ignore[misc]
         transform = applied_ptransform.transform
         if not isinstance(transform, TestStream):
             return False
-        if transform._endpoint:  # noqa: SLF001
+        endpoint = bi.test_stream_endpoint(transform)
+        if endpoint:
             raise UnsupportedFeatureError(
                 f"Transform '{applied_ptransform.full_label}' is a TestStream ({TEST_STREAM_URN}) "
-                f"that reads its events from a service ({transform._endpoint}); "  # noqa: SLF001
+                f"that reads its events from a service ({endpoint}); "
                 "SparkStructuredRunner runs only TestStreams whose events are in the pipeline."
             )
         observers = find_observers(self._pipeline, dict(applied_ptransform.outputs))
-        reason = streaming_only_reason(transform._events, observers)  # noqa: SLF001
+        reason = streaming_only_reason(bi.test_stream_events(transform), observers)
         if reason is not None:
             raise UnsupportedFeatureError(
                 f"Transform '{applied_ptransform.full_label}' is a TestStream ({TEST_STREAM_URN}) "

@@ -29,6 +29,7 @@ from apache_beam.pipeline import AppliedPTransform, PTransformOverride
 from apache_beam.transforms.core import Windowing as BeamWindowing
 from apache_beam.transforms.window import GlobalWindows
 
+from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.planning import CREATE_URN, encode_create_payload
 
 _LOGGER = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ class NativeCreate(beam.PTransform):  # type: ignore[misc]
 
     def expand(self, pbegin: pvalue.PBegin) -> pvalue.PCollection:
         create = self._create
-        coder = create._coder  # noqa: SLF001 - the coder Beam's own expansion encodes with
+        coder = bi.create_coder(create)
         encoded = [coder.encode(value) for value in create.values]
         return (
             pbegin
