@@ -37,8 +37,10 @@ from beam_spark_runner.execution import (
     batched_side_inputs,
     text_read,
 )
+from beam_spark_runner.execution.batched_calls import CHUNK as _CHUNK
+from beam_spark_runner.execution.batched_calls import with_arguments as _with_arguments
 from beam_spark_runner.execution.batched_plan import plan_batched_steps
-from beam_spark_runner.execution.batched_steps import _CHUNK, SizeSampler, _with_arguments
+from beam_spark_runner.execution.batched_steps import SizeSampler
 from beam_spark_runner.execution.side_inputs import side_input_state_entries
 from beam_spark_runner.execution.stage_worker import (
     ELEMENT,
@@ -245,7 +247,7 @@ STEPS: dict[str, Callable[[Any], Any]] = {
         | beam.WindowInto(window.FixedWindows(5))
         | beam.ParDo(WithParams())
     ),
-    # Only TimestampedValues: windows from a cache (``bi.micros_windows``); in sliding
+    # Only TimestampedValues: windows from a cache (``batched_dofns.micros_windows``); in sliding
     # windows an element in three windows gets its three new windows three times, as Beam.
     "only_timestamped": lambda pc: (
         pc
@@ -298,7 +300,7 @@ STEPS: dict[str, Callable[[Any], Any]] = {
         | beam.Map(lambda x: x + 1)
         | beam.ParDo(WithParams())
     ),
-    # Windows from a cache (``bi.window_assigner``); after sliding windows each element is
+    # Windows from a cache (``batched_dofns.window_assigner``); after sliding windows each element is
     # in several, which the second ``WindowInto`` runs through Beam's DoFnRunner.
     "uneven_sliding_then_fixed": lambda pc: (
         pc
@@ -1221,7 +1223,7 @@ def test_a_dofn_taking_its_window_passes_on_each_window_without_a_pane_as_beam_d
     ],
 )
 def test_a_dofns_timestamp_and_window_are_passed_in_its_order(params: tuple[str, ...]) -> None:
-    from beam_spark_runner.execution.batched_steps import _params_of
+    from beam_spark_runner.execution.batched_calls import params_of as _params_of
 
     windowed_value = WindowedValue(7, Timestamp(micros=5), [window.IntervalWindow(0, 10)])
     expected = {"timestamp": Timestamp(micros=5), "window": window.IntervalWindow(0, 10)}
@@ -1241,7 +1243,7 @@ def _timestamps_at_precisions() -> list[Any]:
 def test_a_dofns_timestamp_is_the_values_own_at_its_precision(timestamp: Any) -> None:
     """As Beam's invoker passes it: a ``Timestamp`` made again from the value's microseconds
     would be equal, but would print a millisecond one as microseconds."""
-    from beam_spark_runner.execution.batched_steps import _params_of
+    from beam_spark_runner.execution.batched_calls import params_of as _params_of
 
     windowed_value = WindowedValue(7, timestamp, [window.GlobalWindow()])
     (made,) = _params_of(("timestamp",))(windowed_value)

@@ -231,3 +231,14 @@ def processes_batches(dofn: Any, signature: Any) -> bool:
         getattr(dofn, "_process_batch_defined", False)
         or getattr(signature.process_method.method_value, "_beam_yields_batches", False)
     )
+
+
+def is_globally_windowed_side_input(
+    side_input: beam_runner_api_pb2.SideInput, context: PipelineContext
+) -> bool:
+    """Whether a side input is read for the global window whatever the main input's window.
+
+    As Beam's ``StateBackedSideInputMap.is_globally_windowed`` tells it.
+    """
+    data = pvalue.SideInputData.from_runner_api(side_input, context)
+    return bool(data.window_mapping_fn == sideinputs._global_window_mapping_fn)  # noqa: SLF001

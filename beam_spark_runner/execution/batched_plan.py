@@ -50,6 +50,11 @@ class StepSpec:
     # Builds a fresh DoFn instance, its windowing and its extra arguments (Map(fn, *args,
     # **kwargs): plain values), a new instance after each teardown.
     make_dofn: Callable[[], tuple[Any, Any, tuple[Any, ...], dict[str, Any]]]
+    # How the step runs (``batched_step_kinds.STEP_KINDS``): "runner" (Beam's DoFnRunner
+    # per element), "pass", "precombine", "window_into", "combine_phase", or a direct call:
+    # "direct", "params" (taking its timestamp or window), "global_sides" or
+    # "window_sides" (with side inputs read for the global window, or per window).
+    kind: str = "runner"
     # A ParDo with side inputs (read as iterables): its side-input maps, given the stage's
     # state handler (``batched_side_inputs.side_input_maps``).
     side_inputs: Callable[[Any], list[Any]] | None = None
@@ -174,6 +179,7 @@ def _step_spec(descriptor: Any, context: Any, transform_id: str) -> StepSpec | s
         context,
     )
     side_inputs = None
+    kind = "runner"
     if urn == WINDOW_INTO_URN:
         windowing = bi.windowing_from_proto(
             bi.beam_runner_api_pb2.WindowingStrategy.FromString(transform.spec.payload), context
@@ -184,9 +190,11 @@ def _step_spec(descriptor: Any, context: Any, transform_id: str) -> StepSpec | s
         make = _input_windowed(
             functools.partial(batched_dofns.window_into_dofn, windowing), input_windowing
         )
+        kind = "window_into"
     elif urn == FLATTEN_URN:
         # One input inside the stage (Beam's fusion gives each input its own transcode).
         make = _input_windowed(batched_dofns.flatten_dofn, input_windowing)
+        kind = "pass"
     elif urn == bi.PRECOMBINE_URN or urn in bi.COMBINE_PHASE_URNS:
         # A lifted combine's partial aggregation (Beam's PGBKCVOperation), chunk by chunk,
         # or its merge or extract phase (Beam's CombineOperation), per element.
@@ -199,8 +207,10 @@ def _step_spec(descriptor: Any, context: Any, transform_id: str) -> StepSpec | s
             else functools.partial(batched_dofns.combine_phase_dofn, urn, combine_payload, context),
             input_windowing,
         )
+        kind = "precombine" if urn == bi.PRECOMBINE_URN else "combine_phase"
     elif payload is not None and payload.do_fn.urn == bi.KEY_WITH_NONE_DOFN_URN:
         make = _input_windowed(batched_dofns.key_with_none_dofn, input_windowing)
+        kind = "direct"
     elif payload is not None:
         if any(
             side.access_pattern.urn != bi.common_urns.side_inputs.ITERABLE.urn
@@ -229,6 +239,7 @@ def _step_spec(descriptor: Any, context: Any, transform_id: str) -> StepSpec | s
             side_inputs = batched_side_inputs.side_input_maps(
                 payload, transform_id, descriptor, context
             )
+        kind = _pardo_kind(dofn, bool(args or kwargs), payload, context)
         step_windowing = windowing or input_windowing
         pardo_payload = payload
         # The copy just checked serves the step's first set-up: each copy is unpickled
@@ -250,8 +261,23 @@ def _step_spec(descriptor: Any, context: Any, transform_id: str) -> StepSpec | s
         input_pcollection=input_pcollection,
         output_pcollection=output_pcollection,
         make_dofn=make,
+        kind=kind,
         side_inputs=side_inputs,
     )
+
+
+def _pardo_kind(dofn: Any, has_arguments: bool, payload: Any, context: Any) -> str:
+    """How a batchable ParDo's step runs (see ``StepSpec.kind``)."""
+    if batched_policy.is_simple_callable(dofn):
+        sides = payload.side_inputs.values()
+        if not sides:
+            return "direct"
+        if all(bi.is_globally_windowed_side_input(side, context) for side in sides):
+            return "global_sides"
+        return "window_sides"
+    if payload.side_inputs or has_arguments:
+        return "runner"
+    return "params" if batched_policy.timestamp_window_params(dofn) is not None else "runner"
 
 
 # A stage that hands elements to the bundle processor runs batched only with at least this
