@@ -300,8 +300,8 @@ STEPS: dict[str, Callable[[Any], Any]] = {
         | beam.Map(lambda x: x + 1)
         | beam.ParDo(WithParams())
     ),
-    # Windows from a cache (``batched_dofns.window_assigner``); after sliding windows each element is
-    # in several, which the second ``WindowInto`` runs through Beam's DoFnRunner.
+    # Windows from a cache (``batched_dofns.window_assigner``); after sliding windows each
+    # element is in several, which the second ``WindowInto`` runs through Beam's DoFnRunner.
     "uneven_sliding_then_fixed": lambda pc: (
         pc
         | beam.WindowInto(window.SlidingWindows(10, 3, offset=1))

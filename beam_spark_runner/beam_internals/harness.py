@@ -107,7 +107,6 @@ def servicer_contents(servicer: Any) -> tuple[dict[bytes, list[bytes]], dict[byt
 
     The value lists are the servicer's own, not copies: the caller drops the servicer
     (``InMemoryStateBackend.export_user_state`` does), so nothing appends to them again.
-    A shard of 100 000 keys spent a tenth of its Python time copying them every batch.
     """
     return (
         {key: values for key, values in servicer._state.items() if values},  # noqa: SLF001

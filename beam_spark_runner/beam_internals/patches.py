@@ -96,8 +96,7 @@ def cache_function_signatures() -> None:
     Beam inspects the signature of every method of a DoFn each time it builds a
     ``DoFnSignature`` (``get_dofn_specs`` walks ``dir(dofn)``, some 30 methods, twice per
     signature), and a worker builds a few signatures per step and run. Most of those
-    methods are Beam's own, the same function objects in every run: without the memo that
-    inspection was most of a short pipeline's Python CPU in the workers. The memo is
+    methods are Beam's own, the same function objects in every run. The memo is
     exact: it holds plain functions only (not ``functools.wraps`` wrappers, not callables
     with a ``__signature__``), keyed by the function and whether it is bound, and a hit
     counts only while the function's code and defaults are the objects it was inspected
@@ -146,10 +145,9 @@ def remember_dofn_specs() -> None:
     """Makes Beam's ``get_dofn_specs`` remember what it found per DoFn instance.
 
     Beam walks ``dir(dofn)`` (some 30 methods) each time it asks whether a DoFn is
-    stateful: twice per ``DoFnSignature``, and again when it translates a ``ParDo``. The
-    same instance is asked over and over: some 60 times while a short pipeline is built and
-    translated, four times per step and task in a worker (the batched path's check and
-    Beam's ``DoFnRunner``). The walk reads the methods' defaults; so a hit counts only for
+    stateful: twice per ``DoFnSignature``, and again when it translates a ``ParDo``, so the
+    same instance is asked over and over, in the driver and per step and task in a worker.
+    The walk reads the methods' defaults; so a hit counts only for
     the same instance (by a weak reference: DoFns may define ``__eq__``), of the same class,
     whose bound methods held as attributes (``Map(obj.method)`` sets ``process`` so) are
     the same objects. Callers get sets of their own, as from Beam.

@@ -77,8 +77,7 @@ def empty_trigger_state(state: Any) -> None:
 
     Over merging windows Beam's driver defines a ``WindowFn.MergeContext`` class per call
     whose method holds the state: a class is cyclic, so the state, every window and
-    timestamp in it, waits for the cyclic collector after it is dropped (on q11 that was
-    most of each collection, about a sixth of a worker's time). Emptied, it is freed
+    timestamp in it, waits for the cyclic collector after it is dropped. Emptied, it is freed
     when its last reference goes.
     """
     window_ids = state.global_state.get(trigger.MergeableStateAdapter.WINDOW_IDS.tag)

@@ -88,7 +88,7 @@ _TIMESTAMP_PROBES = (0, 1, -1, 1_700_000_000_123_456, -62_135_596_800_000_000, M
 def _timestamp_maker() -> Callable[[int], Any]:
     """A maker of ``Timestamp(micros=m)`` that skips the constructor's checks.
 
-    That is about half its cost. It sets the attributes of the installed Beam's layout,
+    It sets the attributes of the installed Beam's layout,
     checked against the constructor; the constructor itself for a layout not known here.
     """
     new = Timestamp.__new__
@@ -123,7 +123,7 @@ timestamp_of_micros: Callable[[int], Any] = _timestamp_maker()
 def _micros_reader() -> Callable[[Any], int]:
     """A reader of ``timestamp.micros`` that skips the property and its method call.
 
-    That is about two thirds of its cost. It reads the attributes of Beam 2.7x's layout,
+    It reads the attributes of Beam 2.7x's layout,
     checked against the property; the property itself for any other layout (Beam 2.69's
     ``micros`` is an attribute: nothing to skip) and for a timestamp finer than
     microseconds (whose ``micros`` raises, as Beam's does).

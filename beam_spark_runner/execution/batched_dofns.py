@@ -89,8 +89,7 @@ def key_with_none_dofn() -> Any:
 def _key_with_none_template() -> Any:
     """One ``Map(_key_with_none)``'s DoFn per process, which each step copies.
 
-    Constructing the ``Map`` (Beam's type hints and DoFn checks) at every step's set-up
-    was 7.6 % of the 8-element pipeline's worker samples.
+    Constructing the ``Map`` runs Beam's type hints and DoFn checks: once, not per set-up.
     """
     return core.Map(_key_with_none).fn
 

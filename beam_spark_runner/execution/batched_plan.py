@@ -243,7 +243,7 @@ def _step_spec(descriptor: Any, context: Any, transform_id: str) -> StepSpec | s
         step_windowing = windowing or input_windowing
         pardo_payload = payload
         # The copy just checked serves the step's first set-up: each copy is unpickled
-        # from the payload, and unpickling one again was ~0.4 ms a step and task.
+        # from the payload: no second unpickling per step and task.
         unused = [info]
 
         def make_pardo() -> tuple[Any, Any, tuple[Any, ...], dict[str, Any]]:
@@ -281,10 +281,8 @@ def _pardo_kind(dofn: Any, has_arguments: bool, payload: Any, context: Any) -> s
 
 
 # A stage that hands elements to the bundle processor runs batched only with at least this
-# many batched steps before the hand-off. Measured (docs/performance.md, 2026-11-25): the
-# hand-off costs ~1.5 µs per element in the bundle processor's data input, about what three
-# steps save; a FlatMap batched before a precombine made CombinePerKey 2.4x slower, where
-# six steps before Count.Globally's precombine made it 1.16x faster.
+# many batched steps before the hand-off: handing off costs about what three steps save
+# (docs/performance.md).
 MIN_STEPS_BEFORE_HANDOFF = 4
 
 

@@ -12,7 +12,7 @@ class _PerWindowSideInput:
     """A side-input map that looks a main window up once per batch, not per element.
 
     Beam's ``StateBackedSideInputMap`` maps the main window to the side-input window and
-    looks that up for every element (about 2 µs); this keeps the value per main window
+    looks that up for every element; this keeps the value per main window
     until :meth:`reset` (the end of a batch: a streaming shard's side inputs change
     between batches).
     """

@@ -26,7 +26,8 @@ phases — run here instead, one step at a time over the batch's decoded windowe
 What qualifies is decided once per stage worker from the process bundle descriptor
 (:func:`plan_batched_steps`): the steps reachable from the stage's input through qualifying
 steps only, with at most one PCollection (the *hand-off*) read by a step that does not
-qualify (``execution.batched_plan``). The hand-off's elements go to the bundle processor
+qualify (``execution.batched_plan``), each with its kind of step (:data:`STEP_KINDS`:
+``execution.batched_step_kinds`` and ``batched_direct_steps``). The hand-off's elements go to the bundle processor
 without being encoded (``beam_internals.HandoffCoder``), which runs the rest of the stage
 from a descriptor without the batched steps. Outputs of batched steps bound for the stage's
 outputs are encoded here directly.
@@ -97,8 +98,7 @@ class SizeSampler:
     Beam's ``OperationCounters`` samples the first ten elements an operation sees, then
     about 10/N of the elements after the N-th (reservoir sampling's fast approximation: a
     random gap after each sample), over the operation's life, not per bundle. So does this,
-    over the batched steps' life: a long-running stage samples ever fewer (one sample per
-    chunk and PCollection cost a few per cent of a streaming query's time).
+    over the batched steps' life: a long-running stage samples ever fewer.
     """
 
     FIRST = 10
