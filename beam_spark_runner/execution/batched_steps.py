@@ -27,10 +27,10 @@ What qualifies is decided once per stage worker from the process bundle descript
 (:func:`plan_batched_steps`): the steps reachable from the stage's input through qualifying
 steps only, with at most one PCollection (the *hand-off*) read by a step that does not
 qualify (``execution.batched_plan``), each with its kind of step (:data:`STEP_KINDS`:
-``execution.batched_step_kinds`` and ``batched_direct_steps``). The hand-off's elements go to the bundle processor
-without being encoded (``beam_internals.HandoffCoder``), which runs the rest of the stage
-from a descriptor without the batched steps. Outputs of batched steps bound for the stage's
-outputs are encoded here directly.
+``execution.batched_step_kinds`` and ``batched_direct_steps``). The hand-off's elements go
+to the bundle processor without being encoded (``beam_internals.HandoffCoder``), which runs
+the rest of the stage from a descriptor without the batched steps. Outputs of batched steps
+bound for the stage's outputs are encoded here directly.
 
 A stage of no steps whose outputs write its input's coder (a CoGroupByKey's Flatten read
 and GroupByKey write) is a *pass-through*: the bundle processor would decode each element
