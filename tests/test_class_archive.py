@@ -366,7 +366,7 @@ def test_a_jvm_that_fails_on_its_archive_starts_again_without_it(
 
     monkeypatch.setattr(session, "_start", start)
     settings = SparkSettings("local[2]", {}, "t", None, "WARN")
-    assert session._build_session(settings) is FakeSession  # noqa: SLF001
+    assert session._build_session(settings) is FakeSession
     assert f"-XX:SharedArchiveFile={archive}" in started[0]
     assert "SharedArchiveFile" not in started[1]
     assert "-Xlog:cds*=off" not in started[1]

@@ -18,11 +18,10 @@ from beam_spark_runner.streaming.check import STREAMING_SPARK
 from beam_spark_runner.streaming.driver_processes import (
     PLAIN_DAEMON_MODULE,
     PRE_INIT_MODULE,
-    closed_socket,
     quiet_daemon_child,
-    quiet_on_closed_socket,
     quiet_pre_init,
 )
+from beam_spark_runner.workers.closed_socket import closed_socket, quiet_on_closed_socket
 
 
 @pytest.fixture

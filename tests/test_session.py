@@ -278,7 +278,7 @@ def test_interpreted_sql_applies_within_and_restores_the_sessions_own_values(
 
 
 def _sql_plans(spark: Any, description_prefix: str) -> list[str]:
-    store = spark._jsparkSession.sharedState().statusStore()  # noqa: SLF001
+    store = spark._jsparkSession.sharedState().statusStore()
     executions = store.executionsList()
     found = (executions.apply(i) for i in range(executions.size()))
     return [

@@ -17,6 +17,9 @@ def pyspark_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+# transformWithState on rows: the PySpark the streaming levels build on (Spark 4.1).
+STREAMING_SPARK = (4, 1)
+
 # PySpark's setting for its workers' sockets to the executor's JVM: Unix domain sockets
 # instead of TCP over loopback (SPARK-51688, Spark 4.1).
 UNIX_DOMAIN_SOCKETS = "spark.python.unix.domain.socket.enabled"

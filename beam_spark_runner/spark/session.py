@@ -75,7 +75,7 @@ def _configured_master() -> str | None:
         return None
     from pyspark import SparkConf, SparkContext
 
-    SparkContext._ensure_initialized()  # noqa: SLF001 - connects; creates no context
+    SparkContext._ensure_initialized()  # connects; creates no context
     return SparkConf().get("spark.master", None)
 
 
@@ -290,7 +290,7 @@ def _jvm_started() -> bool:
     """Whether this process's driver JVM is already up (spark-submit's, or a stopped session's)."""
     from pyspark import SparkContext
 
-    return "PYSPARK_GATEWAY_PORT" in os.environ or SparkContext._gateway is not None  # noqa: SLF001
+    return "PYSPARK_GATEWAY_PORT" in os.environ or SparkContext._gateway is not None
 
 
 def without_mllib_session_functions(conf: dict[str, str]) -> bool:
@@ -306,7 +306,7 @@ def without_mllib_session_functions(conf: dict[str, str]) -> bool:
     key = spark_compat.SESSION_EXTENSIONS_FROM_CLASS_PATH
     if key in conf or SparkConf().contains(key):
         return False
-    jvm = SparkContext._jvm  # noqa: SLF001 - PySpark's view of the driver JVM
+    jvm = SparkContext._jvm  # PySpark's view of the driver JVM
     providers = spark_compat.session_extension_providers(jvm)
     if set(providers) != {spark_compat.MLLIB_FUNCTIONS_PROVIDER}:
         return False
@@ -325,7 +325,7 @@ def _start(master: str, settings: SparkSettings, conf: dict[str, str]) -> SparkS
     # The JVM first, with the session's settings, to see its class path before the session.
     launch = SparkConf().setMaster(master).setAppName(settings.app_name)
     try:
-        SparkContext._ensure_initialized(conf=launch.setAll(list(conf.items())))  # noqa: SLF001
+        SparkContext._ensure_initialized(conf=launch.setAll(list(conf.items())))
     except BaseException:
         worker_zygote.stop()
         raise
@@ -472,7 +472,7 @@ def obtain_session(settings: SparkSettings) -> tuple[SparkSession, bool]:
             same = (settings.master or DEFAULT_MASTER) == (
                 _owned_settings.master or DEFAULT_MASTER
             ) and settings.conf == _owned_settings.conf
-            if same and not _owned.sparkContext._jsc.sc().isStopped():  # noqa: SLF001
+            if same and not _owned.sparkContext._jsc.sc().isStopped():
                 _owned.sparkContext.setLogLevel(settings.log_level)
                 return _owned, True
             _stop_owned()

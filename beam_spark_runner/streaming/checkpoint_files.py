@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from beam_spark_runner.spark import internals as spark_internals
 from beam_spark_runner.spark.jars import LOCAL_FILE_SYSTEM, LOCAL_SCHEME
 
 if TYPE_CHECKING:
@@ -44,9 +45,9 @@ def _file_system(spark: SparkSession, location: str) -> tuple[Any, Any] | None:
     """Hadoop's file system for ``location`` and its ``Path``; None if none resolves here."""
     from py4j.protocol import Py4JError
 
-    jvm = spark.sparkContext._jvm
+    jvm = spark_internals.session_jvm(spark)
     assert jvm is not None
-    hadoop_conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
+    hadoop_conf = spark_internals.hadoop_configuration(spark)
     try:
         path = jvm.org.apache.hadoop.fs.Path(location)
         return path.getFileSystem(hadoop_conf), path
@@ -59,7 +60,7 @@ def _has_class(spark: SparkSession, name: str) -> bool:
     from py4j.protocol import Py4JError
 
     try:
-        spark.sparkContext._jvm.java.lang.Class.forName(name)  # type: ignore[union-attr]
+        spark_internals.session_jvm(spark).java.lang.Class.forName(name)
     except Py4JError:
         return False
     return True
@@ -73,7 +74,7 @@ def spark_location(spark: SparkSession, checkpoint: str) -> str:
     master); otherwise ``checkpoint`` itself, as it is for other file systems and for a
     location Hadoop cannot resolve here (the query reports it).
     """
-    hadoop_conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
+    hadoop_conf = spark_internals.hadoop_configuration(spark)
     if hadoop_conf.get(f"fs.{LOCAL_SCHEME}.impl") != LOCAL_FILE_SYSTEM:
         return checkpoint
     resolved = _file_system(spark, checkpoint)
@@ -83,8 +84,8 @@ def spark_location(spark: SparkSession, checkpoint: str) -> str:
         return checkpoint
     file_system, path = resolved
     local = file_system.makeQualified(path).toUri().getPath()
-    jvm = spark.sparkContext._jvm
-    return str(jvm.org.apache.hadoop.fs.Path(LOCAL_SCHEME, None, local).toString())  # type: ignore[union-attr]
+    jvm = spark_internals.session_jvm(spark)
+    return str(jvm.org.apache.hadoop.fs.Path(LOCAL_SCHEME, None, local).toString())
 
 
 def checkpoint_file_settings(spark: SparkSession, location: str) -> dict[str, str]:

@@ -25,6 +25,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from beam_spark_runner.spark import internals as spark_internals
 from beam_spark_runner.workers.warmup import OncePerContext
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ def start(context: SparkContext) -> threading.Thread | None:
 
     Returns the thread (for tests), or None where it does nothing.
     """
-    if not runs_tasks_in_driver(context.master or "") or context._jvm is None:
+    jvm = spark_internals.context_jvm(context)
+    if not runs_tasks_in_driver(context.master or "") or jvm is None:
         return None
-    return _warmed.start(context, _load, context._jvm)
+    return _warmed.start(context, _load, jvm)

@@ -32,13 +32,14 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
+from beam_spark_runner.workers.preload import DAEMON_MODULE
+
 if TYPE_CHECKING:
     from pyspark import SparkContext
 
 _LOGGER = logging.getLogger(__name__)
 
 DAEMON_CONF = "spark.python.daemon.module"
-DAEMON_MODULE = "beam_spark_runner.workers.daemon"
 DESCRIPTION = "beam-spark-runner: starting the Python workers"
 
 

@@ -41,6 +41,7 @@ import os
 import sys
 
 from beam_spark_runner.workers import handover
+from beam_spark_runner.workers.preload import DAEMON_MODULE
 
 # The launched daemon imports this module before anything heavy: its imports stay to what
 # the interpreter has loaded at start; the rest is imported where used.
@@ -223,9 +224,10 @@ def _become(request: dict[str, Any], descriptors: list[int]) -> None:
             os.dup2(descriptor, target)
             os.close(descriptor)
         _reset(request["environment"], request["cwd"], request["argv"])
-        from beam_spark_runner.workers import daemon as worker_daemon
+        import importlib
 
-        worker_daemon.serve()
+        # By name: the daemon module imports this one to hand over.
+        importlib.import_module(DAEMON_MODULE).serve()
         code = 0
     except SystemExit as exit_:  # PySpark's daemon leaves through sys.exit
         code = exit_.code if isinstance(exit_.code, int) else 1
