@@ -70,7 +70,7 @@ def test_pre_init_prints_go_nowhere(
 
 
 def test_other_processes_are_left_alone(main_module: Callable[[str], None]) -> None:
-    main_module("beam_spark_runner.workers.daemon")
+    main_module("beam_spark_runner.spark.worker_daemon")
     stdout, excepthook = sys.stdout, sys.excepthook
     quiet_pre_init()
     quiet_daemon_child()

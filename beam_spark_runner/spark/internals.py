@@ -1,23 +1,18 @@
 """PySpark's private API, behind named functions: the one place the runner reaches into it.
 
 Underscore attributes (``_jvm``, ``_jsc``, ``_jdf``, ...) and private modules
-(``pyspark.daemon``, ``pyspark.serializers``, ...) change between PySpark releases; every
-use outside ``spark/`` goes through here, so that a new release is adapted in one module.
-ruff's SLF001 and banned-api rules (pyproject.toml) keep it so. Imports no Beam: the
-worker daemon and the pre-init server import it before anything heavy.
+(``pyspark.serializers``, ...) change between PySpark releases: every use outside ``spark/``
+goes through here (ruff's SLF001 and banned-api rules, pyproject.toml, keep it so). Imports
+no Beam: the pre-init server imports it before anything heavy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark import Broadcast, SparkContext
     from pyspark.sql import DataFrame, SparkSession
-
-# PySpark's Python worker entry point in its daemon: ``worker(sock, authenticated) -> code``.
-DaemonWorker = Callable[[Any, bool], int]
 
 # The private modules a pre-init process of ``transformWithState`` runs.
 PRE_INIT_MODULES = (
@@ -95,19 +90,6 @@ def map_arrow_eval_type() -> int:
     from pyspark.util import PythonEvalType
 
     return PythonEvalType.SQL_MAP_ARROW_ITER_UDF
-
-
-def import_daemon() -> None:
-    """Imports PySpark's worker daemon (and the worker it forks)."""
-    import pyspark.daemon  # noqa: F401
-
-
-def run_daemon(wrap_worker: Callable[[DaemonWorker], DaemonWorker]) -> None:
-    """Runs PySpark's daemon loop in this process, its worker wrapped by ``wrap_worker``."""
-    import pyspark.daemon
-
-    pyspark.daemon.worker = wrap_worker(pyspark.daemon.worker)  # type: ignore[assignment]
-    pyspark.daemon.manager()
 
 
 def import_pre_init_modules() -> None:

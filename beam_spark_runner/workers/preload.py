@@ -1,13 +1,13 @@
-"""What the runner's worker daemon imports before it forks workers, named by module.
+"""The runner's worker daemon (``spark.worker_daemon``) and what it imports before forking.
 
-Named rather than imported here: workers/ is plumbing below execution/ and streaming/,
-whose modules these are.
+Named rather than imported here: workers/ is plumbing below spark/, execution/ and
+streaming/, whose modules these are.
 """
 
 from __future__ import annotations
 
 # The launched daemon's zygote imports this module before anything heavy: stdlib only here.
-DAEMON_MODULE = "beam_spark_runner.workers.daemon"
+DAEMON_MODULE = "beam_spark_runner.spark.worker_daemon"
 # What every forked worker runs: Beam, and the runner's batch executor.
 BATCH_MODULES = (
     "apache_beam",
@@ -21,14 +21,10 @@ STREAMING_MODULES = (
 )
 
 
-def preload() -> None:
-    """Imports the modules every forked worker should start with."""
+def preload(streaming: bool) -> None:
+    """Imports the modules every forked worker should start with (``streaming``: its too)."""
     import importlib
 
-    from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
-
-    modules: tuple[str, ...] = BATCH_MODULES
-    if pyspark_version() >= STREAMING_SPARK:
-        modules += STREAMING_MODULES
+    modules = BATCH_MODULES + STREAMING_MODULES if streaming else BATCH_MODULES
     for module in modules:
         importlib.import_module(module)

@@ -1,7 +1,7 @@
 """Starts a local session's Python worker daemon while the session itself starts.
 
 A local session's first Python task starts the runner's worker daemon
-(``beam_spark_runner.workers.daemon``), which imports Beam, pyarrow and the runner's executor
+(``beam_spark_runner.spark.worker_daemon``), which imports Beam, pyarrow and the runner's executor
 before it forks workers: 1.5-2 s of the first pipeline of every process, spent only after
 the driver had started the SQL session, translated the pipeline and submitted its first job.
 

@@ -1,10 +1,12 @@
 """PySpark's Python worker daemon, with Beam imported once before it forks workers.
 
 Spark forks a Python worker per concurrent task from this daemon. Importing Beam, pyarrow
-and the runner's executor modules (``preload``) here, before the forks, lets every worker
-start with them already loaded (copy-on-write) instead of importing them again. The runner
-selects this module (``spark.python.daemon.module``) for the local sessions it creates;
-the worker code itself is PySpark's.
+and the runner's executor modules (``workers.preload``) here, before the forks, lets every
+worker start with them already loaded (copy-on-write) instead of importing them again. The
+runner selects this module (``spark.python.daemon.module``) for the local sessions it
+creates; the daemon loop and the worker code are PySpark's (a private module, hence here in
+spark/). Where the driver offered a zygote (``workers.zygote``), this process hands over to
+the daemon forked from it.
 """
 
 from __future__ import annotations
@@ -28,14 +30,15 @@ class _DropDriverWarnings(logging.Filter):
 
 logging.getLogger().addFilter(_DropDriverWarnings())
 
+import pyspark.daemon  # noqa: E402
+
 from beam_spark_runner import beam_internals  # noqa: E402
-from beam_spark_runner.spark import internals as spark_internals  # noqa: E402
+from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version  # noqa: E402
 from beam_spark_runner.workers import preload  # noqa: E402
 from beam_spark_runner.workers.closed_socket import quiet_on_closed_socket  # noqa: E402
 from beam_spark_runner.workers.zip_directories import remember_zip_directories  # noqa: E402
 
-spark_internals.import_daemon()
-preload.preload()
+preload.preload(streaming=pyspark_version() >= STREAMING_SPARK)
 
 
 def serve() -> None:
@@ -47,7 +50,8 @@ def serve() -> None:
     # what the imports above allocated lives as long as the process: frozen, those
     # collections no longer walk it (nor write to its pages, shared with every fork).
     gc.freeze()
-    spark_internals.run_daemon(quiet_on_closed_socket)
+    pyspark.daemon.worker = quiet_on_closed_socket(pyspark.daemon.worker)  # type: ignore[assignment]
+    pyspark.daemon.manager()
 
 
 if __name__ == "__main__":
