@@ -61,7 +61,7 @@ from typing import Any, Protocol
 from apache_beam.transforms.window import GlobalWindow
 
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.execution import collector
+from beam_spark_runner.execution import gc_pause
 from beam_spark_runner.execution.batched_plan import BatchedPlan, StepSpec
 
 _LOGGER = logging.getLogger(__name__)
@@ -822,7 +822,7 @@ class BatchedSteps:
             previous = bi.get_current_tracker()
             batch = _Batch(self)
             try:
-                with collector.paused():
+                with gc_pause.paused():
                     if not self._set_up:
                         self._set_up = True
                         # Beam sets its operations up outside any bundle: no metrics
