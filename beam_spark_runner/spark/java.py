@@ -7,13 +7,13 @@ Kept apart from ``session`` (which imports Beam and PySpark) so that
 verifying some 10 000 classes from Spark's jars. Java 13+ can write the classes a JVM
 loaded to an archive when it exits (``-XX:ArchiveClassesAtExit``) and map them from it at
 the next start (``-XX:SharedArchiveFile``, class data sharing): a local session's start
-and first job took 6.4-7.1 s instead of 12.8-13.5 s here. :func:`class_archive_options`
+and first job take half the time. :func:`class_archive_options`
 gives the driver JVM of a session the runner starts one of the two: the archive of this
 Java, Spark install and class path if there is one, else (one process at a time) the
 option to write it when this JVM exits. The archives live in the user's cache directory,
 one per Java, Spark install and class path (about 150 MB each; those of Spark installs
 since removed or changed go, and of the others the eight most recently used are kept).
-The run that writes one starts about 40 % slower; a JVM that cannot use an archive
+The run that writes one starts slower; a JVM that cannot use an archive
 (another Java, class path or heap setting) starts without it, silently. An archive whose
 writer ran no pipeline (:func:`note_pipeline_ran` says when one did) is written again by
 the next starts, twice at most: it held Spark's start-up classes only.
@@ -125,19 +125,14 @@ _STALE_PARTIAL_SECONDS = 15 * 60
 # write an archive and when one is put in place.
 _LEFTOVER_SECONDS = 24 * 3600
 # Archives of Spark installs that no longer exist as they were go first (``_dead``); of the
-# others, the most recently used are kept. Eight: a test matrix (nox, tox, a CI run on the
-# same machine) has an environment, so a key, each; one CI run here used six at once, and
-# with three, then five, kept it pushed out the archive of the environment used every day,
-# whose next session started without one (a first test at 20 s, not 9 s).
+# others, the most recently used are kept: enough for a test matrix's environments (a key
+# each) not to push out the archive of the environment used every day.
 _ARCHIVES_KEPT = 8
 # Finished partial files of keys no start has asked for again: kept for a key's second
 # start to put in place, but most such keys are one-off environments.
 _PARTIALS_KEPT = 3
-# A finished archive whose writer ran no pipeline (a short test's JVM, a script that failed
-# before its first job) holds Spark's start-up classes only: 114 MB here, where one written
-# after a pipeline holds 160-195 MB, and a process's first pipeline took 10.5 s with it
-# against 7-8 s. Starts write it again, without mapping it (each such start is slower),
-# this many times; then it is kept as it is.
+# An archive whose writer ran no pipeline holds Spark's start-up classes only, too few to
+# help a first pipeline: starts write it again (each one slower) this many times, then keep it.
 _THIN_REWRITES = 2
 # Settings of a session that decide whether a JVM can map an archive: its class path and
 # its options. Its heap size matters only from 32 GiB, where the JVM stops compressing

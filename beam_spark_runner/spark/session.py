@@ -82,20 +82,12 @@ def _configured_master() -> str | None:
 JAVA_OPTIONS = "spark.driver.defaultJavaOptions"
 ADAPTIVE_EXECUTION = "spark.sql.adaptive.enabled"
 
-# The JVM of a local session the runner starts compiles with C1 only. There the JVM only
-# moves Arrow batches and shuffles what Python workers produce; C2's compilations cost
-# more CPU than they save: measured on the 2M-element benchmarks (2 runs each), word count
-# 15.4 -> 13.8 CPU s, GroupByKey 5.2 -> 4.6, and Spark's cold start 17 -> 10 s.
-# Spark puts the user's spark.driver.extraJavaOptions after these (-XX:TieredStopAtLevel=4
-# there restores C2), and a spark.driver.defaultJavaOptions in --spark_conf replaces them.
+# C1 only: a local driver JVM just moves Arrow batches, where C2 costs more than it saves.
+# (The user's spark.driver.extraJavaOptions come after: -XX:TieredStopAtLevel=4 restores C2.)
 LOCAL_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 
-# Spark's default driver heap is 1 GiB. In a local session the driver JVM is the whole
-# cluster: it also caches the stage outputs read more than once, columnar batches of
-# 10 000 rows, and Nexmark q9 at 2M events (a merging-window CoGroupByKey) ran out of it
-# (java.lang.OutOfMemoryError: Java heap space while caching a stage's output). A local
-# session the runner starts gets a quarter of the machine's memory, within these bounds;
-# --spark_conf spark.driver.memory=... overrides it.
+# A local driver JVM is the whole cluster (it caches stage outputs too): Spark's 1 GiB
+# default ran out, so a quarter of the machine's memory within these bounds.
 LOCAL_DRIVER_MEMORY_MIN_MIB = 1024
 LOCAL_DRIVER_MEMORY_MAX_MIB = 8192
 
@@ -146,20 +138,16 @@ def session_conf(master: str, settings: SparkSettings) -> dict[str, str]:
     # per element (a lifted combine's merge, a GroupByKey's grouping), so a small
     # shuffle can still be seconds of work: keep it spread over every core.
     conf["spark.sql.adaptive.coalescePartitions.enabled"] = "false"
-    # Adaptive execution runs each shuffle's map side as a job of its own and re-plans the
-    # query after each, and its other gains (joins, skew) have nothing to act on in a Beam
-    # plan, which has no joins. Off, a pipeline is one Spark job: Beam's FnApiRunnerTest
-    # took 8 % less here (31 s against 34 s), and 2M-element pipelines took the same.
+    # Adaptive execution makes each shuffle's map side a job of its own and has nothing to
+    # act on in a Beam plan (no joins): off, a pipeline is one Spark job.
     conf[ADAPTIVE_EXECUTION] = "false"
     if spark_compat.has_unix_domain_sockets():
-        # Over loopback TCP each Python task waits 40 ms for its input: the JVM writes the
-        # task's command and then its first rows in two small segments, and Nagle's
-        # algorithm holds the second until the worker's delayed acknowledgement of the
-        # first. A Unix domain socket has neither (docs/performance.md).
+        # Over loopback TCP Nagle's algorithm holds a task's first rows until the worker's
+        # delayed acknowledgement of its command; a Unix domain socket has neither.
         conf[spark_compat.UNIX_DOMAIN_SOCKETS] = "true"
     if spark_compat.has_dataframe_debugging():
         # The call sites would name the runner's translators, not the user's code, and
-        # recording them was 62 of a short pipeline's 420 Py4J calls (docs/performance.md).
+        # recording them costs Py4J calls per Column.
         conf[spark_compat.DATAFRAME_DEBUGGING] = "false"
     if settings.default_parallelism:
         conf["spark.default.parallelism"] = str(settings.default_parallelism)
@@ -173,19 +161,8 @@ def session_conf(master: str, settings: SparkSettings) -> dict[str, str]:
     return conf
 
 
-# A Beam pipeline's Spark plans, on a session the runner created, run Spark's SQL operators
-# interpreted: no whole-stage code generation, no generated projections, predicates or
-# orderings. Spark compiles generated Java classes (Janino) for every new query shape; a
-# Beam plan's JVM side only moves, shuffles and sorts the binary columns that Python
-# workers produce. A batch job at 2M elements: nothing measurable (word count, GroupByKey,
-# CombinePerKey, side input, Nexmark q3: the same medians, CPU 0-9 % lower), while a small
-# test pipeline took 0.02-0.27 s less; Beam's FnApiRunnerTest 25.3-26.7 s against
-# 27.5-28.3 s. A streaming query (``streaming.query.start_query``): Nexmark q8 at 64 000
-# events/s in micro-batches of 1.3-1.4 s instead of 2.6-2.9 s, q5 at 32 000 in 1.8-2.1 s
-# instead of 2.2-2.5 s, and a small test pipeline's query with a third less JVM time
-# (docs/performance.md). Any SQL a user runs on the session keeps Spark's code generation
-# (a JVM-bound aggregation of 20M rows took 7x as long interpreted). A setting given in
-# --spark_conf is left as the user chose it.
+# A Beam plan's JVM side only moves and sorts binary columns: compiling generated code per
+# query shape costs more than it saves, so its SQL operators run interpreted (not a user's SQL).
 WHOLE_STAGE_CODEGEN = "spark.sql.codegen.wholeStage"
 CODEGEN_FACTORY_MODE = "spark.sql.codegen.factoryMode"
 INTERPRETED_SQL = {WHOLE_STAGE_CODEGEN: "false", CODEGEN_FACTORY_MODE: "NO_CODEGEN"}

@@ -3,8 +3,8 @@
 At a query's start PySpark runs every ``transformWithState`` processor's ``init`` on the
 driver (its "pre-init", to learn the state variables), each in a fresh Python process the
 driver's JVM starts, one after the other, before the first micro-batch: ``python -m
-pyspark.sql.streaming.transform_with_state_driver_worker``. Such a process spent 0.28-0.40 s
-(``docs/performance.md``), most of it importing PySpark; a query of three levels, 1.0 s.
+pyspark.sql.streaming.transform_with_state_driver_worker``, which spends most of its time
+importing PySpark.
 
 This server imports what a pre-init runs once, then forks one child per pre-init. The
 process the JVM starts still starts: the runner's start-up hook, which every interpreter of
