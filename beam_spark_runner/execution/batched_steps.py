@@ -815,7 +815,7 @@ class BatchedSteps:
 
         The batch goes through the steps a chunk at a time (``_CHUNK`` elements, outputs
         included), so few windowed values are alive at once, with Python's cyclic garbage
-        collector paused (``execution.collector``: Beam's operation chain frees each element
+        collector paused (``execution.gc_pause``: Beam's operation chain frees each element
         before the next is made, so the collector never runs there).
         """
         with self._lock:
