@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from beam_spark_runner.options import DEFAULT_MASTER, SparkSettings
+from beam_spark_runner.spark import class_archive, driver_jvm, jars, java
 from beam_spark_runner.spark import compat as spark_compat
-from beam_spark_runner.spark import driver_jvm, jars, java
 from beam_spark_runner.spark.java import check_java, required_java_major
 from beam_spark_runner.spark.master import check_master_reachable
 from beam_spark_runner.workers import warmup as worker_warmup
@@ -235,20 +235,20 @@ def bind_to_loopback(conf: dict[str, str]) -> bool:
 
 
 def with_class_archive(conf: dict[str, str], settings: SparkSettings, java_version: str) -> None:
-    """Adds the driver JVM's class archive options (see ``java``) to a session's settings.
+    """Adds the driver JVM's class archive options (``class_archive``) to a session's settings.
 
     Not with ``--spark_class_archive=off``, before Java 13, when this process's JVM
     already runs (its options are set), when the user's ``--spark_conf`` sets the JVM's
     default options (theirs replace the runner's), or when the class path has a directory
-    Java cannot archive past (``java.class_path_directory``).
+    Java cannot archive past (``class_archive.class_path_directory``).
     """
     if not settings.class_archive or JAVA_OPTIONS in settings.conf or _jvm_started():
         return
     executable = java.java_executable()
-    if executable is None or java.java_major(java_version) < java.CLASS_ARCHIVE_MIN_JAVA:
+    if executable is None or java.java_major(java_version) < class_archive.CLASS_ARCHIVE_MIN_JAVA:
         return
     spark = java.spark_home()
-    directory = java.class_path_directory(spark, conf)
+    directory = class_archive.class_path_directory(spark, conf)
     if directory is not None:
         _LOGGER.info(
             "No class archive for the driver JVM: its class path has the directory %s with "
@@ -257,8 +257,10 @@ def with_class_archive(conf: dict[str, str], settings: SparkSettings, java_versi
             directory,
         )
         return
-    key = java.class_archive_key(executable, spark, conf)
-    options = java.class_archive_options(java.class_archive_directory(), key, spark)
+    key = class_archive.class_archive_key(executable, spark, conf)
+    options = class_archive.class_archive_options(
+        class_archive.class_archive_directory(), key, spark
+    )
     if options:
         conf[JAVA_OPTIONS] = " ".join([conf.get(JAVA_OPTIONS, ""), *options]).strip()
 
@@ -338,7 +340,7 @@ def _build_session(settings: SparkSettings) -> SparkSession:
     try:
         session = _start(master, settings, conf)
     except Exception:
-        archive = java.archive_in(conf.get(JAVA_OPTIONS, ""))
+        archive = class_archive.archive_in(conf.get(JAVA_OPTIONS, ""))
         if archive is None:
             raise
         # A JVM that cannot map its archive ignores it; one that crashed on it (a file
@@ -349,8 +351,8 @@ def _build_session(settings: SparkSettings) -> SparkSession:
             archive,
             exc_info=True,
         )
-        java.discard_class_archive(archive)
-        conf[JAVA_OPTIONS] = java.without_class_archive(conf[JAVA_OPTIONS])
+        class_archive.discard_class_archive(archive)
+        conf[JAVA_OPTIONS] = class_archive.without_class_archive(conf[JAVA_OPTIONS])
         session = _start(master, settings, conf)
     session.sparkContext.setLogLevel(settings.log_level)
     if "spark.sql.shuffle.partitions" not in conf:
