@@ -16,7 +16,7 @@ from typing import Any
 import pyspark.worker
 from pyspark.daemon import manager
 
-import beam_spark_runner.workers.daemon  # noqa: F401 - Beam and the runner pre-imported
+import beam_spark_runner.spark.worker_daemon  # noqa: F401 - Beam and the runner pre-imported
 
 _ORIGINAL_MAIN = pyspark.worker.main
 _TASKS = itertools.count()

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from beam_spark_runner.options import SparkSettings
-from beam_spark_runner.spark import java, session
+from beam_spark_runner.spark import class_archive, java, session
 
 KEY = "k" * 20
 MAGIC = (0xF00BABA8).to_bytes(4, sys.byteorder)
@@ -34,7 +34,7 @@ def _ran(partial: Path) -> Path:
 @pytest.fixture(autouse=True)
 def _no_writer(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test's starts set the process's partial file afresh, and leave it unset."""
-    monkeypatch.setattr(java, "_writing", None)
+    monkeypatch.setattr(class_archive, "_writing", None)
 
 
 def _age(path: Path, seconds: float) -> None:
@@ -43,35 +43,35 @@ def _age(path: Path, seconds: float) -> None:
 
 
 def test_the_first_start_writes_the_archive_and_the_next_one_uses_it(tmp_path: Path) -> None:
-    options = java.class_archive_options(tmp_path, KEY)
+    options = class_archive.class_archive_options(tmp_path, KEY)
     partial = tmp_path / f"{KEY}.{os.getpid()}.partial"
     assert options == [f"-XX:ArchiveClassesAtExit={partial}", "-Xlog:cds*=off"]
     assert (tmp_path / f"{KEY}.claim").read_text() == str(os.getpid())
     # While that JVM runs (and writes), other starts neither use nor write an archive.
-    assert java.class_archive_options(tmp_path, KEY) == []
-    java.note_pipeline_ran()  # the writing process ran a pipeline
+    assert class_archive.class_archive_options(tmp_path, KEY) == []
+    class_archive.note_pipeline_ran()  # the writing process ran a pipeline
     _written(partial, size=8192)
-    options = java.class_archive_options(tmp_path, KEY)
+    options = class_archive.class_archive_options(tmp_path, KEY)
     archive = tmp_path / f"{KEY}-8192.jsa"
     assert options == [f"-XX:SharedArchiveFile={archive}", "-Xlog:cds*=off"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [archive.name]
-    assert java.class_archive_options(tmp_path, KEY) == options
+    assert class_archive.class_archive_options(tmp_path, KEY) == options
 
 
 def test_an_archive_being_written_or_cut_short_is_not_used(tmp_path: Path) -> None:
     partial = _written(tmp_path / f"{KEY}.1.partial", magic=b"\0\0\0\0")
     (tmp_path / f"{KEY}.claim").write_text("1")
-    assert java.class_archive_options(tmp_path, KEY) == []
+    assert class_archive.class_archive_options(tmp_path, KEY) == []
     assert partial.exists()
     # Long after: its writer died. This start writes the archive, and once it is in place
     # the dead writer's file is removed.
     _age(partial, 3600)
     _age(tmp_path / f"{KEY}.claim", 3600)
-    options = java.class_archive_options(tmp_path, KEY)
+    options = class_archive.class_archive_options(tmp_path, KEY)
     mine = tmp_path / f"{KEY}.{os.getpid()}.partial"
     assert options[0] == f"-XX:ArchiveClassesAtExit={mine}"
     _ran(_written(mine))
-    assert java.class_archive_options(tmp_path, KEY)[0].endswith(f"{KEY}-4096.jsa")
+    assert class_archive.class_archive_options(tmp_path, KEY)[0].endswith(f"{KEY}-4096.jsa")
     assert not partial.exists()
 
 
@@ -79,12 +79,12 @@ def test_the_largest_finished_archive_is_used(tmp_path: Path) -> None:
     """A long-lived writer (more classes) replaces the archive a short-lived one put first."""
     _ran(_written(tmp_path / f"{KEY}.1.partial", size=4096))
     _ran(_written(tmp_path / f"{KEY}.2.partial", size=8192))
-    options = java.class_archive_options(tmp_path, KEY)
+    options = class_archive.class_archive_options(tmp_path, KEY)
     assert options[0] == f"-XX:SharedArchiveFile={tmp_path / KEY}-8192.jsa"
     assert [p.name for p in tmp_path.iterdir()] == [f"{KEY}-8192.jsa"]
     _ran(_written(tmp_path / f"{KEY}.3.partial", size=12288))
     _ran(_written(tmp_path / f"{KEY}.4.partial", size=4096))
-    options = java.class_archive_options(tmp_path, KEY)
+    options = class_archive.class_archive_options(tmp_path, KEY)
     assert options[0] == f"-XX:SharedArchiveFile={tmp_path / KEY}-12288.jsa"
     assert [p.name for p in tmp_path.iterdir()] == [f"{KEY}-12288.jsa"]
 
@@ -95,37 +95,39 @@ def test_an_archive_whose_writer_ran_no_pipeline_is_written_again_twice_at_most(
     """A short JVM's archive holds Spark's start-up classes only: later starts write it
     again (without mapping it) until one that ran a pipeline replaces it, twice at most."""
     thin = _written(tmp_path / f"{KEY}.1.partial", size=8192)
-    options = java.class_archive_options(tmp_path, KEY)
+    options = class_archive.class_archive_options(tmp_path, KEY)
     mine = tmp_path / f"{KEY}.{os.getpid()}.partial"
     assert options[0] == f"-XX:ArchiveClassesAtExit={mine}"  # the thin one is put in place
     assert (tmp_path / f"{KEY}-8192.jsa").exists() and not thin.exists()
     assert (tmp_path / f"{KEY}.thin").read_text() == "1"
     # While that start writes, others map the thin archive rather than none.
     mapped = [f"-XX:SharedArchiveFile={tmp_path / KEY}-8192.jsa", "-Xlog:cds*=off"]
-    assert java.class_archive_options(tmp_path, KEY) == mapped
+    assert class_archive.class_archive_options(tmp_path, KEY) == mapped
     # Its writer ran no pipeline either, and wrote a smaller file: a second rewrite.
     _written(mine, size=4096)
-    assert java.class_archive_options(tmp_path, KEY)[0] == f"-XX:ArchiveClassesAtExit={mine}"
+    assert (
+        class_archive.class_archive_options(tmp_path, KEY)[0] == f"-XX:ArchiveClassesAtExit={mine}"
+    )
     assert (tmp_path / f"{KEY}.thin").read_text() == "2"
     # The second writer ran a pipeline: its archive replaces the thin one, smaller or not.
-    java.note_pipeline_ran()
+    class_archive.note_pipeline_ran()
     _written(mine, size=4096)
     full = [f"-XX:SharedArchiveFile={tmp_path / KEY}-4096.jsa", "-Xlog:cds*=off"]
-    assert java.class_archive_options(tmp_path, KEY) == full
+    assert class_archive.class_archive_options(tmp_path, KEY) == full
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"{KEY}-4096.jsa"]
-    assert java.class_archive_options(tmp_path, KEY) == full
+    assert class_archive.class_archive_options(tmp_path, KEY) == full
 
 
 def test_a_discarded_archive_frees_the_claim_only_if_its_writer_held_it(tmp_path: Path) -> None:
     _ran(_written(tmp_path / f"{KEY}.1.partial", size=8192))
-    assert java.class_archive_options(tmp_path, KEY)[0].endswith(f"{KEY}-8192.jsa")
+    assert class_archive.class_archive_options(tmp_path, KEY)[0].endswith(f"{KEY}-8192.jsa")
     claim = tmp_path / f"{KEY}.claim"
     claim.write_text("2")  # process 2 writes an archive
     _written(tmp_path / f"{KEY}.1.partial", size=4096)  # process 1's, smaller: discarded
-    java.class_archive_options(tmp_path, KEY)
+    class_archive.class_archive_options(tmp_path, KEY)
     assert claim.read_text() == "2"
     _written(tmp_path / f"{KEY}.2.partial", size=4096)  # process 2's, done and smaller
-    java.class_archive_options(tmp_path, KEY)
+    class_archive.class_archive_options(tmp_path, KEY)
     assert not claim.exists()
 
 
@@ -134,20 +136,24 @@ def test_a_thin_archive_is_kept_after_two_rewrites(tmp_path: Path) -> None:
     (tmp_path / f"{KEY}.thin").write_text("2")
     (tmp_path / f"{KEY}-4096.jsa").unlink(missing_ok=True)
     mapped = [f"-XX:SharedArchiveFile={tmp_path / KEY}-8192.jsa", "-Xlog:cds*=off"]
-    assert java.class_archive_options(tmp_path, KEY) == mapped
-    assert java.class_archive_options(tmp_path, KEY) == mapped
+    assert class_archive.class_archive_options(tmp_path, KEY) == mapped
+    assert class_archive.class_archive_options(tmp_path, KEY) == mapped
 
 
 def test_a_claim_lasts_two_minutes(tmp_path: Path) -> None:
-    assert java.class_archive_options(tmp_path, KEY)[0].startswith("-XX:ArchiveClassesAtExit=")
-    assert java.class_archive_options(tmp_path, KEY) == []
+    assert class_archive.class_archive_options(tmp_path, KEY)[0].startswith(
+        "-XX:ArchiveClassesAtExit="
+    )
+    assert class_archive.class_archive_options(tmp_path, KEY) == []
     _age(tmp_path / f"{KEY}.claim", 121)
-    assert java.class_archive_options(tmp_path, KEY)[0].startswith("-XX:ArchiveClassesAtExit=")
+    assert class_archive.class_archive_options(tmp_path, KEY)[0].startswith(
+        "-XX:ArchiveClassesAtExit="
+    )
 
 
 def test_an_archive_whose_size_changed_is_removed(tmp_path: Path) -> None:
     damaged = _written(tmp_path / f"{KEY}-9999.jsa", size=4096)
-    options = java.class_archive_options(tmp_path, KEY)
+    options = class_archive.class_archive_options(tmp_path, KEY)
     assert not damaged.exists()
     assert options[0].startswith("-XX:ArchiveClassesAtExit=")
 
@@ -157,14 +163,16 @@ def test_the_eight_most_recently_used_archives_are_kept(tmp_path: Path) -> None:
     for age, key in enumerate("abcdefgh"):
         _age(_written(tmp_path / f"{key * 20}-4096.jsa"), 100 + age)
     _ran(_written(tmp_path / f"{KEY}.1.partial"))
-    assert java.class_archive_options(tmp_path, KEY)[0].endswith(f"{KEY}-4096.jsa")
+    assert class_archive.class_archive_options(tmp_path, KEY)[0].endswith(f"{KEY}-4096.jsa")
     kept = sorted(p.name[:2] for p in tmp_path.glob("*.jsa"))
     assert kept == ["aa", "bb", "cc", "dd", "ee", "ff", "gg", "kk"]
     # A start that maps its archive makes it the most recently used one.
     _age(tmp_path / ("a" * 20 + "-4096.jsa"), 200)
-    assert java.class_archive_options(tmp_path, "a" * 20)[0].endswith("a" * 20 + "-4096.jsa")
+    assert class_archive.class_archive_options(tmp_path, "a" * 20)[0].endswith(
+        "a" * 20 + "-4096.jsa"
+    )
     _ran(_written(tmp_path / ("x" * 20 + ".1.partial")))
-    java.class_archive_options(tmp_path, "x" * 20)
+    class_archive.class_archive_options(tmp_path, "x" * 20)
     kept = sorted(p.name[:2] for p in tmp_path.glob("*.jsa"))
     assert kept == ["aa", "bb", "cc", "dd", "ee", "ff", "kk", "xx"]
 
@@ -184,13 +192,15 @@ def test_archives_of_spark_installs_since_removed_or_changed_go_first(tmp_path: 
     installs = {key: _install(tmp_path / key) for key in ("a" * 20, "b" * 20, "c" * 20)}
     for age, (key, spark) in enumerate(installs.items()):
         _ran(_written(cache / f"{key}.1.partial"))
-        java.class_archive_options(cache, key, spark)  # puts it in place, notes its install
+        class_archive.class_archive_options(
+            cache, key, spark
+        )  # puts it in place, notes its install
         _age(cache / f"{key}-4096.jsa", 1000 - age)  # "a" the least recently used
         assert (cache / f"{key}.install").exists()
     shutil.rmtree(installs["b" * 20])
     (installs["c" * 20] / "jars" / "spark-core.jar").write_text("22")  # reinstalled
     _ran(_written(cache / f"{KEY}.1.partial"))
-    java.class_archive_options(cache, KEY, _install(tmp_path / "k"))
+    class_archive.class_archive_options(cache, KEY, _install(tmp_path / "k"))
     assert sorted(p.name[:2] for p in cache.glob("*.jsa")) == ["aa", "kk"]
     assert sorted(p.name[:2] for p in cache.glob("*.install")) == ["aa", "kk"]
 
@@ -202,7 +212,7 @@ def test_another_keys_leftovers_go_after_a_day(tmp_path: Path) -> None:
     recent = _written(tmp_path / ("r" * 20 + ".2.partial"))
     for path in old:
         _age(path, 25 * 3600)
-    java.class_archive_options(tmp_path, KEY)
+    class_archive.class_archive_options(tmp_path, KEY)
     assert not any(path.exists() for path in old)
     assert recent.exists()
 
@@ -217,24 +227,26 @@ def test_other_keys_finished_partial_files_are_kept_as_archives_are(tmp_path: Pa
     dead = _written(tmp_path / ("x" * 20 + ".9.partial"), magic=b"\0\0\0\0")
     _age(dead, 16 * 60)
     being_written = _written(tmp_path / ("w" * 20 + ".8.partial"), magic=b"\0\0\0\0")
-    java.class_archive_options(tmp_path, KEY)
+    class_archive.class_archive_options(tmp_path, KEY)
     assert [path.exists() for path in finished] == [True, True, True, False, False]
     assert not dead.exists()
     assert being_written.exists()
     # The newest kept one is still put in place by its own key's next start.
-    assert java.class_archive_options(tmp_path, "a" * 20)[0].endswith("a" * 20 + "-4096.jsa")
+    assert class_archive.class_archive_options(tmp_path, "a" * 20)[0].endswith(
+        "a" * 20 + "-4096.jsa"
+    )
 
 
 def test_no_archive_is_written_on_a_full_disk(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(java, "_MIN_FREE_BYTES", 1 << 62)
-    assert java.class_archive_options(tmp_path, KEY) == []
+    monkeypatch.setattr(class_archive, "_MIN_FREE_BYTES", 1 << 62)
+    assert class_archive.class_archive_options(tmp_path, KEY) == []
     assert not (tmp_path / f"{KEY}.claim").exists()
 
 
 def test_no_cache_directory_means_no_archive(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    assert java.class_archive_options(blocker / "jvm", KEY) == []
+    assert class_archive.class_archive_options(blocker / "jvm", KEY) == []
 
 
 def test_the_key_follows_java_spark_and_the_class_path(tmp_path: Path, monkeypatch) -> None:
@@ -245,40 +257,46 @@ def test_the_key_follows_java_spark_and_the_class_path(tmp_path: Path, monkeypat
     jars.mkdir(parents=True)
     (jars / "spark-core.jar").write_text("1")
     monkeypatch.delenv("SPARK_DIST_CLASSPATH", raising=False)
-    key = java.class_archive_key(str(binary), jars.parent, {"spark.driver.memory": "6144m"})
+    key = class_archive.class_archive_key(
+        str(binary), jars.parent, {"spark.driver.memory": "6144m"}
+    )
     for same in [{}, {"spark.app.name": "x"}, {"spark.driver.memory": "31g"}]:
-        assert key == java.class_archive_key(str(binary), jars.parent, same)
-    changed = [java.class_archive_key(str(binary), jars.parent, {"spark.driver.memory": "40g"})]
+        assert key == class_archive.class_archive_key(str(binary), jars.parent, same)
+    changed = [
+        class_archive.class_archive_key(str(binary), jars.parent, {"spark.driver.memory": "40g"})
+    ]
     changed.append(
-        java.class_archive_key(str(binary), jars.parent, {"spark.driver.extraClassPath": "a.jar"})
+        class_archive.class_archive_key(
+            str(binary), jars.parent, {"spark.driver.extraClassPath": "a.jar"}
+        )
     )
     monkeypatch.setenv("SPARK_DIST_CLASSPATH", "/opt/hadoop/*")
-    changed.append(java.class_archive_key(str(binary), jars.parent, {}))
+    changed.append(class_archive.class_archive_key(str(binary), jars.parent, {}))
     monkeypatch.delenv("SPARK_DIST_CLASSPATH")
     (jars / "spark-sql.jar").write_text("2")
-    changed.append(java.class_archive_key(str(binary), jars.parent, {}))
+    changed.append(class_archive.class_archive_key(str(binary), jars.parent, {}))
     extra = tmp_path / "extra.jar"
     extra.write_text("1")
     class_path = {"spark.driver.extraClassPath": str(extra)}
-    changed.append(java.class_archive_key(str(binary), jars.parent, class_path))
+    changed.append(class_archive.class_archive_key(str(binary), jars.parent, class_path))
     extra.write_text("22")  # the same jar's name, other classes
-    changed.append(java.class_archive_key(str(binary), jars.parent, class_path))
+    changed.append(class_archive.class_archive_key(str(binary), jars.parent, class_path))
     assert len({key, *changed}) == 7
 
 
 def test_options_without_the_archive() -> None:
     options = "-XX:TieredStopAtLevel=1 -XX:SharedArchiveFile=/c/k-1.jsa -Xlog:cds*=off -Dx=y"
-    assert java.archive_in(options) == Path("/c/k-1.jsa")
-    assert java.without_class_archive(options) == "-XX:TieredStopAtLevel=1 -Dx=y"
-    assert java.archive_in("-XX:ArchiveClassesAtExit=/c/k.1.partial") is None
+    assert class_archive.archive_in(options) == Path("/c/k-1.jsa")
+    assert class_archive.without_class_archive(options) == "-XX:TieredStopAtLevel=1 -Dx=y"
+    assert class_archive.archive_in("-XX:ArchiveClassesAtExit=/c/k.1.partial") is None
 
 
 def _archiving_java() -> str:
     """The java executable, skipping the test where it cannot write class archives."""
     executable = java.java_executable()
     version = java.java_version(executable) if executable else None
-    if version is None or java.java_major(version) < java.CLASS_ARCHIVE_MIN_JAVA:
-        pytest.skip(f"needs Java {java.CLASS_ARCHIVE_MIN_JAVA}+ (found {version})")
+    if version is None or java.java_major(version) < class_archive.CLASS_ARCHIVE_MIN_JAVA:
+        pytest.skip(f"needs Java {class_archive.CLASS_ARCHIVE_MIN_JAVA}+ (found {version})")
     assert executable is not None
     return executable
 
@@ -286,10 +304,10 @@ def _archiving_java() -> str:
 def test_a_real_jvm_writes_an_archive_that_another_maps(tmp_path: Path) -> None:
     """The magic number and the file names against HotSpot itself (``java -version``)."""
     executable = _archiving_java()
-    writing = java.class_archive_options(tmp_path, KEY)
-    java.note_pipeline_ran()  # as the runner notes it after a pipeline
+    writing = class_archive.class_archive_options(tmp_path, KEY)
+    class_archive.note_pipeline_ran()  # as the runner notes it after a pipeline
     subprocess.run([executable, *writing, "-version"], check=True, capture_output=True)
-    using = java.class_archive_options(tmp_path, KEY)
+    using = class_archive.class_archive_options(tmp_path, KEY)
     assert using[0].startswith(f"-XX:SharedArchiveFile={tmp_path / KEY}-")
     # -Xshare:on makes a JVM that cannot map the archive fail instead of ignoring it.
     mapped = subprocess.run(
@@ -306,7 +324,7 @@ def _settings(**conf: str) -> SparkSettings:
 
 @pytest.fixture
 def archive_dir(tmp_path: Path, monkeypatch) -> Path:
-    monkeypatch.setattr(java, "class_archive_directory", lambda: tmp_path)
+    monkeypatch.setattr(class_archive, "class_archive_directory", lambda: tmp_path)
     monkeypatch.setattr(session, "_jvm_started", lambda: False)
     return tmp_path
 
@@ -340,7 +358,7 @@ def test_a_jvm_that_fails_on_its_archive_starts_again_without_it(
     archive_dir: Path, monkeypatch
 ) -> None:
     archive = _written(archive_dir / f"{KEY}-4096.jsa")
-    monkeypatch.setattr(java, "class_archive_key", lambda *_: KEY)
+    monkeypatch.setattr(class_archive, "class_archive_key", lambda *_: KEY)
     monkeypatch.setattr(session, "check_java", lambda _: "17.0.15")
     monkeypatch.setattr(session, "check_master_reachable", lambda _: None)
     started: list[str] = []
@@ -366,7 +384,7 @@ def test_a_jvm_that_fails_on_its_archive_starts_again_without_it(
 
     monkeypatch.setattr(session, "_start", start)
     settings = SparkSettings("local[2]", {}, "t", None, "WARN")
-    assert session._build_session(settings) is FakeSession  # noqa: SLF001
+    assert session._build_session(settings) is FakeSession
     assert f"-XX:SharedArchiveFile={archive}" in started[0]
     assert "SharedArchiveFile" not in started[1]
     assert "-Xlog:cds*=off" not in started[1]
@@ -382,11 +400,11 @@ def test_a_pipeline_run_notes_it_beside_the_archive_its_jvm_writes(
     from apache_beam.options.pipeline_options import PipelineOptions
 
     partial = tmp_path / f"{KEY}.1.partial"
-    monkeypatch.setattr(java, "_writing", partial)
+    monkeypatch.setattr(class_archive, "_writing", partial)
     with beam.Pipeline(options=PipelineOptions(beam_options)) as pipeline:
         _ = pipeline | beam.Create([1, 2]) | beam.Map(str)
     assert partial.with_suffix(".ran").exists()
-    assert java._writing is None  # noted once
+    assert class_archive._writing is None  # noted once
 
 
 def _files(directory: Path) -> Path:
@@ -409,34 +427,36 @@ def spark_install(tmp_path: Path, monkeypatch) -> Path:
 def test_a_class_path_with_only_jars_and_trailing_or_empty_directories_can_be_archived(
     spark_install: Path, tmp_path: Path, monkeypatch
 ) -> None:
-    assert java.class_path_directory(spark_install, {}) is None  # SPARK_HOME/conf absent
+    assert class_archive.class_path_directory(spark_install, {}) is None  # SPARK_HOME/conf absent
     (spark_install / "conf").mkdir()
-    assert java.class_path_directory(spark_install, {}) is None  # empty
+    assert class_archive.class_path_directory(spark_install, {}) is None  # empty
     # HADOOP_CONF_DIR after Spark's jars, with nothing after it: HotSpot archives past none.
     monkeypatch.setenv("HADOOP_CONF_DIR", str(_files(tmp_path / "hadoop")))
-    assert java.class_path_directory(spark_install, {}) is None
+    assert class_archive.class_path_directory(spark_install, {}) is None
     monkeypatch.setenv("SPARK_DIST_CLASSPATH", f"{tmp_path / 'gone.jar'}:{tmp_path / 'gone'}/*")
-    assert java.class_path_directory(spark_install, {}) is None  # entries not there
+    assert class_archive.class_path_directory(spark_install, {}) is None  # entries not there
 
 
 def test_a_non_empty_directory_before_other_class_path_entries_is_found(
     spark_install: Path, tmp_path: Path, monkeypatch
 ) -> None:
     home_conf = _files(spark_install / "conf")
-    assert java.class_path_directory(spark_install, {}) == home_conf
+    assert class_archive.class_path_directory(spark_install, {}) == home_conf
     conf_dir = _files(tmp_path / "conf")
     monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))
-    assert java.class_path_directory(spark_install, {}) == conf_dir
+    assert class_archive.class_path_directory(spark_install, {}) == conf_dir
     monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path / "empty"))
     (tmp_path / "empty").mkdir()
     classes = _files(tmp_path / "classes")
-    assert java.class_path_directory(spark_install, {"spark.driver.extraClassPath": str(classes)})
+    assert class_archive.class_path_directory(
+        spark_install, {"spark.driver.extraClassPath": str(classes)}
+    )
     hadoop = _files(tmp_path / "hadoop")
     monkeypatch.setenv("HADOOP_CONF_DIR", str(hadoop))
     jar = tmp_path / "hadoop-common.jar"
     jar.write_bytes(b"PK")
     monkeypatch.setenv("SPARK_DIST_CLASSPATH", str(jar))
-    assert java.class_path_directory(spark_install, {}) == hadoop
+    assert class_archive.class_path_directory(spark_install, {}) == hadoop
 
 
 def test_no_archive_options_where_the_conf_directory_has_files(

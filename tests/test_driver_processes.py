@@ -18,11 +18,10 @@ from beam_spark_runner.streaming.check import STREAMING_SPARK
 from beam_spark_runner.streaming.driver_processes import (
     PLAIN_DAEMON_MODULE,
     PRE_INIT_MODULE,
-    closed_socket,
     quiet_daemon_child,
-    quiet_on_closed_socket,
     quiet_pre_init,
 )
+from beam_spark_runner.workers.closed_socket import closed_socket, quiet_on_closed_socket
 
 
 @pytest.fixture
@@ -71,7 +70,7 @@ def test_pre_init_prints_go_nowhere(
 
 
 def test_other_processes_are_left_alone(main_module: Callable[[str], None]) -> None:
-    main_module("beam_spark_runner.workers.daemon")
+    main_module("beam_spark_runner.spark.worker_daemon")
     stdout, excepthook = sys.stdout, sys.excepthook
     quiet_pre_init()
     quiet_daemon_child()

@@ -6,7 +6,7 @@ instances live in Spark's Python workers, so they cannot see whether ``teardown`
 Here every instance writes a marker file from ``setup`` and one from ``teardown``, and the
 test checks that each instance set up is torn down after the run, with balanced bundles.
 
-The unit tests drive the stage worker cache of ``execution/stage_worker.py`` with stand-in
+The unit tests drive the stage worker cache of ``execution/stage_cache.py`` with stand-in
 workers: tearing down a previous run's workers, and tearing down idle DoFns only when idle.
 """
 
@@ -25,6 +25,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that, equal_to
 
+from beam_spark_runner.execution import stage_cache
 from beam_spark_runner.execution import stage_worker as sw
 
 SPARK_ARGS = ["--runner=SparkStructuredRunner", "--spark_master=local[2]"]
@@ -166,7 +167,7 @@ def test_combinefn_teardown_after_the_run(tmp_path: Path) -> None:
 
 
 # Unit tests of the stage worker cache, with stand-ins for StageWorker and Beam's
-# BundleProcessorCache: only what stage_worker.py's lifecycle code touches.
+# BundleProcessorCache: only what stage_cache.py's lifecycle code touches.
 
 
 class FakeProcessor:
@@ -218,8 +219,8 @@ class FakeStageWorker:
 @pytest.fixture
 def fake_workers(monkeypatch: pytest.MonkeyPatch) -> collections.OrderedDict[str, typing.Any]:
     workers: collections.OrderedDict[str, typing.Any] = collections.OrderedDict()
-    monkeypatch.setattr(sw, "_WORKERS", workers)
-    monkeypatch.setattr(sw, "StageWorker", FakeStageWorker)
+    monkeypatch.setattr(stage_cache, "_WORKERS", workers)
+    monkeypatch.setattr(stage_cache, "StageWorker", FakeStageWorker)
     return workers
 
 
@@ -255,7 +256,7 @@ def test_exit_tears_down_every_worker(
 def test_eviction_tears_down_the_least_recently_used_worker(
     fake_workers: collections.OrderedDict[str, typing.Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sw, "_MAX_CACHED_STAGES", 2)
+    monkeypatch.setattr(stage_cache, "_MAX_CACHED_STAGES", 2)
     a, b = get_worker(FakeSpec("run-1", "a")), get_worker(FakeSpec("run-1", "b"))
     get_worker(FakeSpec("run-1", "a"))
     get_worker(FakeSpec("run-1", "c"))

@@ -30,7 +30,7 @@ def test_local_sessions_compile_with_c1_only() -> None:
     conf = session_conf("local[2]", _settings())
     assert conf["spark.driver.defaultJavaOptions"] == f"{LOCAL_DRIVER_JAVA_OPTIONS} {QUIET}"
     assert "-XX:TieredStopAtLevel=1" in LOCAL_DRIVER_JAVA_OPTIONS
-    assert conf["spark.python.daemon.module"] == "beam_spark_runner.workers.daemon"
+    assert conf["spark.python.daemon.module"] == "beam_spark_runner.spark.worker_daemon"
 
 
 def test_users_java_options_win_and_remote_masters_keep_the_jvm_default() -> None:
@@ -278,7 +278,7 @@ def test_interpreted_sql_applies_within_and_restores_the_sessions_own_values(
 
 
 def _sql_plans(spark: Any, description_prefix: str) -> list[str]:
-    store = spark._jsparkSession.sharedState().statusStore()  # noqa: SLF001
+    store = spark._jsparkSession.sharedState().statusStore()
     executions = store.executionsList()
     found = (executions.apply(i) for i in range(executions.size()))
     return [

@@ -11,7 +11,7 @@ import pytest
 from stage_specs import stage_spec
 
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.execution import stage_worker
+from beam_spark_runner.execution import stage_cache
 from beam_spark_runner.execution.stage_worker import (
     BUNDLE_SAMPLING_PERIOD_MS,
     ELEMENT,
@@ -104,6 +104,6 @@ def test_a_task_of_an_empty_partition_sets_up_no_stage_worker() -> None:
     empty = pa.RecordBatch.from_arrays([pa.array([], type=pa.binary())], names=[ELEMENT])
     assert list(run_stage(spec, iter([]))) == []
     assert list(run_stage(spec, iter([empty]))) == []
-    assert spec.cache_key not in stage_worker._WORKERS
+    assert spec.cache_key not in stage_cache._WORKERS
     assert sum(batch.num_rows for batch in run_stage(spec, impulse_batches(1))) == 1
-    assert spec.cache_key in stage_worker._WORKERS
+    assert spec.cache_key in stage_cache._WORKERS

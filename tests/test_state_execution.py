@@ -50,7 +50,7 @@ def test_complete_key_groups_one_key_only() -> None:
 
 def family(transform: str, name: str, domain: int) -> TimerFamily:
     window_coder = coders.IntervalWindowCoder()
-    timer_coder = coders._TimerCoder(coders.StrUtf8Coder(), window_coder)  # noqa: SLF001
+    timer_coder = coders._TimerCoder(coders.StrUtf8Coder(), window_coder)
     return TimerFamily(
         transform, name, domain, timer_coder.get_impl(), coders.StrUtf8Coder().get_impl()
     )

@@ -216,7 +216,7 @@ def test_the_worker_daemon_imports_what_a_streaming_levels_and_routers_tasks_run
     code = textwrap.dedent(
         """
         import sys
-        import beam_spark_runner.workers.daemon
+        import beam_spark_runner.spark.worker_daemon
         from beam_spark_runner.spark.compat import pyspark_version
         from beam_spark_runner.streaming.check import STREAMING_SPARK
         names = ["beam_spark_runner.execution.stage_worker"]

@@ -106,7 +106,7 @@ def test_a_fresh_drivers_worker_daemon_is_forked_from_it_and_reset(
         assert driver in line["ancestors"], line
         # Forked from the driver, the daemon shows the driver's command line; else its own.
         assert (token in line["daemon_command"]) is offered, line
-        assert ("beam_spark_runner.workers.daemon" in line["daemon_command"]) is not offered
+        assert ("beam_spark_runner.spark.worker_daemon" in line["daemon_command"]) is not offered
         assert not line["main_has_driver_global"]
         assert line["driver_handlers"] == []
         assert (line["offer"] not in (None, "0")) is offered

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from beam_spark_runner.execution import zip_directories
+from beam_spark_runner.workers import zip_directories
 
 
 def _without_memo(monkeypatch: pytest.MonkeyPatch) -> None:

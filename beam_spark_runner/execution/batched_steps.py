@@ -59,7 +59,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.execution import collector
+from beam_spark_runner.execution import gc_pause
 from beam_spark_runner.execution.batched_calls import CHUNK
 from beam_spark_runner.execution.batched_direct_steps import (
     CombinePhaseStep,
@@ -307,14 +307,14 @@ class BatchedSteps:
 
         The batch goes through the steps a chunk at a time (``CHUNK`` elements, outputs
         included), so few windowed values are alive at once, with Python's cyclic garbage
-        collector paused (``execution.collector``: Beam's operation chain frees each element
+        collector paused (``execution.gc_pause``: Beam's operation chain frees each element
         before the next is made, so the collector never runs there).
         """
         with self._lock:
             previous = bi.get_current_tracker()
             batch = _Batch(self)
             try:
-                with collector.paused():
+                with gc_pause.paused():
                     if not self._set_up:
                         self._set_up = True
                         # Beam sets its operations up outside any bundle: no metrics

@@ -37,7 +37,7 @@ from apache_beam.options.pipeline_options import SetupOptions
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution import main_session
-from beam_spark_runner.execution.zip_directories import remember_zip_directories
+from beam_spark_runner.workers.zip_directories import remember_zip_directories
 
 _LOGGER = logging.getLogger(__name__)
 

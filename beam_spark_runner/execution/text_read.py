@@ -2,9 +2,7 @@ r"""Reading ``ReadFromText``'s files in the stage worker, without Beam's per-lin
 
 Beam reads a text file through a splittable DoFn: per line it claims a position from a
 thread-safe restriction tracker, observes a watermark, finds the separator in an 8 KiB
-buffer and outputs one windowed value. On FnApiRunner that costs 2.9 CPU s for the
-benchmark's 100 MB (1.1 M lines), against 0.7 s for a plain Python read of the same lines;
-the read here costs 0.2 s, plus the bundle processor's decoding of the lines. For a plain
+buffer and outputs one windowed value, several times a plain Python read's cost. For a plain
 ``ReadFromText`` (planning.py decides which) the runner instead ships byte ranges of the
 files to the stage that reads the lines, and its worker turns each range into the encoded
 elements of the lines PCollection with ``bytes.split``: the stage's batched steps

@@ -18,7 +18,7 @@ from beam_spark_runner.monitoring.metrics import (
 )
 from beam_spark_runner.run.failures import as_pipeline_error
 from beam_spark_runner.run.prepare import PreparedRun
-from beam_spark_runner.spark import java
+from beam_spark_runner.spark import class_archive
 from beam_spark_runner.spark.compat import InlineValue
 from beam_spark_runner.spark.session import (
     interpreted_sql_settings,
@@ -129,7 +129,7 @@ class OpenRun:
         worker_logs.reemit(sinks.logs.value)
         worker_warnings.reissue(sinks.warnings.value)
         if error is None:
-            java.note_pipeline_ran()
+            class_archive.note_pipeline_ran()
         run_metrics = self.metrics()
         if run_metrics.failed_attempt_count:
             _LOGGER.info(

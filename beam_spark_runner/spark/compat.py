@@ -17,6 +17,9 @@ def pyspark_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+# transformWithState on rows: the PySpark the streaming levels build on (Spark 4.1).
+STREAMING_SPARK = (4, 1)
+
 # PySpark's setting for its workers' sockets to the executor's JVM: Unix domain sockets
 # instead of TCP over loopback (SPARK-51688, Spark 4.1).
 UNIX_DOMAIN_SOCKETS = "spark.python.unix.domain.socket.enabled"
@@ -82,15 +85,10 @@ def require_state_protocol(feature: str) -> None:
         ) from error
 
 
-# Spark 4's MLlib jar names a session extension provider on the class path,
-# ``InternalFunctionRegistration``, which registers the SQL functions Spark Connect's ML
-# client calls (``vector_to_array``, ...). Spark loads it in a JVM's first session, and
-# its initialisation builds Scala's runtime reflection: 1.6 s inside the SparkSession
-# constructor, 1.2 s of CPU in a fresh process's first pipeline (docs/performance.md).
-# Classic PySpark's ``pyspark.ml.functions`` call MLlib's Scala functions directly and
-# never look these up. Spark loads no provider from the class path while this static
-# setting is false (true by default; Spark names it a test flag). It decides for every
-# provider at once, so it may only be set where MLlib's is the only one.
+# Spark 4's MLlib jar names a session extension provider (Spark Connect's ML functions)
+# whose loading builds Scala's runtime reflection, slow, and classic PySpark never uses it.
+# This static setting (a test flag, true by default) decides for every provider at once:
+# set it only where MLlib's is the only one.
 SESSION_EXTENSIONS_FROM_CLASS_PATH = "spark.sql.extensions.test.loadFromCp"
 MLLIB_FUNCTIONS_PROVIDER = "org.apache.spark.sql.ml.InternalFunctionRegistration"
 _EXTENSION_PROVIDERS = "META-INF/services/org.apache.spark.sql.SparkSessionExtensionsProvider"

@@ -36,7 +36,7 @@ def _process() -> Any | None:
     """The driver JVM's ``Popen``, where this process launched it."""
     from pyspark import SparkContext
 
-    gateway = SparkContext._gateway  # noqa: SLF001 - where PySpark keeps the JVM's process
+    gateway = SparkContext._gateway  # where PySpark keeps the JVM's process
     return getattr(gateway, "proc", None)
 
 
@@ -112,21 +112,21 @@ def forget() -> None:
     from pyspark.sql import SparkSession
     from pyspark.sql.context import SQLContext
 
-    with SparkContext._lock:  # noqa: SLF001 - PySpark's own lock over these attributes
-        context = SparkContext._active_spark_context  # noqa: SLF001
+    with SparkContext._lock:  # PySpark's own lock over these attributes
+        context = SparkContext._active_spark_context
         server = getattr(context, "_accumulatorServer", None)
         if server is not None:
             server.shutdown()
             server.server_close()
         if context is not None:
-            context._accumulatorServer = None  # type: ignore[assignment]  # noqa: SLF001
-            context._jsc = None  # noqa: SLF001 - what PySpark's stop() leaves
-        gateway = SparkContext._gateway  # noqa: SLF001
+            context._accumulatorServer = None  # type: ignore[assignment]
+            context._jsc = None  # what PySpark's stop() leaves
+        gateway = SparkContext._gateway
         if gateway is not None:
             gateway.shutdown()  # Python side only: errors reaching the JVM are logged
-        SparkContext._gateway = None  # noqa: SLF001
-        SparkContext._jvm = None  # noqa: SLF001
-        SparkContext._active_spark_context = None  # noqa: SLF001
-    SparkSession._instantiatedSession = None  # noqa: SLF001
-    SparkSession._activeSession = None  # noqa: SLF001
-    SQLContext._instantiatedContext = None  # noqa: SLF001
+        SparkContext._gateway = None
+        SparkContext._jvm = None
+        SparkContext._active_spark_context = None
+    SparkSession._instantiatedSession = None
+    SparkSession._activeSession = None
+    SQLContext._instantiatedContext = None

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from beam_spark_runner.options import DEFAULT_MASTER, SparkSettings
+from beam_spark_runner.spark import class_archive, driver_jvm, jars, java
 from beam_spark_runner.spark import compat as spark_compat
-from beam_spark_runner.spark import driver_jvm, jars, java
 from beam_spark_runner.spark.java import check_java, required_java_major
 from beam_spark_runner.spark.master import check_master_reachable
 from beam_spark_runner.workers import warmup as worker_warmup
@@ -75,27 +75,19 @@ def _configured_master() -> str | None:
         return None
     from pyspark import SparkConf, SparkContext
 
-    SparkContext._ensure_initialized()  # noqa: SLF001 - connects; creates no context
+    SparkContext._ensure_initialized()  # connects; creates no context
     return SparkConf().get("spark.master", None)
 
 
 JAVA_OPTIONS = "spark.driver.defaultJavaOptions"
 ADAPTIVE_EXECUTION = "spark.sql.adaptive.enabled"
 
-# The JVM of a local session the runner starts compiles with C1 only. There the JVM only
-# moves Arrow batches and shuffles what Python workers produce; C2's compilations cost
-# more CPU than they save: measured on the 2M-element benchmarks (2 runs each), word count
-# 15.4 -> 13.8 CPU s, GroupByKey 5.2 -> 4.6, and Spark's cold start 17 -> 10 s.
-# Spark puts the user's spark.driver.extraJavaOptions after these (-XX:TieredStopAtLevel=4
-# there restores C2), and a spark.driver.defaultJavaOptions in --spark_conf replaces them.
+# C1 only: a local driver JVM just moves Arrow batches, where C2 costs more than it saves.
+# (The user's spark.driver.extraJavaOptions come after: -XX:TieredStopAtLevel=4 restores C2.)
 LOCAL_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 
-# Spark's default driver heap is 1 GiB. In a local session the driver JVM is the whole
-# cluster: it also caches the stage outputs read more than once, columnar batches of
-# 10 000 rows, and Nexmark q9 at 2M events (a merging-window CoGroupByKey) ran out of it
-# (java.lang.OutOfMemoryError: Java heap space while caching a stage's output). A local
-# session the runner starts gets a quarter of the machine's memory, within these bounds;
-# --spark_conf spark.driver.memory=... overrides it.
+# A local driver JVM is the whole cluster (it caches stage outputs too): Spark's 1 GiB
+# default ran out, so a quarter of the machine's memory within these bounds.
 LOCAL_DRIVER_MEMORY_MIN_MIB = 1024
 LOCAL_DRIVER_MEMORY_MAX_MIB = 8192
 
@@ -146,20 +138,16 @@ def session_conf(master: str, settings: SparkSettings) -> dict[str, str]:
     # per element (a lifted combine's merge, a GroupByKey's grouping), so a small
     # shuffle can still be seconds of work: keep it spread over every core.
     conf["spark.sql.adaptive.coalescePartitions.enabled"] = "false"
-    # Adaptive execution runs each shuffle's map side as a job of its own and re-plans the
-    # query after each, and its other gains (joins, skew) have nothing to act on in a Beam
-    # plan, which has no joins. Off, a pipeline is one Spark job: Beam's FnApiRunnerTest
-    # took 8 % less here (31 s against 34 s), and 2M-element pipelines took the same.
+    # Adaptive execution makes each shuffle's map side a job of its own and has nothing to
+    # act on in a Beam plan (no joins): off, a pipeline is one Spark job.
     conf[ADAPTIVE_EXECUTION] = "false"
     if spark_compat.has_unix_domain_sockets():
-        # Over loopback TCP each Python task waits 40 ms for its input: the JVM writes the
-        # task's command and then its first rows in two small segments, and Nagle's
-        # algorithm holds the second until the worker's delayed acknowledgement of the
-        # first. A Unix domain socket has neither (docs/performance.md).
+        # Over loopback TCP Nagle's algorithm holds a task's first rows until the worker's
+        # delayed acknowledgement of its command; a Unix domain socket has neither.
         conf[spark_compat.UNIX_DOMAIN_SOCKETS] = "true"
     if spark_compat.has_dataframe_debugging():
         # The call sites would name the runner's translators, not the user's code, and
-        # recording them was 62 of a short pipeline's 420 Py4J calls (docs/performance.md).
+        # recording them costs Py4J calls per Column.
         conf[spark_compat.DATAFRAME_DEBUGGING] = "false"
     if settings.default_parallelism:
         conf["spark.default.parallelism"] = str(settings.default_parallelism)
@@ -173,19 +161,8 @@ def session_conf(master: str, settings: SparkSettings) -> dict[str, str]:
     return conf
 
 
-# A Beam pipeline's Spark plans, on a session the runner created, run Spark's SQL operators
-# interpreted: no whole-stage code generation, no generated projections, predicates or
-# orderings. Spark compiles generated Java classes (Janino) for every new query shape; a
-# Beam plan's JVM side only moves, shuffles and sorts the binary columns that Python
-# workers produce. A batch job at 2M elements: nothing measurable (word count, GroupByKey,
-# CombinePerKey, side input, Nexmark q3: the same medians, CPU 0-9 % lower), while a small
-# test pipeline took 0.02-0.27 s less; Beam's FnApiRunnerTest 25.3-26.7 s against
-# 27.5-28.3 s. A streaming query (``streaming.query.start_query``): Nexmark q8 at 64 000
-# events/s in micro-batches of 1.3-1.4 s instead of 2.6-2.9 s, q5 at 32 000 in 1.8-2.1 s
-# instead of 2.2-2.5 s, and a small test pipeline's query with a third less JVM time
-# (docs/performance.md). Any SQL a user runs on the session keeps Spark's code generation
-# (a JVM-bound aggregation of 20M rows took 7x as long interpreted). A setting given in
-# --spark_conf is left as the user chose it.
+# A Beam plan's JVM side only moves and sorts binary columns: compiling generated code per
+# query shape costs more than it saves, so its SQL operators run interpreted (not a user's SQL).
 WHOLE_STAGE_CODEGEN = "spark.sql.codegen.wholeStage"
 CODEGEN_FACTORY_MODE = "spark.sql.codegen.factoryMode"
 INTERPRETED_SQL = {WHOLE_STAGE_CODEGEN: "false", CODEGEN_FACTORY_MODE: "NO_CODEGEN"}
@@ -258,20 +235,20 @@ def bind_to_loopback(conf: dict[str, str]) -> bool:
 
 
 def with_class_archive(conf: dict[str, str], settings: SparkSettings, java_version: str) -> None:
-    """Adds the driver JVM's class archive options (see ``java``) to a session's settings.
+    """Adds the driver JVM's class archive options (``class_archive``) to a session's settings.
 
     Not with ``--spark_class_archive=off``, before Java 13, when this process's JVM
     already runs (its options are set), when the user's ``--spark_conf`` sets the JVM's
     default options (theirs replace the runner's), or when the class path has a directory
-    Java cannot archive past (``java.class_path_directory``).
+    Java cannot archive past (``class_archive.class_path_directory``).
     """
     if not settings.class_archive or JAVA_OPTIONS in settings.conf or _jvm_started():
         return
     executable = java.java_executable()
-    if executable is None or java.java_major(java_version) < java.CLASS_ARCHIVE_MIN_JAVA:
+    if executable is None or java.java_major(java_version) < class_archive.CLASS_ARCHIVE_MIN_JAVA:
         return
     spark = java.spark_home()
-    directory = java.class_path_directory(spark, conf)
+    directory = class_archive.class_path_directory(spark, conf)
     if directory is not None:
         _LOGGER.info(
             "No class archive for the driver JVM: its class path has the directory %s with "
@@ -280,8 +257,10 @@ def with_class_archive(conf: dict[str, str], settings: SparkSettings, java_versi
             directory,
         )
         return
-    key = java.class_archive_key(executable, spark, conf)
-    options = java.class_archive_options(java.class_archive_directory(), key, spark)
+    key = class_archive.class_archive_key(executable, spark, conf)
+    options = class_archive.class_archive_options(
+        class_archive.class_archive_directory(), key, spark
+    )
     if options:
         conf[JAVA_OPTIONS] = " ".join([conf.get(JAVA_OPTIONS, ""), *options]).strip()
 
@@ -290,7 +269,7 @@ def _jvm_started() -> bool:
     """Whether this process's driver JVM is already up (spark-submit's, or a stopped session's)."""
     from pyspark import SparkContext
 
-    return "PYSPARK_GATEWAY_PORT" in os.environ or SparkContext._gateway is not None  # noqa: SLF001
+    return "PYSPARK_GATEWAY_PORT" in os.environ or SparkContext._gateway is not None
 
 
 def without_mllib_session_functions(conf: dict[str, str]) -> bool:
@@ -306,7 +285,7 @@ def without_mllib_session_functions(conf: dict[str, str]) -> bool:
     key = spark_compat.SESSION_EXTENSIONS_FROM_CLASS_PATH
     if key in conf or SparkConf().contains(key):
         return False
-    jvm = SparkContext._jvm  # noqa: SLF001 - PySpark's view of the driver JVM
+    jvm = SparkContext._jvm  # PySpark's view of the driver JVM
     providers = spark_compat.session_extension_providers(jvm)
     if set(providers) != {spark_compat.MLLIB_FUNCTIONS_PROVIDER}:
         return False
@@ -325,7 +304,7 @@ def _start(master: str, settings: SparkSettings, conf: dict[str, str]) -> SparkS
     # The JVM first, with the session's settings, to see its class path before the session.
     launch = SparkConf().setMaster(master).setAppName(settings.app_name)
     try:
-        SparkContext._ensure_initialized(conf=launch.setAll(list(conf.items())))  # noqa: SLF001
+        SparkContext._ensure_initialized(conf=launch.setAll(list(conf.items())))
     except BaseException:
         worker_zygote.stop()
         raise
@@ -361,7 +340,7 @@ def _build_session(settings: SparkSettings) -> SparkSession:
     try:
         session = _start(master, settings, conf)
     except Exception:
-        archive = java.archive_in(conf.get(JAVA_OPTIONS, ""))
+        archive = class_archive.archive_in(conf.get(JAVA_OPTIONS, ""))
         if archive is None:
             raise
         # A JVM that cannot map its archive ignores it; one that crashed on it (a file
@@ -372,8 +351,8 @@ def _build_session(settings: SparkSettings) -> SparkSession:
             archive,
             exc_info=True,
         )
-        java.discard_class_archive(archive)
-        conf[JAVA_OPTIONS] = java.without_class_archive(conf[JAVA_OPTIONS])
+        class_archive.discard_class_archive(archive)
+        conf[JAVA_OPTIONS] = class_archive.without_class_archive(conf[JAVA_OPTIONS])
         session = _start(master, settings, conf)
     session.sparkContext.setLogLevel(settings.log_level)
     if "spark.sql.shuffle.partitions" not in conf:
@@ -472,7 +451,7 @@ def obtain_session(settings: SparkSettings) -> tuple[SparkSession, bool]:
             same = (settings.master or DEFAULT_MASTER) == (
                 _owned_settings.master or DEFAULT_MASTER
             ) and settings.conf == _owned_settings.conf
-            if same and not _owned.sparkContext._jsc.sc().isStopped():  # noqa: SLF001
+            if same and not _owned.sparkContext._jsc.sc().isStopped():
                 _owned.sparkContext.setLogLevel(settings.log_level)
                 return _owned, True
             _stop_owned()

@@ -16,6 +16,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from beam_spark_runner.errors import SparkRunnerError
+from beam_spark_runner.spark import internals as spark_internals
 from beam_spark_runner.streaming.topology import Topology
 
 if TYPE_CHECKING:
@@ -85,10 +86,10 @@ def differences(found: dict[str, Any], expected: dict[str, Any]) -> list[str]:
 def check_checkpoint(spark: SparkSession, location: str, topology: Topology) -> None:
     """Refuses ``location`` if another graph wrote it; records this graph if it is new."""
     expected = fingerprint(topology)
-    jvm = spark.sparkContext._jvm
+    jvm = spark_internals.session_jvm(spark)
     assert jvm is not None
     path = jvm.org.apache.hadoop.fs.Path(location, PLAN_FILE)
-    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+    fs = path.getFileSystem(spark_internals.hadoop_configuration(spark))
     if fs.exists(path):
         stream = fs.open(path)
         try:

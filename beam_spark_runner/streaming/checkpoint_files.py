@@ -9,12 +9,11 @@ library, which a pip-installed PySpark lacks:
   ``FileContext``, which asks for each path's link status by running ``readlink``.
   ``checkpoint_file_settings`` picks Spark's manager over the ``FileSystem`` API for a
   checkpoint on the local disk instead.
-* Hadoop sets every file's and directory's permission by running ``chmod``: 73 processes in
-  a small three-level query's first micro-batch, more in each later one. A session the
-  runner starts on a local master carries the runner's own local file system (``jars``)
-  under the scheme ``beamlocal``, which sets permissions through Java, and
-  ``spark_location`` names a local checkpoint directory with that scheme. A warm small
-  query took 1.47 s instead of 1.71 s (``docs/performance.md``).
+* Hadoop sets every file's and directory's permission by running ``chmod``, dozens of
+  processes a micro-batch. A session the runner starts on a local master carries the
+  runner's own local file system (``jars``) under the scheme ``beamlocal``, which sets
+  permissions through Java, and ``spark_location`` names a local checkpoint directory with
+  that scheme.
 
 Both apply only to a checkpoint on the local disk; the location the user gave (a path or a
 ``file:`` URI) names the same directory either way, and the same checkpoint can be resumed
@@ -25,6 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from beam_spark_runner.spark import internals as spark_internals
 from beam_spark_runner.spark.jars import LOCAL_FILE_SYSTEM, LOCAL_SCHEME
 
 if TYPE_CHECKING:
@@ -44,9 +44,9 @@ def _file_system(spark: SparkSession, location: str) -> tuple[Any, Any] | None:
     """Hadoop's file system for ``location`` and its ``Path``; None if none resolves here."""
     from py4j.protocol import Py4JError
 
-    jvm = spark.sparkContext._jvm
+    jvm = spark_internals.session_jvm(spark)
     assert jvm is not None
-    hadoop_conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
+    hadoop_conf = spark_internals.hadoop_configuration(spark)
     try:
         path = jvm.org.apache.hadoop.fs.Path(location)
         return path.getFileSystem(hadoop_conf), path
@@ -59,7 +59,7 @@ def _has_class(spark: SparkSession, name: str) -> bool:
     from py4j.protocol import Py4JError
 
     try:
-        spark.sparkContext._jvm.java.lang.Class.forName(name)  # type: ignore[union-attr]
+        spark_internals.session_jvm(spark).java.lang.Class.forName(name)
     except Py4JError:
         return False
     return True
@@ -73,7 +73,7 @@ def spark_location(spark: SparkSession, checkpoint: str) -> str:
     master); otherwise ``checkpoint`` itself, as it is for other file systems and for a
     location Hadoop cannot resolve here (the query reports it).
     """
-    hadoop_conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
+    hadoop_conf = spark_internals.hadoop_configuration(spark)
     if hadoop_conf.get(f"fs.{LOCAL_SCHEME}.impl") != LOCAL_FILE_SYSTEM:
         return checkpoint
     resolved = _file_system(spark, checkpoint)
@@ -83,8 +83,8 @@ def spark_location(spark: SparkSession, checkpoint: str) -> str:
         return checkpoint
     file_system, path = resolved
     local = file_system.makeQualified(path).toUri().getPath()
-    jvm = spark.sparkContext._jvm
-    return str(jvm.org.apache.hadoop.fs.Path(LOCAL_SCHEME, None, local).toString())  # type: ignore[union-attr]
+    jvm = spark_internals.session_jvm(spark)
+    return str(jvm.org.apache.hadoop.fs.Path(LOCAL_SCHEME, None, local).toString())
 
 
 def checkpoint_file_settings(spark: SparkSession, location: str) -> dict[str, str]:
@@ -93,11 +93,9 @@ def checkpoint_file_settings(spark: SparkSession, location: str) -> dict[str, st
     Spark's default writes each checkpoint file (the offset and commit logs, every state
     store's snapshot files) through Hadoop's ``FileContext``, whose rename asks for each
     path's link status. Without Hadoop's native library Hadoop's local file system answers
-    that by running ``readlink`` in a new process, about 4 ms a call from the driver JVM,
-    several calls a file. The manager over Hadoop's ``FileSystem`` API renames with
-    ``File.renameTo`` (atomic on a local disk): the offset and commit logs' writes took
-    8-10 ms a micro-batch instead of 30, and a micro-batch of a two-level query 0.58-0.65 s
-    instead of 0.72-0.87 s (``docs/performance.md``). Not for other file systems (HDFS,
+    that by running ``readlink`` in a new process, several a file. The manager over
+    Hadoop's ``FileSystem`` API renames with ``File.renameTo`` (atomic on a local disk),
+    with no process. Not for other file systems (HDFS,
     object stores), whose renames Spark's default handles as they need, nor where the
     session names a manager. A location Hadoop cannot resolve here keeps the default too.
     """

@@ -8,11 +8,8 @@ the process as it starts (``_startup_hook.quiet_pre_init``); where the hook is n
 installed, the level shell, unpickled there, calls :func:`quiet_pre_init` (the first line
 is printed by then). The process sends its real errors to the JVM over its socket.
 
-Workers forked from a Python daemon print a ``BrokenPipeError`` traceback when the JVM
-closes their socket while they wait for their next task: a worker idle for a minute, every
-idle worker when the session stops, a killed task. (PySpark 4.1 lets that flush failure end
-the worker with its traceback, SPARK-54344; before, it was swallowed.) The runner's worker
-daemon wraps its workers in :func:`quiet_on_closed_socket`. The worker that looks up
+The runner's worker daemon ends its workers quietly when the JVM closes their socket
+(``workers.closed_socket``). The worker that looks up
 statically installed Python data sources (a user's ``ReadFromSparkStream`` over one) is
 forked from PySpark's own daemon, which no setting replaces: the top-level module
 ``pyspark_beam_spark_runner``, imported there, wraps it with :func:`quiet_daemon_child`.
@@ -22,16 +19,12 @@ This module imports no Beam.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from typing import Any
 
 from beam_spark_runner._startup_hook import PRE_INIT_MODULE, silence_stdout
+from beam_spark_runner.workers.closed_socket import quiet_on_closed_socket
 
 # PySpark's own daemon, which forks the driver's data-source lookup worker.
 PLAIN_DAEMON_MODULE = "pyspark.daemon"
-
-# What a process sees when the JVM closed its socket.
-_CLOSED = (EOFError, BrokenPipeError, ConnectionResetError)
 
 
 def running_as(module: str) -> bool:
@@ -46,30 +39,6 @@ def quiet_pre_init() -> None:
         silence_stdout()
 
 
-Worker = Callable[[Any, bool], int]
-
-
-def quiet_on_closed_socket(worker: Worker) -> Worker:
-    """PySpark's ``daemon.worker``, ending without a traceback when the JVM closed its socket.
-
-    The worker still ends (a non-zero code: the daemon's fork exits); any other error is
-    PySpark's to report.
-    """
-    if getattr(worker, "quiet_on_closed_socket", False):
-        return worker
-
-    def run(sock: Any, authenticated: bool) -> int:
-        try:
-            return worker(sock, authenticated)
-        except BaseException as error:
-            if closed_socket(error):
-                return 1
-            raise
-
-    run.quiet_on_closed_socket = True  # type: ignore[attr-defined]
-    return run
-
-
 def quiet_daemon_child() -> None:
     """In a worker forked by PySpark's own daemon: its next tasks end quietly on a closed socket.
 
@@ -79,13 +48,3 @@ def quiet_daemon_child() -> None:
     main = sys.modules.get("__main__")
     if running_as(PLAIN_DAEMON_MODULE) and callable(getattr(main, "worker", None)):
         main.worker = quiet_on_closed_socket(main.worker)  # type: ignore[union-attr]
-
-
-def closed_socket(error: BaseException | None) -> bool:
-    """Whether ``error`` and every error it was raised while handling are closed-socket errors."""
-    found = False
-    while error is not None:
-        if not isinstance(error, _CLOSED):
-            return False
-        found, error = True, error.__cause__ or error.__context__
-    return found

@@ -1,21 +1,14 @@
 """What a JVM's first streaming query loads, loaded while that query plans.
 
-A process's first streaming query ran its first stateful level's tasks 0.5-0.7 s longer
-than the next queries' (the same pipeline, the same session). Two of the things only the
-first one does are loads that wait on nothing the query computes:
-
-* RocksDB's native library, which ``transformWithState``'s state stores need: copied out of
-  its jar and linked, 0.1 s here;
-* Janino, Spark's Java compiler: PySpark's ``transformWithState`` compiles its grouping
-  key's ordering and projection even where a query's SQL runs interpreted. Its jar is
-  signed, so the driver JVM's class archive (``java``) cannot hold its classes: loading
-  them and compiling a first class took 0.13 s.
-
-Meanwhile the first micro-batch's planning runs each level's pre-init, in Python processes,
-with the JVM mostly idle (0.5-0.8 s for three levels). :func:`start` loads both then, in a
-background thread, once per JVM. Only where the tasks run in the driver's JVM (``local``
-masters): a cluster's executors load them in their own JVMs. Never raises; a load that
-fails leaves the task to load it as it would have.
+A process's first streaming query runs its first stateful level's tasks longer than the
+next queries' do; two of the things only the first one does wait on nothing it computes:
+RocksDB's native library (``transformWithState``'s state stores), and Janino, Spark's Java
+compiler (``transformWithState`` compiles its grouping key's ordering even where the SQL
+runs interpreted; its jar is signed, so the class archive cannot hold it). The first
+micro-batch's planning leaves the JVM mostly idle while each level's pre-init runs in
+Python: :func:`start` loads both then, in a background thread, once per JVM. Only where
+the tasks run in the driver's JVM (``local`` masters): a cluster's executors load them in
+their own JVMs. Never raises; a load that fails leaves the task to load it as it would have.
 """
 
 from __future__ import annotations
@@ -25,6 +18,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from beam_spark_runner.spark import internals as spark_internals
 from beam_spark_runner.workers.warmup import OncePerContext
 
 if TYPE_CHECKING:
@@ -61,6 +55,7 @@ def start(context: SparkContext) -> threading.Thread | None:
 
     Returns the thread (for tests), or None where it does nothing.
     """
-    if not runs_tasks_in_driver(context.master or "") or context._jvm is None:
+    jvm = spark_internals.context_jvm(context)
+    if not runs_tasks_in_driver(context.master or "") or jvm is None:
         return None
-    return _warmed.start(context, _load, context._jvm)
+    return _warmed.start(context, _load, jvm)

@@ -19,7 +19,7 @@ from typing import Any
 
 from pyspark import cloudpickle
 
-from beam_spark_runner.execution import collector
+from beam_spark_runner.execution import gc_pause
 from beam_spark_runner.execution.grouping import GroupSpec
 from beam_spark_runner.execution.stage_worker import StageSpec, TaskSinks, recording
 from beam_spark_runner.streaming.chunk_lists import ListStateChunks
@@ -107,7 +107,7 @@ class Level:
         if target in self.groups:
             # It decodes keys' states, keeps them while it runs and encodes them again (no
             # user code runs here).
-            with collector.paused():
+            with gc_pause.paused():
                 group_state = decode_shard_state(encoded) if encoded else None
                 group_state, out = run_group_shard(
                     self.topology,

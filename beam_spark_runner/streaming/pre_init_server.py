@@ -3,8 +3,8 @@
 At a query's start PySpark runs every ``transformWithState`` processor's ``init`` on the
 driver (its "pre-init", to learn the state variables), each in a fresh Python process the
 driver's JVM starts, one after the other, before the first micro-batch: ``python -m
-pyspark.sql.streaming.transform_with_state_driver_worker``. Such a process spent 0.28-0.40 s
-(``docs/performance.md``), most of it importing PySpark; a query of three levels, 1.0 s.
+pyspark.sql.streaming.transform_with_state_driver_worker``, which spends most of its time
+importing PySpark.
 
 This server imports what a pre-init runs once, then forks one child per pre-init. The
 process the JVM starts still starts: the runner's start-up hook, which every interpreter of
@@ -40,6 +40,7 @@ from beam_spark_runner._startup_hook import (
     pre_init_socket_path,
     prefer_installed_pyspark,
 )
+from beam_spark_runner.spark import internals as spark_internals
 from beam_spark_runner.workers import handover
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ def start(spark: SparkSession) -> None:
     """Starts the server for the session's JVM, unless it runs or is switched off."""
     if os.environ.get(SWITCH_ENV) == "0" or not supported():
         return
-    jvm = spark.sparkContext._jvm
+    jvm = spark_internals.session_jvm(spark)
     if jvm is not None:
         start_for(int(jvm.java.lang.ProcessHandle.current().pid()))
 
@@ -169,9 +170,8 @@ def _run_child(stderr_fd: int, cwd: str, env: dict[str, str]) -> None:
 
 def serve(path: str, jvm_pid: int) -> None:
     """Serves pre-init requests at ``path`` until the driver or its JVM ends."""
-    import pyspark.sql.streaming.proto.StateMessage_pb2  # noqa: F401 - each fork talks in them
-    import pyspark.sql.streaming.transform_with_state_driver_worker  # noqa: F401 - each fork's
-
+    # What each fork runs and talks in, imported once here.
+    spark_internals.import_pre_init_modules()
     import beam_spark_runner.streaming.level_shell  # noqa: F401 - what a fork unpickles
 
     try:

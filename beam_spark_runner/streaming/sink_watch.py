@@ -8,7 +8,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from beam_spark_runner.monitoring import worker_logs
-from beam_spark_runner.spark import java
+from beam_spark_runner.spark import class_archive
 from beam_spark_runner.streaming import rows as routed
 from beam_spark_runner.streaming.topology import Topology
 from beam_spark_runner.streaming.watermarks import MAX_MICROS
@@ -110,7 +110,7 @@ class SinkWatch:
             previous = self.watermarks.get(marker.producer, marker.watermark)
             self.watermarks[marker.producer] = max(previous, marker.watermark)
         self.batches += 1
-        java.note_pipeline_ran()
+        class_archive.note_pipeline_ran()
         _LOGGER.debug("Micro-batch %d: sink watermarks %s", batch_id, self.watermarks)
         if self.final_batch is None and all(
             self.watermarks.get(p, -1) >= MAX_MICROS for p in self.expected

@@ -1,14 +1,11 @@
 """Starts a local session's Python worker daemon while the session itself starts.
 
 A local session's first Python task starts the runner's worker daemon
-(``beam_spark_runner.workers.daemon``), which imports Beam, pyarrow and the runner's executor
-before it forks workers: 1.5-2 s of the first pipeline of every process, spent only after
-the driver had started the SQL session, translated the pipeline and submitted its first job.
-
-``start`` runs a tiny RDD job in a background thread as soon as the Spark context is up, so
-the daemon imports while the driver starts the SQL session and translates the pipeline (in
-a fresh process, 2.3 s from the context's start to the first job). Its tasks leave forked
-workers in PySpark's pool of idle workers for the pipeline's tasks to reuse.
+(``spark.worker_daemon``), which imports Beam, pyarrow and the runner's executor before it
+forks workers. ``start`` runs a tiny RDD job in a background thread as soon as the Spark
+context is up, so that the daemon imports while the driver starts the SQL session and
+translates the pipeline. Its tasks leave forked workers in PySpark's pool of idle workers
+for the pipeline's tasks to reuse.
 
 Spark keeps one daemon per Python environment: a worker's environment variables are part
 of its key. An RDD task's variables are the context's environment plus Spark's own; a
@@ -32,13 +29,14 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
+from beam_spark_runner.workers.preload import DAEMON_MODULE
+
 if TYPE_CHECKING:
     from pyspark import SparkContext
 
 _LOGGER = logging.getLogger(__name__)
 
 DAEMON_CONF = "spark.python.daemon.module"
-DAEMON_MODULE = "beam_spark_runner.workers.daemon"
 DESCRIPTION = "beam-spark-runner: starting the Python workers"
 
 

@@ -1,13 +1,13 @@
 """A local session's Python worker daemon forked from the driver, not started afresh.
 
 A local session's first Python task waits for the runner's worker daemon
-(``beam_spark_runner.workers.daemon``) to import Beam, pyarrow, PySpark and the runner's
-executor: about 1.2 CPU-s, on two cores that the starting JVM already keeps busy. The
-driver has imported most of that already, to build the pipeline. So, just before the driver
-starts its JVM, :func:`start` forks the driver into a *zygote*: an idle copy that waits on
-a Unix socket. When Spark then launches the daemon (``python -m
-beam_spark_runner.workers.daemon``), that fresh interpreter only hands its standard streams,
-environment, working directory and arguments to the zygote (:func:`hand_over`); the zygote
+(``spark.worker_daemon``) to import Beam, pyarrow, PySpark and the runner's executor, on
+cores that the starting JVM already keeps busy. The driver has imported most of that
+already, to build the pipeline. So, just before the driver starts its JVM, :func:`start`
+forks the driver into a *zygote*: an idle copy that waits on a Unix socket. When Spark then
+launches the daemon (``python -m beam_spark_runner.spark.worker_daemon``), that fresh
+interpreter only hands its standard streams, environment, working directory and arguments
+to the zygote (:func:`hand_over`); the zygote
 forks the real daemon, which takes them over and runs PySpark's daemon loop with everything
 already imported. The zygote serves that one daemon and stays its parent until it exits, so
 the daemon and its workers remain in the driver's process tree. The launched interpreter
@@ -41,6 +41,7 @@ import os
 import sys
 
 from beam_spark_runner.workers import handover
+from beam_spark_runner.workers.preload import DAEMON_MODULE
 
 # The launched daemon imports this module before anything heavy: its imports stay to what
 # the interpreter has loaded at start; the rest is imported where used.
@@ -223,9 +224,10 @@ def _become(request: dict[str, Any], descriptors: list[int]) -> None:
             os.dup2(descriptor, target)
             os.close(descriptor)
         _reset(request["environment"], request["cwd"], request["argv"])
-        from beam_spark_runner.workers import daemon as worker_daemon
+        import importlib
 
-        worker_daemon.serve()
+        # By name: the daemon module imports this one to hand over.
+        importlib.import_module(DAEMON_MODULE).serve()
         code = 0
     except SystemExit as exit_:  # PySpark's daemon leaves through sys.exit
         code = exit_.code if isinstance(exit_.code, int) else 1

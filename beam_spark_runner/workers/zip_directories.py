@@ -4,8 +4,7 @@ Before each task PySpark 3.5 and 4.0 call ``importlib.invalidate_caches()``
 (``pyspark.worker``'s include paths; PySpark 4.1 calls it only when they changed). For a
 zip archive on ``sys.path`` that makes its ``zipimporter`` read the archive's whole
 directory again; Spark 4.0 puts its ``spark-core`` jar there, thousands of entries, and
-each Python task of a pipeline spent tens of milliseconds re-reading it
-(``docs/performance.md``). :func:`remember_zip_directories` makes a ``zipimporter``
+each Python task of a pipeline re-read it. :func:`remember_zip_directories` makes a ``zipimporter``
 re-read its archive only when the file changed (its size, modification time or inode),
 which is what the invalidation is for.
 """
