@@ -236,7 +236,7 @@ class ReadFromSparkStream(beam.PTransform):  # type: ignore[misc]
                 "needs one), e.g. schema='user STRING, ts TIMESTAMP'; found none."
             )
         columns = parse_schema(schema if schema is not None else fixed)  # type: ignore[arg-type]
-        self._row_type = beam_row_type(columns)
+        self.row_type = beam_row_type(columns)
         by_name = {f.name: f for f in columns.fields}
         time_field = by_name.get(timestamp_column)
         if time_field is None or type(time_field.dataType).__name__ not in TIMESTAMP_TYPES:
@@ -262,7 +262,7 @@ class ReadFromSparkStream(beam.PTransform):  # type: ignore[misc]
 
     def expand(self, pbegin: pvalue.PBegin) -> pvalue.PCollection:
         """An unbounded PCollection of the source's rows."""
-        return pvalue.PCollection(pbegin.pipeline, element_type=self._row_type, is_bounded=False)
+        return pvalue.PCollection(pbegin.pipeline, element_type=self.row_type, is_bounded=False)
 
     def get_windowing(self, unused_inputs: Any) -> Windowing:
         """The global window (the source has no input to take it from)."""
@@ -270,7 +270,7 @@ class ReadFromSparkStream(beam.PTransform):  # type: ignore[misc]
 
     def infer_output_type(self, unused_input_type: Any) -> Any:
         """The rows' type (Beam picks the RowCoder from it)."""
-        return self._row_type
+        return self.row_type
 
     def to_runner_api_parameter(self, unused_context: Any) -> tuple[str, bytes]:
         """The runner primitive's URN and payload."""
@@ -286,5 +286,5 @@ class ReadFromSparkStream(beam.PTransform):  # type: ignore[misc]
         read = ReadFromSparkStream.__new__(ReadFromSparkStream)
         beam.PTransform.__init__(read)
         read.spec = spec
-        read._row_type = beam_row_type(spec.schema)
+        read.row_type = beam_row_type(spec.schema)
         return read

@@ -20,6 +20,7 @@ from beam_spark_runner.planning import (
     PlannedStage,
 )
 from beam_spark_runner.spark.compat import named_function
+from beam_spark_runner.spark.map_in_arrow import map_in_arrow
 from beam_spark_runner.streaming import rows as routed
 from beam_spark_runner.streaming.bounded_side_inputs import BroadcastPlan
 from beam_spark_runner.streaming.check import is_unbounded_splittable
@@ -46,7 +47,6 @@ from beam_spark_runner.streaming.topology import (
 from beam_spark_runner.translators.base import TranslationContext, spark_function_name
 from beam_spark_runner.translators.fused_stage import broadcast_side_inputs, stage_spec
 from beam_spark_runner.translators.group_by_key import group_spec
-from beam_spark_runner.translators.map_in_arrow import map_in_arrow
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

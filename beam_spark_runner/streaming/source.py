@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from beam_spark_runner.spark.compat import named_function
+from beam_spark_runner.spark.map_in_arrow import map_in_arrow
 from beam_spark_runner.streaming.rows import routed_type, to_batch
 from beam_spark_runner.streaming.source_plan import SourcePlan
-from beam_spark_runner.translators.map_in_arrow import map_in_arrow
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

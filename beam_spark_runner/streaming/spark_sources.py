@@ -32,11 +32,11 @@ from beam_spark_runner.errors import SparkRunnerError
 from beam_spark_runner.io.spark_stream import TIMESTAMP_TYPES, SparkStreamSpec
 from beam_spark_runner.planning import SPARK_STREAM_BUFFER_KIND, SPARK_STREAM_URN, Plan
 from beam_spark_runner.spark.compat import named_function
+from beam_spark_runner.spark.map_in_arrow import map_in_arrow
 from beam_spark_runner.streaming import rows as routed
 from beam_spark_runner.streaming.topology import Topology
 from beam_spark_runner.streaming.watermarks import MIN_MICROS, Marker
 from beam_spark_runner.translators.base import spark_function_name
-from beam_spark_runner.translators.map_in_arrow import map_in_arrow
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

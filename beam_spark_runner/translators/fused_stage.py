@@ -26,6 +26,7 @@ from beam_spark_runner.execution.native_combine import run_native_combined_stage
 from beam_spark_runner.execution.stage_worker import ELEMENT, KEY, has_typed_outputs, run_stage
 from beam_spark_runner.planning import EXECUTABLE_STAGE_URN, PlannedStage, StageInput
 from beam_spark_runner.spark.compat import named_function
+from beam_spark_runner.spark.map_in_arrow import map_in_arrow
 from beam_spark_runner.translators.base import (
     coder_closure,
     spark_function_name,
@@ -33,7 +34,6 @@ from beam_spark_runner.translators.base import (
 )
 from beam_spark_runner.translators.driver_side_inputs import broadcast_side_inputs, driver_rows
 from beam_spark_runner.translators.group_by_key import group_spec, grouped_as_read, sorted_by_key
-from beam_spark_runner.translators.map_in_arrow import map_in_arrow
 from beam_spark_runner.translators.native_combine import aggregated, native_combine_spec
 from beam_spark_runner.translators.stage_spec import stage_spec
 

@@ -20,8 +20,8 @@ from beam_spark_runner.coders.arrow_columns import KEY
 from beam_spark_runner.execution.grouping import GroupSpec, group_sorted
 from beam_spark_runner.planning import GROUP_BY_KEY_URN, Plan, PlannedBuffer
 from beam_spark_runner.spark.compat import named_function
+from beam_spark_runner.spark.map_in_arrow import map_in_arrow
 from beam_spark_runner.translators.base import keyed_rows_type, spark_function_name
-from beam_spark_runner.translators.map_in_arrow import map_in_arrow
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -38,12 +38,12 @@ from beam_spark_runner.planning import (
     aggregation_of,
 )
 from beam_spark_runner.spark.compat import named_function
+from beam_spark_runner.spark.map_in_arrow import map_in_arrow
 from beam_spark_runner.translators.base import (
     coder_closure,
     keyed_rows_type,
     spark_function_name,
 )
-from beam_spark_runner.translators.map_in_arrow import map_in_arrow
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
