@@ -21,8 +21,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.runner import PipelineState
 
-from beam_spark_runner.spark.compat import pyspark_version
-from beam_spark_runner.streaming.check import STREAMING_SPARK
+from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 from beam_spark_runner.streaming.checkpoint_files import spark_location
 from tests.conftest import SPARK_TEST_MASTER
 from tests.fixtures.checkpoint_pipeline import (

@@ -11,10 +11,9 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_spark_runner.spark.compat import pyspark_version
+from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 from beam_spark_runner.spark.jars import LOCAL_FILE_SYSTEM
 from beam_spark_runner.spark.session import settings_within
-from beam_spark_runner.streaming.check import STREAMING_SPARK
 from beam_spark_runner.streaming.checkpoint_files import (
     CHECKPOINT_FILE_MANAGER_CONF,
     checkpoint_file_settings,

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from beam_spark_runner.spark.compat import pyspark_version
+from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 from beam_spark_runner.streaming import driver_processes
-from beam_spark_runner.streaming.check import STREAMING_SPARK
 from beam_spark_runner.streaming.driver_processes import (
     PLAIN_DAEMON_MODULE,
     PRE_INIT_MODULE,

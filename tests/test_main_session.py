@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from beam_spark_runner.execution import main_session
-from beam_spark_runner.spark.compat import pyspark_version
-from beam_spark_runner.streaming.check import STREAMING_SPARK
+from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 
 needs_streaming = pytest.mark.skipif(
     pyspark_version() < STREAMING_SPARK, reason="streaming needs PySpark 4.1 or newer"

@@ -11,10 +11,10 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_spark_runner.options import spark_settings
 from beam_spark_runner.spark import compat as spark_compat
+from beam_spark_runner.spark import map_in_arrow as module
 from beam_spark_runner.spark.compat import named_function
 from beam_spark_runner.spark.map_in_arrow import map_in_arrow
 from beam_spark_runner.spark.session import obtain_session
-from beam_spark_runner.spark import map_in_arrow as module
 from beam_spark_runner.translators.base import keyed_rows_type
 
 SPARK_ARGS = ["--runner=SparkStructuredRunner", "--spark_master=local[2]"]

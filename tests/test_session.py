@@ -10,12 +10,12 @@ import pytest
 from beam_spark_runner.options import SparkSettings
 from beam_spark_runner.spark import compat as spark_compat
 from beam_spark_runner.spark import session
+from beam_spark_runner.spark.compat import STREAMING_SPARK
 from beam_spark_runner.spark.session import (
     LOCAL_DRIVER_JAVA_OPTIONS,
     QUIET_LOG4J_PROFILE,
     session_conf,
 )
-from beam_spark_runner.streaming.check import STREAMING_SPARK
 
 QUIET = f"-Dlog4j2.configurationFile={QUIET_LOG4J_PROFILE.as_uri()}"
 

@@ -29,8 +29,7 @@ from beam_spark_runner.io.spark_stream import (
 )
 from beam_spark_runner.planning import SPARK_STREAM_URN, Plan, build_plan
 from beam_spark_runner.planning.capabilities import check_pipeline
-from beam_spark_runner.spark.compat import pyspark_version
-from beam_spark_runner.streaming.check import STREAMING_SPARK
+from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 from beam_spark_runner.streaming.watermarks import MIN_MICROS
 
 T0 = 1_767_225_600_000_000  # 2026-01-01T00:00:00Z in microseconds

@@ -27,8 +27,7 @@ from apache_beam.transforms import trigger, userstate, window
 from apache_beam.transforms.periodicsequence import PeriodicImpulse
 from apache_beam.transforms.window import TimestampedValue
 
-from beam_spark_runner.spark.compat import pyspark_version
-from beam_spark_runner.streaming.check import STREAMING_SPARK
+from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 from tests.conftest import SPARK_TEST_MASTER
 
 if pyspark_version() < STREAMING_SPARK:

@@ -8,9 +8,8 @@ from apache_beam.testing.test_stream import TestStream as ScriptedStream
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.planning import Plan, build_plan
-from beam_spark_runner.spark.compat import pyspark_version
+from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 from beam_spark_runner.streaming.bounded_side_inputs import plan_broadcasts
-from beam_spark_runner.streaming.check import STREAMING_SPARK
 
 
 def _plan(pipeline: beam.Pipeline) -> Plan:

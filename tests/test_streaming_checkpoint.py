@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from beam_spark_runner.spark.compat import pyspark_version
-from beam_spark_runner.streaming.check import STREAMING_SPARK
+from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 from beam_spark_runner.streaming.checkpoint import (
     PLAN_FILE,
     CheckpointMismatchError,

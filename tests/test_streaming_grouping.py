@@ -21,10 +21,9 @@ from apache_beam.utils.windowed_value import PaneInfoTiming, WindowedValue
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.planning import GROUP_BY_KEY_URN, build_plan
-from beam_spark_runner.spark.compat import pyspark_version
+from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 from beam_spark_runner.streaming import grouping
 from beam_spark_runner.streaming import rows as routed
-from beam_spark_runner.streaming.check import STREAMING_SPARK
 from beam_spark_runner.streaming.chunk_lists import ChunkStore
 from beam_spark_runner.streaming.rows import ELEMENT, KEY, PORT, PRODUCER, PTIME, WATERMARK
 from beam_spark_runner.streaming.topology import SINK, Node, Topology

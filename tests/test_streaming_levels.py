@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 from pyspark import cloudpickle
 
-from beam_spark_runner.spark.compat import pyspark_version
-from beam_spark_runner.streaming.check import STREAMING_SPARK
+from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 
 if pyspark_version() < STREAMING_SPARK:
     pytest.skip("transformWithState needs PySpark 4.1+", allow_module_level=True)

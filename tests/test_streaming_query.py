@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 
-from beam_spark_runner.spark.compat import pyspark_version
+from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 from beam_spark_runner.spark.session import SIMPLIFIED_TRACEBACK, settings_within
-from beam_spark_runner.streaming.check import STREAMING_SPARK
 
 if pyspark_version() < STREAMING_SPARK:
     pytest.skip("the query module needs PySpark 4.1+", allow_module_level=True)

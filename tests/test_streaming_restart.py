@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from beam_spark_runner.spark.compat import pyspark_version
-from beam_spark_runner.streaming.check import STREAMING_SPARK
+from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 from tests.cluster.restarts import (
     AFTER_COMMIT,
     MID_BATCH,

@@ -14,8 +14,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from list_states import ListState
 
 from beam_spark_runner.beam_internals import WindowedHeaders
-from beam_spark_runner.spark.compat import pyspark_version
-from beam_spark_runner.streaming.check import STREAMING_SPARK
+from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 
 if pyspark_version() < STREAMING_SPARK:
     pytest.skip(

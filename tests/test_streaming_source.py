@@ -14,9 +14,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from beam_spark_runner.spark.compat import pyspark_version
+from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 from beam_spark_runner.streaming import rows as routed
-from beam_spark_runner.streaming.check import STREAMING_SPARK
 from beam_spark_runner.streaming.source import BATCH, WALL_CLOCK, batch_rows, source_frame
 from beam_spark_runner.streaming.source_plan import SourcePlan, SourceStep
 from beam_spark_runner.streaming.topology import STAGE, Node, Topology

@@ -21,8 +21,7 @@ from apache_beam.runners.runner import PipelineState
 from apache_beam.transforms import window
 
 from beam_spark_runner.io import ReadFromSparkStream
-from beam_spark_runner.spark.compat import pyspark_version
-from beam_spark_runner.streaming.check import STREAMING_SPARK
+from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 from tests.conftest import SPARK_TEST_MASTER
 
 if pyspark_version() < STREAMING_SPARK:

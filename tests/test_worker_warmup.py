@@ -16,10 +16,9 @@ from apache_beam.transforms.periodicsequence import PeriodicImpulse
 from apache_beam.transforms.window import FixedWindows
 from apache_beam.utils.timestamp import Timestamp
 
-from beam_spark_runner.spark.compat import pyspark_version
+from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 from beam_spark_runner.spark.session import SIMPLIFIED_TRACEBACK, worker_environment
 from beam_spark_runner.streaming import jvm_warmup
-from beam_spark_runner.streaming.check import STREAMING_SPARK
 from beam_spark_runner.workers import warmup as worker_warmup
 from beam_spark_runner.workers.warmup import OncePerContext
 
@@ -218,7 +217,7 @@ def test_the_worker_daemon_imports_what_a_streaming_levels_and_routers_tasks_run
         import sys
         import beam_spark_runner.spark.worker_daemon
         from beam_spark_runner.spark.compat import pyspark_version
-        from beam_spark_runner.streaming.check import STREAMING_SPARK
+        from beam_spark_runner.spark.compat import STREAMING_SPARK
         names = ["beam_spark_runner.execution.stage_worker"]
         if pyspark_version() >= STREAMING_SPARK:
             names += ["beam_spark_runner.streaming.levels", "beam_spark_runner.streaming.router"]

@@ -10,10 +10,8 @@ from __future__ import annotations
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.errors import UnsupportedFeatureError
 from beam_spark_runner.planning import SPARK_STREAM_URN, TEST_STREAM_URN, Plan, PlannedStage
-from beam_spark_runner.spark.compat import require_spark, require_state_protocol
+from beam_spark_runner.spark.compat import STREAMING_SPARK, require_spark, require_state_protocol
 
-# transformWithState on rows (4.1).
-STREAMING_SPARK = (4, 1)
 _UNBOUNDED = bi.beam_runner_api_pb2.IsBounded.UNBOUNDED
 SDF_PROCESS_URN: str = bi.common_urns.sdf_components.PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS.urn
 
