@@ -293,7 +293,9 @@ def test_the_bundle_processor_cache_starts_no_thread_of_its_own() -> None:
         return [t for t in threading.enumerate() if isinstance(t, PeriodicThread)]
 
     before = periodic()
-    cache = bi.BundleProcessorCache(bi.FNAPI_RUNNER_CAPABILITIES, None, None, {})
+    cache = bi.BundleProcessorCache(
+        bi.FNAPI_RUNNER_CAPABILITIES, None, None, {}, sampling_period_ms=20
+    )
     assert cache.periodic_shutdown is None
     assert periodic() == before
     cache.shutdown()

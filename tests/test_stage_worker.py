@@ -89,11 +89,22 @@ def test_bundles_of_a_stage_worker_sample_every_20_ms_at_most(
 
     # A bundle's end waits out its sampler's sleep: Beam's default of up to 200 ms would be
     # on every task's critical path.
+    made: list[typing.Any] = []
+
+    class Recorded(statesampler.StateSampler):  # type: ignore[misc]
+        def __init__(self, *args: typing.Any, **kwargs: typing.Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    # Beam's own default, however an earlier test left it.
     init = statesampler.StateSampler.__init__
     monkeypatch.setattr(init, "__defaults__", (statesampler.DEFAULT_SAMPLING_PERIOD_MS,))
+    monkeypatch.setattr(statesampler, "StateSampler", Recorded)
     list(run_stage(finalizing_stage("sampling-run"), impulse_batches(1)))
-    sampler = statesampler.StateSampler("probe", counters.CounterFactory())
-    assert sampler.sampling_period_ms == BUNDLE_SAMPLING_PERIOD_MS == 20
+    assert made and {s.sampling_period_ms for s in made} == {BUNDLE_SAMPLING_PERIOD_MS} == {20}
+    # Beam's default is Beam's again for every other bundle processor of the process.
+    probe = statesampler.StateSampler("probe", counters.CounterFactory())
+    assert probe.sampling_period_ms == statesampler.DEFAULT_SAMPLING_PERIOD_MS == 200
 
 
 def test_a_task_of_an_empty_partition_sets_up_no_stage_worker() -> None:

@@ -131,11 +131,11 @@ from beam_spark_runner.beam_internals.monitoring import (
 )
 from beam_spark_runner.beam_internals.patches import (
     OptionViews,
+    bundle_sampling_period,
     cache_function_signatures,
     cache_tags_without_extraction,
     option_views,
     remember_dofn_specs,
-    set_bundle_sampling_period,
 )
 from beam_spark_runner.beam_internals.pickling import (
     cloudpickle_dumps,
@@ -281,7 +281,7 @@ __all__ = [
     "SdkWorker",
     "servicer_contents",
     "servicer_with",
-    "set_bundle_sampling_period",
+    "bundle_sampling_period",
     "set_current_tracker",
     "set_pickle_library",
     "side_input_ids",

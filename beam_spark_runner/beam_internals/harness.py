@@ -20,6 +20,8 @@ from apache_beam.runners.worker import (
     statesampler,
 )
 
+from beam_spark_runner.beam_internals.patches import bundle_sampling_period
+
 _LOGGER = logging.getLogger(__name__)
 
 
@@ -45,6 +47,15 @@ class BundleProcessorCache(sdk_worker.BundleProcessorCache):
     task attempt's *attempted* metrics, so this cache reads them before the processor is
     shut down; ``take_failed_bundle_monitoring_infos`` hands them to the failing task.
     """
+
+    def __init__(self, *args: Any, sampling_period_ms: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sampling_period_ms = sampling_period_ms
+
+    def get(self, instruction_id: str, bundle_descriptor_id: str) -> Any:
+        """Beam's ``get``; a processor it builds samples every ``sampling_period_ms``."""
+        with bundle_sampling_period(self.sampling_period_ms):
+            return super().get(instruction_id, bundle_descriptor_id)
 
     def _schedule_periodic_shutdown(self) -> None:
         """Starts no thread: the runner tears idle bundle processors down itself.

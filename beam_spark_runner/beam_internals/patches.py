@@ -13,10 +13,10 @@
   a Spark Python worker; stays for the process's life):
   ``_CombiningValueStateTag.without_extraction`` returns one tag per tag and combiner.
   Exact: what it returns only passes the combiner's functions through.
-* :func:`set_bundle_sampling_period` (a process that runs a stage worker: a Spark Python
-  worker, or the driver computing a side input itself; stays for the process's life):
-  Beam's ``StateSampler`` samples every 20 ms instead of 200 ms by default, so a
-  bundle's end waits less for the sampler thread. Only the sampling rate changes.
+* :func:`bundle_sampling_period` (the runner's own bundle processors, in any process;
+  only while one is built): Beam's ``StateSampler`` default period, so that those
+  processors sample every 20 ms instead of 200 ms and a bundle's end waits less for the
+  sampler thread. Beam's default is back once no processor is being built.
 """
 
 from __future__ import annotations
@@ -68,22 +68,46 @@ def cache_tags_without_extraction() -> None:
     tag_class.without_extraction = without_extraction  # type: ignore[method-assign]
 
 
-def set_bundle_sampling_period(period_ms: int) -> bool:
-    """Makes the bundle processors created from now on sample at most every ``period_ms``.
+# Beam's sampler class, whose __init__ default period bundle_sampling_period sets.
+_STATE_SAMPLER = statesampler.StateSampler
+# Whether Beam's signature is the expected one: the period is __init__'s only default.
+_SAMPLING_PERIOD_IS_THE_DEFAULT = (
+    "sampling_period_ms" in inspect.signature(_STATE_SAMPLER.__init__).parameters
+    and len(_STATE_SAMPLER.__init__.__defaults__ or ()) == 1
+)
+_sampling_lock = threading.Lock()
+# How many threads are building a bundle processor under bundle_sampling_period, and the
+# default they found (restored by the last one out).
+_sampling_users = 0
+_sampling_default: tuple[Any, ...] | None = None
 
-    Each bundle starts a thread that samples which step runs (Beam's ``StateSampler``); at
-    the end of the bundle Beam joins it, which waits out the thread's current sleep, up to
-    the sampling period (200 ms by default). A Spark task runs a bundle or two, so that wait
-    is on every task's critical path. ``BundleProcessor`` creates its sampler with the
-    default period, so the default is what this changes, in this process only. Returns
-    False (and changes nothing) if Beam's signature is not the expected one.
+
+@contextlib.contextmanager
+def bundle_sampling_period(period_ms: int) -> Iterator[None]:
+    """Within: bundle processors built here sample which step runs every ``period_ms``.
+
+    ``BundleProcessor`` makes its ``StateSampler`` with the class's default period, and a
+    bundle's end joins the sampler's thread, waiting out its current sleep. Beam's default
+    is restored when the last thread leaves. Nothing changes if Beam's signature is not
+    the expected one.
     """
-    init = statesampler.StateSampler.__init__
-    parameter = inspect.signature(init).parameters.get("sampling_period_ms")
-    if parameter is None or init.__defaults__ is None or len(init.__defaults__) != 1:
-        return False
-    init.__defaults__ = (period_ms,)
-    return True
+    global _sampling_users, _sampling_default
+    init = _STATE_SAMPLER.__init__
+    if not _SAMPLING_PERIOD_IS_THE_DEFAULT:
+        yield
+        return
+    with _sampling_lock:
+        if _sampling_users == 0:
+            _sampling_default = init.__defaults__
+            init.__defaults__ = (period_ms,)
+        _sampling_users += 1
+    try:
+        yield
+    finally:
+        with _sampling_lock:
+            _sampling_users -= 1
+            if _sampling_users == 0:
+                init.__defaults__ = _sampling_default
 
 
 _ArgsDefaults = tuple[list[str], list[Any]]

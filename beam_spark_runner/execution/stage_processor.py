@@ -65,7 +65,6 @@ class StageWorker:
     _ids = itertools.count()
 
     def __init__(self, spec: StageSpec) -> None:
-        bi.set_bundle_sampling_period(BUNDLE_SAMPLING_PERIOD_MS)
         self.spec = spec
         self.descriptor = bi.beam_fn_api_pb2.ProcessBundleDescriptor.FromString(spec.descriptor)
         self.channel = ArrowDataChannel()
@@ -90,6 +89,7 @@ class StageWorker:
             bi.SingletonStateHandlerFactory(self.state_handler),
             ArrowDataChannelFactory(self.channel),
             {self.descriptor.id: self.descriptor},
+            sampling_period_ms=BUNDLE_SAMPLING_PERIOD_MS,
         )
         self.worker = bi.SdkWorker(processor_cache)
         context = bi.PipelineContext(self.descriptor)
