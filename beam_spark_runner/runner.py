@@ -97,7 +97,9 @@ class SparkStructuredRunner(PipelineRunner):
     ) -> SparkPipelineResult:
         """Translates ``pipeline`` and runs it to completion on Spark."""
         try:
-            return self._run_pipeline(pipeline, options)
+            # Beam's DoFn inspection remembered while this run builds, plans and starts.
+            with bi.signature_memos():
+                return self._run_pipeline(pipeline, options)
         finally:
             # The next pipeline on this runner parses its options anew (defaults may change).
             self._option_views = bi.OptionViews()

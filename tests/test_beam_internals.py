@@ -446,3 +446,38 @@ def test_a_later_pipeline_reads_option_defaults_from_the_environment_anew(
     _ = later | beam.Create([1])
     assert later.options.view_as(SparkRunnerOptions).spark_batched_steps == "off"
     assert PipelineOptions([]).view_as(SparkRunnerOptions).spark_batched_steps == "off"
+
+
+def test_the_drivers_signature_memos_last_only_while_a_run_is_in_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from apache_beam.transforms import core, userstate
+
+    # Functions as Beam's are, whatever memos earlier tests installed for the process.
+    inspect_args, inspect_specs = core.get_function_args_defaults, userstate.get_dofn_specs
+    monkeypatch.setattr(core, "get_function_args_defaults", lambda f: inspect_args(f))
+    monkeypatch.setattr(userstate, "get_dofn_specs", lambda dofn: inspect_specs(dofn))
+    beams = core.get_function_args_defaults, userstate.get_dofn_specs
+    with bi.signature_memos():
+        with bi.signature_memos():  # an overlapping run shares them
+            assert core.get_function_args_defaults is not beams[0]
+            assert userstate.get_dofn_specs is not beams[1]
+        assert core.get_function_args_defaults is not beams[0]
+    assert (core.get_function_args_defaults, userstate.get_dofn_specs) == beams
+
+
+@pytest.mark.spark
+def test_a_pipeline_run_leaves_beams_dofn_inspection_as_it_found_it() -> None:
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.transforms import core, userstate
+
+    from tests.conftest import SPARK_TEST_MASTER
+
+    beams = core.get_function_args_defaults, userstate.get_dofn_specs
+    options = PipelineOptions(
+        ["--runner=SparkStructuredRunner", f"--spark_master={SPARK_TEST_MASTER}"]
+    )
+    with beam.Pipeline(options=options) as p:
+        _ = p | beam.Create([1, 2]) | beam.Map(lambda x: x + 1)
+    assert (core.get_function_args_defaults, userstate.get_dofn_specs) == beams

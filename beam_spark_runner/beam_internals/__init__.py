@@ -136,6 +136,7 @@ from beam_spark_runner.beam_internals.patches import (
     cache_tags_without_extraction,
     option_views,
     remember_dofn_specs,
+    signature_memos,
 )
 from beam_spark_runner.beam_internals.pickling import (
     cloudpickle_dumps,
@@ -273,6 +274,7 @@ __all__ = [
     "READ_URN",
     "record_failed_bundle_monitoring_infos",
     "remember_dofn_specs",
+    "signature_memos",
     "remote_grpc_port",
     "reraise_augmented",
     "resolve_any_environments",

@@ -4,11 +4,13 @@
   a memo of one pipeline's parses (:class:`OptionViews`), only inside the block, only for
   the thread in it. ``SparkStructuredRunner.apply`` enters it for each transform applied
   and drops its memo when a run ends; Beam's method is back once no thread is inside.
-* :func:`cache_function_signatures` (driver when a run starts, a worker process on its
-  first task; stays for the process's life): ``core.get_function_args_defaults`` and,
-  through :func:`remember_dofn_specs`, ``userstate.get_dofn_specs`` remember what they
-  found, per function and per DoFn instance. Exact: a hit counts only for the same
-  objects, so every pipeline, on any runner, gets Beam's answers.
+* :func:`cache_function_signatures` (a Spark Python worker, on its first task; stays for
+  that process's life) and :func:`signature_memos` (the driver, while a pipeline is
+  built, planned and run; Beam's functions are back when the last run in it ends):
+  ``core.get_function_args_defaults`` and, through :func:`remember_dofn_specs`,
+  ``userstate.get_dofn_specs`` remember what they found, per function and per DoFn
+  instance. Exact: a hit counts only for the same objects, so every pipeline, on any
+  runner, gets Beam's answers.
 * :func:`cache_tags_without_extraction` (a process that runs a streaming trigger driver:
   a Spark Python worker; stays for the process's life):
   ``_CombiningValueStateTag.without_extraction`` returns one tag per tag and combiner.
@@ -124,9 +126,9 @@ def cache_function_signatures() -> None:
     exact: it holds plain functions only (not ``functools.wraps`` wrappers, not callables
     with a ``__signature__``), keyed by the function and whether it is bound, and a hit
     counts only while the function's code and defaults are the objects it was inspected
-    with. Installed once per process: in the driver when a pipeline runs (its
-    ``to_runner_api`` inspects every DoFn again), in a worker on its first task. So is
-    the memo of ``get_dofn_specs`` per DoFn instance (:func:`remember_dofn_specs`).
+    with. Installed for the process's life (a worker's, on its first task); the driver
+    has it within :func:`signature_memos`. So is the memo of ``get_dofn_specs`` per DoFn
+    instance (:func:`remember_dofn_specs`).
     """
     from apache_beam.transforms import core
 
@@ -159,6 +161,45 @@ def cache_function_signatures() -> None:
 
     setattr(get_function_args_defaults, _SIGNATURES_CACHED, True)
     core.get_function_args_defaults = get_function_args_defaults
+
+
+_memo_lock = threading.Lock()
+_memo_users = 0
+# Beam's functions the driver's memos replaced, put back when the last run leaves.
+_memo_originals: list[tuple[Any, str, Any]] = []
+
+
+@contextlib.contextmanager
+def signature_memos() -> Iterator[None]:
+    """Within: :func:`cache_function_signatures`' memos; Beam's own functions after.
+
+    Counted across threads, so overlapping runs in one process share the memos and the
+    last one out restores Beam's functions. A process that has the memos for its life (a
+    worker) keeps them.
+    """
+    global _memo_users
+    from apache_beam.transforms import core, userstate
+
+    with _memo_lock:
+        if _memo_users == 0:
+            for module, name in (
+                (core, "get_function_args_defaults"),
+                (userstate, "get_dofn_specs"),
+            ):
+                function = getattr(module, name)
+                if not getattr(function, _SIGNATURES_CACHED, False):
+                    _memo_originals.append((module, name, function))
+            cache_function_signatures()
+        _memo_users += 1
+    try:
+        yield
+    finally:
+        with _memo_lock:
+            _memo_users -= 1
+            if _memo_users == 0:
+                while _memo_originals:
+                    module, name, function = _memo_originals.pop()
+                    setattr(module, name, function)
 
 
 # How many DoFn instances' state and timer specs are remembered at once.

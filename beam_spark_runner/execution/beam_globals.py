@@ -1,35 +1,19 @@
 """Beam's process-wide state that belongs to one pipeline, set for each run.
 
-Beam keeps some per-pipeline settings and caches in process globals. Beam's SDK harness
-sets them up when a worker process starts for a job; ``Pipeline`` sets the pickler when a
-pipeline is constructed. Spark's Python workers (and a long-lived driver) run one pipeline
-after another, so whatever the last pipeline left there would apply to the next:
-
-* the **pickler** (``--pickle_library``, Beam's ``pickler.set_library``), which pickles
-  DoFns, coders and windowing on the driver and unpickles them in workers. Workers used to
-  keep Beam's default (cloudpickle) whatever the pipeline chose, so a ``--pickle_library=dill``
-  pipeline's lambdas did not unpickle;
-* ``coder_impl``'s caches of pickled **special types** (named tuples, dataclasses, enums,
-  protos) that a deterministic ``FastPrimitivesCoder`` (a GroupByKey's key coder) writes
-  into the key's bytes. The cache is keyed by type only, whichever library pickled it:
-  after one pipeline encoded a type with cloudpickle (Beam's default), a pipeline with
-  ``--update_compatibility_version=2.66.0`` (whose keys pickle types with dill) wrote the
-  cached cloudpickle bytes in that worker process and dill's in a process that had not seen
-  the type. One key then had two encodings: GroupByKey split it into two groups, or a worker
-  decoding the key with dill failed on cloudpickle's bytes ("Error decoding input stream
-  with coder LengthPrefixCoder[DeterministicFastPrimitivesCoder] in step GBK/Read").
-
-The driver applies the pipeline's settings (:func:`apply`) before it pickles and plans the
-pipeline; each Spark task applies its run's settings (:func:`enter_run`) the first time its
-worker process runs a task of that run. Both empty the type caches, so a run encodes types
-as a fresh process would, like Beam's harness starting for a job. Both also install
-:func:`~beam_spark_runner.beam_internals.cache_function_signatures` (once per process):
-Beam's inspection of DoFn signatures, remembered per function, which is exact.
+Beam keeps per-pipeline settings and caches in process globals, and Spark's Python workers
+(and a long-lived driver) run one pipeline after another, so whatever the last pipeline
+left there would apply to the next: the **pickler** (``--pickle_library``), and
+``coder_impl``'s caches of pickled **special types** (named tuples, dataclasses, enums,
+protos), keyed by type whichever library pickled them, so one grouping key could get two
+encodings across pipelines. The driver applies a pipeline's settings (:func:`apply`)
+before it pickles and plans it; a worker applies its run's (:func:`enter_run`) the first
+time it runs a task of that run. Both empty the type caches, as a fresh process would.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Any
 
@@ -45,6 +29,9 @@ DEFAULT_PICKLE_LIBRARY = "default"
 
 _lock = threading.Lock()
 _current_run: str | None = None
+# The process that runs pipelines (the user's): its Beam functions are patched only while
+# a run is in it, never for the process's life.
+_driver_pid: int | None = None
 _warned_caches_not_found = False
 
 
@@ -74,8 +61,9 @@ def reset_type_pickle_caches() -> bool:
 
 def apply(library: str) -> None:
     """Makes this process's Beam globals those of the pipeline about to run (driver)."""
+    global _driver_pid
     with _lock:
-        bi.cache_function_signatures()
+        _driver_pid = os.getpid()
         bi.set_pickle_library(library)
         reset_type_pickle_caches()
 
@@ -92,7 +80,8 @@ def enter_run(run_id: str, library: str, saved_main_session: Any = None) -> None
     with _lock:
         if run_id == _current_run:
             return
-        bi.cache_function_signatures()
+        if os.getpid() != _driver_pid:  # the driver has them while it runs (signature_memos)
+            bi.cache_function_signatures()
         # Local workers have it from the runner's daemon; a cluster's, from their first run.
         remember_zip_directories()
         bi.set_pickle_library(library)
