@@ -31,6 +31,7 @@ import pyarrow as pa
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.execution.beam_globals import TaskEnvironment
 from beam_spark_runner.execution.stage_worker import (
     ELEMENT,
     StageSpec,
@@ -84,8 +85,12 @@ def stage_mode(elements: int, runs: int) -> dict[str, list[float]]:
     create, chain = _specs(elements)
     batch = _stage_input(create)
     variants = {
-        "on": dataclasses.replace(chain, batched_steps=True, run_id="bench-on"),
-        "off": dataclasses.replace(chain, batched_steps=False, run_id="bench-off"),
+        "on": dataclasses.replace(
+            chain, batched_steps=True, environment=TaskEnvironment("bench-on")
+        ),
+        "off": dataclasses.replace(
+            chain, batched_steps=False, environment=TaskEnvironment("bench-off")
+        ),
     }
     times: dict[str, list[float]] = {name: [] for name in variants}
     for spec in variants.values():  # warm-up: builds the workers, sets DoFns up

@@ -3,6 +3,7 @@ side inputs and state): what tests running a stage worker in-process need."""
 
 from __future__ import annotations
 
+from beam_spark_runner.execution.beam_globals import TaskEnvironment
 from beam_spark_runner.execution.stage_worker import OutputSpec, StageSpec
 from beam_spark_runner.planning import Plan, PlannedStage
 
@@ -10,7 +11,7 @@ from beam_spark_runner.planning import Plan, PlannedStage
 def stage_spec(plan: Plan, stage: PlannedStage, run_id: str, keyed: bool = True) -> StageSpec:
     """``stage``'s spec; with ``keyed``, outputs bound for a GroupByKey compute keys."""
     return StageSpec(
-        run_id=run_id,
+        environment=TaskEnvironment(run_id),
         name=stage.name,
         display_name=stage.display_name,
         descriptor=stage.descriptor.SerializeToString(),

@@ -9,6 +9,7 @@ from group_by_key_plans import plan_group_by_key
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import decode_column
+from beam_spark_runner.execution.beam_globals import TaskEnvironment
 from beam_spark_runner.execution.grouping import GroupSpec, group_sorted
 from beam_spark_runner.planning import build_plan
 
@@ -18,7 +19,7 @@ def _grouping_setup(windowing: beam.WindowInto | None):
     # What the writers write: value-only under default windowing (planning).
     writer_coder_id = plan.group_input_coders.get(buffer_id, plan.data_channel_coders[input_pcoll])
     spec = GroupSpec(
-        "run",
+        TaskEnvironment("run"),
         "gbk",
         components,
         writer_coder_id,

@@ -17,6 +17,7 @@ from group_by_key_plans import plan_group_by_key
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import KeyExtractor
 from beam_spark_runner.execution import grouping
+from beam_spark_runner.execution.beam_globals import TaskEnvironment
 from beam_spark_runner.execution.grouping import GroupSpec, group_sorted, group_sorted_values
 from beam_spark_runner.translators.group_by_key import grouping_coder_id
 
@@ -72,7 +73,7 @@ def setup(kv_type=tuple[int, int], windowing=None, layout="as planned"):
     if layout == "as planned":
         sdk_id = plan.group_input_coders.get(buffer_id, sdk_id)
     spec = GroupSpec(
-        "run",
+        TaskEnvironment("run"),
         f"gbk-{kv_type}-{windowing}",
         components,
         grouping_coder_id(plan, sdk_id),

@@ -27,6 +27,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from beam_spark_runner.execution import stage_cache
 from beam_spark_runner.execution import stage_worker as sw
+from beam_spark_runner.execution.beam_globals import TaskEnvironment
 
 SPARK_ARGS = ["--runner=SparkStructuredRunner", "--spark_master=local[2]"]
 # Teardown follows a worker process's last bundle by the idle delay plus one poll; allow
@@ -196,9 +197,11 @@ class FakeProcessorCache:
 class FakeSpec(typing.NamedTuple):
     run_id: str
     name: str
-    pickle_library: str = "default"
-    main_session: object = None
     idle_teardown_seconds: float = sw.IDLE_TEARDOWN_SECONDS
+
+    @property
+    def environment(self) -> TaskEnvironment:
+        return TaskEnvironment(self.run_id)
 
     @property
     def cache_key(self) -> str:
@@ -324,7 +327,7 @@ def test_stage_specs_carry_the_delay_of_their_mode(streaming: bool) -> None:
     p = beam.Pipeline()
     _ = p | beam.Create([1, 2]) | beam.Map(lambda x: (x, x)) | beam.GroupByKey()
     plan = build_plan(bi.prepare_pipeline_proto(p.to_runner_api()), streaming=streaming)
-    context = SimpleNamespace(plan=plan, run_id="run", pickle_library="default", main_session=None)
+    context = SimpleNamespace(plan=plan, environment=TaskEnvironment("run"))
     specs = [stage_spec(stage, typing.cast(typing.Any, context)) for stage in plan.stages]
     expected = sw.STREAMING_IDLE_TEARDOWN_SECONDS if streaming else sw.IDLE_TEARDOWN_SECONDS
     assert specs and all(spec.idle_teardown_seconds == expected for spec in specs)

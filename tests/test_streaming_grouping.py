@@ -20,6 +20,7 @@ from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import PaneInfoTiming, WindowedValue
 
 from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.execution.beam_globals import TaskEnvironment
 from beam_spark_runner.planning import GROUP_BY_KEY_URN, build_plan
 from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 from beam_spark_runner.streaming import grouping
@@ -68,9 +69,7 @@ class _Shard:
         self.topology: Topology = plan_topology(plan, shards=1)
         self.node: Node = next(n for n in self.topology.nodes if n.stateful)
         buffer = next(b for b in plan.buffers.values() if b.urn == GROUP_BY_KEY_URN)
-        context = types.SimpleNamespace(
-            plan=plan, run_id="test", pickle_library="default", main_session=None
-        )
+        context = types.SimpleNamespace(plan=plan, environment=TaskEnvironment("test"))
         self.spec = group_spec(buffer, context)  # type: ignore[arg-type]
         self.grouper = grouping.streaming_grouper(self.spec)
         self.state: grouping.ShardState | None = None

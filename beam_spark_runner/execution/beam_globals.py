@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 from apache_beam.options.pipeline_options import SetupOptions
@@ -89,3 +90,21 @@ def enter_run(run_id: str, library: str, saved_main_session: Any = None) -> None
         if saved_main_session is not None:
             main_session.restore(saved_main_session.value)
         _current_run = run_id
+
+
+@dataclass(frozen=True)
+class TaskEnvironment:
+    """What every task of a run applies first in its worker process: the run's globals.
+
+    One object in each spec a task receives, applied once per run and process.
+    """
+
+    run_id: str
+    # The pipeline's --pickle_library: workers unpickle its DoFns and coders with it.
+    pickle_library: str = DEFAULT_PICKLE_LIBRARY
+    # The run's main session (--save_main_session): a Spark broadcast or an inline value.
+    main_session: Any = None
+
+    def enter(self) -> None:
+        """Applies the run's globals in this process, the first time a task of it runs."""
+        enter_run(self.run_id, self.pickle_library, self.main_session)

@@ -71,22 +71,18 @@ def at_end_of_global_window() -> Any:
 class GroupSpec:
     """What a grouping task needs: coders and windowing, shipped as Components bytes."""
 
-    run_id: str
+    environment: beam_globals.TaskEnvironment
     name: str
     components: bytes
     pre_grouping_coder_id: str
     post_grouping_coder_id: str
     windowing_strategy_id: str
-    # The pipeline's --pickle_library, to unpickle its coders and windowing with.
-    pickle_library: str = beam_globals.DEFAULT_PICKLE_LIBRARY
-    # A Spark broadcast of the run's main session (--save_main_session), or None.
-    main_session: Any = None
 
     @functools.cached_property
     def cache_key(self) -> str:
         """Identifies what was shipped, so a worker never reuses another spec's state."""
         digest = hashlib.sha1(self.components, usedforsecurity=False).hexdigest()
-        return f"{self.run_id}/{self.name}/{digest}"
+        return f"{self.environment.run_id}/{self.name}/{digest}"
 
 
 class _Grouper:
@@ -327,7 +323,7 @@ _GROUPERS: collections.OrderedDict[str, _Grouper] = collections.OrderedDict()
 
 def _grouper(spec: GroupSpec) -> _Grouper:
     # With SDK coders (custom windows) grouping decodes and re-encodes keys: run's globals.
-    beam_globals.enter_run(spec.run_id, spec.pickle_library, spec.main_session)
+    spec.environment.enter()
     grouper = _GROUPERS.get(spec.cache_key)
     if grouper is None:
         grouper = _Grouper(spec)

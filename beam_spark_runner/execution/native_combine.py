@@ -43,7 +43,7 @@ _BATCH_KEYS = 10_000
 class NativeCombineSpec:
     """What a task needs to write a native combine's output elements. Pickled to executors."""
 
-    run_id: str
+    environment: beam_globals.TaskEnvironment
     name: str
     function: str
     value_type: str
@@ -56,8 +56,6 @@ class NativeCombineSpec:
     # bytes), values with the former (the safe coder may see a float as opaque bytes).
     output_coder_id: str
     safe_output_coder_id: str
-    pickle_library: str = beam_globals.DEFAULT_PICKLE_LIBRARY
-    main_session: Any = None
 
 
 def output_value(function: str, value_type: str, result: Any, count: Any = None) -> Any:
@@ -130,7 +128,7 @@ def encode_results(
     spec: NativeCombineSpec, batches: Iterable[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
     """(key, element) rows of the combine's output, from its aggregated rows."""
-    beam_globals.enter_run(spec.run_id, spec.pickle_library, spec.main_session)
+    spec.environment.enter()
     yield from _Encoder(spec).batches(batches)
 
 

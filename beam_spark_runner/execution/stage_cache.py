@@ -18,7 +18,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.execution import beam_globals
 from beam_spark_runner.execution.stage_processor import StageWorker
 from beam_spark_runner.execution.stage_spec import IDLE_TEARDOWN_SECONDS, StageSpec
 
@@ -148,11 +147,15 @@ def stage_worker(spec: StageSpec) -> StageWorker:
     lock = _lifecycle_lock()
     with lock:
         _LIFECYCLE.last_used = time.time()
-        other_runs = [key for key, w in _WORKERS.items() if w.spec.run_id != spec.run_id]
+        other_runs = [
+            key
+            for key, w in _WORKERS.items()
+            if w.spec.environment.run_id != spec.environment.run_id
+        ]
         retired = [_WORKERS.pop(key) for key in other_runs]
-    _shut_down(retired, f"a stage of run {spec.run_id} started")
+    _shut_down(retired, f"a stage of run {spec.environment.run_id} started")
     # Beam's per-pipeline globals (pickler, pickled-type caches), before unpickling anything.
-    beam_globals.enter_run(spec.run_id, spec.pickle_library, spec.main_session)
+    spec.environment.enter()
     with lock:
         worker = _WORKERS.get(spec.cache_key)
         evicted: list[StageWorker] = []

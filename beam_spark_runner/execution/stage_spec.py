@@ -41,7 +41,7 @@ def has_typed_outputs(outputs: tuple[OutputSpec, ...]) -> bool:
 class StageSpec:
     """Everything a Spark task needs to run one fused stage. Pickled to executors."""
 
-    run_id: str
+    environment: beam_globals.TaskEnvironment
     name: str
     display_name: str
     descriptor: bytes
@@ -54,10 +54,6 @@ class StageSpec:
     # The runner-safe input coder when it has state-backed iterables: input elements are
     # re-encoded with it so that iterables' values go to state (--spark_state_backed_iterables).
     state_backed_input_coder_id: str | None = None
-    # The pipeline's --pickle_library: workers unpickle its DoFns and coders with it.
-    pickle_library: str = beam_globals.DEFAULT_PICKLE_LIBRARY
-    # A Spark broadcast of the run's main session (--save_main_session), or None.
-    main_session: Any = None
     # The stage reads a ReadFromText's lines natively (execution.text_read): its input rows
     # are byte ranges of the files, and this is the encoding of a line's windowed value up
     # to its length.
@@ -72,4 +68,4 @@ class StageSpec:
     def cache_key(self) -> str:
         """Identifies what was shipped, so a worker never reuses another spec's state."""
         digest = hashlib.sha1(self.descriptor, usedforsecurity=False).hexdigest()
-        return f"{self.run_id}/{self.name}/{digest}"
+        return f"{self.environment.run_id}/{self.name}/{digest}"

@@ -7,6 +7,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from beam_spark_runner.execution.beam_globals import TaskEnvironment
 from beam_spark_runner.execution.stage_worker import TaskSinks
 from beam_spark_runner.monitoring import worker_logs, worker_warnings
 from beam_spark_runner.monitoring.failed_attempts import AttemptCollector
@@ -79,15 +80,14 @@ class OpenRun:
                 if broadcast_main_session
                 else InlineValue(prepared.saved_main_session)
             )
+        environment = TaskEnvironment(uuid.uuid4().hex[:12], prepared.pickle_library, shipped)
         context = TranslationContext(
             spark,
             prepared.plan,
-            uuid.uuid4().hex[:12],
+            environment,
             prepared.settings.default_parallelism or spark_context.defaultParallelism,
             sinks,
             translator_for,
-            prepared.pickle_library,
-            shipped,
         )
         if broadcast_main_session and shipped is not None:
             context.broadcasts.append(shipped)

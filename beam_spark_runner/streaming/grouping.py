@@ -44,7 +44,6 @@ from typing import Any
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, Timestamp
 
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.execution import beam_globals
 from beam_spark_runner.execution.default_trigger import (
     DefaultTriggerDriver,
     DefaultTriggerState,
@@ -298,7 +297,7 @@ class StreamingGrouper:
     """
 
     def __init__(self, spec: GroupSpec, beam_driver: bool = False) -> None:
-        beam_globals.enter_run(spec.run_id, spec.pickle_library, spec.main_session)
+        spec.environment.enter()
         context = bi.PipelineContext(bi.beam_runner_api_pb2.Components.FromString(spec.components))
         self.name = spec.name
         self.pre_impl = context.coders[spec.pre_grouping_coder_id].get_impl()
@@ -564,7 +563,7 @@ def streaming_grouper(spec: GroupSpec) -> StreamingGrouper:
         _GROUPERS[spec.cache_key] = grouper
         while len(_GROUPERS) > _MAX_CACHED:
             _GROUPERS.popitem(last=False)
-    beam_globals.enter_run(spec.run_id, spec.pickle_library, spec.main_session)
+    spec.environment.enter()
     return grouper
 
 

@@ -38,7 +38,6 @@ from collections.abc import Hashable, Iterable, Iterator
 from typing import Any, Protocol
 
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.execution import beam_globals
 from beam_spark_runner.execution.side_inputs import side_input_state_entries
 from beam_spark_runner.execution.stage_worker import (
     StageSpec,
@@ -305,7 +304,7 @@ def run_side_input_shard(
         state = SideInputShardState(
             WatermarkState(expected=node.expected), [[] for _ in spec.side_inputs]
         )
-    beam_globals.enter_run(spec.stage.run_id, spec.stage.pickle_library, spec.stage.main_session)
+    spec.stage.environment.enter()
     coders = _coders(spec)
     markers: list[Marker] = []
     for row in rows:

@@ -115,19 +115,15 @@ class TranslationContext:
         self,
         spark: SparkSession,
         plan: Plan,
-        run_id: str,
+        environment: beam_globals.TaskEnvironment,
         parallelism: int,
         sinks: TaskSinks,
         translator_for: Callable[[str], Translator | None],
-        pickle_library: str = beam_globals.DEFAULT_PICKLE_LIBRARY,
-        main_session: Any = None,
     ) -> None:
         self.spark = spark
         self.plan = plan
-        self.run_id = run_id
-        self.pickle_library = pickle_library
-        # A Spark broadcast of the run's main session (--save_main_session), or None.
-        self.main_session = main_session
+        # What every task of the run applies first: its id, pickler and main session.
+        self.environment = environment
         self.parallelism = parallelism
         self.sinks = sinks
         self.pipeline_context = bi.PipelineContext(plan.components)
@@ -141,6 +137,11 @@ class TranslationContext:
         # ran on Spark after all.
         self.driver_runs: dict[str, DriverRows | None] = {}
         self.uses = self._count_uses(plan)
+
+    @property
+    def run_id(self) -> str:
+        """The run's id: its Spark job group, query name and workers' globals carry it."""
+        return self.environment.run_id
 
     @staticmethod
     def _count_uses(plan: Plan) -> Counter[str]:

@@ -117,9 +117,9 @@ def _compute_on_driver(stage_name: str, context: TranslationContext) -> DriverRo
         if plan.buffers[output.buffer_id].main_readers
     }
     # The driver's own __main__ is the live one: no saved main session to restore into it.
+    spec = stage_spec(stage, context, broadcast_side_inputs(stage, context, inline=True))
     spec = dataclasses.replace(
-        stage_spec(stage, context, broadcast_side_inputs(stage, context, inline=True)),
-        main_session=None,
+        spec, environment=dataclasses.replace(spec.environment, main_session=None)
     )
     started = time.monotonic()
     batch = pa.RecordBatch.from_arrays(

@@ -70,7 +70,7 @@ def group_spec(node: PlannedBuffer, context: TranslationContext) -> GroupSpec:
         environments=dict(plan.components.environments.items()),
     )
     return GroupSpec(
-        run_id=context.run_id,
+        environment=context.environment,
         name=transform.unique_name,
         components=components.SerializeToString(),
         pre_grouping_coder_id=grouping_coder_id(
@@ -79,8 +79,6 @@ def group_spec(node: PlannedBuffer, context: TranslationContext) -> GroupSpec:
         ),
         post_grouping_coder_id=grouping_coder_id(plan, plan.data_channel_coders[output_pcoll]),
         windowing_strategy_id=plan.components.pcollections[input_pcoll].windowing_strategy_id,
-        pickle_library=context.pickle_library,
-        main_session=context.main_session,
     )
 
 

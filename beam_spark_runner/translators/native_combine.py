@@ -107,7 +107,7 @@ def native_combine_spec(node: PlannedBuffer, context: TranslationContext) -> Nat
         plan.safe_coders.get(output, output),
     )
     return NativeCombineSpec(
-        run_id=context.run_id,
+        environment=context.environment,
         name=transform.unique_name,
         function=aggregation.function,
         value_type=aggregation.value_type,
@@ -115,8 +115,6 @@ def native_combine_spec(node: PlannedBuffer, context: TranslationContext) -> Nat
         input_coder_id=coder_ids[0],
         output_coder_id=coder_ids[1],
         safe_output_coder_id=coder_ids[2],
-        pickle_library=context.pickle_library,
-        main_session=context.main_session,
     )
 
 

@@ -83,7 +83,7 @@ def stage_spec(
         for output in node.outputs
     )
     return StageSpec(
-        run_id=context.run_id,
+        environment=context.environment,
         name=node.name,
         display_name=node.display_name,
         descriptor=node.descriptor.SerializeToString(),
@@ -92,8 +92,6 @@ def stage_spec(
         side_input_state=side_input_state,
         stateful=node.stateful,
         state_backed_input_coder_id=_state_backed_coder(plan, node.input_coder_id),
-        pickle_library=context.pickle_library,
-        main_session=context.main_session,
         batched_steps=plan.batched_steps,
         idle_teardown_seconds=(
             STREAMING_IDLE_TEARDOWN_SECONDS if plan.streaming else IDLE_TEARDOWN_SECONDS
