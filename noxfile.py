@@ -236,7 +236,7 @@ def _environment(session: nox.Session, line: Line) -> None:
     python = str(Path(session.bin) / "python")
     session.env["PYSPARK_PYTHON"] = python
     session.env["PYSPARK_DRIVER_PYTHON"] = python
-    # tests/test_versions.py checks that the session really runs on these.
+    # tests/spark/test_versions.py checks that the session really runs on these.
     session.env["BEAM_SPARK_RUNNER_EXPECT_PYSPARK"] = line.spark
     session.env["BEAM_SPARK_RUNNER_EXPECT_BEAM"] = line.beam
 

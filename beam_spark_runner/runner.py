@@ -163,7 +163,7 @@ class SparkStructuredRunner(PipelineRunner):
         proto = pipeline.to_runner_api(default_environment=default_environment)
         result = self.run_batch(proto, options, settings)
         # After the run: reading the Python transforms before to_runner_api changed the
-        # element types Beam checks there (tests/test_batch_test_stream.py).
+        # element types Beam checks there (tests/rewrites/test_batch_test_stream.py).
         run_summary.log_summary(
             settings.app_name,
             started_wall,

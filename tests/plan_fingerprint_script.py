@@ -1,6 +1,6 @@
 """Prints the streaming plan of tests/cluster/streaming_driver.py's pipeline as JSON.
 
-Run by tests/test_streaming_checkpoint.py in several processes (``python
+Run by tests/streaming/test_checkpoint.py in several processes (``python
 plan_fingerprint_script.py [text|files]``, the driver's two sinks): a restart from a
 checkpoint needs the same graph, numbering and side-input order in every process.
 """

@@ -11,10 +11,10 @@ from apache_beam.coders import coders
 from apache_beam.transforms.window import IntervalWindow
 from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
-from list_states import ListState
 
 from beam_spark_runner.beam_internals import WindowedHeaders
 from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
+from tests.list_states import ListState
 
 if pyspark_version() < STREAMING_SPARK:
     pytest.skip(

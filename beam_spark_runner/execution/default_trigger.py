@@ -11,7 +11,7 @@ Profiled on Nexmark q5 in streaming, that was nearly half of the workers' Python
 non-merging windows: the same values in the same order, timestamps (the timestamp
 combiner's watermark holds), pane infos (index, on-time / late / early, first) and
 dropping of expired data, and the same earliest hold for the output watermark; it is
-checked against Beam's driver on random micro-batches (``tests/test_default_trigger.py``).
+checked against Beam's driver on random micro-batches (``tests/execution/test_default_trigger.py``).
 Per window it keeps the buffered values, the holds, the two pane counters and whether the
 end-of-window timer is set: plain values, pickled as they are in the shard's state.
 """

@@ -45,7 +45,7 @@ def output_patterns(pipeline: Any) -> list[str]:
 
     # Only where the pipeline could have used it: importing Beam's fileio from here made a
     # later pipeline's stateful DoFn fail Beam's key-value input check in to_runner_api
-    # (tests/test_batch_test_stream.py; cause not found yet).
+    # (tests/rewrites/test_batch_test_stream.py; cause not found yet).
     fileio = sys.modules.get("apache_beam.io.fileio")
     patterns: list[str] = []
     for transform in bi.python_transforms(pipeline):

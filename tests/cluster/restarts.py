@@ -1,6 +1,6 @@
 """Kill a streaming driver (SIGKILL) at chosen moments and restart it from its checkpoint.
 
-Used by the restart tests on ``local[2]`` (tests/test_streaming_restart.py) and on the
+Used by the restart tests on ``local[2]`` (tests/streaming/test_restart.py) and on the
 standalone cluster (tests/cluster/test_streaming_restart_standalone.py). The driver is
 ``streaming_driver.py``: PeriodicImpulse -> FixedWindows -> CombinePerKey -> WriteToText
 with ``triggering_frequency``, writing ``counts-<window>-...`` files.

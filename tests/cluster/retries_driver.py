@@ -1,5 +1,6 @@
 """A pipeline whose task attempts fail once, run clean and with failures; used by
-``tests/test_retries.py`` (local[2,2]) and ``tests/cluster/test_retries_standalone.py``.
+``tests/monitoring/test_failed_attempts.py`` (local[2,2]) and
+``tests/cluster/test_retries_standalone.py``.
 
 Run as a script in a driver process of its own, never imported by pytest's process::
 

@@ -1,6 +1,6 @@
 """Exactly once across restarts on a standalone cluster (long: ``make restart-test``).
 
-As ``tests/test_streaming_restart.py``, with the query's tasks and state stores in the
+As ``tests/streaming/test_restart.py``, with the query's tasks and state stores in the
 cluster's executors: the driver is SIGKILLed during its sink's commit, mid-batch and after
 a commit, restarted from its checkpoint each time, and must write exactly the files of an
 uninterrupted (DirectRunner) run.
@@ -26,7 +26,7 @@ from .support import PYTHON, STANDALONE_SPARK_CONF, StandaloneCluster, driver_en
 
 pytestmark = [pytest.mark.cluster, pytest.mark.restart]
 
-SECONDS = 240  # see tests/test_streaming_restart.py
+SECONDS = 240  # see tests/streaming/test_restart.py
 
 
 def _command(output: Path, start: float, runner: list[str]) -> list[str]:

@@ -42,7 +42,7 @@ pytestmark = [
     ),
 ]
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 CHECKPOINT = FIXTURES / "checkpoint_v1"
 METADATA = json.loads((FIXTURES / "checkpoint_v1.json").read_text())
 # How long the restored run may take (it fires everything in its first micro-batches).

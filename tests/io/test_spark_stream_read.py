@@ -455,12 +455,11 @@ def test_a_router_gives_the_same_rows_from_columns_as_from_encoded_elements(
     """A stage reading a Spark stream runs the same over the read's columns (values made
     directly for batched steps, encoded for the bundle processor) as over its encoded
     elements: the router's rows out are the same bytes."""
-    from stage_specs import stage_spec
-
     from beam_spark_runner.streaming import rows as routed
     from beam_spark_runner.streaming.query import plan_topology
     from beam_spark_runner.streaming.router import RouterSpec, run_router
     from beam_spark_runner.streaming.spark_sources import stream_columns
+    from tests.stage_specs import stage_spec
 
     pipeline, rows = _pipeline()
     _ = (

@@ -23,7 +23,6 @@ from apache_beam.coders import coders
 from apache_beam.internal import pickler
 from apache_beam.options.pipeline_options import PipelineOptions, StreamingOptions
 from apache_beam.testing.util import assert_that, equal_to
-from stage_specs import stage_spec
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution import beam_globals
@@ -35,6 +34,7 @@ from beam_spark_runner.execution.stage_worker import (
     run_stage,
 )
 from beam_spark_runner.planning import build_plan
+from tests.stage_specs import stage_spec
 
 SPARK_ARGS = ["--runner=SparkStructuredRunner", "--spark_master=local[2]"]
 # Beam's last release whose deterministic key coder pickles types with dill.

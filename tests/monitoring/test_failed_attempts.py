@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster.retries_driver import check_retried_run
 
-DRIVER = Path(__file__).resolve().parent / "cluster" / "retries_driver.py"
+from tests.cluster.retries_driver import check_retried_run
+
+DRIVER = Path(__file__).resolve().parent.parent / "cluster" / "retries_driver.py"
 RETRYING_MASTER = "local[2,2]"
 
 

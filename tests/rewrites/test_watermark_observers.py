@@ -17,7 +17,7 @@ from beam_spark_runner.rewrites.watermark_observers import (
     WatermarkObserver,
     find_observers,
 )
-from tests.test_batch_test_stream import BufferUntilTimer
+from tests.rewrites.test_batch_test_stream import BufferUntilTimer
 
 
 class _Find(PipelineVisitor):  # type: ignore[misc]

@@ -5,13 +5,13 @@ import pyarrow as pa
 import pytest
 from apache_beam.transforms import window
 from apache_beam.utils.windowed_value import WindowedValue
-from group_by_key_plans import plan_group_by_key
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import decode_column
 from beam_spark_runner.execution.beam_globals import TaskEnvironment
 from beam_spark_runner.execution.grouping import GroupSpec, group_sorted
 from beam_spark_runner.planning import build_plan
+from tests.group_by_key_plans import plan_group_by_key
 
 
 def _grouping_setup(windowing: beam.WindowInto | None):

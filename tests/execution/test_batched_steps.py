@@ -26,7 +26,6 @@ from apache_beam.transforms import window
 from apache_beam.transforms.userstate import BagStateSpec
 from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
-from stage_specs import stage_spec
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner import planning
@@ -53,6 +52,7 @@ from beam_spark_runner.execution.stage_worker import (
 from beam_spark_runner.execution.text_read import TextInput, TextRange
 from beam_spark_runner.monitoring.metrics import TaskMetrics
 from beam_spark_runner.planning import Plan, PlannedStage, build_plan
+from tests.stage_specs import stage_spec
 
 _RUNS = itertools.count()
 ELEMENTS = 40

@@ -184,7 +184,7 @@ _WARMED_BEFORE_ANY_JOB = textwrap.dedent(
     from apache_beam.options.pipeline_options import PipelineOptions
     from beam_spark_runner.options import spark_settings
     from beam_spark_runner.spark.session import obtain_session
-    from tests.test_worker_warmup import _worker_daemons
+    from tests.workers.test_warmup import _worker_daemons
 
     options = PipelineOptions(["--runner=SparkStructuredRunner", "--spark_master=local[2]"])
     session, _ = obtain_session(spark_settings(options))

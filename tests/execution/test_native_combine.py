@@ -30,7 +30,7 @@ from beam_spark_runner.planning import (
     NativeAggregation,
     build_plan,
 )
-from tests.test_keys import encode as _encoded
+from tests.coders.test_keys import encode as _encoded
 
 INT = coders.VarIntCoder()
 FLOAT = coders.FloatCoder()

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 import apache_beam as beam
 import pyarrow as pa
 import pytest
-from stage_specs import stage_spec
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution import stage_cache
@@ -19,6 +18,7 @@ from beam_spark_runner.execution.stage_worker import (
     run_stage,
 )
 from beam_spark_runner.planning import build_plan
+from tests.stage_specs import stage_spec
 
 FINALIZED: list[int] = []
 

@@ -12,7 +12,6 @@ from apache_beam.coders import coders
 from apache_beam.transforms import trigger, window
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
-from group_by_key_plans import plan_group_by_key
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import KeyExtractor
@@ -20,6 +19,7 @@ from beam_spark_runner.execution import grouping
 from beam_spark_runner.execution.beam_globals import TaskEnvironment
 from beam_spark_runner.execution.grouping import GroupSpec, group_sorted, group_sorted_values
 from beam_spark_runner.translators.group_by_key import grouping_coder_id
+from tests.group_by_key_plans import plan_group_by_key
 
 GLOBAL = (window.GlobalWindow(),)
 TIMESTAMPS = [MIN_TIMESTAMP, Timestamp(0), Timestamp(-3), Timestamp(12), MAX_TIMESTAMP]

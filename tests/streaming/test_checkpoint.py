@@ -18,7 +18,7 @@ from beam_spark_runner.streaming.checkpoint import (
 )
 from beam_spark_runner.streaming.topology import GROUP, STAGE, NodeSpec, Topology, build_topology
 
-SCRIPT = Path(__file__).resolve().parent / "plan_fingerprint_script.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "plan_fingerprint_script.py"
 
 
 def _topology(middle: str = "count", shards: int = 2) -> Topology:

@@ -16,7 +16,7 @@ from beam_spark_runner.spark import jars, java
 from beam_spark_runner.spark.jars import DRIVER_CLASS_PATH, JAR, LOCAL_FILE_SYSTEM, session_settings
 from beam_spark_runner.spark.session import session_conf
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def test_the_jar_goes_on_the_driver_class_path_after_the_users(
