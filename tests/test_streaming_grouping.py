@@ -22,7 +22,7 @@ from apache_beam.utils.windowed_value import PaneInfoTiming, WindowedValue
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.planning import GROUP_BY_KEY_URN, build_plan
 from beam_spark_runner.spark.compat import pyspark_version
-from beam_spark_runner.streaming import grouping
+from beam_spark_runner.streaming import group_panes, grouping
 from beam_spark_runner.streaming import rows as routed
 from beam_spark_runner.streaming.check import STREAMING_SPARK
 from beam_spark_runner.streaming.chunk_lists import ChunkStore
@@ -73,7 +73,7 @@ class _Shard:
             plan=plan, run_id="test", pickle_library="default", main_session=None
         )
         self.spec = group_spec(buffer, context)  # type: ignore[arg-type]
-        self.grouper = grouping.streaming_grouper(self.spec)
+        self.grouper = group_panes.streaming_grouper(self.spec)
         self.state: grouping.ShardState | None = None
         # Whether the state goes through the state store's encoding between batches.
         self.store = store
@@ -122,9 +122,8 @@ class _Shard:
             encoded = grouping.encode_shard_state(self.state)
             grouping.release_shard_state(self.state)
             self.state = grouping.decode_shard_state(encoded)
-        self.state, out = grouping.run_group_shard(
-            self.topology, self.node, 0, self.spec, self.state, rows, self.chunks
-        )
+        run = group_panes.GroupShard(group_panes.streaming_grouper(self.spec), self.chunks)
+        self.state, out = run.run(self.topology, self.node, 0, self.state, rows)
         panes = [
             pane
             for row in out
@@ -341,7 +340,7 @@ def test_key_state_of_a_type_pickle_cannot_find_falls_back_to_cloudpickle() -> N
 
     with pytest.raises((pickle.PicklingError, AttributeError)):
         pickle.dumps(Local(1))
-    restored = pickle.loads(grouping._dumps(("key", [Local(7)])))
+    restored = pickle.loads(grouping.dumps(("key", [Local(7)])))
     assert restored[0] == "key"
     assert restored[1][0].n == 7
 
