@@ -2,7 +2,8 @@
 
 A stage that reads side inputs is a node of a stateful level. Its side inputs' elements
 reach every one of its shards (``rows.side_element_rows``) and stay in the shard's state;
-its main elements are spread over the shards. Each micro-batch a shard:
+its main elements are spread over the shards. Each micro-batch a shard (``SideInputShard``,
+on the skeleton of ``shard_run``):
 
 1. adds the new side-input elements and main elements to its state. The main elements
    come as a framed run (``rows.FRAMED_RUN``): each one's timestamp and windows are read

@@ -2,13 +2,14 @@
 
 The stage that processes an unbounded splittable DoFn's elements and restrictions (Beam's
 ``expand_sdf`` gives it a Reshuffle in front) is a node of a stateful level, as the brief
-recommends: a shard runs one bundle per micro-batch over its new elements and the residuals
-whose requested resume time has come, and keeps the residuals the bundle returns (each
-element, restriction and watermark-estimator state, as the SDK encoded it), with the time
-to resume each and the output watermark each reported. Its output watermark is the minimum
-of its input watermark and its residuals' reported watermarks, -inf for a residual that
-reports none (as Beam's Prism runner does); once no residual is left and its input is at
-+inf, it is +inf. Spark's checkpoint then covers the source's position too.
+recommends: a shard (``SplittableShard``, on the skeleton of ``shard_run``) runs one
+bundle per micro-batch over its new elements and the residuals whose requested resume time
+has come, and keeps the residuals the bundle returns (each element, restriction and
+watermark-estimator state, as the SDK encoded it), with the time to resume each and the
+output watermark each reported. Its output watermark is the minimum of its input watermark
+and its residuals' reported watermarks, -inf for a residual that reports none (as Beam's
+Prism runner does); once no residual is left and its input is at +inf, it is +inf. Spark's
+checkpoint then covers the source's position too.
 """
 
 from __future__ import annotations
