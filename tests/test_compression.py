@@ -139,12 +139,19 @@ def test_a_level_reads_its_shards_value_and_writes_it_compressed(
     previous = _framed_bids(200)
     seen: list[bytes] = []
 
-    def run_shard(topology: Any, node: Any, shard: int, spec: Any, state: Any, *rest: Any) -> Any:
-        seen.append(state.payload)
-        return _ShardState(state.payload + b"!"), []
+    class _SideInputShard:
+        def __init__(self, spec: Any, sinks: Any, store: Any) -> None:
+            pass
 
-    monkeypatch.setattr(levels, "SideInputShardState", _ShardState)
-    monkeypatch.setattr(levels, "run_side_input_shard", run_shard)
+        def run_encoded(
+            self, topology: Any, node: Any, shard: int, previous: bytes | None, rows: Any
+        ) -> Any:
+            assert previous is not None
+            state = _ShardState.decode(previous)
+            seen.append(state.payload)
+            return _ShardState(state.payload + b"!").encode(), []
+
+    monkeypatch.setattr(levels, "SideInputShard", _SideInputShard)
     level = levels.Level(_Topology(), {}, {}, {}, {7: "spec"}, None)  # type: ignore[arg-type, dict-item]
     value = _ValueState(compression.pack(previous) if written_by == "this version" else previous)
     level.bind(value, ListState())

@@ -23,7 +23,7 @@ from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution.beam_globals import TaskEnvironment
 from beam_spark_runner.planning import GROUP_BY_KEY_URN, build_plan
 from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
-from beam_spark_runner.streaming import grouping
+from beam_spark_runner.streaming import group_panes, grouping
 from beam_spark_runner.streaming import rows as routed
 from beam_spark_runner.streaming.chunk_lists import ChunkStore
 from beam_spark_runner.streaming.rows import ELEMENT, KEY, PORT, PRODUCER, PTIME, WATERMARK
@@ -71,7 +71,7 @@ class _Shard:
         buffer = next(b for b in plan.buffers.values() if b.urn == GROUP_BY_KEY_URN)
         context = types.SimpleNamespace(plan=plan, environment=TaskEnvironment("test"))
         self.spec = group_spec(buffer, context)  # type: ignore[arg-type]
-        self.grouper = grouping.streaming_grouper(self.spec)
+        self.grouper = group_panes.streaming_grouper(self.spec)
         self.state: grouping.ShardState | None = None
         # Whether the state goes through the state store's encoding between batches.
         self.store = store
@@ -120,9 +120,8 @@ class _Shard:
             encoded = grouping.encode_shard_state(self.state)
             grouping.release_shard_state(self.state)
             self.state = grouping.decode_shard_state(encoded)
-        self.state, out = grouping.run_group_shard(
-            self.topology, self.node, 0, self.spec, self.state, rows, self.chunks
-        )
+        run = group_panes.GroupShard(group_panes.streaming_grouper(self.spec), self.chunks)
+        self.state, out = run.run(self.topology, self.node, 0, self.state, rows)
         panes = [
             pane
             for row in out
@@ -339,7 +338,7 @@ def test_key_state_of_a_type_pickle_cannot_find_falls_back_to_cloudpickle() -> N
 
     with pytest.raises((pickle.PicklingError, AttributeError)):
         pickle.dumps(Local(1))
-    restored = pickle.loads(grouping._dumps(("key", [Local(7)])))
+    restored = pickle.loads(grouping.dumps(("key", [Local(7)])))
     assert restored[0] == "key"
     assert restored[1][0].n == 7
 

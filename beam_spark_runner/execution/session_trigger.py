@@ -12,8 +12,8 @@ trigger, and under ``AfterWatermark()`` with or without early firings after a co
 same values in the same order, timestamps, pane infos, dropping of expired data and of data
 for sessions whose trigger finished, and the same earliest hold for the output watermark.
 It is checked against Beam's driver on random micro-batches
-(``tests/execution/test_session_trigger.py``). What it keeps per session is what Beam's adapter gives
-it:
+(``tests/execution/test_session_trigger.py``). What it keeps per session is what Beam's
+adapter gives it:
 
 * the values in the order Beam reads them: a bucket per id, in the merged window's id
   order (the merge result's own first, then those of the windows merged into it, by

@@ -2,10 +2,10 @@
 
 Spark groups the level's input by (target, shard) and calls ``handleInputRows`` once per
 group with that micro-batch's rows. Rows addressed to a later step pass through unchanged;
-a GroupByKey's shard runs ``grouping.run_group_shard``, a stateful DoFn's shard
-``stateful.run_stateful_shard``, an unbounded splittable DoFn's shard
-``splittable.run_splittable_shard``, a stage with side inputs
-``side_inputs.run_side_input_shard``, each with its state as one value in the state
+a shard runs on the skeleton of ``shard_run``, as its kind: a GroupByKey's
+``group_panes.GroupShard``, a stateful DoFn's ``stateful.StatefulShard``, an unbounded
+splittable DoFn's ``splittable.SplittableShard``, a stage with side inputs'
+``side_inputs.SideInputShard``, each with its state as one value in the state
 store (one read and one write per shard and batch, compressed: ``compression``). What a
 shard buffers for a later batch (a GroupByKey's values until their window's on-time pane,
 a stage's main elements until its side inputs are ready) is appended to a list beside it
@@ -17,29 +17,22 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from pyspark import cloudpickle
-
-from beam_spark_runner.execution import gc_pause
 from beam_spark_runner.execution.grouping import GroupSpec
 from beam_spark_runner.execution.stage_worker import StageSpec, TaskSinks, recording
+from beam_spark_runner.spark.internals import pickle_by_value
 from beam_spark_runner.streaming.chunk_lists import ListStateChunks
 from beam_spark_runner.streaming.compression import pack, unpack
-from beam_spark_runner.streaming.grouping import (
-    decode_shard_state,
-    encode_shard_state,
-    release_shard_state,
-    run_group_shard,
-)
+from beam_spark_runner.streaming.group_panes import GroupShard, streaming_grouper
 from beam_spark_runner.streaming.level_shell import LevelShell
 from beam_spark_runner.streaming.rows import Row, packed, routed_row
+from beam_spark_runner.streaming.shard_run import ShardRun
 from beam_spark_runner.streaming.side_inputs import (
     ListStateWaitingStore,
-    SideInputShardState,
+    SideInputShard,
     SideInputStageSpec,
-    run_side_input_shard,
 )
-from beam_spark_runner.streaming.splittable import SplittableShardState, run_splittable_shard
-from beam_spark_runner.streaming.stateful import StatefulShardState, run_stateful_shard
+from beam_spark_runner.streaming.splittable import SplittableShard
+from beam_spark_runner.streaming.stateful import StatefulShard
 from beam_spark_runner.streaming.topology import Topology
 
 
@@ -73,7 +66,7 @@ class Level:
     def processor(self) -> LevelShell:
         """What ``transformWithState`` takes: a shell with this level pickled."""
         waiting = bool(self.with_side_inputs or self.groups)
-        return LevelShell(cloudpickle.dumps(self), waiting=waiting)
+        return LevelShell(pickle_by_value(self), waiting=waiting)
 
     def bind(self, shard: Any, waiting: Any) -> None:
         """Takes the state variables ``LevelShell.init`` declared.
@@ -101,49 +94,24 @@ class Level:
 
     def _run_shard(self, target: int, shard: int, rows: Iterator[Any]) -> list[Row]:
         """One stateful (node, shard) for one micro-batch: its rows out; its state updated."""
-        node = self.topology.nodes[target]
         previous = self._state.get() if self._state.exists() else None
-        encoded = unpack(bytes(previous[0])) if previous else None
-        if target in self.groups:
-            # It decodes keys' states, keeps them while it runs and encodes them again (no
-            # user code runs here).
-            with gc_pause.paused():
-                group_state = decode_shard_state(encoded) if encoded else None
-                group_state, out = run_group_shard(
-                    self.topology,
-                    node,
-                    shard,
-                    self.groups[target],
-                    group_state,
-                    rows,
-                    self._chunks,
-                )
-                self._state.update((pack(encode_shard_state(group_state)),))
-                release_shard_state(group_state)
-        elif target in self.with_side_inputs:
-            assert self._waiting is not None  # declared in init with the side-input stages
-            side_state = SideInputShardState.decode(encoded) if encoded else None
-            side_state, out = run_side_input_shard(
-                self.topology,
-                node,
-                shard,
-                self.with_side_inputs[target],
-                side_state,
-                rows,
-                self.sinks,
-                self._waiting,
-            )
-            self._state.update((pack(side_state.encode()),))
-        elif target in self.stages:
-            stage_state = StatefulShardState.decode(encoded) if encoded else None
-            stage_state, out = run_stateful_shard(
-                self.topology, node, shard, self.stages[target], stage_state, rows, self.sinks
-            )
-            self._state.update((pack(stage_state.encode()),))
-        else:
-            sdf_state = SplittableShardState.decode(encoded) if encoded else None
-            sdf_state, out = run_splittable_shard(
-                self.topology, node, shard, self.splittable[target], sdf_state, rows, self.sinks
-            )
-            self._state.update((pack(sdf_state.encode()),))
+        encoded, out = self._shard_run(target).run_encoded(
+            self.topology,
+            self.topology.nodes[target],
+            shard,
+            unpack(bytes(previous[0])) if previous else None,
+            rows,
+        )
+        self._state.update((pack(encoded),))
         return out
+
+    def _shard_run(self, target: int) -> ShardRun[Any, Any]:
+        """The run of one micro-batch of a shard of ``target``, of its kind."""
+        if target in self.groups:
+            return GroupShard(streaming_grouper(self.groups[target]), self._chunks)
+        if target in self.with_side_inputs:
+            assert self._waiting is not None  # declared in init with the side-input stages
+            return SideInputShard(self.with_side_inputs[target], self.sinks, self._waiting)
+        if target in self.stages:
+            return StatefulShard(self.stages[target], self.sinks)
+        return SplittableShard(self.splittable[target], self.sinks)

@@ -2,7 +2,8 @@
 
 A stage that reads side inputs is a node of a stateful level. Its side inputs' elements
 reach every one of its shards (``rows.side_element_rows``) and stay in the shard's state;
-its main elements are spread over the shards. Each micro-batch a shard:
+its main elements are spread over the shards. Each micro-batch a shard (``SideInputShard``,
+on the skeleton of ``shard_run``):
 
 1. adds the new side-input elements and main elements to its state. The main elements
    come as a framed run (``rows.FRAMED_RUN``): each one's timestamp and windows are read
@@ -40,6 +41,7 @@ from typing import Any, Protocol
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution.side_inputs import side_input_state_entries
 from beam_spark_runner.execution.stage_worker import (
+    BundleOutputs,
     StageSpec,
     TaskSinks,
     stage_worker,
@@ -54,9 +56,8 @@ from beam_spark_runner.streaming.rows import (
     cell,
     framed_run_elements,
     marker_of,
-    routed_marker,
 )
-from beam_spark_runner.streaming.stateful import routed_outputs, run_user_code
+from beam_spark_runner.streaming.shard_run import ShardRun, routed_outputs, run_user_code
 from beam_spark_runner.streaming.topology import Node, Topology
 from beam_spark_runner.streaming.watermarks import (
     MAX_MICROS,
@@ -289,54 +290,68 @@ def _ready(needs: tuple[int, ...], side_watermarks: list[int]) -> bool:
     )
 
 
-def run_side_input_shard(
-    topology: Topology,
-    node: Node,
-    shard: int,
-    spec: SideInputStageSpec,
-    state: SideInputShardState | None,
-    rows: Iterable[Any],
-    sinks: TaskSinks,
-    store: WaitingStore,
-) -> tuple[SideInputShardState, list[Row]]:
-    """One micro-batch of one shard of a stage with side inputs."""
-    if state is None:
-        state = SideInputShardState(
-            WatermarkState(expected=node.expected), [[] for _ in spec.side_inputs]
+class SideInputShard(ShardRun[SideInputShardState, BundleOutputs]):
+    """One micro-batch of a shard of a stage with side inputs: the main elements now ready."""
+
+    def __init__(self, spec: SideInputStageSpec, sinks: TaskSinks, store: WaitingStore) -> None:
+        self.spec = spec
+        self.sinks = sinks
+        self.store = store
+        self.worker: Any = None
+        # Per side input, the producers whose minimum is its watermark (the node's).
+        self.side_expected: tuple[frozenset[str], ...] = ()
+
+    def new_state(self, watermarks: WatermarkState) -> SideInputShardState:
+        return SideInputShardState(watermarks, [[] for _ in self.spec.side_inputs])
+
+    def decode(self, data: bytes) -> SideInputShardState:
+        return SideInputShardState.decode(data)
+
+    def encode(self, state: SideInputShardState) -> bytes:
+        return state.encode()
+
+    def read(self, node: Node, state: SideInputShardState, rows: Iterable[Any]) -> list[Marker]:
+        """Side-input elements into the state, main elements into their buckets."""
+        stage = self.spec.stage
+        stage.environment.enter()
+        coders = _coders(self.spec)
+        markers: list[Marker] = []
+        for row in rows:
+            if row[ELEMENT] is None:
+                markers.append(marker_of(row))
+            elif row[PORT] == FRAMED_RUN:
+                for elements, earliest, needs in coders.framed_runs(cell(row[ELEMENT])):
+                    state.wait(elements, earliest, needs)
+            elif row[PORT] > 0:
+                state.sides[row[PORT] - 1].append(cell(row[ELEMENT]))
+            else:
+                raise ValueError(
+                    f"{node.name}: expected its main elements as a framed run (port "
+                    f"{FRAMED_RUN}, rows.packed), found port {row[PORT]}"
+                )
+        for entry in state.waiting:  # from a checkpoint written before buckets
+            if len(entry) == 2:
+                entry = (*entry, coders.needs(coders.input_impl.decode_nested(entry[0]).windows))
+            state.wait(*entry)
+        state.waiting = []
+        self.side_expected = node.side_expected
+        return markers
+
+    def after_watermark(self, state: SideInputShardState) -> Iterator[BundleOutputs]:
+        """One bundle over the main elements whose side inputs are ready."""
+        producers = state.watermarks.producers
+        side_watermarks = [input_watermark(e, producers) for e in self.side_expected]
+        ready = state.take_ready(
+            [n for n in state.buckets if _ready(n, side_watermarks)], self.store
         )
-    spec.stage.environment.enter()
-    coders = _coders(spec)
-    markers: list[Marker] = []
-    for row in rows:
-        if row[ELEMENT] is None:
-            markers.append(marker_of(row))
-        elif row[PORT] == FRAMED_RUN:
-            for elements, earliest, needs in coders.framed_runs(cell(row[ELEMENT])):
-                state.wait(elements, earliest, needs)
-        elif row[PORT] > 0:
-            state.sides[row[PORT] - 1].append(cell(row[ELEMENT]))
-        else:
-            raise ValueError(
-                f"{node.name}: expected its main elements as a framed run (port {FRAMED_RUN}, "
-                f"rows.packed), found port {row[PORT]}"
-            )
-    for entry in state.waiting:  # from a checkpoint written before buckets
-        if len(entry) == 2:
-            entry = (*entry, coders.needs(coders.input_impl.decode_nested(entry[0]).windows))
-        state.wait(*entry)
-    state.waiting = []
-    watermarks = state.watermarks
-    watermarks.advance(markers)
-    producers = watermarks.producers
-    side_watermarks = [input_watermark(e, producers) for e in node.side_expected]
-    ready = state.take_ready([n for n in state.buckets if _ready(n, side_watermarks)], store)
-    out: list[Row] = []
-    if ready:
-        worker = stage_worker(spec.stage)
+        if not ready:
+            return
+        spec = self.spec
+        worker = self.worker = stage_worker(spec.stage)
         entries = [
             entry
             for side, elements, coder in zip(
-                spec.side_inputs, state.sides, coders.value_coders, strict=True
+                spec.side_inputs, state.sides, _coders(spec).value_coders, strict=True
             )
             for entry in side_input_state_entries(
                 side.transform_id, side.tag, side.access_pattern_urn, elements, coder
@@ -347,13 +362,21 @@ def run_side_input_shard(
         ).hexdigest()
         worker.load_side_inputs(entries, f"{spec.stage.cache_key}/{digest}")
         data = b"".join(ready)
-        with task_metrics(sinks.metrics, spec.stage.name) as metrics:
+        with task_metrics(self.sinks.metrics, spec.stage.name) as metrics:
             outputs = run_user_code(spec.stage, lambda: list(worker.process(data, metrics)))
         worker.finalize_bundles()
-        out = routed_outputs(topology, node, spec.stage, worker, outputs)
-    state.store_new(store)
-    hold = min((bucket[1] for bucket in state.buckets.values()), default=MAX_MICROS)
-    main = input_watermark(node.main_expected, producers)
-    output = watermarks.output(hold, main)
-    out.extend(routed_marker(topology, node, shard, output, watermarks.processing_time))
-    return state, out
+        yield from outputs
+
+    def finish(self, state: SideInputShardState) -> None:
+        state.store_new(self.store)
+
+    def hold(self, state: SideInputShardState) -> int:
+        return min((bucket[1] for bucket in state.buckets.values()), default=MAX_MICROS)
+
+    def main_input_watermark(self, node: Node, state: SideInputShardState) -> int:
+        return input_watermark(node.main_expected, state.watermarks.producers)
+
+    def rows(self, topology: Topology, node: Node, outputs: list[Any]) -> list[Row]:
+        if self.worker is None:
+            return []
+        return routed_outputs(topology, node, self.spec.stage, self.worker, outputs)

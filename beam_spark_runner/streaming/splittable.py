@@ -2,32 +2,39 @@
 
 The stage that processes an unbounded splittable DoFn's elements and restrictions (Beam's
 ``expand_sdf`` gives it a Reshuffle in front) is a node of a stateful level, as the brief
-recommends: a shard runs one bundle per micro-batch over its new elements and the residuals
-whose requested resume time has come, and keeps the residuals the bundle returns (each
-element, restriction and watermark-estimator state, as the SDK encoded it), with the time
-to resume each and the output watermark each reported. Its output watermark is the minimum
-of its input watermark and its residuals' reported watermarks, -inf for a residual that
-reports none (as Beam's Prism runner does); once no residual is left and its input is at
-+inf, it is +inf. Spark's checkpoint then covers the source's position too.
+recommends: a shard (``SplittableShard``, on the skeleton of ``shard_run``) runs one
+bundle per micro-batch over its new elements and the residuals whose requested resume time
+has come, and keeps the residuals the bundle returns (each element, restriction and
+watermark-estimator state, as the SDK encoded it), with the time to resume each and the
+output watermark each reported. Its output watermark is the minimum of its input watermark
+and its residuals' reported watermarks, -inf for a residual that reports none (as Beam's
+Prism runner does); once no residual is left and its input is at +inf, it is +inf. Spark's
+checkpoint then covers the source's position too.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import pickle
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from apache_beam.utils.timestamp import Timestamp
 
-from beam_spark_runner.execution.stage_worker import StageSpec, TaskSinks, stage_worker
+from beam_spark_runner.execution.stage_worker import (
+    BundleOutputs,
+    StageSpec,
+    TaskSinks,
+    stage_worker,
+)
 from beam_spark_runner.monitoring.metrics import task_metrics
-from beam_spark_runner.streaming.rows import Row, elements_and_markers, routed_marker
-from beam_spark_runner.streaming.stateful import routed_outputs, run_user_code
+from beam_spark_runner.streaming.rows import Row, elements_and_markers
+from beam_spark_runner.streaming.shard_run import ShardRun, routed_outputs, run_user_code
 from beam_spark_runner.streaming.topology import Node, Topology
 from beam_spark_runner.streaming.watermarks import (
     MAX_MICROS,
     MIN_MICROS,
+    Marker,
     WatermarkState,
 )
 
@@ -72,34 +79,50 @@ def _residual(root: Any, now: int) -> Residual:
     return Residual(root.application.element, now + delay, min(watermarks, default=MIN_MICROS))
 
 
-def run_splittable_shard(
-    topology: Topology,
-    node: Node,
-    shard: int,
-    spec: StageSpec,
-    state: SplittableShardState | None,
-    rows: Iterable[Any],
-    sinks: TaskSinks,
-) -> tuple[SplittableShardState, list[Row]]:
-    """One micro-batch of one shard of an unbounded splittable DoFn's processing stage."""
-    if state is None:
-        state = SplittableShardState(WatermarkState(expected=node.expected))
-    cells, markers = elements_and_markers(rows)
-    watermarks = state.watermarks
-    watermarks.advance(markers)
-    now = watermarks.processing_time
-    due = [r for r in state.residuals if r.resume_at <= now]
-    waiting = [r for r in state.residuals if r.resume_at > now]
-    data = b"".join([*cells, *(r.element for r in due)])
-    out: list[Row] = []
-    if data:
-        worker = stage_worker(spec)
-        with task_metrics(sinks.metrics, spec.name) as metrics:
-            bundle, residuals = run_user_code(spec, lambda: worker.run_bundle(data, metrics))
-        worker.finalize_bundles()
-        waiting.extend(_residual(root, now) for root in residuals)
-        out = routed_outputs(topology, node, spec, worker, [bundle])
-    state.residuals = waiting
-    output = watermarks.output(state.hold())
-    out.extend(routed_marker(topology, node, shard, output, now))
-    return state, out
+class SplittableShard(ShardRun[SplittableShardState, BundleOutputs]):
+    """One micro-batch of an unbounded splittable DoFn's shard: new elements and due residuals."""
+
+    def __init__(self, spec: StageSpec, sinks: TaskSinks) -> None:
+        self.spec = spec
+        self.sinks = sinks
+        self.cells: list[bytes] = []
+        self.worker: Any = None
+        self.waiting: list[Residual] = []
+
+    def new_state(self, watermarks: WatermarkState) -> SplittableShardState:
+        return SplittableShardState(watermarks)
+
+    def decode(self, data: bytes) -> SplittableShardState:
+        return SplittableShardState.decode(data)
+
+    def encode(self, state: SplittableShardState) -> bytes:
+        return state.encode()
+
+    def read(self, node: Node, state: SplittableShardState, rows: Iterable[Any]) -> list[Marker]:
+        self.cells, markers = elements_and_markers(rows)
+        return markers
+
+    def after_watermark(self, state: SplittableShardState) -> Iterator[BundleOutputs]:
+        """One bundle over the new elements and the residuals whose resume time has come."""
+        now = state.watermarks.processing_time
+        due = [r for r in state.residuals if r.resume_at <= now]
+        self.waiting = [r for r in state.residuals if r.resume_at > now]
+        data = b"".join([*self.cells, *(r.element for r in due)])
+        if data:
+            worker = self.worker = stage_worker(self.spec)
+            with task_metrics(self.sinks.metrics, self.spec.name) as metrics:
+                bundle, residuals = run_user_code(
+                    self.spec, lambda: worker.run_bundle(data, metrics)
+                )
+            worker.finalize_bundles()
+            self.waiting.extend(_residual(root, now) for root in residuals)
+            yield bundle
+
+    def finish(self, state: SplittableShardState) -> None:
+        state.residuals = self.waiting
+
+    def hold(self, state: SplittableShardState) -> int:
+        return state.hold()
+
+    def rows(self, topology: Topology, node: Node, outputs: list[Any]) -> list[Row]:
+        return routed_outputs(topology, node, self.spec, self.worker, outputs) if outputs else []

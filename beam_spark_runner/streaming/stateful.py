@@ -1,6 +1,7 @@
 """Stateful DoFns in a streaming run: one shard's keys per micro-batch, state kept between.
 
-A stateful stage is a node of a stateful level (``levels``). For each micro-batch a shard:
+A stateful stage is a node of a stateful level (``levels``). For each micro-batch a shard
+(``StatefulShard``, on the skeleton of ``shard_run``):
 
 1. loads its user state (the cells of Beam's in-memory ``StateServicer``, which serves
    every state kind: bag, value, combining, set, map, ordered list) and its pending timers;
@@ -16,13 +17,13 @@ A stateful stage is a node of a stateful level (``levels``). For each micro-batc
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import pickle
-import traceback
-from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from collections.abc import Generator, Iterable, Iterator
+from typing import Any
 
-from apache_beam.utils.timestamp import MAX_TIMESTAMP, Timestamp
+from apache_beam.utils.timestamp import Timestamp
 
 from beam_spark_runner.errors import StageExecutionError
 from beam_spark_runner.execution.stage_worker import (
@@ -33,22 +34,10 @@ from beam_spark_runner.execution.stage_worker import (
 )
 from beam_spark_runner.execution.timers import PendingTimers, TimerFamilyId
 from beam_spark_runner.monitoring.metrics import task_metrics
-from beam_spark_runner.streaming.rows import (
-    Row,
-    elements_and_markers,
-    routed_marker,
-    stage_output_rows,
-)
+from beam_spark_runner.streaming.rows import Row, elements_and_markers
+from beam_spark_runner.streaming.shard_run import ShardRun, routed_outputs, run_user_code
 from beam_spark_runner.streaming.topology import Node, Topology
-from beam_spark_runner.streaming.watermarks import (
-    MAX_MICROS,
-    WatermarkState,
-)
-
-T = TypeVar("T")
-
-# Timer rounds in one micro-batch before the runner says the timers keep re-arming.
-_MAX_TIMER_ROUNDS = 10_000
+from beam_spark_runner.streaming.watermarks import MAX_MICROS, Marker, WatermarkState
 
 
 @dataclasses.dataclass
@@ -71,79 +60,79 @@ class StatefulShardState:
         return state
 
 
-def run_user_code(spec: StageSpec, call: Callable[[], T]) -> T:
-    """``call()``; a user error is raised as a ``StageExecutionError`` naming the stage."""
-    try:
-        return call()
-    except StageExecutionError:
-        raise
-    except Exception as error:  # noqa: BLE001 - re-raised with the stage's name
-        raise StageExecutionError(spec.display_name, traceback.format_exc()) from error
+class StatefulShard(ShardRun[StatefulShardState, BundleOutputs]):
+    """One micro-batch of a stateful stage's shard: a bundle, then its timers' bundles."""
 
+    def __init__(self, spec: StageSpec, sinks: TaskSinks) -> None:
+        self.spec = spec
+        self.sinks = sinks
+        self.worker = stage_worker(spec)
+        self.pending = PendingTimers(self.worker.timer_families)
+        self.cells: list[bytes] = []
+        self.metrics: Any = None
 
-def run_stateful_shard(
-    topology: Topology,
-    node: Node,
-    shard: int,
-    spec: StageSpec,
-    state: StatefulShardState | None,
-    rows: Iterable[Any],
-    sinks: TaskSinks,
-) -> tuple[StatefulShardState, list[Row]]:
-    """One micro-batch of one shard of a stateful stage: its new state and its rows."""
-    if state is None:
-        state = StatefulShardState(WatermarkState(expected=node.expected))
-    cells, markers = elements_and_markers(rows)
-    worker = stage_worker(spec)
-    pending = PendingTimers(worker.timer_families)
-    for family_key, encoded in state.timers.items():
-        pending.add_written(family_key, encoded)
-    worker.state.import_user_state(state.user_state)
-    watermarks = state.watermarks
-    outputs: list[BundleOutputs] = []
-    try:
-        with task_metrics(sinks.metrics, spec.name) as metrics:
+    def new_state(self, watermarks: WatermarkState) -> StatefulShardState:
+        return StatefulShardState(watermarks)
 
-            def bundles(data: bytes, timers: Any = None) -> list[BundleOutputs]:
-                return run_user_code(
-                    spec, lambda: list(worker.process_with_timers(data, metrics, pending, timers))
-                )
+    def decode(self, data: bytes) -> StatefulShardState:
+        return StatefulShardState.decode(data)
 
-            if cells:
-                outputs += bundles(b"".join(cells))
-            watermarks.advance(markers)
-            done = watermarks.input_watermark >= MAX_MICROS
-            watermark = Timestamp(micros=watermarks.input_watermark)
-            now = MAX_TIMESTAMP if done else Timestamp(micros=watermarks.processing_time)
-            for _ in range(_MAX_TIMER_ROUNDS):
-                due = pending.next_round(watermark, now)
-                if not due:
-                    break
-                outputs += bundles(b"", due)
-            else:
-                raise StageExecutionError(
-                    spec.display_name,
-                    f"Timers fired {_MAX_TIMER_ROUNDS} rounds in one micro-batch and keep "
-                    "coming: a timer callback re-arms a timer at or before the current time.",
-                )
-        worker.finalize_bundles()
-        state.user_state = worker.state.export_user_state()
-    finally:
-        worker.state.release_user_state()
-    state.timers = pending.encoded()
-    hold = pending.earliest_hold()
-    output = watermarks.output(MAX_MICROS if hold is None else hold.micros - 1)
-    out = routed_outputs(topology, node, spec, worker, outputs)
-    out.extend(routed_marker(topology, node, shard, output, watermarks.processing_time))
-    return state, out
+    def encode(self, state: StatefulShardState) -> bytes:
+        return state.encode()
 
+    def read(self, node: Node, state: StatefulShardState, rows: Iterable[Any]) -> list[Marker]:
+        self.cells, markers = elements_and_markers(rows)
+        for family_key, encoded in state.timers.items():
+            self.pending.add_written(family_key, encoded)
+        self.worker.state.import_user_state(state.user_state)
+        return markers
 
-def routed_outputs(
-    topology: Topology, node: Node, spec: StageSpec, worker: Any, outputs: list[BundleOutputs]
-) -> list[Row]:
-    """A stage's bundle outputs as rows addressed to the readers of each output."""
-    out: list[Row] = []
-    for bundle in outputs:
-        for batch in bundle.record_batches(spec.outputs, worker.key_extractors):
-            out.extend(stage_output_rows(topology, node, batch))
-    return out
+    @contextlib.contextmanager
+    def running(self, state: StatefulShardState) -> Iterator[None]:
+        """The stage's metrics over its bundles; its user state exported, then let go."""
+        try:
+            with task_metrics(self.sinks.metrics, self.spec.name) as self.metrics:
+                yield
+            self.worker.finalize_bundles()
+            state.user_state = self.worker.state.export_user_state()
+        finally:
+            self.worker.state.release_user_state()
+
+    def _bundles(self, data: bytes, timers: Any = None) -> list[BundleOutputs]:
+        worker, pending = self.worker, self.pending
+        return run_user_code(
+            self.spec,
+            lambda: list(worker.process_with_timers(data, self.metrics, pending, timers)),
+        )
+
+    def before_watermark(
+        self, state: StatefulShardState, markers: list[Marker]
+    ) -> Iterator[BundleOutputs]:
+        if self.cells:
+            yield from self._bundles(b"".join(self.cells))
+
+    def timer_round(
+        self, state: StatefulShardState, watermark: Timestamp, now: Timestamp
+    ) -> Generator[BundleOutputs, None, bool]:
+        due = self.pending.next_round(watermark, now)
+        if not due:
+            return False
+        yield from self._bundles(b"", due)
+        return True
+
+    def timers_keep_coming(self, rounds: int) -> Exception:
+        return StageExecutionError(
+            self.spec.display_name,
+            f"Timers fired {rounds} rounds in one micro-batch and keep "
+            "coming: a timer callback re-arms a timer at or before the current time.",
+        )
+
+    def finish(self, state: StatefulShardState) -> None:
+        state.timers = self.pending.encoded()
+
+    def hold(self, state: StatefulShardState) -> int:
+        hold = self.pending.earliest_hold()
+        return MAX_MICROS if hold is None else hold.micros - 1
+
+    def rows(self, topology: Topology, node: Node, outputs: list[Any]) -> list[Row]:
+        return routed_outputs(topology, node, self.spec, self.worker, outputs)

@@ -22,7 +22,7 @@ from apache_beam.utils.timestamp import MAX_TIMESTAMP, Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_spark_runner.execution.default_trigger import DefaultTriggerState, add_hold, applies
-from beam_spark_runner.streaming import grouping
+from beam_spark_runner.streaming import group_panes, grouping
 from beam_spark_runner.streaming.chunk_lists import ChunkStore
 from beam_spark_runner.streaming.watermarks import MAX_MICROS, Marker, WatermarkState
 from tests.test_streaming_grouping import MemoryChunks, _Shard
@@ -66,7 +66,7 @@ class _Run:
     """One shard of the GroupByKey, with Beam's driver or the runner's."""
 
     def __init__(self, shard: _Shard, beam_driver: bool, chunks: ChunkStore | None = None) -> None:
-        self.grouper = grouping.StreamingGrouper(shard.spec, beam_driver=beam_driver)
+        self.grouper = group_panes.StreamingGrouper(shard.spec, beam_driver=beam_driver)
         self.state = grouping.ShardState(WatermarkState(expected=shard.node.expected))
         self.source = shard.source
         self.chunks = chunks

@@ -1,0 +1,445 @@
+"""GroupByKey in a streaming run: Beam's trigger driver over one shard's keys, per micro-batch.
+
+A stateful level runs as ``groupBy(target, shard).transformWithState`` (time mode none):
+Spark calls the level's processor once per (node, shard) with that micro-batch's rows.
+Every shard gets every producer's marker every batch, so it runs every batch. For a
+GroupByKey shard (``GroupShard``, on the skeleton of ``shard_run``) it:
+
+1. runs each key's new elements through Beam's streaming ``GeneralTriggerDriver`` (under
+   the default trigger, the runner's driver, which gives the same panes:
+   ``execution.default_trigger`` over non-merging windows, ``execution.session_trigger``
+   over sessions) against the shard's
+   *previous* input watermark (late data is dropped where Beam drops it: behind a
+   window's end plus the allowed lateness);
+2. advances the input watermark from the markers (the minimum over the producers it
+   expects) and the runner's processing time;
+3. fires the timers now due, key by key in timestamp order, until none are (a firing may
+   set new timers); once the input is at +inf, processing-time timers fire too, as a
+   bounded run ends;
+4. forgets windows past their garbage-collection time, and keys with nothing left;
+5. emits the panes (to the GroupByKey's readers) and its output watermark, the minimum of
+   the input watermark and the earliest hold of its keys (the trigger driver's watermark
+   holds: unfired panes at their timestamp combiner's output time), as markers.
+
+How the shard's keys are kept between batches: ``grouping``.
+"""
+
+from __future__ import annotations
+
+import collections
+import pickle
+from collections.abc import Generator, Iterable, Iterator
+from typing import Any
+
+from apache_beam.utils.timestamp import Timestamp
+
+from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.execution import gc_pause
+from beam_spark_runner.execution.default_trigger import (
+    DefaultTriggerDriver,
+    DefaultTriggerState,
+    WindowPanes,
+    add_hold,
+    end_of,
+    window_of,
+    window_token,
+)
+from beam_spark_runner.execution.default_trigger import applies as default_trigger_applies
+from beam_spark_runner.execution.grouping import GroupSpec
+from beam_spark_runner.execution.session_trigger import SessionsDriver
+from beam_spark_runner.execution.session_trigger import applies as sessions_applies
+from beam_spark_runner.streaming.chunk_lists import ChunkStore
+from beam_spark_runner.streaming.grouping import (
+    ALWAYS,
+    KeyState,
+    ShardState,
+    decode_shard_state,
+    dumps,
+    encode_shard_state,
+    release_shard_state,
+)
+from beam_spark_runner.streaming.rows import (
+    ELEMENT,
+    KEY,
+    KEYED_RUN,
+    PORT,
+    Row,
+    cell,
+    keyed_run_elements,
+    marker_of,
+    output_rows,
+)
+from beam_spark_runner.streaming.shard_run import ShardRun
+from beam_spark_runner.streaming.topology import Node, Topology
+from beam_spark_runner.streaming.watermarks import MAX_MICROS, Marker, WatermarkState
+
+# A pane fired: the key's bytes, the key, the pane.
+Fired = tuple[bytes, Any, Any]
+
+
+class _Clock:
+    """The runner's processing time for Beam's trigger contexts (seconds, as ``time()``)."""
+
+    def __init__(self, micros: int) -> None:
+        self.micros = micros
+
+    def time(self) -> float:
+        return self.micros / 1e6
+
+
+class StreamingGrouper:
+    """One GroupByKey's coders and trigger driver, built once per worker process.
+
+    Under the default trigger the driver is the runner's (the same panes, a fraction of the
+    Python): ``DefaultTriggerDriver`` over non-merging windows, ``SessionsDriver`` over
+    Beam's ``Sessions``; otherwise it is Beam's ``GeneralTriggerDriver``. ``beam_driver``
+    forces Beam's (tests compare them).
+    """
+
+    def __init__(self, spec: GroupSpec, beam_driver: bool = False) -> None:
+        spec.environment.enter()
+        context = bi.PipelineContext(bi.beam_runner_api_pb2.Components.FromString(spec.components))
+        self.name = spec.name
+        self.pre_impl = context.coders[spec.pre_grouping_coder_id].get_impl()
+        self.post_impl = context.coders[spec.post_grouping_coder_id].get_impl()
+        self.windowing = context.windowing_strategies[spec.windowing_strategy_id]
+        self.clock = _Clock(0)
+        self.driver = bi.create_trigger_driver(self.windowing, clock=self.clock)
+        # The runner's own driver (``SessionsDriver`` is a ``DefaultTriggerDriver``, its
+        # state a ``DefaultTriggerState``), where it takes the windowing.
+        self.default: DefaultTriggerDriver | None = None
+        if not beam_driver and default_trigger_applies(self.windowing):
+            self.default = DefaultTriggerDriver(self.windowing)
+        elif not beam_driver and sessions_applies(self.windowing):
+            self.default = SessionsDriver(self.windowing)
+        self.allowed_lateness = self.windowing.allowed_lateness
+        # Whether values wait in the shard's chunk store (``process``): under the
+        # default-trigger driver over windows that do not merge (sessions merge: theirs
+        # stay in the keys' states).
+        self.buffers = type(self.default) is DefaultTriggerDriver
+
+    def process(
+        self,
+        shard: ShardState,
+        elements: dict[bytes, list[bytes]],
+        markers: list[Marker],
+        chunks: ChunkStore | None = None,
+    ) -> Iterator[Fired]:
+        """Runs one micro-batch of a shard; yields (key bytes, key, pane) per pane fired.
+
+        With ``chunks``, under the runner's default-trigger driver, a window that has not
+        had its on-time pane waits there, not in its keys' states: at the end of each
+        batch its keys' values and holds of that batch go into one chunk (``buffer``),
+        and the batch whose input watermark reaches its end reads them back before it
+        fires (``unbuffer``). Until then the shard's value holds only the window's end
+        and earliest hold; a key with nothing else is not in it at all.
+        """
+        run = GroupShard(self, chunks)
+        run.elements = elements
+        yield from run.step(shard, markers)
+
+    def unbuffer(self, shard: ShardState, chunks: ChunkStore) -> None:
+        """Puts every buffered window the input watermark reached back into its keys.
+
+        Such a window's on-time pane fires in this batch. A key's values from the chunks
+        go before those it got in this batch, which came later (a pane's values stay in
+        arrival order), and its holds join them; a key the shard no longer holds comes
+        back, after the keys it holds.
+        """
+        watermark = shard.watermarks.input_watermark
+        due = [tag for tag, (end, _) in shard.buffered.items() if end <= watermark]
+        if not due:
+            return
+        # (window token, key bytes) -> [key, values, holds], in the order they came.
+        earlier: dict[tuple[Any, bytes], list[Any]] = {}
+        for tag, tagged in chunks.take(set(due)).items():
+            token = pickle.loads(tag)
+            for chunk in tagged:
+                for key_bytes, key, values, holds in pickle.loads(chunk):
+                    entry = earlier.get((token, key_bytes))
+                    if entry is None:
+                        earlier[(token, key_bytes)] = [key, values, holds]
+                    else:
+                        entry[1].extend(values)
+                        entry[2].extend(holds)
+        for (token, key_bytes), (key, values, holds) in earlier.items():
+            key_state = shard.key_state(key_bytes)
+            if key_state is None:
+                key_state = KeyState(key, DefaultTriggerState())
+                shard.add(key_bytes, key_state)
+            window = window_of(token)
+            panes = key_state.state.get(window)
+            if panes is None:
+                # Never fired (it would not wait in the store): no pane counted yet.
+                panes = key_state.state[window] = WindowPanes(timer=True)
+            panes.values[:0] = values
+            for hold in holds:
+                add_hold(panes.holds, hold)
+        for tag in due:
+            del shard.buffered[tag]
+
+    def buffer(self, shard: ShardState, chunks: ChunkStore) -> None:
+        """Moves the windows still before their end out of this batch's keys, to ``chunks``.
+
+        One chunk per window: (key bytes, key, values, holds) of each key it has in this
+        batch, in the order of the shard's keys. Those windows' end-of-window timers are
+        set (the watermark has not reached them), none has fired (a window that has keeps
+        its values in its key's state, for late panes of the accumulating mode), so a
+        key's window is its values and holds alone. A key left with no window leaves the
+        shard's value.
+        """
+        new: dict[bytes, list[tuple[bytes, Any, list[Any], list[int]]]] = {}
+        ends: dict[bytes, tuple[int, int]] = {}
+        tags: dict[Any, bytes] = {}
+        emptied = []
+        for key_bytes, key_state in shard.keys.items():
+            state = key_state.state
+            if type(state) is not DefaultTriggerState:
+                continue
+            pending = [window for window, panes in state.items() if panes.timer]
+            for window in pending:
+                panes = state.pop(window)
+                tag = tags.get(window)
+                if tag is None:
+                    tag = tags[window] = _window_tag(window)
+                entry = (key_bytes, key_state.key, panes.values, panes.holds)
+                new.setdefault(tag, []).append(entry)
+                end, hold = ends.get(tag) or shard.buffered.get(tag) or (end_of(window), MAX_MICROS)
+                ends[tag] = (end, min([hold, *panes.holds]))
+            if pending and not state:
+                emptied.append(key_bytes)
+        for key_bytes in emptied:
+            shard.remove(key_bytes)
+        if new:
+            chunks.append([(tag, dumps(entries)) for tag, entries in new.items()])
+            shard.buffered.update(ends)
+
+    def driver_of(self, key_state: KeyState) -> Any:
+        """The driver of a key's state.
+
+        A key whose state Beam's driver wrote (a checkpoint of an earlier runner version)
+        stays with Beam's driver; new keys get the default one.
+        """
+        if isinstance(key_state.state, DefaultTriggerState):
+            assert self.default is not None, "default-trigger state under another trigger"
+            return self.default
+        return self.driver
+
+    def collect_garbage(self, shard: ShardState) -> None:
+        """Drops windows whose input can only be dropped as late, and keys left empty."""
+        watermark = Timestamp(micros=shard.watermarks.input_watermark)
+        lateness = self.allowed_lateness
+
+        def expired(window: Any) -> bool:
+            return bool(window.end + lateness < watermark)
+
+        at, micros = shard.watermarks.input_watermark, lateness.micros
+        for key_bytes, key_state in list(shard.keys.items()):
+            state = key_state.state
+            if isinstance(state, DefaultTriggerState):
+                self.driver_of(key_state).forget_expired(state, at, micros)
+                if not state:
+                    shard.remove(key_bytes)
+                continue
+            bi.forget_expired_windows(state, expired)
+            if bi.trigger_state_is_empty(state):
+                shard.remove(key_bytes)
+
+    def settle(self, shard: ShardState) -> None:
+        """Records each decoded key's next visit and earliest hold."""
+        lateness = self.allowed_lateness.micros
+        for key_bytes, key_state in shard.keys.items():
+            state = key_state.state
+            if isinstance(state, DefaultTriggerState):
+                driver = self.driver_of(key_state)
+                shard.visits[key_bytes] = driver.next_visit(state, lateness)
+                hold = driver.earliest_hold(state)
+            else:
+                due = bi.trigger_state_next_work(state, lateness)
+                shard.visits[key_bytes] = ALWAYS if due is None else min(due, MAX_MICROS)
+                hold = state.get_earliest_hold().micros
+            if hold < MAX_MICROS:  # Beam's MAX_TIMESTAMP
+                shard.holds[key_bytes] = hold
+            else:
+                shard.holds.pop(key_bytes, None)
+
+    def hold(self, shard: ShardState) -> int:
+        """The earliest watermark hold of the shard's keys (microseconds).
+
+        A buffered window's holds as its keys' would be (Beam's earliest hold is a
+        microsecond before the earliest element hold).
+        """
+        held = min(shard.holds.values(), default=MAX_MICROS)
+        if shard.buffered:
+            earliest = min(hold for _, hold in shard.buffered.values())
+            if earliest < MAX_MICROS:
+                held = min(held, earliest - 1)
+        return held
+
+    def encode(self, key: Any, pane: Any) -> bytes:
+        """A pane as the GroupByKey's output element: ``KV<K, Iterable<V>>``."""
+        return self.post_impl.encode_nested(pane.with_value((key, pane.value)))  # type: ignore[no-any-return]
+
+
+class GroupShard(ShardRun[ShardState, Fired]):
+    """One micro-batch of one GroupByKey shard.
+
+    ``chunks``: the shard's chunk store, where values wait for their window's on-time
+    pane (without one they stay in the shard's state value).
+    """
+
+    def __init__(self, grouper: StreamingGrouper, chunks: ChunkStore | None = None) -> None:
+        self.grouper = grouper
+        self.chunks = chunks
+        self.elements: dict[bytes, list[bytes]] = {}
+        # The keys under Beam's driver, whose timers fire round by round.
+        self.beams: list[tuple[bytes, KeyState]] = []
+
+    def new_state(self, watermarks: WatermarkState) -> ShardState:
+        return ShardState(watermarks)
+
+    def decode(self, data: bytes) -> ShardState:
+        return decode_shard_state(data)
+
+    def encode(self, state: ShardState) -> bytes:
+        return encode_shard_state(state)
+
+    def release(self, state: ShardState) -> None:
+        release_shard_state(state)
+
+    def storing(self) -> Any:
+        """The collector paused: keys' states are decoded, kept and encoded (no user code)."""
+        return gc_pause.paused()
+
+    def read(self, node: Node, state: ShardState, rows: Iterable[Any]) -> list[Marker]:
+        """The elements by key (a keyed run's or a keyed row's)."""
+        elements: dict[bytes, list[bytes]] = collections.defaultdict(list)
+        markers = []
+        for row in rows:
+            if row[ELEMENT] is None:
+                markers.append(marker_of(row))
+            elif row[PORT] == KEYED_RUN:
+                for key, element in keyed_run_elements(cell(row[ELEMENT])):
+                    elements[key].append(element)
+            else:
+                elements[bytes(row[KEY])].append(cell(row[ELEMENT]))
+        self.elements = elements
+        return markers
+
+    def before_watermark(self, state: ShardState, markers: list[Marker]) -> Iterator[Fired]:
+        """Each key's new elements through its driver, at the batch's processing time."""
+        grouper, watermarks = self.grouper, state.watermarks
+        watermarks.processing_time = max(
+            [watermarks.processing_time, *(m.processing_time for m in markers)]
+        )
+        grouper.clock.micros = watermarks.processing_time
+        input_watermark = Timestamp(micros=watermarks.input_watermark)
+        output_watermark = Timestamp(micros=watermarks.output_watermark)
+        default = grouper.default
+        for key_bytes, cells in self.elements.items():
+            values = list(grouper.pre_impl.decode_all(b"".join(cells)))
+            key_state = state.key_state(key_bytes)
+            if key_state is None:
+                new_state = default.new_state() if default else bi.trigger_state()
+                key_state = KeyState(values[0].value[0], new_state)
+                state.add(key_bytes, key_state)
+            panes = grouper.driver_of(key_state).process_elements(
+                key_state.state,
+                [wv.with_value(wv.value[1]) for wv in values],
+                output_watermark,
+                input_watermark,
+            )
+            for pane in panes:
+                yield key_bytes, key_state.key, pane
+
+    def after_watermark(self, state: ShardState) -> Iterator[Fired]:
+        """The due keys decoded, buffered windows now due back in them; default timers fired.
+
+        The runner's driver's firings never set timers: its keys fire in one round, here.
+        """
+        grouper = self.grouper
+        grouper.clock.micros = state.watermarks.processing_time
+        state.load_due(state.watermarks.input_watermark)
+        if state.buffered:
+            assert self.chunks is not None, (
+                f"GroupByKey '{grouper.name}' has windows in a chunk store"
+            )
+            grouper.unbuffer(state, self.chunks)
+        watermark = Timestamp(micros=state.watermarks.input_watermark)
+        for key_bytes, key_state in state.loaded():
+            if isinstance(key_state.state, DefaultTriggerState):
+                for pane in grouper.driver_of(key_state).fire_timers(key_state.state, watermark):
+                    yield key_bytes, key_state.key, pane
+            else:
+                self.beams.append((key_bytes, key_state))
+
+    def timer_round(
+        self, state: ShardState, watermark: Timestamp, now: Timestamp
+    ) -> Generator[Fired, None, bool]:
+        """One round of Beam's driver's timers, key by key, each key's in timestamp order."""
+        fired = False
+        driver = self.grouper.driver
+        for key_bytes, key_state in self.beams:
+            expired, _ = key_state.state.get_timers(
+                clear=True, watermark=watermark, processing_time=now
+            )
+            for window, (name, domain, timestamp, _tag) in sorted(
+                expired, key=lambda timer: timer[1][2]
+            ):
+                fired = True
+                for pane in driver.process_timer(
+                    window, name, domain, timestamp, key_state.state, watermark
+                ):
+                    yield key_bytes, key_state.key, pane
+        return fired
+
+    def timers_keep_coming(self, rounds: int) -> Exception:
+        return RuntimeError(
+            f"GroupByKey '{self.grouper.name}' fired timers {rounds} rounds in one "
+            "micro-batch and they keep coming: its trigger re-arms itself at or before the "
+            "current time. Check the windowing's trigger."
+        )
+
+    def finish(self, state: ShardState) -> None:
+        """Expired windows forgotten, windows before their end buffered, keys settled."""
+        grouper = self.grouper
+        grouper.collect_garbage(state)
+        if self.chunks is not None and grouper.buffers:
+            grouper.buffer(state, self.chunks)
+        grouper.settle(state)
+
+    def hold(self, state: ShardState) -> int:
+        return self.grouper.hold(state)
+
+    def capture(self, output: Fired) -> tuple[bytes, bytes]:
+        """The pane encoded now: Beam's driver goes on filling the list a pane holds."""
+        key_bytes, key, pane = output
+        return key_bytes, self.grouper.encode(key, pane)
+
+    def rows(self, topology: Topology, node: Node, outputs: list[Any]) -> list[Row]:
+        """The panes to the GroupByKey's readers, their grouping key along (readers shard by it)."""
+        out: list[Row] = []
+        for key_bytes, encoded in outputs:
+            out.extend(output_rows(topology, node, 0, key_bytes, encoded))
+        return out
+
+
+_GROUPERS: collections.OrderedDict[str, StreamingGrouper] = collections.OrderedDict()
+_MAX_CACHED = 64
+
+
+def streaming_grouper(spec: GroupSpec) -> StreamingGrouper:
+    """The grouper of ``spec`` in this process."""
+    grouper = _GROUPERS.get(spec.cache_key)
+    if grouper is None:
+        grouper = StreamingGrouper(spec)
+        _GROUPERS[spec.cache_key] = grouper
+        while len(_GROUPERS) > _MAX_CACHED:
+            _GROUPERS.popitem(last=False)
+    spec.environment.enter()
+    return grouper
+
+
+def _window_tag(window: Any) -> bytes:
+    """A window as the tag of its chunks: its ``window_token``, pickled."""
+    return pickle.dumps(window_token(window), protocol=pickle.HIGHEST_PROTOCOL)
