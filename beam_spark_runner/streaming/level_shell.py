@@ -11,7 +11,7 @@ before its first micro-batch, every query start, every test.
 ``LevelShell`` is what PySpark pickles instead. It declares the state variables itself and
 holds the level (``levels.Level``) pickled, unpickled in a task at its first group, where
 Beam is already imported. This module imports PySpark and ``driver_processes`` (the
-standard library) only; keep it that way (``tests/test_streaming_levels.py`` checks it in a
+standard library) only; keep it that way (``tests/streaming/test_levels.py`` checks it in a
 fresh interpreter).
 """
 

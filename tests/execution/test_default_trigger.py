@@ -25,7 +25,7 @@ from beam_spark_runner.execution.default_trigger import DefaultTriggerState, add
 from beam_spark_runner.streaming import group_panes, grouping
 from beam_spark_runner.streaming.chunk_lists import ChunkStore
 from beam_spark_runner.streaming.watermarks import MAX_MICROS, Marker, WatermarkState
-from tests.test_streaming_grouping import MemoryChunks, _Shard
+from tests.streaming.test_grouping import MemoryChunks, _Shard
 
 SECOND = 1_000_000
 DISCARDING = trigger.AccumulationMode.DISCARDING

@@ -21,7 +21,7 @@ from apache_beam.utils.windowed_value import PaneInfoTiming, WindowedValue
 from beam_spark_runner.execution.session_trigger import SessionTriggerState, applies
 from beam_spark_runner.streaming.watermarks import MAX_MICROS
 from tests.execution.test_default_trigger import SECOND, Mix, _into, _Run, compare_with_beams_driver
-from tests.test_streaming_grouping import _Shard
+from tests.streaming.test_grouping import _Shard
 
 ACCUMULATING = trigger.AccumulationMode.ACCUMULATING
 DISCARDING = trigger.AccumulationMode.DISCARDING
