@@ -76,29 +76,6 @@ def side_input_ids(
     ]
 
 
-def fn_api_runner_phases() -> list:
-    """Beam's batch graph phases, in FnApiRunner's order."""
-    t = translations
-    return [
-        t.annotate_downstream_side_inputs,
-        # A stateful ParDo starts its own stage, so the runner can shuffle its input by key.
-        t.annotate_stateful_dofns_as_roots,
-        t.fix_side_input_pcoll_coders,
-        t.pack_combiners,
-        t.lift_combiners,
-        t.expand_sdf,
-        t.expand_gbk,
-        t.sink_flattens,
-        t.greedily_fuse,
-        t.read_to_impulse,
-        t.impulse_to_input,
-        t.sort_stages,
-        t.add_impulse_to_dangling_transforms,
-        t.setup_timer_mapping,
-        t.populate_data_channel_coders,
-    ]
-
-
 def fn_api_runner_supported_requirements() -> tuple[str, ...]:
     """The pipeline requirements Beam's own FnApiRunner declares support for."""
     return tuple(FnApiRunner.supported_requirements())
