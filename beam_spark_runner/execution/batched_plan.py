@@ -1,22 +1,13 @@
 """Which steps of a fused stage run batched (``execution.batched_steps``), from its descriptor.
 
-Decided once per stage worker: a ParDo with one main input and one output, side inputs only
-read as iterables (``AsSingleton``, ``AsIter``, ``AsList``, ``AsDict``), no state, timers,
-restriction or finalization, whose pickled DoFn the batched path can run
-(``batched_policy.unbatchable_dofn_reason``), ``WindowInto`` with one of Beam's standard
-window functions, a Flatten of one input (each element passed on as it is), and a lifted
-combine's precombine (``batched_dofns.precombine_dofn``), its merge and extract phases,
-and ``CombineGlobally``'s ``KeyWithVoid`` (``batched_dofns.key_with_none_dofn``). Walking
-from the stage's input, a PCollection whose readers all qualify (or are stage outputs) is
-processed batched; one read by a step that does not qualify is the *hand-off*, and the
-bundle processor runs the rest of the stage from a copy of the descriptor without the
-batched steps, whose data input reads the hand-off.
-
-A stage with no steps at all, whose input is read only by its outputs (a Flatten's read
-and a GroupByKey's write, the middle of every CoGroupByKey), runs batched too: the bundle
-processor would decode and re-encode each element to pass it on. Where every output
-writes the input's coder, the batch hands the encoded elements through as they are and
-reads only where each ends (``pass_through_coder_id``).
+Decided once per stage worker. A step qualifies if it is a ParDo with one main input and one
+output, iterable side inputs only, no state, timers, restriction or finalization, and a DoFn
+the batched path can run (``batched_policy.unbatchable_dofn_reason``); a standard
+``WindowInto``; a one-input Flatten; or a lifted combine's phase or ``KeyWithVoid``
+(``batched_dofns``). From the stage's input, a PCollection whose readers all qualify runs
+batched; one read by a step that does not is the *hand-off*, from which the bundle processor
+runs the rest from a trimmed copy of the descriptor. A stage with no steps whose outputs
+write its input's coder passes encoded elements through (``pass_through_coder_id``).
 """
 
 from __future__ import annotations

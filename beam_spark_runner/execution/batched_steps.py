@@ -1,47 +1,14 @@
 """The batched path: a fused stage's stateless steps run step by step over a whole batch.
 
-Beam's bundle processor moves each element through the stage's operation chain, with a
-counter update, a size sample and a receiver call per element and step. Steps that need
-nothing per element from the runner — Map, FlatMap, Filter, MapTuple/FlatMapTuple (Beam's
-``CallableWrapperDoFn``), ``WindowInto`` with Beam's standard window functions, and user
-DoFns whose ``process`` takes only the element, or with timestamp or window parameters, also
-with side inputs read as iterables, a lifted combine's precombine, merge and extract
-phases — run here instead, one step at a time over the batch's decoded windowed values:
-
-* each step is Beam's own ``DoFnRunner`` (``WindowInto``: the DoFn Beam's bundle processor
-  runs for it), so outputs keep or get their timestamps, windows and panes exactly as Beam
-  gives them; a Map/FlatMap/Filter whose callable takes only the element is called
-  directly (Beam's ``SimpleInvoker`` semantics: ``wv.with_value(output)``), any output that
-  is a ``WindowedValue``, ``TimestampedValue`` or ``TaggedOutput`` going through Beam's
-  output handler; a step with side inputs gets Beam's side-input maps over the stage
-  worker's state handler, each value kept per main window for the batch
-  (``batched_side_inputs.side_input_maps``);
-* each step gets ``setup`` once, ``start_bundle``/``finish_bundle`` per batch (finish
-  outputs included, downstream of the step's other outputs, as in Beam) and ``teardown``
-  when the stage worker is torn down; its own metrics container (user metrics land under
-  its step), and Beam's element counts and sampled sizes per PCollection;
-* an error is Beam's: the user's exception, its message ending in
-  ``[while running '<step>']``.
-
-What qualifies is decided once per stage worker from the process bundle descriptor
-(:func:`plan_batched_steps`): the steps reachable from the stage's input through qualifying
-steps only, with at most one PCollection (the *hand-off*) read by a step that does not
-qualify (``execution.batched_plan``), each with its kind of step (:data:`STEP_KINDS`:
-``execution.batched_step_kinds`` and ``batched_direct_steps``). The hand-off's elements go
-to the bundle processor without being encoded (``beam_internals.HandoffCoder``), which runs
-the rest of the stage from a descriptor without the batched steps. Outputs of batched steps
-bound for the stage's outputs are encoded here directly.
-
-A stage of no steps whose outputs write its input's coder (a CoGroupByKey's Flatten read
-and GroupByKey write) is a *pass-through*: the bundle processor would decode each element
-(user objects unpickled) and encode it again, giving the bytes it read. Here the encoded
-elements go to the outputs as they are; only where each ends is read, with the input's
-coder reading its length-prefixed (user-coded) parts as bytes. Element counts, the read
-index and sampled sizes (the sampled elements decoded) are reported as for any batch.
-
-Known difference: the steps of a batch run a chunk at a time, not interleaved element by
-element, so a DoFn that mutates its input or output after emitting it, or steps sharing
-mutable globals, may see other values than on Beam's path (Beam forbids such mutation).
+Steps that need nothing per element from the runner (Map, FlatMap, Filter, ``WindowInto``
+with Beam's standard window functions, user DoFns taking only the element, timestamp, window
+or iterable side inputs, a lifted combine's phases) run here one step at a time over the
+batch's windowed values, through Beam's own ``DoFnRunner`` or with Beam's ``SimpleInvoker``
+semantics, keeping Beam's outputs, bundle calls, metrics and errors. :func:`plan_batched_steps`
+decides which (``execution.batched_plan``); the bundle processor runs the rest of the stage
+from the unencoded *hand-off*. A stage of no steps whose outputs write its input's coder (a
+*pass-through*) sends its encoded elements on as they are. Unlike Beam's path, a batch runs
+a step at a time: a DoFn that mutates what it emitted (Beam forbids it) may see other values.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """GroupByKey panes under Beam's default trigger, without Beam's general trigger driver.
 
-Most streaming GroupByKeys (and the lifted combines over them) run under the default
-trigger: one pane per window when the watermark passes its end, and one per late element
-within the allowed lateness. Beam's ``GeneralTriggerDriver`` handles every trigger and
-every window function; per element and window it goes through a merging-state adapter
-(even for windows that never merge) that builds a combine function class per state read.
-Profiled on Nexmark q5 in streaming, that was nearly half of the workers' Python time.
-
-:class:`DefaultTriggerDriver` produces the same panes for the default trigger over
-non-merging windows: the same values in the same order, timestamps (the timestamp
-combiner's watermark holds), pane infos (index, on-time / late / early, first) and
-dropping of expired data, and the same earliest hold for the output watermark; it is
-checked against Beam's driver on random micro-batches (``tests/execution/test_default_trigger.py``).
-Per window it keeps the buffered values, the holds, the two pane counters and whether the
-end-of-window timer is set: plain values, pickled as they are in the shard's state.
+Beam's ``GeneralTriggerDriver`` goes through a merging-state adapter per element and window,
+even for windows that never merge. :class:`DefaultTriggerDriver` produces the same panes for
+the default trigger over non-merging windows: the same values in the same order,
+timestamps, pane infos and dropping of expired data, and the same earliest hold for the
+output watermark; ``tests/execution/test_default_trigger.py`` checks it against Beam's
+driver on random micro-batches. Per window it keeps the buffered values, holds, the two
+pane counters and the end-of-window timer: plain values, pickled as they are in the shard's
+state.
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """Side inputs read in the same Spark job as the stage that reads them.
 
-A stage whose main input is a handful of literal rows (an Impulse, a small ``Create``)
-and that reads side inputs would otherwise need a Spark job of its own per side input:
-collect the side input to the driver, broadcast it, then run the pipeline. Beam's
-``CombineGlobally`` (``Count.Globally``, ``Sum``, ``Mean.Globally`` …) has exactly this
-shape: its default value is injected by a ``Map`` over ``Create([None])`` that reads the
-combined value as a side input.
-
-Here the translator instead unions the side inputs' rows into the stage's input, each
-marked in the key column with the index of the side input it belongs to (main rows have a
-null key), in one partition. The task reads its whole input, builds the side inputs' state
-entries exactly as the driver would (``side_inputs.side_input_state_entries``), then runs
-the main rows through the stage. The main input is small by construction, so holding it
-until the input ends costs nothing, and one task is all it would have used anyway.
-
-Where the stage's only side input is written by one stage that groups its own input (the
-second half of a lifted combine: ``grouped_stage``), that stage runs in the same Python
-worker too (:class:`GroupedWriter`): the task's rows with a key are its input, and its
-output is the side input, with no ``mapInArrow`` of its own and no second Python worker.
+A stage whose main input is a few literal rows (an Impulse, a small ``Create``, as in
+``CombineGlobally``'s default value) and that reads side inputs would otherwise need a Spark
+job per side input. Instead the translator unions the side inputs' rows into the stage's
+input in one partition, each keyed by its side input's index (main rows have a null key);
+the task builds the side inputs' state entries as the driver would
+(``side_inputs.side_input_state_entries``), then runs the main rows. Where the only side
+input is written by a stage that groups its own input (``grouped_stage``), that stage runs
+in the same worker too (:class:`GroupedWriter`), its input the task's keyed rows.
 """
 
 from __future__ import annotations

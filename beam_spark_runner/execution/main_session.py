@@ -1,24 +1,13 @@
 """``--save_main_session``: the driver's main script, restored in Spark's Python workers.
 
-Beam's portable runners stage a pickled main session (``pickler.dump_session``) and their
-SDK harness loads it before running user code. Spark's workers are not Beam's harness, so
-the runner does both itself: the driver captures the session once per run and each worker
-process restores it on its first task of the run (``beam_globals.enter_run``).
-
-What is captured depends on the pickler, as in Beam:
-
-* **dill** pickles DoFns' references to the main script's globals by name, so a worker
-  needs the whole ``__main__`` module: Beam's ``dump_session`` (``dill.dump_session``).
-* **cloudpickle** pickles main-script code by value, and Beam's ``dump_session`` keeps
-  only its registries (coders, logical types, schemas).
-
-Either way a class defined in ``__main__`` fails wherever its instances are pickled by
-reference: Beam's fallback coder (``PickleCoder``, standard ``pickle``) looks the class up
-as ``__main__.<name>`` in the worker, and dill's session refers by name to a class that
-refers to itself (a frozen dataclass). So the runner also pickles the main script's classes
-by value with cloudpickle and puts them in the worker's ``__main__``. cloudpickle gives a
-class one identity however often it is unpickled in a process, so the class DoFns pickled
-with cloudpickle build and the one found by name are the same class.
+Spark's workers are not Beam's SDK harness, so the runner does what Beam's portable runners
+and harness do: the driver captures the session once per run (``pickler.dump_session``:
+the whole ``__main__`` under dill, only Beam's registries under cloudpickle) and each worker
+process restores it on its first task of the run (``beam_globals.enter_run``). Classes
+defined in ``__main__`` would still fail where pickled by reference (Beam's ``PickleCoder``,
+dill's session for self-referring classes), so the runner also pickles them by value with
+cloudpickle into the worker's ``__main__``; cloudpickle keeps one identity per class in a
+process, so the class DoFns build and the one found by name are the same.
 """
 
 from __future__ import annotations

@@ -1,23 +1,14 @@
 """A native combine's writers: each bundle's elements aggregated per key, in Arrow.
 
 A stage writing a native combine's buffer (``planning.phases.native_combines``) hands Spark
-one row per key and bundle, not per element: the bundle's keys (``coders.keys``) and values
-(``coders.typed_values``) go into an Arrow table, and Arrow's hash aggregation (C++, no
-Python per element) computes the partial aggregate Spark then merges in the JVM
-(``translators.native_combine``), as Beam's lifted combine precombines per bundle:
-
-* ``count``: the number of elements (``VALUE_COUNT``);
-* ``sum``: the sum. Integer sums stay exact: where a bundle's values could overflow an
-  ``int64`` when added (more values than ``2**63`` over their largest magnitude), its rows
-  go to Spark one per element instead, and Spark adds them as ``decimal(38, 0)``;
-* ``mean``: the sum (likewise) and the count;
-* ``min``, ``max``: the least and greatest value. Arrow skips NaN unless every value of the
-  key is NaN, and Spark orders NaN above every number; Python's ``min`` and ``max`` give
-  one result or the other depending on the order of the values (see
-  ``translators.native_combine``).
-
-The rows have the stage's typed output layout (``TYPED_STAGE_OUTPUT_SCHEMA``): tag, key,
-a null element, the value in its type's column, and the count.
+one row per key and bundle: Arrow's hash aggregation over the bundle's keys
+(``coders.keys``) and values (``coders.typed_values``) computes the partial ``count``,
+``sum``, ``mean`` (sum and count), ``min`` or ``max`` that Spark merges in the JVM
+(``translators.native_combine``), as Beam's lifted combine precombines per bundle. Integer
+sums stay exact: where a bundle's values could overflow an ``int64``, its rows go one per
+element and Spark adds them as ``decimal(38, 0)``. Arrow's min and max skip NaN unless all
+values are NaN (Python's depend on value order). Rows have the typed output layout
+(``TYPED_STAGE_OUTPUT_SCHEMA``): tag, key, a null element, the typed value and the count.
 """
 
 from __future__ import annotations

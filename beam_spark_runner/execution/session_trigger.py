@@ -1,39 +1,14 @@
 """GroupByKey panes of session windows, without Beam's general trigger driver.
 
-Beam's ``GeneralTriggerDriver`` merges windows through its ``MergeableStateAdapter``: each
-window's state lives under ids, a merged window takes over the ids of the windows merged
-into it, and every read combines over them. Per element and window that costs a
-merging-state read or write (a combine-function class built per read), which is why session
-windows were the slowest GroupByKeys of a streaming run.
-
-:class:`SessionsDriver` gives the same panes for Beam's ``Sessions`` under the default
-trigger, and under ``AfterWatermark()`` with or without early firings after a count
-(``AfterWatermark(early=AfterCount(n))``, Nexmark q11's trigger) and without late ones: the
-same values in the same order, timestamps, pane infos, dropping of expired data and of data
-for sessions whose trigger finished, and the same earliest hold for the output watermark.
-It is checked against Beam's driver on random micro-batches
-(``tests/execution/test_session_trigger.py``). What it keeps per session is what Beam's
-adapter gives it:
-
-* the values in the order Beam reads them: a bucket per id, in the merged window's id
-  order (the merge result's own first, then those of the windows merged into it, by
-  start), new values into the first bucket;
-* the pane counters of the merge result alone (Beam clears those of the windows merged
-  away: pane infos do not carry across a merge);
-* the holds of every window merged into it, combined for the pane's timestamp, the earliest
-  of them holding the output watermark;
-* whether the end-of-window timer is set: an element sets it, its firing clears it, and so
-  does a merge (see ``_merge``);
-* ``AfterCount``'s count, summed over the windows merged (its state merges so), reset by
-  its early pane;
-* whether the trigger finished (Beam's tombstone): ``AfterWatermark`` without a late
-  trigger finishes with its on-time pane, and from then on the session, and any session
-  merged with it, drops its input.
-
-It works in microseconds: sessions are keyed by their bounds, and merged as Beam's
-``Sessions.merge`` merges them (sorted by start, each run of overlapping windows into one
-from the first start to the last end). Hashing or comparing Beam's window objects reads
-``Timestamp`` properties, which made that most of the time a merge took.
+:class:`SessionsDriver` gives the same panes as Beam's ``GeneralTriggerDriver`` for Beam's
+``Sessions`` under the default trigger, or ``AfterWatermark()`` with or without early
+firings after a count (``AfterWatermark(early=AfterCount(n))``) and without late ones: the
+same values in the same order, timestamps, pane infos, dropping of expired data and of
+sessions whose trigger finished, and the same earliest hold for the output watermark. Per
+session it keeps what Beam's ``MergeableStateAdapter`` would give it (:class:`SessionPanes`),
+keyed by the session's bounds in microseconds rather than Beam's window objects, and merges
+sessions as ``Sessions.merge`` does. ``tests/execution/test_session_trigger.py`` checks it
+against Beam's driver on random micro-batches.
 """
 
 from __future__ import annotations
@@ -62,7 +37,14 @@ _micros = bi.micros_of_timestamp
 
 @dataclasses.dataclass
 class SessionPanes:
-    """One session of one key: what Beam's driver keeps under the session's ids."""
+    """One session of one key: what Beam's driver keeps under the session's ids.
+
+    On a merge, as in Beam's adapter: values keep Beam's read order (a bucket per id, the merge
+    result's first, then the merged windows' by start; new values go to the first); pane
+    counters are the merge result's alone; holds and ``AfterCount``'s count combine; the
+    end-of-window timer is cleared (``_merge``); a finished trigger (``AfterWatermark`` without
+    a late trigger, after its on-time pane) drops the input of any session merged with it.
+    """
 
     buckets: list[list[Any]] = dataclasses.field(default_factory=lambda: [[]])  # ELEMENTS
     holds: list[int] = dataclasses.field(default_factory=list)  # WATERMARK_HOLD, micros

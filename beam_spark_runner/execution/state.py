@@ -1,22 +1,13 @@
 """State backends: what the SDK's state requests reach inside a Spark task.
 
 Beam's bundle processor asks for state through the Fn API state protocol (``get_raw``,
-``append_raw``, ``clear``, keyed by a ``StateKey``). Two kinds of state reach a stage:
-
-* **side inputs**, read-only, materialised once per run and loaded into each worker process;
-* **user state** of a stateful DoFn (bag, value, combining, set, multimap and ordered-list
-  state), keyed by user key and window;
-* **state-backed iterables**: with ``--spark_state_backed_iterables`` the runner writes the
-  values of a bundle's input iterables (GroupByKey values) to state, and the DoFn reads them
-  one at a time as it iterates; they live for one bundle.
-
-:class:`StateBackend` is the interface the stage worker depends on. In batch, user state
-only lives while its key is processed: a stateful stage walks a key-sorted partition and
-calls :meth:`StateBackend.release_user_state` once every key seen so far is complete (see
-``execution.stateful``). :class:`InMemoryStateBackend` keeps both kinds in Beam's own
-in-memory ``StateServicer`` (the one FnApiRunner uses), so every state type FnApiRunner
-serves is served the same way. A streaming backend (Spark's state store) implements the
-same interface, persisting user state instead of releasing it.
+``append_raw``, ``clear`` by ``StateKey``): side inputs (read-only, loaded once per run and
+worker), user state of a stateful DoFn (per key and window), and, with
+``--spark_state_backed_iterables``, a bundle's GroupByKey values. :class:`StateBackend` is
+the interface the stage worker depends on; in batch, user state lives only while its key is
+processed (:meth:`StateBackend.release_user_state`, ``execution.stateful``).
+:class:`InMemoryStateBackend` serves everything through Beam's in-memory ``StateServicer``,
+as FnApiRunner does; a streaming backend persists user state instead of releasing it.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 r"""Reading ``ReadFromText``'s files in the stage worker, without Beam's per-line SDF path.
 
-Beam reads a text file through a splittable DoFn: per line it claims a position from a
-thread-safe restriction tracker, observes a watermark, finds the separator in an 8 KiB
-buffer and outputs one windowed value, several times a plain Python read's cost. For a plain
-``ReadFromText`` (planning.py decides which) the runner instead ships byte ranges of the
-files to the stage that reads the lines, and its worker turns each range into the encoded
-elements of the lines PCollection with ``bytes.split``: the stage's batched steps
-(``execution.batched_steps``) or its bundle processor then start at the first transform
-after the read.
-
-The lines are exactly Beam's (``textio._TextSource.read_records`` with the default
-separator): a record starts at offset 0 and after every ``\n``; it ends before its
-``\n``, or before ``\r\n``; a last record without a separator keeps any ``\r``; an
-empty last record (the file ends with a separator) is not one. A record belongs to the
-range holding its first byte. Every line is a value in the global window at the minimum
-timestamp with an unknown pane, as Beam's read outputs it.
+For a plain ``ReadFromText`` (planning.py decides which) the runner ships byte ranges of the
+files to the stage that reads the lines, whose worker splits each range into the encoded
+elements of the lines PCollection; its batched steps or bundle processor start after the
+read. The lines are exactly Beam's (``textio._TextSource.read_records``, default
+separator): a record starts at offset 0 and after every ``\n`` and ends before its ``\n``
+or ``\r\n``; a last record without a separator keeps any ``\r``; an empty last record is
+not one. A record belongs to the range holding its first byte. Each line is a value in the
+global window at the minimum timestamp with an unknown pane, as Beam outputs it.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """Metrics: Beam monitoring infos from every bundle and task, merged on the driver.
 
-Each Spark task merges the monitoring infos of its bundles, user and system ones (element
-counts per PCollection, execution times per transform, ...), and adds them to a Spark
-accumulator under its Beam stage's name, as FnApiRunner keys them: a PCollection read by
-one stage and written by another is counted by both, and the two must not be summed.
-
-**Committed and attempted.** Spark merges an accumulator update only from a task attempt
-that succeeded, so the accumulator holds the *committed* metrics: each partition counted
-once however often it was retried. When a task's body raises, what the attempt collected,
-including the partial metrics of the bundle that failed, goes to the driver through
-``attempts.py``'s side channel instead. Attempted = committed + failed attempts.
-
-Beam's own ``consolidate`` merges only sums and distributions (FnApiRunner runs one bundle
-per stage, so it never needs more); with many bundles and tasks, gauges keep the latest
-value, string sets and bounded tries take the union, as Beam's metric cells define.
+Each Spark task merges its bundles' monitoring infos and adds them to a Spark accumulator
+under its Beam stage's name, as FnApiRunner keys them (a PCollection between two stages is
+counted by both; the two must not be summed). Spark merges only successful attempts'
+updates, so the accumulator holds the *committed* metrics; a failed attempt's, partial
+bundle included, reach the driver through ``attempts.py``'s side channel, and attempted =
+committed + failed attempts. Unlike Beam's ``consolidate`` (sums and distributions only),
+gauges keep the latest value and string sets and bounded tries take the union.
 """
 
 from __future__ import annotations

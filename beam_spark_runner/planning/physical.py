@@ -1,19 +1,12 @@
 """Physical planning: how each fused stage runs on Spark, decided once after fusion.
 
 :func:`decide` records, per stage, a :class:`~beam_spark_runner.planning.plan.StageStrategy`
-on the plan; the translators dispatch on it and ask no other translator. The decisions:
-
-* runs on the driver: a stage computing a side input (or its inputs) from a few literal
-  rows runs in the driver process, with no Spark job of its own
-  (``translators.driver_side_inputs``);
-* fused with its GroupByKey: the only, stateless reader of a GroupByKey groups the
-  key-sorted rows in its own task (``execution.grouped_stage``);
-* combines in stage: the only, stateless reader of a native combine writes the combine's
-  output in its own task (``execution.native_combine``);
-* reads side inputs inline: a stage over a few literal rows reads its side inputs from its
-  own input, in one task (``execution.inline_side_inputs``);
-* key-sorted input: a stateful stage's input is shuffled on the key and sorted by it;
-* and per GroupByKey, one key: writers that all key with None go to one partition.
+on the plan; the translators dispatch on it and ask no other translator. A stage may run on
+the driver (``translators.driver_side_inputs``), be fused with its GroupByKey
+(``execution.grouped_stage``) or native combine (``execution.native_combine``) as its only
+stateless reader, read its side inputs inline (``execution.inline_side_inputs``), or, if
+stateful, get its input shuffled and sorted on the key; and the writers of a GroupByKey
+that all key with None go to one partition.
 """
 
 from __future__ import annotations

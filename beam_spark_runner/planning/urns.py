@@ -1,18 +1,14 @@
 """The URNs the runner plans with, and the kinds of buffers between its stages.
 
-Buffers are named by id, ``<kind>:<name>`` (Beam's ``create_buffer_id``):
-
-* ``impulse``                 -- the single impulse element that starts a root stage;
-* ``group:<transform id>``    -- a GroupByKey: writers' elements are shuffled by key;
-* ``reshuffle:<transform id>`` -- a Reshuffle (``phases.expand_reshuffle``): repartitioned;
-* ``materialize:<name>``      -- a plain PCollection or a Flatten: the union of writers;
-* ``textread:<transform id>`` -- the lines of a plain ``ReadFromText`` (``text_reads``);
-* ``create:<transform id>``   -- the encoded values of a ``beam.Create`` the runner
-  replaced (``rewrites.native_create``);
-* ``nativecombine:<transform id>`` -- a CombinePerKey run as a Spark aggregation
-  (``phases.native_combines``);
-* ``teststream:<pcollection>``, ``sparkstream:<pcollection>`` -- an output of a streaming
-  run's TestStream or Spark source, filled by the query's source.
+Buffers are named by id, ``<kind>:<name>`` (Beam's ``create_buffer_id``): ``impulse`` (the
+single element that starts a root stage); ``group:<transform id>`` (a GroupByKey: writers'
+elements shuffled by key); ``reshuffle:<transform id>`` (``phases.expand_reshuffle``:
+repartitioned); ``materialize:<name>`` (a plain PCollection or a Flatten: the writers'
+union); ``textread:<transform id>`` (a plain ``ReadFromText``'s lines, ``text_reads``);
+``create:<transform id>`` (a replaced ``beam.Create``'s encoded values,
+``rewrites.native_create``); ``nativecombine:<transform id>`` (a CombinePerKey as a Spark
+aggregation, ``phases.native_combines``); ``teststream:<pcollection>`` and
+``sparkstream:<pcollection>`` (a streaming run's TestStream or Spark source output).
 """
 
 from __future__ import annotations

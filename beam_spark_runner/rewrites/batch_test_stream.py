@@ -1,29 +1,14 @@
 """TestStream in batch, for the TestStreams whose batch run is one of their streaming runs.
 
-A TestStream scripts a stream: elements arrive, the watermark advances, processing time
-advances, and a streaming run takes each event to quiescence before the next. The runner
-executes pipelines in batch: every element is read, then the watermark jumps to +inf.
-The batch run is one of the streaming runs when
-
-* no element is behind its output's watermark when it arrives (nothing is late at the
-  source), and
-* no *observer* (see :mod:`beam_spark_runner.rewrites.watermark_observers`: a GroupByKey or a
-  stateful DoFn) could tell: once elements have reached it, time does not pass in a
-  domain it fires on (its input watermark, the minimum over the outputs reaching it,
-  rising to a finite value; or processing time) before more elements reach it, nor at
-  all if elements reach it through a GroupByKey or a DoFn with timers, which emit when
-  time passes; an observer with both domains sees no processing-time advance after its
-  first element (a batch run fires event-time timers first); and a GroupByKey with a
-  trigger other than the default gets each key and window from one event only (its
-  trigger may fire per event). A default-triggered GroupByKey over a standard window
-  function reached only through WindowInto, Flatten and Reshuffle needs none of this: an
-  element that is not late at the source is not late there either.
-
-Such a TestStream is replaced, before translation, by an Impulse and a DoFn that emits
-its elements with their timestamps on their outputs. Any other TestStream needs streaming
-execution and is refused before Spark starts, naming the event and the transform that
-need it. Not checked: a DoFn that moves timestamps back behind a watermark the script
-set before its first element.
+The runner executes pipelines in batch: every element is read, then the watermark jumps to
++inf. That is one of a TestStream's streaming runs when no element is late at the source
+and no *observer* (``rewrites.watermark_observers``) could tell: time does not pass in a
+domain it fires on between elements reaching it (nor at all behind an emitter), and a
+non-default-triggered GroupByKey gets each key and window from one event only. Such a
+TestStream is replaced, before translation, by an Impulse and a DoFn emitting its elements
+with their timestamps. Any other TestStream is refused before Spark starts, naming the event
+and transform that need streaming. Not checked: a DoFn that moves timestamps back behind a
+watermark the script set before its first element.
 """
 
 from __future__ import annotations

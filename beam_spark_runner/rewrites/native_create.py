@@ -1,21 +1,12 @@
 """``beam.Create`` without a Spark job of its own.
 
-Beam expands a ``Create`` of more than one value into Impulse, a ``FlatMap`` emitting the
-encoded values, a ``Reshuffle`` (so that the values are processed in parallel) and
-``Map(decode)``. On Spark that is a job of its own: one task runs the ``FlatMap`` through
-a bundle processor, and a round-robin shuffle spreads its output (~90 ms at 2M elements of
-``CombinePerKey``, most of the gap to DirectRunner).
-
-The runner knows the values when it is given the pipeline, so it replaces such a Create
-by a runner primitive holding the encoded values (``planning.CREATE_URN``) followed by
-Beam's own ``Map(decode)``. The translator (``translators.create``) makes the values rows
-of a DataFrame spread over the default parallelism without a shuffle, and the stage that
-decodes them reads them as its input. The elements are the ones Beam's expansion
-produces: the encoded values, in the global window at the minimum timestamp.
-
-A Create with at most one value, or with ``reshuffle=False``, has no Reshuffle in Beam's
-expansion: it stays as it is. So does a subclass of ``Create``, which may expand
-differently.
+Beam expands a ``Create`` of several values into Impulse, a ``FlatMap`` of the encoded
+values, a ``Reshuffle`` and ``Map(decode)``: on Spark, a job and a shuffle of its own. The
+runner replaces it by a primitive holding the encoded values (``planning.CREATE_URN``)
+followed by Beam's own ``Map(decode)``; the translator (``translators.create``) makes them
+rows of a DataFrame over the default parallelism, with no shuffle, in the global window at
+the minimum timestamp as Beam's expansion gives them. A Create of at most one value, with
+``reshuffle=False``, or a subclass of ``Create`` is left as it is.
 """
 
 from __future__ import annotations

@@ -1,33 +1,14 @@
 """The transforms downstream of a TestStream that could tell a batch run from a streaming one.
 
-A batch run reads every element of a TestStream, then moves the watermark to +inf. A
-streaming run moves it as the script says, between elements, and runs each event to
-quiescence before the next. The two runs can differ only where something depends on
-*when* time passed or *which event* brought an element: the *observers*.
-
-* **A GroupByKey.** A pane fires when its trigger says; an element arriving after the
-  watermark passed its window is late (dropped, or a late pane). With the default trigger
-  over global, fixed, sliding or session windows, and only WindowInto, Flatten and
-  Reshuffle between the TestStream and the GroupByKey (*transparent* paths, which keep
-  timestamps), an element that is not late at the TestStream lands only in windows whose
-  on-time pane has not fired (a window fires once the watermark reaches its end; sessions
-  merge only overlapping windows), so time passing cannot matter. A ParDo in between may
-  move timestamps back behind the watermark, so then time passing can matter. Any other
-  trigger can also fire per event: a data-driven trigger fires once per event that brings
-  elements of a key and window, where a batch run fires once for all of them. (A
-  default-triggered GroupByKey in the global window is no observer: it fires once, at
-  +inf, whatever the timestamps; nor is Beam's Reshuffle, which passes elements on.)
-* **A stateful DoFn.** Its timers fire when time passes them, before later elements, and
-  its state expires with its windows. (The order in which one key's elements from
-  different events reach it is not kept, as on runners without cross-stage TestStream
-  ordering, which Beam's ``WeakTestStreamTranscriptTest`` allows for.)
-
-Elements can also reach an observer through an *emitter* (a GroupByKey, or a DoFn with
-timers), which emits when time passes. :func:`find_observers` walks the pipeline graph
-from a TestStream's outputs and records, per observer, which outputs reach it through
-transparent paths only, through a ParDo, or through an emitter;
-:mod:`beam_spark_runner.rewrites.batch_test_stream` decides from the script whether any observer
-could see the difference.
+A batch run reads every element of a TestStream, then moves the watermark to +inf; a
+streaming run moves it as the script says, between elements. The runs can differ only where
+something depends on *when* time passed or *which event* brought an element: an *observer*,
+a GroupByKey (but not a default-triggered one in the global window, which fires once, at
++inf) or a stateful DoFn. A default-triggered GroupByKey over standard windows reached only
+through *transparent* paths (WindowInto, Flatten, Reshuffle) cannot see time pass; a ParDo
+on the way, or another trigger, can. Elements also reach observers through *emitters* (a
+GroupByKey, a DoFn with timers). :func:`find_observers` records how each TestStream output
+reaches each observer; :mod:`beam_spark_runner.rewrites.batch_test_stream` decides the rest.
 """
 
 from __future__ import annotations

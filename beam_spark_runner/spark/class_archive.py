@@ -1,19 +1,13 @@
 """The driver JVM's class archive: a Spark session's JVM started fast.
 
-Half of a Spark session's start is its JVM loading and verifying some 10 000 classes from
-Spark's jars. Java 13+ can write the classes a JVM loaded to an archive when it exits
-(``-XX:ArchiveClassesAtExit``) and map them from it at the next start
-(``-XX:SharedArchiveFile``, class data sharing): a local session's start and first job
-take half the time. :func:`class_archive_options` gives the driver JVM of a session the
-runner starts one of the two: the archive of this Java, Spark install and class path if
-there is one, else (one process at a time) the option to write it when this JVM exits. The
-archives live in the user's cache directory, one per Java, Spark install and class path
-(about 150 MB each; those of Spark installs since removed or changed go, and of the others
-the eight most recently used are kept). The run that writes one starts slower; a JVM that
-cannot use an archive (another Java, class path or heap setting) starts without it,
-silently. An archive whose writer ran no pipeline (:func:`note_pipeline_ran` says when one
-did) is written again by the next starts, twice at most: it held Spark's start-up classes
-only.
+A JVM of Java 13+ can write the classes it loaded to an archive at exit
+(``-XX:ArchiveClassesAtExit``) and map them at the next start (``-XX:SharedArchiveFile``).
+:func:`class_archive_options` gives the driver JVM of a session the runner starts one of
+the two: the archive for this Java, Spark install and class path if there is one, else (one
+process at a time) the option to write it. Archives live in the user's cache directory;
+those of removed or changed Spark installs go, and the most recently used are kept. A JVM
+that cannot use an archive starts without it, silently. An archive whose writer ran no
+pipeline (:func:`note_pipeline_ran`) is written again by the next starts, twice at most.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """``DataFrame.mapInArrow`` without PySpark's per-call set-up.
 
-Every stage the runner translates is a ``mapInArrow``. PySpark builds each one's Python UDF
-from scratch: it looks up the active session, reads settings, fetches the input's schema,
-sends the workers' environment and include paths to the JVM again (a Py4J call per entry),
-looks up three JVM classes by reflection and parses the result type in the JVM, a Py4J
-call each. Here what does not change within a session is made once per ``SparkContext``
-and reused.
-
-The UDF is PySpark's own: the same command (the function and its result type, pickled the
-way PySpark pickles it), the same ``SimplePythonFunction`` and ``UserDefinedPythonFunction``,
-the same ``Dataset.mapInArrow``, on PySpark 4.0 and later (``UserDefinedPythonFunction``
-takes five arguments on 4.0, seven from 4.1). On PySpark 3.5, where the JVM classes have
-another shape (a session's first Py4J "no such method" does the same on a later PySpark),
-or where a command is large enough for PySpark to broadcast it, PySpark's ``mapInArrow``
+PySpark builds each ``mapInArrow``'s Python UDF from scratch, with several Py4J calls
+(session, settings, environment, JVM class lookups, result type). Here what does not change
+within a session is made once per ``SparkContext`` and reused. The UDF is PySpark's own
+(same pickled command, ``SimplePythonFunction``, ``UserDefinedPythonFunction`` and
+``Dataset.mapInArrow``) on PySpark 4.0 and later (``UserDefinedPythonFunction`` takes five
+arguments on 4.0, seven from 4.1). On PySpark 3.5, after a session's first Py4J "no such
+method", or for a command large enough for PySpark to broadcast, PySpark's ``mapInArrow``
 builds the stage.
 """
 

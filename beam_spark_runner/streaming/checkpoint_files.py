@@ -1,23 +1,14 @@
 """How a streaming query's checkpoint files reach the disk: which file system, which manager.
 
-A query writes a few dozen small checkpoint files every micro-batch (its offset and commit
-logs, each stateful operator's state store files, their schema and metadata files). Two of
-Hadoop's local file system's costs there are processes it starts without Hadoop's native
-library, which a pip-installed PySpark lacks:
-
-* Spark's default checkpoint file manager renames each file through Hadoop's
-  ``FileContext``, which asks for each path's link status by running ``readlink``.
-  ``checkpoint_file_settings`` picks Spark's manager over the ``FileSystem`` API for a
-  checkpoint on the local disk instead.
-* Hadoop sets every file's and directory's permission by running ``chmod``, dozens of
-  processes a micro-batch. A session the runner starts on a local master carries the
-  runner's own local file system (``jars``) under the scheme ``beamlocal``, which sets
-  permissions through Java, and ``spark_location`` names a local checkpoint directory with
-  that scheme.
-
-Both apply only to a checkpoint on the local disk; the location the user gave (a path or a
-``file:`` URI) names the same directory either way, and the same checkpoint can be resumed
-with or without them. Other file systems (HDFS, object stores) keep Spark's defaults.
+A query writes dozens of small checkpoint files every micro-batch, and without Hadoop's
+native library (a pip-installed PySpark) Hadoop's local file system starts processes for
+them. For a checkpoint on the local disk, ``checkpoint_file_settings`` picks Spark's
+``FileSystem``-based checkpoint manager (the default renames through ``FileContext``, which
+runs ``readlink``), and a session the runner starts on a local master carries the runner's
+own local file system (``jars``, scheme ``beamlocal``, permissions set through Java rather
+than ``chmod``), which ``spark_location`` names. The user's path or ``file:`` URI names the
+same directory either way, so a checkpoint resumes with or without them; other file
+systems keep Spark's defaults.
 """
 
 from __future__ import annotations

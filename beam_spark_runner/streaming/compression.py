@@ -1,30 +1,14 @@
 """Bytes the streaming query moves and keeps, compressed: rows' element cells and state.
 
 Buffered elements and shard states compress well (their encodings repeat class names,
-field names, windows and keys): Zstandard at level 1, which pyarrow ships, made a
-megabyte of Nexmark q7's waiting bids (pickled, about 300 bytes each) 16 times smaller at
-more than a gigabyte a second. Two places pay for every byte:
-
-* **State.** What a ``transformWithState`` processor reads back from its state crosses
-  from the JVM to Python through Pyrolite's pickler, which writes a binary value a
-  character at a time: q7's micro-batch that fired a window spent 5.8 s of task time
-  handing the window's waiting bids back (3.3 s compressed). A shard's state value and its
-  buffered chunks are written packed.
-* **Rows.** A row's element cell (``rows.packed``: up to a megabyte of elements bound for
-  one target and shard) is copied into Arrow and out of it at every step it passes, Python
-  and JVM, and through every shuffle on its way, levels it only passes through included:
-  the cells ``rows`` packs are packed too, and their readers unpack them.
-
-``pack`` compresses a value of ``PACK_AT_LEAST`` bytes or more where that makes it
-smaller; ``unpack`` gives back what ``pack`` was given, and takes a value that was not
-packed (written by an earlier runner version, or short) as it is.
-
-A packed value starts with ``_MAGIC``, which nothing the runner writes unpacked starts with:
-shard states are pickles (``0x80``, the protocol opcode, first); a framed or keyed run
-starts with a length in four big-endian bytes, and no element or key is 4 GiB (a Spark
-binary value is at most 2 GiB); a run of Beam's windowed values starts with the first one's
-timestamp (milliseconds, sign bit flipped: ``0x7f`` or ``0x80`` for every time Beam has); a
-Spark stream's columns (Arrow IPC) start with ``0xffffffff``.
+fields, windows and keys), and both cross between the JVM and Python at every step: state
+through Pyrolite's pickler, row cells (``rows.packed``) through Arrow and every shuffle.
+``pack`` compresses (Zstandard level 1, shipped with pyarrow) a value of ``PACK_AT_LEAST``
+bytes or more where that makes it smaller; ``unpack`` gives back what ``pack`` was given,
+and takes an unpacked value as it is. So a packed value starts with ``_MAGIC``, which
+nothing the runner writes unpacked may start with: shard states are pickles (``0x80``),
+framed or keyed runs a 4-byte big-endian length under 2 GiB, Beam's windowed values a
+timestamp (``0x7f`` or ``0x80``), Arrow IPC columns ``0xffffffff``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """The Python processes PySpark starts beside the driver for a streaming query, kept quiet.
 
-For each query PySpark starts, on the driver's machine, one "pre-init" process per stateful
-level (``level_shell.LevelShell``: its state variables). Its standard output goes to the
-driver's standard error, where PySpark printed four lines about "TransformWithStateInPandas"
-per level and query: noise a Beam user cannot act on. The runner's start-up hook silences
-the process as it starts (``_startup_hook.quiet_pre_init``); where the hook is not
-installed, the level shell, unpickled there, calls :func:`quiet_pre_init` (the first line
-is printed by then). The process sends its real errors to the JVM over its socket.
-
-The runner's worker daemon ends its workers quietly when the JVM closes their socket
-(``workers.closed_socket``). The worker that looks up
-statically installed Python data sources (a user's ``ReadFromSparkStream`` over one) is
-forked from PySpark's own daemon, which no setting replaces: the top-level module
-``pyspark_beam_spark_runner``, imported there, wraps it with :func:`quiet_daemon_child`.
-This module imports no Beam.
+PySpark's per-level "pre-init" process (``level_shell.LevelShell``) prints lines about
+"TransformWithStateInPandas" to the driver's standard error that a Beam user cannot act on.
+The runner's start-up hook silences it as it starts (``_startup_hook.quiet_pre_init``);
+without the hook the level shell calls :func:`quiet_pre_init` when unpickled. Real errors
+still reach the JVM over its socket. The worker that looks up statically installed Python
+data sources is forked from PySpark's own daemon, which ``pyspark_beam_spark_runner`` wraps
+with :func:`quiet_daemon_child`. This module imports no Beam.
 """
 
 from __future__ import annotations

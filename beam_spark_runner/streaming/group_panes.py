@@ -1,27 +1,14 @@
 """GroupByKey in a streaming run: Beam's trigger driver over one shard's keys, per micro-batch.
 
-A stateful level runs as ``groupBy(target, shard).transformWithState`` (time mode none):
-Spark calls the level's processor once per (node, shard) with that micro-batch's rows.
-Every shard gets every producer's marker every batch, so it runs every batch. For a
-GroupByKey shard (``GroupShard``, on the skeleton of ``shard_run``) it:
-
-1. runs each key's new elements through Beam's streaming ``GeneralTriggerDriver`` (under
-   the default trigger, the runner's driver, which gives the same panes:
-   ``execution.default_trigger`` over non-merging windows, ``execution.session_trigger``
-   over sessions) against the shard's
-   *previous* input watermark (late data is dropped where Beam drops it: behind a
-   window's end plus the allowed lateness);
-2. advances the input watermark from the markers (the minimum over the producers it
-   expects) and the runner's processing time;
-3. fires the timers now due, key by key in timestamp order, until none are (a firing may
-   set new timers); once the input is at +inf, processing-time timers fire too, as a
-   bounded run ends;
-4. forgets windows past their garbage-collection time, and keys with nothing left;
-5. emits the panes (to the GroupByKey's readers) and its output watermark, the minimum of
-   the input watermark and the earliest hold of its keys (the trigger driver's watermark
-   holds: unfired panes at their timestamp combiner's output time), as markers.
-
-How the shard's keys are kept between batches: ``grouping``.
+Each micro-batch a GroupByKey shard (``GroupShard``, on ``shard_run``'s skeleton) runs each
+key's new elements through Beam's streaming ``GeneralTriggerDriver`` (under the default
+trigger, the runner's equivalent: ``execution.default_trigger``, ``execution.session_trigger``)
+against its *previous* input watermark, so late data is dropped where Beam drops it; advances
+the watermark from the markers and processing time; fires the timers due, key by key in
+timestamp order (processing-time ones too once the input is at +inf); forgets expired
+windows and empty keys; and emits the panes and its output watermark, the minimum of the
+input watermark and its keys' earliest hold. How the keys are kept between batches:
+``grouping``.
 """
 
 from __future__ import annotations

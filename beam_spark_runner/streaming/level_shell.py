@@ -1,18 +1,12 @@
 """What a stateful level's ``transformWithState`` pickles: a processor that imports no Beam.
 
-PySpark unpickles a ``transformWithState`` processor in two kinds of process. Executor tasks
-run in the runner's worker daemon's forks, which import Beam once before forking. But at a
-query's start PySpark also runs each processor's ``init`` on the driver, in a fresh Python
-process per stateful operator, one after the other, only to learn its state variables (its
-"pre-init"). Unpickling ``levels.Level`` there imported Beam and the runner's executor
-(about 1.9 s of a process's 2.2 s), a query with two levels spending 4.4 s in planning
-before its first micro-batch, every query start, every test.
-
-``LevelShell`` is what PySpark pickles instead. It declares the state variables itself and
-holds the level (``levels.Level``) pickled, unpickled in a task at its first group, where
-Beam is already imported. This module imports PySpark and ``driver_processes`` (the
-standard library) only; keep it that way (``tests/streaming/test_levels.py`` checks it in a
-fresh interpreter).
+At a query's start PySpark unpickles each ``transformWithState`` processor on the driver,
+in a fresh process, only to learn its state variables (its "pre-init"); unpickling
+``levels.Level`` there would import Beam and the runner's executor. ``LevelShell`` is
+pickled instead: it declares the state variables itself and holds the level pickled,
+unpickled in a task at its first group, where Beam is already imported. This module imports
+PySpark and ``driver_processes`` (the standard library) only; keep it that way
+(``tests/streaming/test_levels.py`` checks it in a fresh interpreter).
 """
 
 from __future__ import annotations

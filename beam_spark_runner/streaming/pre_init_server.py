@@ -1,24 +1,14 @@
 """A warm process on the driver that forks each stateful level's pre-init.
 
-At a query's start PySpark runs every ``transformWithState`` processor's ``init`` on the
-driver (its "pre-init", to learn the state variables), each in a fresh Python process the
-driver's JVM starts, one after the other, before the first micro-batch: ``python -m
-pyspark.sql.streaming.transform_with_state_driver_worker``, which spends most of its time
-importing PySpark.
-
-This server imports what a pre-init runs once, then forks one child per pre-init. The
-process the JVM starts still starts: the runner's start-up hook, which every interpreter of
-the environment runs, finds the server's socket (named after the JVM's pid, its parent:
-``_startup_hook.pre_init_socket_path``) and hands over its environment, working directory
-and standard error (``_startup_hook.forked_pre_init``). The child connects to the JVM as the
-process would have, with the process's environment, and runs the same module; the process
-waits for it and exits with its exit code. Where no server answers, or it runs another
-interpreter, the process runs the pre-init itself, as PySpark does.
-
-The driver starts the server at its first streaming query with a stateful level, one per
-driver JVM (:func:`start`); it ends when the driver's process ends (its standard input
-closes) or the JVM does. ``BEAM_SPARK_FORKED_PRE_INIT=0`` in the driver's environment keeps
-it from starting (for A/B runs, and as a way out). This module imports no Beam.
+At a query's start PySpark runs each ``transformWithState`` processor's ``init`` on the
+driver (its "pre-init") in a fresh Python process, one after the other. This server imports
+what a pre-init runs once, then forks a child per pre-init: the runner's start-up hook in
+the process the JVM starts finds the server's socket (``_startup_hook.pre_init_socket_path``),
+hands over its environment, working directory and standard error
+(``_startup_hook.forked_pre_init``), then waits for the child and exits with its code; with
+no server answering, or another interpreter, it runs the pre-init itself. One server per
+driver JVM, from its first stateful streaming query (:func:`start`) until the driver or the
+JVM ends. ``BEAM_SPARK_FORKED_PRE_INIT=0`` turns it off. This module imports no Beam.
 """
 
 from __future__ import annotations

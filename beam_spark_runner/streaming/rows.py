@@ -1,33 +1,18 @@
 """The rows every step of the streaming query reads and writes.
 
-One layout for elements and watermark markers alike, so that a step passes on what is not
+One layout for elements and watermark markers alike, so a step passes on what is not
 addressed to it without looking inside:
 
-* ``target``   the node the row is for (``topology.SINK`` for markers leaving the graph);
-* ``shard``    the shard of a stateful target (a stable hash of the key), else 0;
-* ``key``      the element's grouping key (runner-safe encoding), for stateful targets;
-* ``element``  Beam-encoded elements (one or several concatenated), null for a marker;
-  elements bound for the same target, shard and port travel packed in one row
-  (``packed``), the cell compressed (``compression``; its readers take it through
-  ``cell``): every reader reads a cell as a run of elements, and a row costs far more
-  than its bytes (PySpark's ``transformWithState`` converts each row's columns one value
-  at a time). A GroupByKey's shard needs each element's key: its elements travel as a
-  *keyed run* (port ``KEYED_RUN``, no key; each element framed with its key);
-* ``producer`` ``watermark`` ``ptime``  a marker: who says it, its output watermark and the
-  runner's processing time of the micro-batch, in microseconds; null for elements;
-* ``port``     0 for a main-input element, n for one of the target's n-th side input (sent
-  to every shard of the target), ``KEYED_RUN`` for a keyed run, ``FRAMED_RUN`` for a framed
-  run, ``COLUMNS`` for a Spark stream's rows as columns.
-
-A stage with side inputs reads its main elements' timestamps and windows, not their values,
-until they are ready to run (``side_inputs``): its elements travel as a *framed run* (port
-``FRAMED_RUN``; each element framed with its length), so it can read each one's header
-without decoding the value.
-
-A ``ReadFromSparkStream`` read only by stateless stages sends each batch of rows it reads
-as one *columns* row (port ``COLUMNS``): the element cell is an Arrow IPC stream of the
-rows, and ``producer`` names the read. The router makes the elements from the columns
-(``spark_sources.ColumnsInput``), so they are not encoded and decoded on the way.
+* ``target``, ``shard``, ``key``: the node (``topology.SINK`` for markers leaving the
+  graph); a stateful target's shard (a stable hash of the key), else 0; the key;
+* ``element``: Beam-encoded elements, packed per target, shard and port (``packed``) and
+  compressed (read them through ``cell``); null for a marker;
+* ``producer``, ``watermark``, ``ptime``: a marker's sender, its output watermark and the
+  micro-batch's processing time, in microseconds; null for elements;
+* ``port``: 0 main input; n the n-th side input (sent to every shard); ``KEYED_RUN``
+  elements framed with their keys (a GroupByKey's); ``FRAMED_RUN`` framed with their lengths
+  (a stage with side inputs reads their headers first); ``COLUMNS`` a ``ReadFromSparkStream``
+  batch as one Arrow IPC cell (``spark_sources.ColumnsInput``), ``producer`` naming the read.
 """
 
 from __future__ import annotations
@@ -190,10 +175,7 @@ def addressed_rows(
         return [_row((target, 0, 0), _joined(run)) for run in _cut(elements)]
     shards = topology.shards
     crc32 = zlib.crc32
-    # Per shard: the pieces of its current run (frames and elements, joined once when the
-    # run is cut, not concatenated per element), their size, and the runs cut so far. The
-    # cut is ``_cut``'s rule, counted here as pieces are added: ``_cut`` over pieces, an
-    # element's pieces never split, took 0.50 against 0.36 us a 25-byte element.
+    # ``_cut``'s rule counted per shard as pieces come, joined once per run: cheaper than ``_cut``.
     pieces: list[list[bytes]] = [[] for _ in range(shards)]
     sizes = [0] * shards
     cuts: list[list[bytes]] = [[] for _ in range(shards)]

@@ -1,31 +1,14 @@
 """Stages with side inputs in a streaming run: main elements wait for their side inputs.
 
-A stage that reads side inputs is a node of a stateful level. Its side inputs' elements
-reach every one of its shards (``rows.side_element_rows``) and stay in the shard's state;
-its main elements are spread over the shards. Each micro-batch a shard (``SideInputShard``,
-on the skeleton of ``shard_run``):
-
-1. adds the new side-input elements and main elements to its state. The main elements
-   come as a framed run (``rows.FRAMED_RUN``): each one's timestamp and windows are read
-   from its header, and its value is decoded only when it runs;
-2. advances its watermarks: the main input's, and each side input's (the minimum over the
-   producers that feed it);
-3. runs, in one bundle, the main elements whose side inputs are ready: for each side
-   input and each of the element's windows, the side input's watermark has passed the end
-   of the side-input window the element maps to (Beam's window mapping), so that window's
-   contents are final. The side inputs are served from the shard's state, as in batch
-   (``execution.side_inputs``); the others keep waiting;
-4. emits the outputs and its output watermark: the minimum of its main input watermark and
-   the timestamps of the elements still waiting (their hold).
-
-Waiting main elements are most of a shard's state (on Nexmark q7, every bid of a window
-until the window's highest price is final), so they are not in the shard's state value,
-which is rewritten every micro-batch: each batch appends its new ones to a list in the
-state store (``WaitingStore``), read back, and rewritten without them, only in a batch where
-some of them are ready.
-
-A bounded side input (from a bounded source) reaches +inf in the first micro-batch, so its
-main elements wait for nothing after it.
+A stage that reads side inputs is a node of a stateful level. Its side-input elements reach
+every shard and stay in its state; its main elements, spread over the shards, come as a
+framed run (``rows.FRAMED_RUN``), their values decoded only when they run. Each micro-batch
+a shard (``SideInputShard``, on ``shard_run``'s skeleton) adds the new elements, advances
+its watermarks, and runs in one bundle the main elements whose side-input windows are final
+(each side input's watermark past the end of the window the element maps to); the others
+wait, their timestamps holding its output watermark. Waiting elements live in a list in the
+state store (``WaitingStore``), not in the shard's state value rewritten every batch, and
+are rewritten only in a batch where some are ready. A bounded side input is final at once.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """Stateful DoFns in a streaming run: one shard's keys per micro-batch, state kept between.
 
-A stateful stage is a node of a stateful level (``levels``). For each micro-batch a shard
-(``StatefulShard``, on the skeleton of ``shard_run``):
-
-1. loads its user state (the cells of Beam's in-memory ``StateServicer``, which serves
-   every state kind: bag, value, combining, set, map, ordered list) and its pending timers;
-2. runs one bundle over the shard's new elements (state requests are served from memory);
-3. advances its input watermark from the markers, then fires the timers now due (event
-   time at or before the input watermark, processing time at or before the runner's
-   processing time; once the input is at +inf, all of them, as a bounded run ends), round
-   by round, each key's earliest first, until none are due (``execution.timers``);
-4. emits the outputs to the stage's readers and its output watermark: the minimum of its
-   input watermark and its pending timers' output timestamps (their holds);
-5. stores the state and the pending timers, one value in the state store.
+A stateful stage is a node of a stateful level (``levels``). Each micro-batch a shard
+(``StatefulShard``, on ``shard_run``'s skeleton) loads its user state (the cells of Beam's
+in-memory ``StateServicer``, every state kind) and pending timers; runs one bundle over its
+new elements; advances its input watermark and fires the timers due, round by round, each
+key's earliest first (``execution.timers``; all of them once the input is at +inf); emits
+the outputs and its output watermark, the minimum of its input watermark and its timers'
+holds; and stores state and timers as one value in the state store.
 """
 
 from __future__ import annotations

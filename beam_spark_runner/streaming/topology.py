@@ -1,26 +1,14 @@
 """The plan of a streaming run as routed nodes, levels and watermark producers (pure Python).
 
-Beam's fused stages and the runner's GroupByKeys become *nodes*. Stateless nodes (fused
-stages without state) run in *routers*: ``mapInArrow`` steps that take rows addressed to
-their stages, run them and address each output to its readers. Stateful nodes (a
-GroupByKey) run in *levels*: one ``groupBy(target, shard).transformWithState`` per level,
-whose rows are addressed to (node, shard). The query is a single chain::
-
-    source -> router 0 -> level 1 -> router 1 -> level 2 -> ... -> router L -> sink
-
-A stateful node sits one level after the routers that feed it; a stateless stage in the
-router after the last level feeding it. Every row carries its target node, so a step passes
-on rows addressed to later steps unchanged, a stage's output read by several stages is
-copied per reader (user code runs once), and the Spark plan never forks: a forked
-streaming plan would run the shared part once per branch (measured: see
-docs/architecture.md).
-
-Watermarks travel as marker rows. A source and each shard of a stateful node are
-*producers*; a stateful node expects markers from the producers upstream of it through
-stateless stages. Markers addressed to a stateful node go to each of its shards, so every
-shard runs every micro-batch and fires its timers without new data. Markers that leave the
-graph (a stage nobody reads) go to the sink, where the driver sees when +inf has reached
-every branch.
+Fused stages and GroupByKeys become *nodes*: stateless ones run in *routers*
+(``mapInArrow``), stateful ones in *levels* (a ``groupBy(target, shard)`` and
+``transformWithState`` each), in one chain: source, router 0, level 1, ..., router L, sink.
+Every row carries its target node, so steps pass on rows for later steps unchanged, an
+output read by several stages is copied per reader, and the Spark plan never forks (a forked
+plan would run the shared part once per branch). Watermarks travel as marker rows from
+*producers* (a source, each shard of a stateful node) to every shard of the stateful nodes
+downstream, so every shard runs every micro-batch; markers leaving the graph go to the sink,
+where the driver sees +inf reach every branch.
 """
 
 from __future__ import annotations

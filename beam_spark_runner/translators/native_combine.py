@@ -1,20 +1,13 @@
 """Native combines: a CombinePerKey of Beam's sum, min, max, count or mean as a Spark aggregation.
 
-Planning (``planning.phases.native_combines``) turns such a combine into a ``nativecombine:``
-buffer. Its writers send one row per element: the grouping key (as a GroupByKey's writers
-compute it) and the value in a typed column (``coders.typed_values``). Here the rows become
-``groupBy(key).agg(...)``: Spark aggregates them in the JVM, with a partial aggregation
-before its shuffle, so no Python runs per element for the combine. Then each key's row
-becomes the element Beam's lifted combine would give (``execution.native_combine``): in the
-stage that reads the combine's output, in the same task, where that stage is its only
-reader; in a ``mapInArrow`` of its own otherwise.
-
-How the aggregates match Beam's CombineFns: integer sums (and a mean's sum) are computed as
-``decimal(38, 0)``, exactly, as Python's ``sum`` is; min, max and count are exact; float
-sums may add in another order than Beam's bundles do (as any two Beam runners may). Spark
-orders NaN above every float, so a float max with a NaN is NaN and a min ignores it; Python's
-``min`` and ``max`` give one of those or the other depending on the order they see the values
-in.
+Planning (``planning.phases.native_combines``) turns such a combine into a
+``nativecombine:`` buffer whose writers send the grouping key and a typed value
+(``coders.typed_values``). Here the rows become ``groupBy(key).agg(...)``, aggregated in the
+JVM, and each key's row becomes the element Beam's lifted combine would give
+(``execution.native_combine``): in the reading stage's task where it is the only reader, in
+a ``mapInArrow`` of its own otherwise. Integer sums are exact (``decimal(38, 0)``); float
+sums may add in another order than Beam's bundles; Spark orders NaN above every float, so a
+float max with a NaN is NaN and a min ignores it, where Python's depend on value order.
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
 """Starts a local session's Python worker daemon while the session itself starts.
 
-A local session's first Python task starts the runner's worker daemon
-(``spark.worker_daemon``), which imports Beam, pyarrow and the runner's executor before it
-forks workers. ``start`` runs a tiny RDD job in a background thread as soon as the Spark
-context is up, so that the daemon imports while the driver starts the SQL session and
-translates the pipeline. Its tasks leave forked workers in PySpark's pool of idle workers
-for the pipeline's tasks to reuse.
-
-Spark keeps one daemon per Python environment: a worker's environment variables are part
-of its key. An RDD task's variables are the context's environment plus Spark's own; a
-``mapInArrow`` task's add ``SPARK_SIMPLIFIED_TRACEBACK=1`` (while
-``spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled`` is on, Spark's default), a
-``transformWithState`` task's do not. ``session.worker_environment`` puts that variable and
-the driver's import path (``PYTHONPATH``, as ``session.share_driver_path`` sets it for each
-pipeline) in the context's environment first, so every task of the session, batch or
-streaming, forks from the daemon this job started.
-
-Only where the session runs the runner's daemon (the local sessions the runner creates,
-``session.session_conf``): a cluster's executors start their own, and a warm-up job there
-would only queue beside the pipeline's.
+``start`` runs a tiny RDD job in a background thread once the Spark context is up, so the
+runner's worker daemon (``spark.worker_daemon``) imports Beam, pyarrow and the executor
+while the driver starts the SQL session and translates the pipeline, and leaves forked
+workers idle for the pipeline's tasks. Spark keys daemons by worker environment, so
+``session.worker_environment`` first puts ``SPARK_SIMPLIFIED_TRACEBACK`` and the driver's
+``PYTHONPATH`` in the context's environment: every task of the session, batch or streaming,
+then forks from this daemon. Only for the local sessions the runner creates
+(``session.session_conf``): a cluster's executors start their own daemons.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """A local session's Python worker daemon forked from the driver, not started afresh.
 
-A local session's first Python task waits for the runner's worker daemon
-(``spark.worker_daemon``) to import Beam, pyarrow, PySpark and the runner's executor, on
-cores that the starting JVM already keeps busy. The driver has imported most of that
-already, to build the pipeline. So, just before the driver starts its JVM, :func:`start`
-forks the driver into a *zygote*: an idle copy that waits on a Unix socket. When Spark then
-launches the daemon (``python -m beam_spark_runner.spark.worker_daemon``), that fresh
-interpreter only hands its standard streams, environment, working directory and arguments
-to the zygote (:func:`hand_over`); the zygote
-forks the real daemon, which takes them over and runs PySpark's daemon loop with everything
-already imported. The zygote serves that one daemon and stays its parent until it exits, so
-the daemon and its workers remain in the driver's process tree. The launched interpreter
-stays as the daemon's stand-in: Spark's signals to it are passed on, and it exits when the
-daemon does.
+Just before the driver starts its JVM, :func:`start` forks the driver, which has imported
+most of what the runner's worker daemon (``spark.worker_daemon``) needs, into an idle
+*zygote* waiting on a Unix socket. When Spark launches the daemon (``python -m
+beam_spark_runner.spark.worker_daemon``), that fresh interpreter only hands its standard
+streams, environment, working directory and arguments to the zygote (:func:`hand_over`),
+which forks the real daemon and stays its parent until it exits, so the daemon and its
+workers remain in the driver's process tree. The launched interpreter stays as the daemon's
+stand-in: Spark's signals to it are passed on, and it exits when the daemon does.
 
 What a fresh interpreter would not have is reset in the forked daemon (:func:`_reset`): the
 environment, working directory, arguments and import path are the launched interpreter's; its
