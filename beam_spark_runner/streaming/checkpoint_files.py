@@ -6,9 +6,9 @@ them. For a checkpoint on the local disk, ``checkpoint_file_settings`` picks Spa
 ``FileSystem``-based checkpoint manager (the default renames through ``FileContext``, which
 runs ``readlink``), and a session the runner starts on a local master carries the runner's
 own local file system (``jars``, scheme ``beamlocal``, permissions set through Java rather
-than ``chmod``), which ``spark_location`` names. The user's path or ``file:`` URI names the
-same directory either way, so a checkpoint resumes with or without them; other file
-systems keep Spark's defaults.
+than ``chmod``), which ``spark_location`` names. Spark records that scheme in the state's
+schema metadata, so such a checkpoint resumes only in a session the runner starts; other
+file systems keep Spark's defaults.
 """
 
 from __future__ import annotations
