@@ -26,7 +26,6 @@ from beam_spark_runner.rewrites.batch_test_stream import replace_test_streams
 from beam_spark_runner.rewrites.native_create import NativeCreateOverride
 from beam_spark_runner.run.batch import run_batch
 from beam_spark_runner.run.prepare import prepare
-from beam_spark_runner.run.streaming import run_streaming
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -179,7 +178,11 @@ class SparkStructuredRunner(PipelineRunner):
         ``UnsupportedFeatureError``.
         """
         settings = settings or spark_settings(options)
-        return run_streaming(prepare(proto, options, settings, streaming=True))
+        prepared = prepare(proto, options, settings, streaming=True)
+        # Past prepare's version check: the streaming query's modules need PySpark 4.1+.
+        from beam_spark_runner.run.streaming import run_streaming
+
+        return run_streaming(prepared)
 
     def run_proto(self, proto: Any, options: Any, settings: Any = None) -> SparkPipelineResult:
         """Runs a Beam pipeline proto; every check happens before Spark starts.
