@@ -87,9 +87,12 @@ def pickle_by_value(value: Any) -> bytes:
 
 def map_arrow_eval_type() -> int:
     """PySpark's eval type of a ``mapInArrow`` function."""
-    from pyspark.util import PythonEvalType
+    try:
+        from pyspark.util import PythonEvalType
+    except ImportError:  # PySpark 3.5 keeps it in pyspark.rdd
+        from pyspark.rdd import PythonEvalType  # type: ignore[attr-defined,no-redef]
 
-    return PythonEvalType.SQL_MAP_ARROW_ITER_UDF
+    return PythonEvalType.SQL_MAP_ARROW_ITER_UDF  # type: ignore[no-any-return]
 
 
 def import_pre_init_modules() -> None:

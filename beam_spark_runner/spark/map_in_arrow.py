@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from beam_spark_runner.spark import compat as spark_compat
+from beam_spark_runner.spark.internals import map_arrow_eval_type
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -91,7 +92,6 @@ class _SessionUdfs:
         """The ``mapInArrow`` of ``frame``; None where PySpark's own must build it."""
         from pyspark.serializers import CloudPickleSerializer
         from pyspark.sql import DataFrame
-        from pyspark.util import PythonEvalType
 
         context = self._context
         registry = context._pickled_broadcast_vars
@@ -115,7 +115,7 @@ class _SessionUdfs:
             function.__name__,
             python_function,
             self._java_type(frame, schema),
-            PythonEvalType.SQL_MAP_ARROW_ITER_UDF,
+            map_arrow_eval_type(),
             True,  # deterministic, as pandas_udf makes it
         ]
         if spark_compat.pyspark_version() >= _SEVEN_ARGUMENT_UDF:
