@@ -12,7 +12,7 @@ PYTEST := $(PY) -m pytest -p no:cacheprovider
 help:
 	@echo "make demo              run the demo pipeline on an embedded local[*] Spark"
 	@echo "make test              lint, type-check, unit + pipeline tests, cluster smoke, validates-runner"
-	@echo "make quick             the tests that start no Spark (~1.5 min): the inner loop"
+	@echo "make quick             the tests that start no Spark (about a minute): the inner loop"
 	@echo "make unit-test         unit and pipeline tests only (local[2])"
 	@echo "make cluster-test      smoke tests on a standalone Spark cluster (separate executors)"
 	@echo "make restart-test      streaming drivers killed and restarted from checkpoints (long)"
