@@ -77,15 +77,37 @@ _SAMPLING_PERIOD_IS_THE_DEFAULT = (
     "sampling_period_ms" in inspect.signature(_STATE_SAMPLER.__init__).parameters
     and len(_STATE_SAMPLER.__init__.__defaults__ or ()) == 1
 )
-_sampling_lock = threading.Lock()
-# How many threads are building a bundle processor under bundle_sampling_period, and the
-# default they found (restored by the last one out).
-_sampling_users = 0
-_sampling_default: tuple[Any, ...] | None = None
 
 
-@contextlib.contextmanager
-def bundle_sampling_period(period_ms: int) -> Iterator[None]:
+class _CountedPatch:
+    """A change to Beam made by the first thread in and undone by the last one out."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._undo: Callable[[], None] | None = None
+
+    @contextlib.contextmanager
+    def held(self, apply: Callable[[], Callable[[], None]]) -> Iterator[None]:
+        """Within: the change ``apply`` makes (it returns how to undo it), counted."""
+        with self._lock:
+            if self._users == 0:
+                self._undo = apply()
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._users -= 1
+                if self._users == 0 and self._undo is not None:
+                    self._undo()
+                    self._undo = None
+
+
+_SAMPLING = _CountedPatch()
+
+
+def bundle_sampling_period(period_ms: int) -> contextlib.AbstractContextManager[None]:
     """Within: bundle processors built here sample which step runs every ``period_ms``.
 
     ``BundleProcessor`` makes its ``StateSampler`` with the class's default period, and a
@@ -93,23 +115,19 @@ def bundle_sampling_period(period_ms: int) -> Iterator[None]:
     is restored when the last thread leaves. Nothing changes if Beam's signature is not
     the expected one.
     """
-    global _sampling_users, _sampling_default
     init = _STATE_SAMPLER.__init__
-    if not _SAMPLING_PERIOD_IS_THE_DEFAULT:
-        yield
-        return
-    with _sampling_lock:
-        if _sampling_users == 0:
-            _sampling_default = init.__defaults__
+
+    def apply() -> Callable[[], None]:
+        default = init.__defaults__
+        if _SAMPLING_PERIOD_IS_THE_DEFAULT:
             init.__defaults__ = (period_ms,)
-        _sampling_users += 1
-    try:
-        yield
-    finally:
-        with _sampling_lock:
-            _sampling_users -= 1
-            if _sampling_users == 0:
-                init.__defaults__ = _sampling_default
+
+        def undo() -> None:
+            init.__defaults__ = default
+
+        return undo
+
+    return _SAMPLING.held(apply)
 
 
 _ArgsDefaults = tuple[list[str], list[Any]]
@@ -163,43 +181,36 @@ def cache_function_signatures() -> None:
     core.get_function_args_defaults = get_function_args_defaults
 
 
-_memo_lock = threading.Lock()
-_memo_users = 0
-# Beam's functions the driver's memos replaced, put back when the last run leaves.
-_memo_originals: list[tuple[Any, str, Any]] = []
+_MEMOS = _CountedPatch()
 
 
-@contextlib.contextmanager
-def signature_memos() -> Iterator[None]:
+def signature_memos() -> contextlib.AbstractContextManager[None]:
     """Within: :func:`cache_function_signatures`' memos; Beam's own functions after.
 
     Counted across threads, so overlapping runs in one process share the memos and the
     last one out restores Beam's functions. A process that has the memos for its life (a
     worker) keeps them.
     """
-    global _memo_users
     from apache_beam.transforms import core, userstate
 
-    with _memo_lock:
-        if _memo_users == 0:
+    def apply() -> Callable[[], None]:
+        replaced = [
+            (module, name, getattr(module, name))
             for module, name in (
                 (core, "get_function_args_defaults"),
                 (userstate, "get_dofn_specs"),
-            ):
-                function = getattr(module, name)
-                if not getattr(function, _SIGNATURES_CACHED, False):
-                    _memo_originals.append((module, name, function))
-            cache_function_signatures()
-        _memo_users += 1
-    try:
-        yield
-    finally:
-        with _memo_lock:
-            _memo_users -= 1
-            if _memo_users == 0:
-                while _memo_originals:
-                    module, name, function = _memo_originals.pop()
-                    setattr(module, name, function)
+            )
+            if not getattr(getattr(module, name), _SIGNATURES_CACHED, False)
+        ]
+        cache_function_signatures()
+
+        def undo() -> None:
+            for module, name, function in replaced:
+                setattr(module, name, function)
+
+        return undo
+
+    return _MEMOS.held(apply)
 
 
 # How many DoFn instances' state and timer specs are remembered at once.
