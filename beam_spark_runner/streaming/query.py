@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.planning import (
     GROUP_BY_KEY_URN,
-    SPARK_STREAM_BUFFER_KIND,
-    TEST_STREAM_BUFFER_KIND,
+    BufferKind,
     Plan,
     PlannedStage,
 )
@@ -55,7 +54,7 @@ _LOGGER = logging.getLogger(__name__)
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 STATE_STORE_PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
-_ROOT_KINDS = ("impulse", TEST_STREAM_BUFFER_KIND, SPARK_STREAM_BUFFER_KIND)
+_ROOT_KINDS = (BufferKind.IMPULSE, BufferKind.TEST_STREAM, BufferKind.SPARK_STREAM)
 SIMPLIFIED_TRACEBACK_CONF = "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled"
 
 
@@ -203,7 +202,8 @@ def one_worker_daemon() -> dict[str, str]:
 
 def _source_plan(plan: Plan, topology: Topology) -> SourcePlan:
     impulse = next(
-        (b.decode() for b, buffer in plan.buffers.items() if buffer.kind == "impulse"), None
+        (b.decode() for b, buffer in plan.buffers.items() if buffer.kind == BufferKind.IMPULSE),
+        None,
     )
     return SourcePlan(
         topology=topology,
