@@ -59,6 +59,9 @@ def run_streaming(prepared: PreparedRun) -> StreamingPipelineResult:
     watch = SinkWatch(topology, run.context.sinks.logs)
     release_callback_logs = quiet_callback_errors()
     try:
+        if not owned_checkpoint:
+            # Refused before any of the query's Spark work starts.
+            check_checkpoint(spark, checkpoint, topology)
         if topology.levels:
             # Up by the first micro-batch's planning, which runs each level's pre-init.
             pre_init_server.start(spark)
@@ -71,8 +74,6 @@ def run_streaming(prepared: PreparedRun) -> StreamingPipelineResult:
                 ", ".join(plan.stage(name).display_name for name in sorted(broadcasts.readers)),
                 len(broadcasts.computed_in_batch),
             )
-        if not owned_checkpoint:
-            check_checkpoint(spark, checkpoint, topology)
         frame = build_frame(run.context, topology, broadcasts.readers)
         query_name = f"beam-{spark_function_name(job_name)[5:]}-{run.run_id}"
         _LOGGER.info(
