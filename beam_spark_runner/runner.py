@@ -81,6 +81,9 @@ class SparkStructuredRunner(PipelineRunner):
     ``--runner=SparkStructuredRunner``; see :class:`~beam_spark_runner.options.SparkRunnerOptions`.
     """
 
+    # ``io.ReadFromSparkStream`` expands to its runner primitive in this runner's pipelines.
+    runs_spark_streams = True
+
     def __init__(self) -> None:
         super().__init__()
         # Each options class parsed once while this runner's pipeline is constructed.

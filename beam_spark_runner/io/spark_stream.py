@@ -6,7 +6,9 @@ source's columns) in the global window, at the event time of its ``timestamp_col
 watermark is the latest event time read so far less ``watermark_delay`` seconds (Spark's
 ``withWatermark`` rule, per transform): elements behind it are late, and it stays put while
 nothing is read. A runner primitive (``SPARK_STREAM_URN``), read with ``spark.readStream``
-beside the query's own source (``streaming.spark_sources``); other runners do not know it.
+beside the query's own source (``streaming.spark_sources``). Other runners do not know it:
+applied to a pipeline whose runner is another, it expands to a step that fails when it runs,
+saying so (``RequiresSparkStructuredRunner``).
 """
 
 from __future__ import annotations
@@ -97,6 +99,40 @@ _TYPE = re.compile(r"^([A-Za-z_]+)\s*(?:\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\))?\s*(no
 
 class SparkStreamSchemaError(SparkRunnerError, ValueError):
     """A ``ReadFromSparkStream`` schema or timestamp column the runner cannot map to Beam."""
+
+
+class SparkStreamRunnerError(SparkRunnerError, RuntimeError):
+    """A ``ReadFromSparkStream`` run by a runner other than SparkStructuredRunner."""
+
+
+# The runner attribute that says it reads ``SPARK_STREAM_URN`` itself (SparkStructuredRunner's).
+RUNS_SPARK_STREAMS = "runs_spark_streams"
+
+
+def runs_spark_streams(runner: Any) -> bool:
+    """Whether ``runner`` (a pipeline's) reads ``ReadFromSparkStream`` as its primitive."""
+    return getattr(runner, RUNS_SPARK_STREAMS, False) is True
+
+
+class RequiresSparkStructuredRunner(beam.DoFn):  # type: ignore[misc]
+    """What a ``ReadFromSparkStream`` runs as on another runner: a failure saying so.
+
+    Without it another runner would run the unknown primitive as nothing, and end DONE
+    with no output.
+    """
+
+    def __init__(self, label: str, runner: str) -> None:
+        self.label = label
+        self.runner = runner
+
+    def process(self, unused_impulse: bytes) -> None:
+        """Raises ``SparkStreamRunnerError``: another runner cannot read a Spark stream."""
+        raise SparkStreamRunnerError(
+            f"ReadFromSparkStream '{self.label}' reads a Spark streaming source, which only "
+            f"SparkStructuredRunner can run; the pipeline was built for {self.runner}, which "
+            "would read nothing from it. Run the pipeline with "
+            "--runner=SparkStructuredRunner (or beam.Pipeline(runner=SparkStructuredRunner()))."
+        )
 
 
 def parse_schema(schema: str | StructType) -> StructType:
@@ -261,8 +297,20 @@ class ReadFromSparkStream(beam.PTransform):  # type: ignore[misc]
         )
 
     def expand(self, pbegin: pvalue.PBegin) -> pvalue.PCollection:
-        """An unbounded PCollection of the source's rows."""
-        return pvalue.PCollection(pbegin.pipeline, element_type=self.row_type, is_bounded=False)
+        """An unbounded PCollection of the source's rows.
+
+        SparkStructuredRunner's primitive; on a pipeline whose runner is another, a step that
+        fails when it runs (``RequiresSparkStructuredRunner``), so that the pipeline does not
+        end DONE having read nothing.
+        """
+        runner = pbegin.pipeline.runner
+        self.primitive = runs_spark_streams(runner)
+        if self.primitive:
+            return pvalue.PCollection(pbegin.pipeline, element_type=self.row_type, is_bounded=False)
+        refusal = RequiresSparkStructuredRunner(self.label, type(runner).__name__)
+        rows = pbegin | beam.Impulse() | beam.ParDo(refusal).with_output_types(self.row_type)
+        rows.is_bounded = False
+        return rows
 
     def get_windowing(self, unused_inputs: Any) -> Windowing:
         """The global window (the source has no input to take it from)."""
@@ -272,8 +320,10 @@ class ReadFromSparkStream(beam.PTransform):  # type: ignore[misc]
         """The rows' type (Beam picks the RowCoder from it)."""
         return self.row_type
 
-    def to_runner_api_parameter(self, unused_context: Any) -> tuple[str, bytes]:
-        """The runner primitive's URN and payload."""
+    def to_runner_api_parameter(self, context: Any) -> Any:
+        """The runner primitive's URN and payload (Beam's composite's on another runner)."""
+        if not getattr(self, "primitive", True):
+            return super().to_runner_api_parameter(context)
         return SPARK_STREAM_URN, self.spec.encode()
 
     @staticmethod
@@ -287,4 +337,5 @@ class ReadFromSparkStream(beam.PTransform):  # type: ignore[misc]
         beam.PTransform.__init__(read)
         read.spec = spec
         read.row_type = beam_row_type(spec.schema)
+        read.primitive = True
         return read

@@ -33,7 +33,7 @@ from beam_spark_runner.streaming.query import (
     plan_topology,
 )
 from beam_spark_runner.streaming.result import StreamingPipelineResult, wait_for
-from beam_spark_runner.streaming.sink_watch import SinkWatch, last_batch, quiet_interruptions
+from beam_spark_runner.streaming.sink_watch import SinkWatch, last_batch, quiet_callback_errors
 from beam_spark_runner.streaming.topology import STAGE, Topology
 from beam_spark_runner.translators.base import spark_function_name
 
@@ -57,13 +57,16 @@ def run_streaming(prepared: PreparedRun) -> StreamingPipelineResult:
     owned_checkpoint = settings.checkpoint_location is None
     checkpoint = settings.checkpoint_location or tempfile.mkdtemp(prefix="beam-spark-checkpoint-")
     watch = SinkWatch(topology, run.context.sinks.logs)
+    release_callback_logs = quiet_callback_errors()
     try:
+        if not owned_checkpoint:
+            # Refused before any of the query's Spark work starts.
+            check_checkpoint(spark, checkpoint, topology)
         if topology.levels:
             # Up by the first micro-batch's planning, which runs each level's pre-init.
             pre_init_server.start(spark)
             jvm_warmup.start(spark.sparkContext)
         ensure_state_store(spark)
-        quiet_interruptions()
         if broadcasts.readers:
             _LOGGER.info(
                 "Bounded side inputs computed before the query and broadcast, for: %s "
@@ -71,8 +74,6 @@ def run_streaming(prepared: PreparedRun) -> StreamingPipelineResult:
                 ", ".join(plan.stage(name).display_name for name in sorted(broadcasts.readers)),
                 len(broadcasts.computed_in_batch),
             )
-        if not owned_checkpoint:
-            check_checkpoint(spark, checkpoint, topology)
         frame = build_frame(run.context, topology, broadcasts.readers)
         query_name = f"beam-{spark_function_name(job_name)[5:]}-{run.run_id}"
         _LOGGER.info(
@@ -87,6 +88,7 @@ def run_streaming(prepared: PreparedRun) -> StreamingPipelineResult:
         )
         query = _start(run, frame, query_name, watch, checkpoint)
     except BaseException as error:
+        release_callback_logs()
         if owned_checkpoint:
             shutil.rmtree(checkpoint, ignore_errors=True)
         _, failure = run.close(error)
@@ -105,10 +107,11 @@ def run_streaming(prepared: PreparedRun) -> StreamingPipelineResult:
         error: BaseException | None = None
         try:
             _watch(query, watch, report)
-            error = query.exception()
+            error = watch.failure_of(query.exception())
         except Exception as caught:  # noqa: BLE001 - reported through the result
             error = caught
         finally:
+            release_callback_logs()
             if owned_checkpoint:
                 shutil.rmtree(checkpoint, ignore_errors=True)
         _, error = run.close(error)

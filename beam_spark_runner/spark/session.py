@@ -403,6 +403,10 @@ def _share_driver_path(context: SparkContext) -> None:
     context.environment["PYTHONPATH"] = os.pathsep.join(paths)
 
 
+# How long stopping a session waits for its worker warm-up job (about a second's work).
+_WARMUP_SETTLE_SECONDS = 10.0
+
+
 def _stop_owned() -> None:
     global _owned, _owned_settings
     if _owned is not None:
@@ -410,6 +414,7 @@ def _stop_owned() -> None:
             if not driver_jvm.running():
                 return  # nothing to stop; its pipelines said how the JVM ended
             _LOGGER.info("Stopping the Spark session the runner created")
+            worker_warmup.settle(_owned.sparkContext, _WARMUP_SETTLE_SECONDS)
             _owned.stop()
         finally:
             _owned = None

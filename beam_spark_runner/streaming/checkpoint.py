@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import TYPE_CHECKING, Any
 
 from beam_spark_runner.errors import SparkRunnerError
@@ -46,8 +47,106 @@ def fingerprint(topology: Topology) -> dict[str, Any]:
     }
 
 
+# Beam's ids of pipeline components end in a counter of the components made before them
+# ("ref_PCollection_PCollection_22"), and a lambda's label names its line ("<lambda at
+# core.py:4094>"): neither says what a node is, and both shift with an added transform or
+# another Beam version. Fingerprints are compared without them.
+_COMPONENT_COUNTER = re.compile(r"(ref_[A-Za-z0-9_-]*?)_\d+(?=[/+]|$)")
+_LAMBDA_LINE = re.compile(r"(<lambda at [^:>]*):\d+>")
+# A node's transforms, in its identity (``query.stage_identity``).
+_TRANSFORM_SEPARATOR = "+"
+# How many transforms a difference names before it says how many more there are.
+_NAMED_AT_MOST = 8
+
+
+def _comparable(name: str) -> str:
+    """``name`` without Beam's component counters and lambdas' line numbers."""
+    return _LAMBDA_LINE.sub(r"\1>", _COMPONENT_COUNTER.sub(r"\1", name))
+
+
+def _comparable_nodes(fingerprint: dict[str, Any]) -> list[tuple[Any, ...]]:
+    return [
+        (index, sorted(_comparable(n) for n in identity.split(_TRANSFORM_SEPARATOR)), *rest)
+        for index, identity, *rest in fingerprint.get("nodes", [])
+    ]
+
+
+def _user_transforms(fingerprint: dict[str, Any]) -> dict[str, tuple[str, bool]]:
+    """The pipeline's own transforms in a fingerprint's stages, by comparable name.
+
+    Each as recorded, and whether its node is stateful. A fused stage's identity is its
+    transforms' names; Beam's internal ones (``ref_...``, the reads and writes of buffers
+    between stages) are left out, and group nodes, which the stages around them name.
+    """
+    transforms: dict[str, tuple[str, bool]] = {}
+    for _, identity, kind, stateful, _ in fingerprint.get("nodes", []):
+        if kind != "stage":
+            continue
+        for name in identity.split(_TRANSFORM_SEPARATOR):
+            if name and not name.startswith("ref_"):
+                transforms[_comparable(name)] = (name, bool(stateful))
+    return transforms
+
+
+def _outermost_new(names: dict[str, str], others: set[str]) -> list[str]:
+    """Each of ``names`` as its outermost composite that none of ``others`` is in.
+
+    ``names`` maps comparable names to names as recorded (which the result gives);
+    ``others`` holds comparable names.
+    """
+    enclosing = {
+        "/".join(parts[:end])
+        for parts in (name.split("/") for name in others)
+        for end in range(1, len(parts) + 1)
+    }
+    outermost = set()
+    for name, recorded in names.items():
+        parts = name.split("/")
+        end = next(
+            (e for e in range(1, len(parts) + 1) if "/".join(parts[:e]) not in enclosing),
+            len(parts),
+        )
+        outermost.add("/".join(recorded.split("/")[:end]))
+    return sorted(outermost)
+
+
+def _named(names: list[str]) -> str:
+    shown = ", ".join(repr(name) for name in names[:_NAMED_AT_MOST])
+    more = len(names) - _NAMED_AT_MOST
+    return f"{shown} and {more} more" if more > 0 else shown
+
+
+def transform_changes(found: dict[str, Any], expected: dict[str, Any]) -> str:
+    """The pipeline's transforms added, removed or changed between two fingerprints.
+
+    A composite added or removed whole is named once, as the pipeline names it; a
+    transform changed is one that runs stateful in one and stateless in the other.
+    """
+    old, new = _user_transforms(found), _user_transforms(expected)
+    added = _outermost_new({n: new[n][0] for n in new.keys() - old.keys()}, set(old))
+    removed = _outermost_new({n: old[n][0] for n in old.keys() - new.keys()}, set(new))
+    both = sorted(new.keys() & old.keys())
+    stateful = [new[n][0] for n in both if new[n][1] and not old[n][1]]
+    stateless = [new[n][0] for n in both if old[n][1] and not new[n][1]]
+    detail = []
+    if added:
+        detail.append(f"added: {_named(added)}")
+    if removed:
+        detail.append(f"removed: {_named(removed)}")
+    if stateful:
+        detail.append(f"changed: {_named(stateful)} (stateful now)")
+    if stateless:
+        detail.append(f"changed: {_named(stateless)} (stateless now)")
+    if not detail:
+        return "the same transforms, fused or ordered otherwise"
+    return "; ".join(detail)
+
+
 def differences(found: dict[str, Any], expected: dict[str, Any]) -> list[str]:
-    """What differs between a checkpoint's fingerprint and this pipeline's, in words."""
+    """What differs between a checkpoint's fingerprint and this pipeline's, in words.
+
+    Beam's component counters and lambdas' line numbers are not compared (``_comparable``).
+    """
     out = []
     if found.get("format") != expected["format"]:
         return [
@@ -61,25 +160,13 @@ def differences(found: dict[str, Any], expected: dict[str, Any]) -> list[str]:
             f"{expected['shards']} (the parallelism: --spark_default_parallelism or the "
             "cluster's cores)"
         )
-    if found.get("roots") != expected["roots"]:
+    found_roots = sorted(_comparable(root) for root in found.get("roots", []))
+    if found_roots != sorted(_comparable(root) for root in expected["roots"]):
         out.append(
             f"sources: the checkpoint has {found.get('roots')}, this run {expected['roots']}"
         )
-    found_nodes = [tuple(n) for n in found.get("nodes", [])]
-    expected_nodes = [tuple(n) for n in expected["nodes"]]
-    if found_nodes != expected_nodes:
-        names = {n[1] for n in expected_nodes}
-        old_names = {n[1] for n in found_nodes}
-        added = sorted(names - old_names)
-        removed = sorted(old_names - names)
-        detail = []
-        if added:
-            detail.append(f"new: {', '.join(added)}")
-        if removed:
-            detail.append(f"gone: {', '.join(removed)}")
-        if not detail:
-            detail.append("the same stages in another order or arrangement")
-        out.append("stages: " + "; ".join(detail))
+    if _comparable_nodes(found) != _comparable_nodes(expected):
+        out.append(f"transforms: {transform_changes(found, expected)}")
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from beam_spark_runner.monitoring import worker_logs
@@ -62,26 +63,70 @@ class QueryInterrupted(RuntimeError):
         )
 
 
-class _DropInterruptions(logging.Filter):
-    """Drops Py4J's ERROR record of a ``QueryInterrupted`` (a stop, not a failure).
+class MicroBatchFailed(RuntimeError):
+    """A micro-batch's action failed; the runner reports its error (``SinkWatch.failure``).
+
+    What ``foreachBatch`` raises to Spark instead of that error: Spark logs and keeps the
+    callback's error as text, so the user's traceback would reach the console once per copy.
+    """
+
+    def __init__(self, batch_id: int) -> None:
+        super().__init__(
+            f"Micro-batch {batch_id} of the Beam pipeline failed; the pipeline's result "
+            "raises its error"
+        )
+
+
+class _DemoteCallbackErrors(logging.Filter):
+    """Py4J's ERROR record of the runner's own callback errors, at DEBUG.
 
     Py4J logs every exception a Python callback (``foreachBatch``) raises, with its
-    traceback; a query stopped mid-batch is not an error to report.
+    traceback; a query stopped mid-batch (``QueryInterrupted``) is not an error, and a
+    failed micro-batch (``MicroBatchFailed``) is reported by the pipeline's result. Every
+    other record passes as it is.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
-        return not isinstance(error, QueryInterrupted)
+        if not isinstance(error, QueryInterrupted | MicroBatchFailed):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
 
 
-_PY4J_CALLBACK_LOGGER = "py4j.clientserver"
+# Py4J's loggers of a Python callback's exception: the client server's (PySpark's default
+# pinned-thread mode) and the gateway's.
+_PY4J_CALLBACK_LOGGERS = ("py4j.clientserver", "py4j.java_gateway")
+_callback_filter = _DemoteCallbackErrors()
+_callback_filter_users = 0
+_callback_filter_lock = threading.Lock()
 
 
-def quiet_interruptions() -> None:
-    """Installs ``_DropInterruptions`` on Py4J's callback logger, once."""
-    logger = logging.getLogger(_PY4J_CALLBACK_LOGGER)
-    if not any(isinstance(f, _DropInterruptions) for f in logger.filters):
-        logger.addFilter(_DropInterruptions())
+def quiet_callback_errors() -> Callable[[], None]:
+    """``_DemoteCallbackErrors`` on Py4J's callback loggers until the returned call.
+
+    Held by each streaming run while its query runs; the filter goes once none holds it.
+    """
+    global _callback_filter_users
+    with _callback_filter_lock:
+        if _callback_filter_users == 0:
+            for name in _PY4J_CALLBACK_LOGGERS:
+                logging.getLogger(name).addFilter(_callback_filter)
+        _callback_filter_users += 1
+    released = threading.Event()
+
+    def release() -> None:
+        global _callback_filter_users
+        with _callback_filter_lock:
+            if released.is_set():
+                return
+            released.set()
+            _callback_filter_users -= 1
+            if _callback_filter_users == 0:
+                for name in _PY4J_CALLBACK_LOGGERS:
+                    logging.getLogger(name).removeFilter(_callback_filter)
+
+    return release
 
 
 class SinkWatch:
@@ -94,6 +139,8 @@ class SinkWatch:
         self.finished = threading.Event()
         self.final_batch: int | None = None
         self.batches = 0
+        # A micro-batch's failed action: the user's traceback, kept on the driver.
+        self.failure: BaseException | None = None
 
     def on_batch(self, frame: DataFrame, batch_id: int) -> None:
         """``foreachBatch``: runs the micro-batch (one action) and reads its sink markers."""
@@ -102,7 +149,8 @@ class SinkWatch:
         except Exception as error:
             if is_interruption(error):
                 raise QueryInterrupted(batch_id) from None
-            raise
+            self.failure = error
+            raise MicroBatchFailed(batch_id) from None
         finally:
             self.reemit_logs()
         for row in rows:
@@ -117,6 +165,17 @@ class SinkWatch:
         ):
             self.final_batch = batch_id
             self.finished.set()
+
+    def failure_of(self, spark_error: BaseException | None) -> BaseException | None:
+        """How a query that ended with ``spark_error`` failed, as the user should see it.
+
+        The failed micro-batch's own error (the user's traceback, once) rather than Spark's
+        copy of it, which is logged at DEBUG. None for a query that did not fail.
+        """
+        if spark_error is None:
+            return None
+        _LOGGER.debug("Spark's error for the streaming query", exc_info=spark_error)
+        return self.failure or spark_error
 
     def reemit_logs(self) -> None:
         """Logs what user code logged in the micro-batch's tasks, then empties the record.

@@ -39,7 +39,9 @@ class OncePerContext:
 
     def __init__(self, thread_name: str) -> None:
         self._thread_name = thread_name
-        self._started: weakref.WeakSet[SparkContext] = weakref.WeakSet()
+        self._started: weakref.WeakKeyDictionary[SparkContext, threading.Thread] = (
+            weakref.WeakKeyDictionary()
+        )
         self._lock = threading.Lock()
 
     def __contains__(self, context: SparkContext) -> bool:
@@ -52,10 +54,18 @@ class OncePerContext:
         with self._lock:
             if context in self._started:
                 return None
-            self._started.add(context)
-        thread = threading.Thread(target=target, args=args, name=self._thread_name, daemon=True)
+            thread = threading.Thread(target=target, args=args, name=self._thread_name, daemon=True)
+            self._started[context] = thread
         thread.start()
         return thread
+
+    def join(self, context: SparkContext, timeout: float) -> bool:
+        """Waits up to ``timeout`` s for ``context``'s thread to end; whether none runs."""
+        with self._lock:
+            thread = self._started.get(context)
+        if thread is not None:
+            thread.join(timeout)
+        return thread is None or not thread.is_alive()
 
 
 _warmed = OncePerContext("beam-spark-runner-worker-warmup")
@@ -84,6 +94,16 @@ class _Settings(Protocol):
 def applies(conf: _Settings) -> bool:
     """Whether a session of these settings runs the runner's worker daemon."""
     return conf.get(DAEMON_CONF) == DAEMON_MODULE
+
+
+def settle(context: SparkContext, timeout: float) -> bool:
+    """Waits up to ``timeout`` s for ``context``'s warm-up job to end; whether it has.
+
+    Before the runner stops its session: a warm-up task still running then (a pipeline
+    refused moments after its session started) ends in Spark's ERROR that its task
+    binary's broadcast no longer exists.
+    """
+    return _warmed.join(context, timeout)
 
 
 def start(context: SparkContext) -> threading.Thread | None:

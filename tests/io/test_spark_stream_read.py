@@ -22,6 +22,7 @@ from beam_spark_runner.errors import UnsupportedFeatureError
 from beam_spark_runner.execution.stage_worker import NO_SINKS
 from beam_spark_runner.io import ReadFromSparkStream
 from beam_spark_runner.io.spark_stream import (
+    SparkStreamRunnerError,
     SparkStreamSchemaError,
     SparkStreamSpec,
     beam_row_type,
@@ -96,8 +97,13 @@ def test_the_transform_refuses_what_it_cannot_read(arguments: dict[str, Any], me
         ReadFromSparkStream(**arguments)
 
 
+def _streaming_options() -> PipelineOptions:
+    """A streaming pipeline of SparkStructuredRunner's (the read is its primitive there)."""
+    return PipelineOptions(["--runner=SparkStructuredRunner", "--streaming"])
+
+
 def _pipeline() -> tuple[beam.Pipeline, beam.PCollection]:
-    pipeline = beam.Pipeline(options=PipelineOptions(["--streaming"]))
+    pipeline = beam.Pipeline(options=_streaming_options())
     rows = pipeline | "Orders" >> ReadFromSparkStream(
         "json",
         "user STRING, ts TIMESTAMP, amount DOUBLE",
@@ -151,6 +157,29 @@ def test_a_batch_run_refuses_the_read_naming_it() -> None:
     pipeline, _ = _pipeline()
     with pytest.raises(UnsupportedFeatureError, match=r"'Orders' is a ReadFromSparkStream"):
         check_pipeline(pipeline.to_runner_api())
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_another_runner_fails_saying_it_needs_spark_structured_runner(streaming: bool) -> None:
+    """On DirectRunner the read fails when the pipeline runs, rather than reading nothing."""
+    options = PipelineOptions(["--runner=DirectRunner", *(["--streaming"] * streaming)])
+    pipeline = beam.Pipeline(options=options)
+    rows = pipeline | "Ticks" >> ReadFromSparkStream("rate")
+    assert not rows.is_bounded  # the pipeline still reads as a streaming one
+    _ = rows | beam.Map(print)
+    with pytest.raises(
+        SparkStreamRunnerError,
+        match=r"ReadFromSparkStream 'Ticks' .* only SparkStructuredRunner can run; the pipeline "
+        r"was built for SwitchingDirectRunner.* --runner=SparkStructuredRunner",
+    ):
+        pipeline.run().wait_until_finish()
+
+
+def test_on_another_runner_the_read_is_no_runner_primitive() -> None:
+    pipeline = beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner"]))
+    _ = pipeline | "Ticks" >> ReadFromSparkStream("rate")
+    urns = {t.spec.urn for t in pipeline.to_runner_api().components.transforms.values()}
+    assert SPARK_STREAM_URN not in urns
 
 
 needs_streaming = pytest.mark.skipif(
@@ -323,7 +352,7 @@ def test_rows_made_from_columns_equal_beams_decoding_or_are_decoded(
     from beam_spark_runner.coders.row_values import RowValues
     from beam_spark_runner.streaming.spark_sources import ColumnsInput
 
-    pipeline = beam.Pipeline(options=PipelineOptions(["--streaming"]))
+    pipeline = beam.Pipeline(options=_streaming_options())
     _ = pipeline | "Kinds" >> ReadFromSparkStream(
         "json",
         "s STRING NOT NULL, l BIGINT, i INT, h SMALLINT, d DOUBLE, f FLOAT, ok BOOLEAN, "
@@ -377,7 +406,7 @@ def test_rows_made_from_columns_equal_beams_decoding_or_are_decoded(
 
 @needs_streaming
 def test_columns_the_column_wise_encoding_does_not_take_are_encoded_one_by_one() -> None:
-    pipeline = beam.Pipeline(options=PipelineOptions(["--streaming"]))
+    pipeline = beam.Pipeline(options=_streaming_options())
     _ = pipeline | "Ledger" >> ReadFromSparkStream(
         "json", "day DATE, amount DECIMAL(10, 2), ts TIMESTAMP", path="/x", timestamp_column="ts"
     )

@@ -85,22 +85,47 @@ def test_the_error_it_raises_instead_is_short_and_reads_as_an_interruption_to_sp
     assert SPARK_PROXY_ERROR.search(message)
 
 
-def test_py4j_does_not_log_a_stop_as_an_error(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("logger_name", ["py4j.clientserver", "py4j.java_gateway"])
+def test_py4j_logs_the_runners_callback_errors_at_debug_while_a_run_holds_it(
+    caplog: pytest.LogCaptureFixture, logger_name: str
+) -> None:
     import logging
 
-    from beam_spark_runner.streaming.sink_watch import quiet_interruptions
+    from beam_spark_runner.streaming.sink_watch import MicroBatchFailed, quiet_callback_errors
 
-    quiet_interruptions()
-    quiet_interruptions()  # once is enough, twice is harmless
-    logger = logging.getLogger("py4j.clientserver")
-    with caplog.at_level(logging.ERROR, logger="py4j.clientserver"):
-        for error in (QueryInterrupted(3), ValueError("a real failure")):
+    logger = logging.getLogger(logger_name)
+
+    def log_errors() -> None:
+        for error in (QueryInterrupted(3), MicroBatchFailed(4), ValueError("a real failure")):
             try:
                 raise error
             except Exception:
                 logger.exception("There was an exception while executing the Python Proxy")
+
+    release_one, release_two = quiet_callback_errors(), quiet_callback_errors()
+    with caplog.at_level(logging.INFO, logger=logger_name):
+        log_errors()
     assert "a real failure" in caplog.text
     assert "QueryInterrupted" not in caplog.text
+    assert "MicroBatchFailed" not in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger=logger_name):
+        log_errors()
+    levels = {r.exc_info[0].__name__: r.levelname for r in caplog.records if r.exc_info}
+    assert levels == {
+        "QueryInterrupted": "DEBUG",
+        "MicroBatchFailed": "DEBUG",
+        "ValueError": "ERROR",
+    }
+    release_one()
+    release_one()  # once per holder
+    assert logger.filters
+    release_two()
+    assert not logger.filters  # Py4J's own behaviour once no run holds it
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=logger_name):
+        log_errors()
+    assert "MicroBatchFailed" in caplog.text
 
 
 class _Conf:

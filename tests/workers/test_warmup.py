@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import textwrap
+import threading
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 import apache_beam as beam
 import pytest
@@ -79,6 +81,27 @@ def test_a_context_running_the_runners_daemon_is_warmed_once_with_a_named_job() 
     assert context.jobs == [(worker_warmup.DESCRIPTION, 2)]
     assert worker_warmup.start(context) is None  # type: ignore[arg-type]
     assert len(context.jobs) == 1
+
+
+def test_settling_waits_for_the_warm_up_job_of_the_context() -> None:
+    """Before the runner stops its session: a task still running then logs Spark's ERROR."""
+    context = _FakeContext(worker_warmup.DAEMON_MODULE)
+    # None started yet: nothing to wait for.
+    assert worker_warmup.settle(context, timeout=0)  # type: ignore[arg-type]
+    release = threading.Event()
+    warm = worker_warmup._warm
+
+    def slow_warm(*args: Any) -> None:
+        release.wait(10)
+        warm(*args)
+
+    with mock.patch.object(worker_warmup, "_warm", slow_warm):
+        thread = worker_warmup.start(context)  # type: ignore[arg-type]
+    assert thread is not None
+    assert not worker_warmup.settle(context, timeout=0.05)  # type: ignore[arg-type]
+    release.set()
+    assert worker_warmup.settle(context, timeout=10)  # type: ignore[arg-type]
+    assert context.jobs == [(worker_warmup.DESCRIPTION, 2)]
 
 
 def test_a_new_context_is_warmed_without_asking_any_jvm() -> None:
