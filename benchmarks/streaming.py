@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.streaming [--queries 0,1,2,5,7,8,11]
         [--rates 250,500,1000,...] [--seconds 30]
-        [--runners ours,pyspark,pyspark-python,direct]
+        [--runners ours,pyspark,pyspark-python,direct,direct-mp] [--within 0.1]
 
 Each trial runs one query at one event rate on ``local[2]``, for ``--seconds`` after its first
 micro-batch (Python workers start then):
@@ -36,11 +36,16 @@ longer ones (each holds the rows that arrived during the last). A trial keeps up
 last third of micro-batches is not slower than its middle third by more than a quarter
 and under ``MAX_BATCH_SECONDS``.
 
-For each query and runner the rates are searched, not all run (:func:`search_rates`): from
+For each query and runner the rates are searched, not all run (``ladder.find_limit``): from
 the ladder's rate nearest 4 000 events/s, every other rate of the ascending ``--rates``
 upwards while a trial keeps up (downwards until one does, if the first does not), then the
-rate skipped next to the boundary; so the highest rate kept up with is known to within a
-factor of the ladder's step (2 by default, 250 to 8 192 000 events/s).
+rate skipped next to the boundary, which brackets the limit within the ladder's step (2 by
+default, 250 to 8 192 000 events/s); then bisection of the bracket until the highest rate
+kept up with and the lowest failed are within ``--within`` (10 %) of each other.
+
+Each trial runs in a process of its own (:func:`run_in_subprocess`), so each runner starts
+its own Spark session: ours the runner's, the hand-written queries :func:`peer_session`'s
+(the runner's settings, Spark's default JVM flags).
 
 Latency, for windowed queries, two ways, p50 and p99 over the panes of windows that ended
 ``WARM_UP_SECONDS`` after the first micro-batch (DirectRunner: after its first event was
@@ -61,7 +66,8 @@ due); the sink records, for every pane, the wall time it processed it:
 
 ``direct``: DirectRunner in streaming, its events from a ``PeriodicImpulse`` ticking every
 ``TICK_SECONDS`` (each tick emits the events due, at their event times); it keeps up when
-it ends within ``MAX_OVERRUN_SECONDS`` of its last event's due time.
+it ends within ``MAX_OVERRUN_SECONDS`` of its last event's due time. ``direct-mp``: the same
+in two SDK worker processes.
 """
 
 from __future__ import annotations
