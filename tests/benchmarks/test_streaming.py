@@ -438,3 +438,28 @@ def test_the_hand_written_queries_session_has_the_runners_settings_and_sparks_ji
     assert {k: v for k, v in conf.items() if k != JAVA_OPTIONS} == {
         k: v for k, v in runner.items() if k != JAVA_OPTIONS
     }
+
+
+def test_the_run_bisects_each_runners_bracket(tmp_path: object, monkeypatch: object) -> None:
+    import json
+    from pathlib import Path
+
+    from benchmarks import streaming
+
+    def run(query: int, rate: int, seconds: float, trigger: float) -> Trial:
+        durations = [1.0] * 9 if rate <= 5000 else [1.0 + i for i in range(9)]
+        return Trial("pyspark", query, rate, [(rate, d) for d in durations])
+
+    monkeypatch.setitem(streaming.RUNNERS, "pyspark", run)  # type: ignore[attr-defined]
+    output = Path(str(tmp_path)) / "streaming.json"
+    argv = ["--queries", "5", "--rates", "4000,16000", "--runners", "pyspark", "--in-process"]
+    assert streaming.main([*argv, "--output", str(output)]) == 0
+    rows = json.loads(output.read_text())
+    assert [(r["rate"], r["keeps_up"]) for r in rows] == [
+        (4000, True),
+        (16000, False),
+        (8000, False),
+        (5657, False),
+        (4757, True),
+        (5188, False),
+    ]
