@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.streaming [--queries 0,1,2,5,7,8,11]
         [--rates 250,500,1000,...] [--seconds 30]
-        [--runners ours,pyspark,pyspark-python,direct]
+        [--runners ours,pyspark,pyspark-python,direct,direct-mp] [--within 0.1]
 
 Each trial runs one query at one event rate on ``local[2]``, for ``--seconds`` after its first
 micro-batch (Python workers start then):
@@ -36,11 +36,16 @@ longer ones (each holds the rows that arrived during the last). A trial keeps up
 last third of micro-batches is not slower than its middle third by more than a quarter
 and under ``MAX_BATCH_SECONDS``.
 
-For each query and runner the rates are searched, not all run (:func:`search_rates`): from
+For each query and runner the rates are searched, not all run (``ladder.find_limit``): from
 the ladder's rate nearest 4 000 events/s, every other rate of the ascending ``--rates``
 upwards while a trial keeps up (downwards until one does, if the first does not), then the
-rate skipped next to the boundary; so the highest rate kept up with is known to within a
-factor of the ladder's step (2 by default, 250 to 8 192 000 events/s).
+rate skipped next to the boundary, which brackets the limit within the ladder's step (2 by
+default, 250 to 8 192 000 events/s); then bisection of the bracket until the highest rate
+kept up with and the lowest failed are within ``--within`` (10 %) of each other.
+
+Each trial runs in a process of its own (:func:`run_in_subprocess`), so each runner starts
+its own Spark session: ours the runner's, the hand-written queries :func:`peer_session`'s
+(the runner's settings, Spark's default JVM flags).
 
 Latency, for windowed queries, two ways, p50 and p99 over the panes of windows that ended
 ``WARM_UP_SECONDS`` after the first micro-batch (DirectRunner: after its first event was
@@ -61,13 +66,15 @@ due); the sink records, for every pane, the wall time it processed it:
 
 ``direct``: DirectRunner in streaming, its events from a ``PeriodicImpulse`` ticking every
 ``TICK_SECONDS`` (each tick emits the events due, at their event times); it keeps up when
-it ends within ``MAX_OVERRUN_SECONDS`` of its last event's due time.
+it ends within ``MAX_OVERRUN_SECONDS`` of its last event's due time. ``direct-mp``: the same
+in two SDK worker processes.
 """
 
 from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import dataclasses
 import glob
 import importlib
@@ -75,7 +82,9 @@ import json
 import logging
 import math
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -84,7 +93,7 @@ from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
 
-from benchmarks import nexmark
+from benchmarks import ladder, nexmark
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -483,27 +492,36 @@ def pyspark_query(query: int, events: DataFrame) -> DataFrame:
     raise ValueError(f"no PySpark Structured Streaming version of Nexmark query {query}")
 
 
-def _rate_stream(rate: int) -> DataFrame:
-    """Spark's ``rate`` source at ``rate`` rows/s in 2 partitions, on the session ours runs
-    on, created if none is: ``local[2]`` with its driver heap (Spark's default of 1 GiB ran
-    out at 256 000 events/s on q7), a shuffle partition per core (Spark's default of 200
-    makes every stateful micro-batch run 200 tasks) and RocksDB state. What both
-    hand-written runners read; whichever runner's trial creates the session, all get the
-    same settings."""
+# Each trial runs in a process of its own (``_trial``); ``--in-process`` runs them all in
+# this one instead, the hand-written queries on whatever session is active (tests, debugging).
+IN_PROCESS: list[bool] = [False]
+SPARK_MASTER = "local[2]"
+
+
+def peer_session() -> Any:
+    """The session of the hand-written queries: the settings of the runner's own session
+    (``peers.runner_conf``: the driver heap, a shuffle partition per core, Python workers
+    over Unix domain sockets, ...) with Spark's default JVM flags (``peers.with_default_jit``:
+    C2 too), and RocksDB state stores, as ours has for its queries. With ``--in-process``,
+    the session already active if there is one."""
     from pyspark.sql import SparkSession
 
-    from beam_spark_runner.spark.session import local_driver_memory
     from beam_spark_runner.streaming.query import ROCKSDB_PROVIDER, STATE_STORE_PROVIDER_CONF
+    from benchmarks import peers
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.driver.memory", local_driver_memory())
-        .getOrCreate()
-    )
-    spark.conf.set("spark.sql.shuffle.partitions", str(spark.sparkContext.defaultParallelism))
+    active = SparkSession.getActiveSession() if IN_PROCESS[0] else None
+    conf = peers.with_default_jit(peers.runner_conf(SPARK_MASTER))
+    spark = active or peers.start_session(SPARK_MASTER, "bench-streaming", conf)
     spark.conf.set(STATE_STORE_PROVIDER_CONF, ROCKSDB_PROVIDER)
+    return spark
+
+
+def _rate_stream(rate: int) -> DataFrame:
+    """Spark's ``rate`` source at ``rate`` rows/s in 2 partitions, on :func:`peer_session`:
+    what both hand-written runners read."""
     return (
-        spark.readStream.format("rate")
+        peer_session()
+        .readStream.format("rate")
         .option("rowsPerSecond", rate)
         .option("numPartitions", 2)
         .load()
@@ -806,29 +824,6 @@ def run_pyspark_python(
         running.stop()
 
 
-def search_rates(rates: Sequence[int], keeps_up_at: Callable[[int], bool], start: int) -> None:
-    """Finds the highest of ``rates`` (ascending) that a runner keeps up with, trying few:
-    from ``rates[start]``, every other rate upwards while it keeps up (downwards until it
-    does, if it does not at the start), then the rate skipped next to the boundary."""
-    index = min(max(start, 0), len(rates) - 1)
-    if keeps_up_at(rates[index]):
-        while index < len(rates) - 1:
-            upper = min(index + 2, len(rates) - 1)
-            if not keeps_up_at(rates[upper]):
-                if upper - index == 2:
-                    keeps_up_at(rates[index + 1])
-                return
-            index = upper
-        return
-    while index > 0:
-        lower = max(index - 2, 0)
-        if keeps_up_at(rates[lower]):
-            if index - lower == 2:
-                keeps_up_at(rates[lower + 1])
-            return
-        index = lower
-
-
 def _tick_events(tick: float, rate: int, start: float) -> Any:
     """The events due in the tick starting at ``tick``, at their event times."""
     from apache_beam.transforms.window import TimestampedValue
@@ -839,17 +834,24 @@ def _tick_events(tick: float, rate: int, start: float) -> Any:
         yield TimestampedValue(nexmark.event(n), float(tick) + (n - first) / rate)
 
 
-def run_direct(query: int, rate: int, seconds: float, trigger: float = TRIGGER_SECONDS) -> Trial:
+def run_direct(
+    query: int, rate: int, seconds: float, trigger: float = TRIGGER_SECONDS, workers: int = 1
+) -> Trial:
     """Beam's query ``query`` on DirectRunner in streaming: a PeriodicImpulse ticks every
     ``TICK_SECONDS`` and emits the events due by then; it keeps up when it ends soon after
-    the last tick."""
+    the last tick. With ``workers`` above 1, in that many SDK worker processes
+    (``--direct_num_workers``, ``--direct_running_mode=multi_processing``)."""
     from apache_beam.options.pipeline_options import PipelineOptions, TypeOptions
     from apache_beam.testing.benchmarks.nexmark import nexmark_util
     from apache_beam.transforms.periodicsequence import PeriodicImpulse
 
     nexmark_util.setup_coder()
+    name = "direct" if workers == 1 else "direct-mp"
     panes = tempfile.mkdtemp(prefix="bench-streaming-panes-")
-    options = PipelineOptions(["--runner=DirectRunner", "--streaming"])
+    args = ["--runner=DirectRunner", "--streaming"]
+    if workers > 1:
+        args += [f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"]
+    options = PipelineOptions(args)
     options.view_as(TypeOptions).allow_unsafe_triggers = True
     pipeline = beam.Pipeline(options=options)
     module = importlib.import_module(f"apache_beam.testing.benchmarks.nexmark.queries.query{query}")
@@ -864,10 +866,17 @@ def run_direct(query: int, rate: int, seconds: float, trigger: float = TRIGGER_S
     try:
         pipeline.run().wait_until_finish()
     except Exception as caught:  # noqa: BLE001 - reported in the table
-        return Trial("direct", query, rate, [], error=f"{type(caught).__name__}: {caught}")
+        return Trial(name, query, rate, [], error=f"{type(caught).__name__}: {caught}")
     overrun = time.time() - (start + seconds)
     latencies = pane_latencies(panes, start + WARM_UP_SECONDS)
-    return Trial("direct", query, rate, [], latencies, overrun=overrun)
+    return Trial(name, query, rate, [], latencies, overrun=overrun)
+
+
+def run_direct_multiprocess(
+    query: int, rate: int, seconds: float, trigger: float = TRIGGER_SECONDS
+) -> Trial:
+    """:func:`run_direct` in two SDK worker processes."""
+    return run_direct(query, rate, seconds, trigger, workers=2)
 
 
 RUNNERS = {
@@ -875,13 +884,14 @@ RUNNERS = {
     "pyspark": run_pyspark,
     "pyspark-python": run_pyspark_python,
     "direct": run_direct,
+    "direct-mp": run_direct_multiprocess,
 }
 
 
-def _trial(runner: str, query: int, rate: int, seconds: float, trigger: float) -> Trial:
-    """One trial; one that fails (hand-written PySpark's q7 at 1 024 000 events/s ran its
-    driver JVM out of heap, which ended it) is reported as an error that did not keep up,
-    and the run goes on (a later trial of a session whose JVM has ended fails too)."""
+def _run_here(runner: str, query: int, rate: int, seconds: float, trigger: float) -> Trial:
+    """One trial in this process; one that fails (hand-written PySpark's q7 at 1 024 000
+    events/s ran its driver JVM out of heap, which ended it) is reported as an error that
+    did not keep up."""
     try:
         return RUNNERS[runner](query, rate, seconds, trigger)
     except Exception as caught:  # noqa: BLE001 - reported in the table
@@ -890,12 +900,88 @@ def _trial(runner: str, query: int, rate: int, seconds: float, trigger: float) -
         return Trial(runner, query, rate, [], error=error, trigger=trigger)
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A trial's process may take this long past its seconds and start-up before it is ended.
+TRIAL_MARGIN_SECONDS = 120.0
+
+
+def trial_command(
+    runner: str, query: int, rate: int, seconds: float, trigger: float, output: str
+) -> list[str]:
+    """The command line of a process running one trial, its ``Trial`` written to ``output``."""
+    return [
+        sys.executable,
+        "-m",
+        "benchmarks.streaming",
+        f"--trial={runner},{query},{rate}",
+        f"--seconds={seconds}",
+        f"--trigger={trigger}",
+        f"--trial-output={output}",
+        *(f"--ours-conf={entry}" for entry in OURS_CONF),
+    ]
+
+
+def trial_from_json(data: dict[str, Any]) -> Trial:
+    """A ``Trial`` from its fields as JSON holds them (``dataclasses.asdict``)."""
+    return Trial(**{**data, "batches": [(int(r), float(d)) for r, d in data["batches"]]})
+
+
+def run_in_subprocess(
+    runner: str, query: int, rate: int, seconds: float, trigger: float, log_dir: str
+) -> Trial:
+    """One trial in a process of its own, so that each runner starts its own Spark session
+    (ours with the runner's settings, the hand-written queries with :func:`peer_session`'s)
+    and a JVM a trial ran out of memory does not end later trials. Its log is written to
+    ``log_dir``; one that ends without a result is an error that did not keep up."""
+    os.makedirs(log_dir, exist_ok=True)
+    log_path = os.path.join(log_dir, f"q{query}-{runner}-{rate}.log")
+    limit = seconds + STARTUP_LIMIT_SECONDS + TRIAL_MARGIN_SECONDS
+    env = dict(os.environ)
+    # Spark's Python workers and Beam's SDK workers import this package, on this interpreter.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    env["PYSPARK_PYTHON"] = sys.executable
+    with tempfile.TemporaryDirectory(prefix="bench-streaming-trial-") as directory:
+        output = os.path.join(directory, "trial.json")
+        command = trial_command(runner, query, rate, seconds, trigger, output)
+        with open(log_path, "w") as log:
+            process = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=ROOT,
+                start_new_session=True,
+            )
+            try:
+                process.wait(timeout=limit)
+                error = f"its process exited with code {process.returncode}, see {log_path}"
+            except subprocess.TimeoutExpired:
+                error = f"no result after {limit:.0f} s, see {log_path}"
+            finally:
+                # The trial's process leads its group: its JVM and Python workers end with it.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        if not os.path.exists(output):
+            return Trial(runner, query, rate, [], error=error, trigger=trigger)
+        with open(output) as saved:
+            return trial_from_json(json.load(saved))
+
+
+def _trial(
+    runner: str, query: int, rate: int, seconds: float, trigger: float, log_dir: str
+) -> Trial:
+    if IN_PROCESS[0]:
+        return _run_here(runner, query, rate, seconds, trigger)
+    return run_in_subprocess(runner, query, rate, seconds, trigger, log_dir)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs every (query, runner, rate) trial, prints and saves the table."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--queries", default="0,1,2,5,7,8,11")
     parser.add_argument("--rates", default=",".join(str(250 * 2**k) for k in range(16)))
-    parser.add_argument("--runners", default="ours,pyspark,pyspark-python,direct")
+    parser.add_argument("--runners", default="ours,pyspark,pyspark-python,direct,direct-mp")
     parser.add_argument("--seconds", type=float, default=30)
     parser.add_argument(
         "--trigger", type=float, default=TRIGGER_SECONDS, help="micro-batch interval, seconds"
@@ -907,12 +993,28 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="a Spark setting of our runner's session (--spark_conf), for A/B runs; repeatable",
     )
+    parser.add_argument(
+        "--within",
+        type=float,
+        default=ladder.WITHIN,
+        help="bisect each runner's limit until the highest rate kept up with and the lowest "
+        "failed are within this fraction of each other (0: the ladder's rates only)",
+    )
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run every trial in this process, the hand-written queries on the session "
+        "already active (for tests and debugging: not how the baselines are measured)",
+    )
     parser.add_argument("--output", default="benchmarks/results/streaming.json")
     parser.add_argument(
         "--chart", nargs="+", metavar="JSON", help="only draw the chart of saved runs' JSON"
     )
+    parser.add_argument("--trial", help=argparse.SUPPRESS)  # RUNNER,QUERY,RATE: one trial
+    parser.add_argument("--trial-output", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     OURS_CONF[:] = args.ours_conf
+    IN_PROCESS[0] = args.in_process
     if args.chart:
         rows = [row for path in args.chart for row in json.load(open(path))]
         chart(rows, os.path.splitext(args.output)[0] + ".png")
@@ -924,7 +1026,14 @@ def main(argv: list[str] | None = None) -> int:
     _LOGGER.addHandler(handler)
     _LOGGER.setLevel(logging.INFO)
     _LOGGER.propagate = False
+    if args.trial:
+        runner, query, rate = args.trial.split(",")
+        trial = _run_here(runner, int(query), int(rate), args.seconds, args.trigger)
+        with open(args.trial_output, "w") as out:
+            json.dump(dataclasses.asdict(trial), out)
+        return 0
     os.makedirs(os.path.dirname(args.output) or ".", exist_ok=True)
+    log_dir = os.path.join(os.path.dirname(args.output) or ".", "logs", "streaming")
     trials: list[Trial] = []
     rates = sorted(int(r) for r in args.rates.split(","))
     for query in (int(q) for q in args.queries.split(",")):
@@ -933,14 +1042,16 @@ def main(argv: list[str] | None = None) -> int:
                 continue
 
             def attempt(rate: int, runner: str = runner, query: int = query) -> bool:
-                trial = _trial(runner, query, rate, args.seconds, args.trigger)
+                trial = _trial(runner, query, rate, args.seconds, args.trigger, log_dir)
                 trials.append(trial)
                 _LOGGER.info("%s", json.dumps(trial.summary()))
                 with open(args.output, "w") as out:  # after each trial: a long run may stop
                     json.dump([t.summary() for t in trials], out, indent=1)
                 return trial.keeps_up
 
-            search_rates(rates, attempt, rates.index(min(rates, key=lambda r: abs(r - 4000))))
+            start = rates.index(min(rates, key=lambda r: abs(r - 4000)))
+            kept, failed = ladder.find_limit(rates, attempt, start, args.within)
+            _LOGGER.info("q%d %s: keeps up with %s, not %s events/s", query, runner, kept, failed)
     print(markdown_table(trials))
     chart([t.summary() for t in trials], os.path.splitext(args.output)[0] + ".png")
     return 0

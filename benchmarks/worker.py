@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks import peers
 from benchmarks.data import text_file
 from benchmarks.memory import tree_cpu_seconds
 from benchmarks.report import SPARK_CORES
@@ -114,26 +115,21 @@ _SPARK: Any = None
 
 
 def spark_session() -> Any:
-    """A local[2] session configured as SparkStructuredRunner configures its own."""
+    """A local[2] session with every setting SparkStructuredRunner's own has (``peers``)."""
     global _SPARK
     if _SPARK is None:
-        from pyspark.sql import SparkSession
-
-        _SPARK = (
-            SparkSession.builder.master(SPARK_MASTER)
-            .appName("benchmarks")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-            .config("spark.sql.shuffle.partitions", "2")
-            .getOrCreate()
-        )
-        _SPARK.sparkContext.setLogLevel("WARN")
+        _SPARK = peers.start_session(SPARK_MASTER, "benchmarks", peers.runner_conf(SPARK_MASTER))
     return _SPARK
 
 
 def run_pyspark(workload: str, inputs: Inputs) -> Summary:
     """The workload hand-written as Python functions over RDDs."""
     return WORKLOADS[workload].pyspark(spark_session(), inputs)
+
+
+def run_pyspark_arrow(workload: str, inputs: Inputs) -> Summary:
+    """The workload hand-written with ``mapInArrow`` (``benchmarks.arrow``)."""
+    return WORKLOADS[workload].pyspark_arrow(spark_session(), inputs)
 
 
 def run_sql(workload: str, inputs: Inputs) -> Summary:
@@ -148,6 +144,7 @@ RUNNERS: dict[str, Callable[[str, Inputs], Summary]] = {
     "ours": run_ours,
     "direct": run_direct,
     "pyspark": run_pyspark,
+    "pyspark-arrow": run_pyspark_arrow,
     "sql": run_sql,
     "direct-mp": run_direct_multiprocess,
     "ours-exp": run_ours_experiment,

@@ -1,4 +1,5 @@
-"""The benchmark workloads, each written four ways: Beam, hand-written PySpark, Spark SQL.
+"""The benchmark workloads, each written four ways: Beam, hand-written PySpark (over RDDs,
+and over Arrow with ``mapInArrow``: ``benchmarks.arrow``), Spark SQL.
 
 Every version of a workload ends in the same summary of its output: the number of output
 elements (``results``) and the sum of a per-element fingerprint (``checksum``), so the
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from benchmarks import nexmark
+from benchmarks import arrow, nexmark
 from benchmarks.nexmark import seed_range
 
 if TYPE_CHECKING:
@@ -171,6 +172,10 @@ class Workload:
         """The same logic as Python functions over RDDs; runs it."""
         raise NotImplementedError
 
+    def pyspark_arrow(self, spark: SparkSession, inputs: Inputs) -> Summary:
+        """The same Python per element inside ``mapInArrow`` (``benchmarks.arrow``); runs it."""
+        raise NotImplementedError
+
     def sql(self, spark: SparkSession, inputs: Inputs) -> Summary | None:
         """Native Spark SQL, or None where the logic is not SQL-expressible."""
         return None
@@ -206,6 +211,10 @@ class WordCount(Workload):
         )
         return _rdd_summary(counts, _second)
 
+    def pyspark_arrow(self, spark: SparkSession, inputs: Inputs) -> Summary:
+        """``arrow.wordcount``."""
+        return arrow.wordcount(spark, inputs)
+
     def sql(self, spark: SparkSession, inputs: Inputs) -> Summary:
         """split, explode, groupBy(word).count()."""
         from pyspark.sql import functions as F
@@ -237,6 +246,10 @@ class GroupByKeyWorkload(Workload):
         """groupByKey over an RDD."""
         grouped = _spark_key_values(spark, inputs.sizes).groupByKey(inputs.sizes.partitions)
         return _rdd_summary(grouped, _sum_of_values)
+
+    def pyspark_arrow(self, spark: SparkSession, inputs: Inputs) -> Summary:
+        """``arrow.groupbykey``."""
+        return arrow.groupbykey(spark, inputs)
 
     def sql(self, spark: SparkSession, inputs: Inputs) -> Summary:
         """groupBy(key).agg(collect_list(value)), then sum each list."""
@@ -270,6 +283,10 @@ class CombinePerKeyWorkload(Workload):
             operator.add, inputs.sizes.partitions
         )
         return _rdd_summary(sums, _second)
+
+    def pyspark_arrow(self, spark: SparkSession, inputs: Inputs) -> Summary:
+        """``arrow.combineperkey``."""
+        return arrow.combineperkey(spark, inputs)
 
     def sql(self, spark: SparkSession, inputs: Inputs) -> Summary:
         """groupBy(key).sum(value)."""
@@ -308,6 +325,10 @@ class SideInputWorkload(Workload):
         broadcast = spark.sparkContext.broadcast({k: _weight(k) for k in range(sizes.keys)})
         weighted = _spark_key_values(spark, sizes).map(lambda kv: _weighted(kv, broadcast.value))
         return _rdd_summary(weighted, _identity)
+
+    def pyspark_arrow(self, spark: SparkSession, inputs: Inputs) -> Summary:
+        """``arrow.sideinput``."""
+        return arrow.sideinput(spark, inputs)
 
     def sql(self, spark: SparkSession, inputs: Inputs) -> Summary:
         """A join with the (broadcast) weights table."""
@@ -374,6 +395,10 @@ class NexmarkWorkload(Workload):
         )
         output = nexmark.pyspark_query(self.query, event_rdd)
         return _rdd_summary(output, nexmark.FINGERPRINTS[self.query])
+
+    def pyspark_arrow(self, spark: SparkSession, inputs: Inputs) -> Summary:
+        """The events made in Python inside ``mapInArrow`` (``arrow.nexmark_query``)."""
+        return arrow.nexmark_query(self.query, spark, inputs.sizes)
 
     def sql(self, spark: SparkSession, inputs: Inputs) -> Summary:
         """The query over the events generated as SQL columns."""

@@ -161,6 +161,31 @@ def session_conf(master: str, settings: SparkSettings) -> dict[str, str]:
     return conf
 
 
+def local_cores(master: str) -> int:
+    """The cores a ``local``, ``local[N]``, ``local[N,F]`` or ``local[*]`` master runs tasks on."""
+    if not is_local_master(master) or master.startswith("local-cluster"):
+        raise ValueError(f"{master!r} is not a local[N] master: its cores are the cluster's")
+    inside = master[len("local[") : -1] if master.startswith("local[") else "1"
+    cores = inside.split(",")[0].strip()
+    if cores == "*":
+        return os.cpu_count() or 1
+    return int(cores)
+
+
+def local_session_conf(master: str, settings: SparkSettings) -> dict[str, str]:
+    """Every setting a local session the runner creates for ``master`` runs with.
+
+    ``session_conf``, plus the shuffle partitions ``_build_session`` sets once the session
+    has started (one per core) unless ``settings`` chose them: for starting another session
+    as the runner starts its own (the benchmarks' hand-written peers). Not the class
+    archive's JVM options (they change how fast the JVM starts, nothing else) nor the SQL
+    settings a Beam plan's jobs run with (``INTERPRETED_SQL``: not a user's SQL).
+    """
+    conf = session_conf(master, settings)
+    conf.setdefault("spark.sql.shuffle.partitions", str(local_cores(master)))
+    return conf
+
+
 # A Beam plan's JVM side only moves and sorts binary columns: compiling generated code per
 # query shape costs more than it saves, so its SQL operators run interpreted (not a user's SQL).
 WHOLE_STAGE_CODEGEN = "spark.sql.codegen.wholeStage"

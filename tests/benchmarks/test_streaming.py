@@ -172,34 +172,6 @@ def test_direct_runner_keeps_up_when_it_ends_soon_after_its_last_event() -> None
     assert not Trial("direct", 0, 1000, [], overrun=30.0).keeps_up
 
 
-def test_the_rate_search_tries_every_other_rate_then_the_one_next_to_the_boundary() -> None:
-    from benchmarks.streaming import search_rates
-
-    rates = [250, 500, 1000, 2000, 4000, 8000, 16000, 32000]
-
-    def tried(highest: int, start: int = 4) -> list[int]:
-        attempts: list[int] = []
-
-        def attempt(rate: int) -> bool:
-            attempts.append(rate)
-            return rate <= highest
-
-        search_rates(rates, attempt, start)
-        return attempts
-
-    assert tried(8000) == [4000, 16000, 8000]
-    assert tried(16000) == [4000, 16000, 32000]
-    assert tried(4000) == [4000, 16000, 8000]
-    # Not at the start: downwards every other rate, then the one above.
-    assert tried(2000) == [4000, 1000, 2000]
-    assert tried(1000) == [4000, 1000, 2000]
-    assert tried(300) == [4000, 1000, 250, 500]
-    assert tried(100) == [4000, 1000, 250]
-    # Kept up with every one tried: the top of the ladder is tried too.
-    assert tried(10**6) == [4000, 16000, 32000]
-    assert tried(10**6, start=0) == [250, 1000, 4000, 16000, 32000]
-
-
 @pytest.mark.parametrize("query", [1, 2, 5, 7, 8, 11])
 def test_the_hand_written_structured_streaming_queries_give_beams_results(
     spark_session: Any, query: int
@@ -261,7 +233,17 @@ def test_ours_conf_entries_reach_our_runners_trials(tmp_path: object, monkeypatc
     monkeypatch.setitem(streaming.RUNNERS, "ours", fake)  # type: ignore[attr-defined]
     monkeypatch.setattr(streaming, "OURS_CONF", [])  # type: ignore[attr-defined]
     output = Path(str(tmp_path)) / "streaming.json"
-    argv = ["--queries", "0", "--rates", "4000", "--runners", "ours", "--output", str(output)]
+    argv = [
+        "--queries",
+        "0",
+        "--rates",
+        "4000",
+        "--runners",
+        "ours",
+        "--output",
+        str(output),
+        "--in-process",
+    ]
     conf = ["--ours-conf", "spark.a=1", "--ours-conf", "spark.b=2"]
     assert streaming.main(argv + conf) == 0
     assert seen == [["spark.a=1", "spark.b=2"]]
@@ -359,7 +341,7 @@ def test_the_python_floor_runs_only_on_its_queries(tmp_path: object, monkeypatch
         monkeypatch.setitem(streaming.RUNNERS, runner, fake(runner))  # type: ignore[attr-defined]
     output = Path(str(tmp_path)) / "streaming.json"
     argv = ["--queries", "1,5", "--rates", "4000", "--runners", "ours,pyspark-python"]
-    assert streaming.main([*argv, "--output", str(output)]) == 0
+    assert streaming.main([*argv, "--output", str(output), "--in-process"]) == 0
     assert seen == [("ours", 1), ("pyspark-python", 1), ("ours", 5)]
 
 
@@ -378,8 +360,8 @@ def test_a_failing_trial_is_an_error_in_the_table_and_the_run_goes_on(
 
     monkeypatch.setitem(streaming.RUNNERS, "pyspark", run)  # type: ignore[attr-defined]
     output = Path(str(tmp_path)) / "streaming.json"
-    argv = ["--queries", "7,8", "--rates", "4000,16000", "--runners", "pyspark"]
-    assert streaming.main([*argv, "--output", str(output)]) == 0
+    argv = ["--queries", "7,8", "--rates", "4000,16000", "--runners", "pyspark", "--within", "0"]
+    assert streaming.main([*argv, "--output", str(output), "--in-process"]) == 0
     rows = json.loads(output.read_text())
     assert [(r["query"], r["rate"], r["keeps_up"]) for r in rows] == [
         (7, 4000, True),
@@ -388,3 +370,96 @@ def test_a_failing_trial_is_an_error_in_the_table_and_the_run_goes_on(
         (8, 16000, False),
     ]
     assert rows[1]["error"] == "ConnectionRefusedError: the JVM has ended"
+
+
+def test_each_trial_runs_in_a_process_of_its_own(tmp_path: object, monkeypatch: object) -> None:
+    """Each runner starts its own Spark session: ours its runner's, the hand-written
+    queries theirs (Spark's JVM flags), never one another's."""
+    from pathlib import Path
+
+    from benchmarks import streaming
+
+    launched: list[tuple[str, int, int, str]] = []
+
+    def launch(
+        runner: str, query: int, rate: int, seconds: float, trigger: float, log_dir: str
+    ) -> Trial:
+        launched.append((runner, query, rate, log_dir))
+        return Trial(runner, query, rate, [(rate, 1.0)] * 9)
+
+    def here(*args: object) -> Trial:
+        raise AssertionError("a trial ran in the benchmark's own process")
+
+    monkeypatch.setattr(streaming, "run_in_subprocess", launch)  # type: ignore[attr-defined]
+    for runner in ("ours", "pyspark"):
+        monkeypatch.setitem(streaming.RUNNERS, runner, here)  # type: ignore[attr-defined]
+    output = Path(str(tmp_path)) / "streaming.json"
+    argv = ["--queries", "5", "--rates", "4000", "--runners", "ours,pyspark", "--within", "0"]
+    assert streaming.main([*argv, "--output", str(output)]) == 0
+    logs = str(Path(str(tmp_path)) / "logs" / "streaming")
+    assert launched == [("ours", 5, 4000, logs), ("pyspark", 5, 4000, logs)]
+
+
+def test_a_trials_process_hands_its_trial_back_as_json(tmp_path: object) -> None:
+    import dataclasses
+    import json
+
+    from benchmarks import streaming
+
+    trial = Trial("pyspark", 7, 2000, [(2000, 1.5), (1900, 1.25)], [0.5], [0.25], trigger=1.0)
+    assert streaming.trial_from_json(json.loads(json.dumps(dataclasses.asdict(trial)))) == trial
+    command = streaming.trial_command("direct-mp", 7, 2000, 30.0, 2.0, "/tmp/t.json")
+    assert command[1:4] == ["-m", "benchmarks.streaming", "--trial=direct-mp,7,2000"]
+    assert "--trial-output=/tmp/t.json" in command
+
+
+def test_the_hand_written_queries_session_has_the_runners_settings_and_sparks_jit(
+    monkeypatch: object,
+) -> None:
+    from beam_spark_runner.spark.session import JAVA_OPTIONS
+    from benchmarks import peers, streaming
+
+    started: list[dict[str, str]] = []
+
+    class Conf:
+        def set(self, key: str, value: str) -> None:
+            pass
+
+    def start(master: str, app_name: str, conf: dict[str, str]) -> object:
+        started.append(dict(conf))
+        return type("Session", (), {"conf": Conf()})()
+
+    monkeypatch.setattr(peers, "start_session", start)  # type: ignore[attr-defined]
+    streaming.peer_session()
+    runner = peers.runner_conf("local[2]")
+    (conf,) = started
+    assert "-XX:TieredStopAtLevel=1" in runner[JAVA_OPTIONS]
+    assert "-XX:TieredStopAtLevel" not in conf.get(JAVA_OPTIONS, "")
+    assert {k: v for k, v in conf.items() if k != JAVA_OPTIONS} == {
+        k: v for k, v in runner.items() if k != JAVA_OPTIONS
+    }
+
+
+def test_the_run_bisects_each_runners_bracket(tmp_path: object, monkeypatch: object) -> None:
+    import json
+    from pathlib import Path
+
+    from benchmarks import streaming
+
+    def run(query: int, rate: int, seconds: float, trigger: float) -> Trial:
+        durations = [1.0] * 9 if rate <= 5000 else [1.0 + i for i in range(9)]
+        return Trial("pyspark", query, rate, [(rate, d) for d in durations])
+
+    monkeypatch.setitem(streaming.RUNNERS, "pyspark", run)  # type: ignore[attr-defined]
+    output = Path(str(tmp_path)) / "streaming.json"
+    argv = ["--queries", "5", "--rates", "4000,16000", "--runners", "pyspark", "--in-process"]
+    assert streaming.main([*argv, "--output", str(output)]) == 0
+    rows = json.loads(output.read_text())
+    assert [(r["rate"], r["keeps_up"]) for r in rows] == [
+        (4000, True),
+        (16000, False),
+        (8000, False),
+        (5657, False),
+        (4757, True),
+        (5188, False),
+    ]

@@ -33,6 +33,20 @@ def test_local_sessions_compile_with_c1_only() -> None:
     assert conf["spark.python.daemon.module"] == "beam_spark_runner.spark.worker_daemon"
 
 
+def test_a_local_sessions_settings_include_a_shuffle_partition_per_core() -> None:
+    conf = session.local_session_conf("local[2]", _settings())
+    assert conf == {**session_conf("local[2]", _settings()), "spark.sql.shuffle.partitions": "2"}
+    chosen = session.local_session_conf(
+        "local[3]", _settings(**{"spark.sql.shuffle.partitions": "7"})
+    )
+    assert chosen["spark.sql.shuffle.partitions"] == "7"
+    assert session.local_cores("local") == 1
+    assert session.local_cores("local[4,2]") == 4
+    assert session.local_cores("local[*]") == (os.cpu_count() or 1)
+    with pytest.raises(ValueError, match="not a local"):
+        session.local_cores("local-cluster[2,1,1024]")
+
+
 def test_users_java_options_win_and_remote_masters_keep_the_jvm_default() -> None:
     mine = {"spark.driver.defaultJavaOptions": "-Xss4m"}
     assert session_conf("local[*]", _settings(**mine))["spark.driver.defaultJavaOptions"] == (
