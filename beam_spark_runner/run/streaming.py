@@ -18,6 +18,8 @@ from typing import Any
 
 from apache_beam.runners.runner import PipelineState
 
+from beam_spark_runner.monitoring.job_progress import progress_logger
+from beam_spark_runner.monitoring.metrics import element_counts
 from beam_spark_runner.run.lifecycle import OpenRun
 from beam_spark_runner.run.prepare import PreparedRun
 from beam_spark_runner.spark.session import settings_within
@@ -25,7 +27,7 @@ from beam_spark_runner.streaming import jvm_warmup, pre_init_server
 from beam_spark_runner.streaming.bounded_side_inputs import plan_broadcasts
 from beam_spark_runner.streaming.checkpoint import check_checkpoint
 from beam_spark_runner.streaming.checkpoint_files import checkpoint_file_settings, spark_location
-from beam_spark_runner.streaming.progress import ProgressReport
+from beam_spark_runner.streaming.progress import ProgressReport, progress_plan
 from beam_spark_runner.streaming.query import (
     build_frame,
     ensure_state_store,
@@ -34,7 +36,6 @@ from beam_spark_runner.streaming.query import (
 )
 from beam_spark_runner.streaming.result import StreamingPipelineResult, wait_for
 from beam_spark_runner.streaming.sink_watch import SinkWatch, last_batch, quiet_interruptions
-from beam_spark_runner.streaming.topology import STAGE, Topology
 from beam_spark_runner.translators.base import spark_function_name
 
 _LOGGER = logging.getLogger(__name__)
@@ -98,13 +99,13 @@ def run_streaming(prepared: PreparedRun) -> StreamingPipelineResult:
         query.stop()
 
     result = StreamingPipelineResult(spark.sparkContext.applicationId, run.metrics, cancel)
-    report = ProgressReport(job_name, settings.trigger_interval, _node_names(run, topology))
+    report = ProgressReport(job_name, settings.trigger_interval, progress_plan(plan, topology))
 
     def watch_query() -> None:
         started = time.monotonic()
         error: BaseException | None = None
         try:
-            _watch(query, watch, report)
+            _watch(query, watch, report, run)
             error = query.exception()
         except Exception as caught:  # noqa: BLE001 - reported through the result
             error = caught
@@ -156,7 +157,7 @@ def _start(run: OpenRun, frame: Any, query_name: str, watch: SinkWatch, checkpoi
         spark_context.setJobDescription(None)  # type: ignore[arg-type]
 
 
-def _watch(query: Any, watch: SinkWatch, report: ProgressReport) -> None:
+def _watch(query: Any, watch: SinkWatch, report: ProgressReport, run: OpenRun) -> None:
     """Until the query ends or has fired everything: its progress logged every few seconds.
 
     Once everything has fired, Spark commits the last micro-batch before the query stops,
@@ -169,7 +170,9 @@ def _watch(query: Any, watch: SinkWatch, report: ProgressReport) -> None:
         if time.monotonic() - last_log > _PROGRESS_SECONDS:
             last_log = time.monotonic()
             report.falls_behind(query.recentProgress)
-            _LOGGER.info("%s", report.line(query.lastProgress, dict(watch.watermarks)))
+            counts = element_counts(run.context.sinks.metrics.accumulator.value)
+            line = report.line(query.lastProgress, dict(watch.watermarks), counts)
+            progress_logger().info("%s", line)
     if watch.finished.is_set():
         wait_for(
             lambda: last_batch(query) >= (watch.final_batch or 0),
@@ -177,14 +180,3 @@ def _watch(query: Any, watch: SinkWatch, report: ProgressReport) -> None:
             poll=_COMMIT_POLL_SECONDS,
         )
         query.stop()
-
-
-def _node_names(run: OpenRun, topology: Topology) -> dict[int, str]:
-    """Each node's name in progress lines: its stage's, or its GroupByKey's."""
-    plan = run.prepared.plan
-    return {
-        node.index: plan.stage(node.name).display_name
-        if node.kind == STAGE
-        else f"GroupByKey {plan.buffers[node.name.encode()].name}"
-        for node in topology.nodes
-    }
