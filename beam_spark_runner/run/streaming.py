@@ -10,16 +10,16 @@ named; ``cancel()`` ends it CANCELLED. Either way the run is closed once.
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
 import threading
 import time
 from typing import Any
 
 from apache_beam.runners.runner import PipelineState
 
+from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.monitoring.job_progress import progress_logger
 from beam_spark_runner.monitoring.metrics import element_counts
+from beam_spark_runner.run import cleanup
 from beam_spark_runner.run.lifecycle import OpenRun
 from beam_spark_runner.run.prepare import PreparedRun
 from beam_spark_runner.spark.session import settings_within
@@ -56,7 +56,7 @@ def run_streaming(prepared: PreparedRun) -> StreamingPipelineResult:
     broadcasts = plan_broadcasts(plan)
     topology = plan_topology(plan, run.context.parallelism, broadcasts)
     owned_checkpoint = settings.checkpoint_location is None
-    checkpoint = settings.checkpoint_location or tempfile.mkdtemp(prefix="beam-spark-checkpoint-")
+    checkpoint = settings.checkpoint_location or cleanup.temporary_checkpoint()
     watch = SinkWatch(topology, run.context.sinks.logs)
     try:
         if topology.levels:
@@ -74,6 +74,9 @@ def run_streaming(prepared: PreparedRun) -> StreamingPipelineResult:
             )
         if not owned_checkpoint:
             check_checkpoint(spark, checkpoint, topology)
+        # Sinks' temporary files made since then are this query's, its killed attempts' too.
+        started = None if owned_checkpoint else cleanup.checkpoint_started(spark, checkpoint)
+        started = started or time.time()
         frame = build_frame(run.context, topology, broadcasts.readers)
         query_name = f"beam-{spark_function_name(job_name)[5:]}-{run.run_id}"
         _LOGGER.info(
@@ -89,7 +92,7 @@ def run_streaming(prepared: PreparedRun) -> StreamingPipelineResult:
         query = _start(run, frame, query_name, watch, checkpoint)
     except BaseException as error:
         if owned_checkpoint:
-            shutil.rmtree(checkpoint, ignore_errors=True)
+            cleanup.remove_tree(checkpoint)
         _, failure = run.close(error)
         raise failure from None  # type: ignore[misc]
     cancelled = threading.Event()
@@ -110,13 +113,15 @@ def run_streaming(prepared: PreparedRun) -> StreamingPipelineResult:
         except Exception as caught:  # noqa: BLE001 - reported through the result
             error = caught
         finally:
+            stopped_at_exit()
             if owned_checkpoint:
-                shutil.rmtree(checkpoint, ignore_errors=True)
+                cleanup.remove_tree(checkpoint)
         _, error = run.close(error)
         if error is not None:
             state = PipelineState.FAILED
         elif watch.finished.is_set():
             state = PipelineState.DONE
+            cleanup.remove_abandoned_temp_dirs(bi.file_sink_temp_prefixes(plan.components), started)
         else:
             state = PipelineState.CANCELLED if cancelled.is_set() else PipelineState.STOPPED
         _LOGGER.info(
@@ -128,7 +133,9 @@ def run_streaming(prepared: PreparedRun) -> StreamingPipelineResult:
         )
         result.finish(state, watch.batches, error)
 
-    threading.Thread(target=watch_query, name=f"beam-query-{run.run_id}", daemon=True).start()
+    watcher = threading.Thread(target=watch_query, name=f"beam-query-{run.run_id}", daemon=True)
+    stopped_at_exit = cleanup.stop_at_exit(query.stop, watcher)
+    watcher.start()
     return result
 
 
