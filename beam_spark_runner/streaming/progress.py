@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from beam_spark_runner.planning import BufferKind, Plan, PlannedStage
-from beam_spark_runner.streaming.check import is_unbounded_splittable
+from beam_spark_runner.streaming.check import SDF_PROCESS_URN, is_unbounded_splittable
 from beam_spark_runner.streaming.topology import STAGE, Topology
 from beam_spark_runner.streaming.watermarks import MAX_MICROS, MIN_MICROS
 
@@ -230,6 +230,18 @@ def _stage_counts(stage: PlannedStage, name: str) -> Counts:
     )
 
 
+def _splittable_source(stage: PlannedStage) -> Counts:
+    """An unbounded splittable DoFn as a source: restrictions in, its own elements out."""
+    label = (stage.user_transform_names or [stage.name])[0].split("/")[0]
+    produced = tuple(
+        (stage.name, p)
+        for transform in stage.descriptor.transforms.values()
+        if transform.spec.urn == SDF_PROCESS_URN
+        for p in transform.outputs.values()
+    )
+    return Counts(label, ((stage.name, _input_pcollection(stage)),), produced)
+
+
 def progress_plan(plan: Plan, topology: Topology) -> ProgressPlan:
     """Names and element counts of the topology's nodes and sources, in user terms.
 
@@ -245,8 +257,7 @@ def progress_plan(plan: Plan, topology: Topology) -> ProgressPlan:
             counts = _stage_counts(stage, stage.display_name)
             nodes[node.index] = counts
             if is_unbounded_splittable(stage):
-                label = (stage.user_transform_names or [stage.name])[0].split("/")[0]
-                sources.append(dataclasses.replace(counts, name=label))
+                sources.append(_splittable_source(stage))
             continue
         buffer = plan.buffers[node.name.encode()]
         inputs = tuple(

@@ -121,6 +121,9 @@ def test_nodes_and_sources_carry_the_users_transform_names() -> None:
     assert not [n for n in names if "ref_" in n], names
     (source,) = plan.sources
     assert source.name == "Ticks" and source.outputs and source.inputs
+    # The splittable DoFn's own output, not its fused stage's (a Precombine's, here).
+    (stage,) = [c for c in plan.nodes.values() if c.inputs == source.inputs]
+    assert not set(source.outputs) & set(stage.outputs)
     assert plan.not_clock_time is None
     group = next(c for c in plan.nodes.values() if c.name == "Group")
     # Counted where Beam counts them: the writing stage's output, the reading stage's input.
