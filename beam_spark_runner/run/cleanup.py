@@ -144,9 +144,11 @@ def created_at(name: str, prefix: str) -> float | None:
 def _temp_dirs(prefix: str) -> list[str]:
     """The directories named ``prefix`` + something, on the prefix's file system."""
     from apache_beam.io.filesystems import FileSystems
+    from apache_beam.io.localfilesystem import LocalFileSystem
 
     directory, name = FileSystems.split(prefix)
-    if FileSystems.get_filesystem(prefix).scheme() == "file":
+    # Empty directories exist only on a local disk; matching lists files.
+    if isinstance(FileSystems.get_filesystem(prefix), LocalFileSystem):
         if not os.path.isdir(directory):
             return []
         return [os.path.join(directory, n) for n in os.listdir(directory) if n.startswith(name)]
