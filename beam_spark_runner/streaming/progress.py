@@ -50,8 +50,9 @@ class Counts:
 class ProgressPlan:
     """What progress lines name and count, from the plan and its topology."""
 
-    # A stateful node's index (a producer id's part before '#') -> its name and counts.
-    nodes: Mapping[int, Counts]
+    # A node's index (a shard's producer id's part before '#'), or a source's producer id
+    # -> its name and counts.
+    nodes: Mapping[int | str, Counts]
     sources: tuple[Counts, ...] = ()
     # Why event time is not the clock's (a TestStream's made-up times), or None.
     not_clock_time: str | None = None
@@ -132,7 +133,7 @@ class ProgressReport:
         slowest = self.slowest(watermarks)
         if slowest is not None:
             node, watermark = slowest
-            counted = self.plan.nodes.get(node) if isinstance(node, int) else None
+            counted = self.plan.nodes.get(node)
             name = counted.name if counted is not None else str(node)
             text = f"slowest transform '{name}'"
             if counted is not None:
@@ -249,7 +250,7 @@ def progress_plan(plan: Plan, topology: Topology) -> ProgressPlan:
     unbounded splittable DoFn source by the transform the user applied (its name's first
     part, ``PeriodicImpulse``'s label), a TestStream or Spark stream by its transform.
     """
-    nodes: dict[int, Counts] = {}
+    nodes: dict[int | str, Counts] = {}
     sources: list[Counts] = []
     for node in topology.nodes:
         if node.kind == STAGE:
@@ -277,6 +278,7 @@ def progress_plan(plan: Plan, topology: Topology) -> ProgressPlan:
         readers = [plan.stage(r) for r in buffer.main_readers]
         outputs = ((readers[0].name, _input_pcollection(readers[0])),) if readers else ()
         sources.append(Counts(_producer_name(plan, buffer.name), (), outputs))
+        nodes[root] = sources[-1]
     return ProgressPlan(
         nodes, tuple(sources), "event time from a TestStream" if test_stream else None
     )

@@ -141,6 +141,10 @@ def test_a_test_stream_is_a_source_whose_time_is_not_the_clocks() -> None:
     )
     plan = _plan_of(pipeline)
     assert [s.name for s in plan.sources] == ["Events"]
+    # A source's own watermark is named as the source, not by its buffer.
+    (root,) = [key for key in plan.nodes if isinstance(key, str)]
+    line = ProgressReport("p", 0.0, plan).line(None, {f"{root}": 5_000_000}, {})
+    assert "slowest transform 'Events'" in line
     assert plan.not_clock_time == "event time from a TestStream"
 
 
