@@ -18,9 +18,7 @@ from beam_spark_runner.execution import beam_globals
 from beam_spark_runner.io.match_continuously import start_match_continuously_now
 from beam_spark_runner.monitoring import run_summary
 from beam_spark_runner.options import spark_settings
-from beam_spark_runner.planning.capabilities import (
-    unbounded_pcollections,
-)
+from beam_spark_runner.planning.capabilities import unbounded_source
 from beam_spark_runner.result import SparkPipelineResult
 from beam_spark_runner.rewrites.batch_test_stream import replace_test_streams
 from beam_spark_runner.rewrites.native_create import NativeCreateOverride
@@ -41,9 +39,9 @@ def wants_streaming(options: pipeline_options.PipelineOptions, proto: Any) -> bo
     if options.view_as(pipeline_options.StandardOptions).streaming:
         _LOGGER.info("Streaming mode: --streaming is set")
         return True
-    unbounded = unbounded_pcollections(proto)
-    if unbounded:
-        _LOGGER.info("Streaming mode: the pipeline has unbounded PCollections (%s)", unbounded[0])
+    source = unbounded_source(proto)
+    if source is not None:
+        _LOGGER.info("Streaming mode: the pipeline has an unbounded source, %s", source)
         return True
     _LOGGER.info(_BATCH_MODE)
     return False

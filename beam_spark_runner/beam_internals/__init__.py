@@ -146,10 +146,12 @@ from beam_spark_runner.beam_internals.pickling import (
     type_pickle_caches,
 )
 from beam_spark_runner.beam_internals.transforms import (
+    FILE_SINK_TEMP_DIR_PREFIX,
     READ_URN,
     builtin_aggregation,
     create_coder,
     dofn_state_and_timer_domains,
+    file_sink_temp_prefixes,
     global_window_param_payload,
     is_splittable_dofn,
     pickled_dofn_info,
@@ -257,6 +259,8 @@ __all__ = [
     "PAR_DO_URNS",
     "PARAM_WINDOWED_VALUE_CODER_URN",
     "pcollection_monitoring_infos",
+    "FILE_SINK_TEMP_DIR_PREFIX",
+    "file_sink_temp_prefixes",
     "pickled_dofn_info",
     "PipelineContext",
     "plain_text_source",

@@ -207,3 +207,44 @@ def test_stream_endpoint(test_stream: Any) -> str | None:
 def create_coder(create: Any) -> Any:
     """The coder ``beam.Create``'s own expansion encodes its values with."""
     return create._coder  # noqa: SLF001 - Beam internal
+
+
+# The ParDos through which Beam's ``iobase.WriteImpl`` calls ``sink.initialize_write()``,
+# which makes the write's temporary directory.
+_INITIALIZE_WRITES = ("/InitializeWrite", "/InitializeWindowedWrite")
+# What ``FileBasedSink._create_temp_dir`` names a temporary directory: this, the prefix's
+# last component, '-', and a ``uuid1`` in hex, beside the prefix.
+FILE_SINK_TEMP_DIR_PREFIX = "beam-temp-"
+
+
+def file_sink_temp_prefixes(components: beam_runner_api_pb2.Components) -> list[str]:
+    """'<directory>/beam-temp-<name>-' for each ``FileBasedSink`` the pipeline writes with.
+
+    Read from the sinks passed to the writes' initialize steps; a sink whose prefix is not
+    known yet (a value provider without a value) is left out.
+    """
+    from apache_beam.io.filebasedsink import FileBasedSink
+    from apache_beam.io.filesystems import FileSystems
+
+    prefixes: list[str] = []
+    for transform in components.transforms.values():
+        if transform.spec.urn != common_urns.primitives.PAR_DO.urn or not (
+            transform.unique_name.endswith(_INITIALIZE_WRITES)
+        ):
+            continue
+        try:
+            info = pickled_dofn_info(
+                beam_runner_api_pb2.ParDoPayload.FromString(transform.spec.payload)
+            )
+        except Exception:  # noqa: BLE001 - not a sink this can read
+            _LOGGER.debug("Cannot read the sink of %s", transform.unique_name, exc_info=True)
+            continue
+        arguments = [*info[1], *info[2].values()] if info is not None else []
+        for sink in arguments:
+            if not isinstance(sink, FileBasedSink):
+                continue
+            prefix = sink.file_path_prefix
+            if prefix.is_accessible():
+                directory, name = FileSystems.split(prefix.get())
+                prefixes.append(FileSystems.join(directory, f"{FILE_SINK_TEMP_DIR_PREFIX}{name}-"))
+    return sorted(set(prefixes))

@@ -330,3 +330,14 @@ class SparkMetrics(MetricResults):
     def monitoring_infos(self) -> list[Any]:
         """The committed monitoring infos of all stages."""
         return [info for infos in self._run.committed.values() for info in infos]
+
+
+def element_counts(accumulated: StageInfos) -> dict[tuple[str, str], int]:
+    """(Beam stage, PCollection id) -> the committed elements the stage counted in it."""
+    counts: dict[tuple[str, str], int] = {}
+    for stage, serialized in accumulated.items():
+        for info in decode_infos(serialized):
+            if info.urn == _MI.ELEMENT_COUNT_URN:
+                pcollection = info.labels.get(_MI.PCOLLECTION_LABEL, "")
+                counts[(stage, pcollection)] = int(_MI.extract_counter_value(info))
+    return counts

@@ -159,6 +159,28 @@ def unbounded_pcollections(proto: bi.beam_runner_api_pb2.Pipeline) -> list[str]:
     return found
 
 
+def unbounded_source(proto: bi.beam_runner_api_pb2.Pipeline) -> str | None:
+    """The transform making the first unbounded PCollection in topological order: the source.
+
+    Said as 'name' (URN); None if every PCollection is bounded. Transforms are visited as
+    they were applied (each composite's parts in order), which is a topological order.
+    """
+    transforms = proto.components.transforms
+    pcollections = proto.components.pcollections
+    pending = list(reversed(proto.root_transform_ids))
+    while pending:
+        transform = transforms[pending.pop()]
+        if transform.subtransforms:
+            pending.extend(reversed(transform.subtransforms))
+            continue
+        if any(
+            pcollections[p].is_bounded == bi.beam_runner_api_pb2.IsBounded.UNBOUNDED
+            for p in transform.outputs.values()
+        ):
+            return f"'{transform.unique_name}' ({transform.spec.urn})"
+    return None
+
+
 def check_plan(plan: Plan, translator_for: Callable[[str], object | None]) -> None:
     """Checks that every runner primitive has a translator and every SDK URN runs here."""
     for buffer in plan.buffers.values():

@@ -10,14 +10,16 @@ named; ``cancel()`` ends it CANCELLED. Either way the run is closed once.
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
 import threading
 import time
 from typing import Any
 
 from apache_beam.runners.runner import PipelineState
 
+from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.monitoring.job_progress import progress_logger
+from beam_spark_runner.monitoring.metrics import element_counts
+from beam_spark_runner.run import cleanup
 from beam_spark_runner.run.lifecycle import OpenRun
 from beam_spark_runner.run.prepare import PreparedRun
 from beam_spark_runner.spark.session import settings_within
@@ -25,7 +27,7 @@ from beam_spark_runner.streaming import jvm_warmup, pre_init_server
 from beam_spark_runner.streaming.bounded_side_inputs import plan_broadcasts
 from beam_spark_runner.streaming.checkpoint import check_checkpoint
 from beam_spark_runner.streaming.checkpoint_files import checkpoint_file_settings, spark_location
-from beam_spark_runner.streaming.progress import ProgressReport
+from beam_spark_runner.streaming.progress import ProgressReport, progress_plan
 from beam_spark_runner.streaming.query import (
     build_frame,
     ensure_state_store,
@@ -34,7 +36,6 @@ from beam_spark_runner.streaming.query import (
 )
 from beam_spark_runner.streaming.result import StreamingPipelineResult, wait_for
 from beam_spark_runner.streaming.sink_watch import SinkWatch, last_batch, quiet_callback_errors
-from beam_spark_runner.streaming.topology import STAGE, Topology
 from beam_spark_runner.translators.base import spark_function_name
 
 _LOGGER = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ def run_streaming(prepared: PreparedRun) -> StreamingPipelineResult:
     broadcasts = plan_broadcasts(plan)
     topology = plan_topology(plan, run.context.parallelism, broadcasts)
     owned_checkpoint = settings.checkpoint_location is None
-    checkpoint = settings.checkpoint_location or tempfile.mkdtemp(prefix="beam-spark-checkpoint-")
+    checkpoint = settings.checkpoint_location or cleanup.temporary_checkpoint()
     watch = SinkWatch(topology, run.context.sinks.logs)
     release_callback_logs = quiet_callback_errors()
     try:
@@ -74,6 +75,9 @@ def run_streaming(prepared: PreparedRun) -> StreamingPipelineResult:
                 ", ".join(plan.stage(name).display_name for name in sorted(broadcasts.readers)),
                 len(broadcasts.computed_in_batch),
             )
+        # Sinks' temporary files made since then are this query's, its killed attempts' too.
+        started = None if owned_checkpoint else cleanup.checkpoint_started(spark, checkpoint)
+        started = started or time.time()
         frame = build_frame(run.context, topology, broadcasts.readers)
         query_name = f"beam-{spark_function_name(job_name)[5:]}-{run.run_id}"
         _LOGGER.info(
@@ -90,7 +94,7 @@ def run_streaming(prepared: PreparedRun) -> StreamingPipelineResult:
     except BaseException as error:
         release_callback_logs()
         if owned_checkpoint:
-            shutil.rmtree(checkpoint, ignore_errors=True)
+            cleanup.remove_tree(checkpoint)
         _, failure = run.close(error)
         raise failure from None  # type: ignore[misc]
     cancelled = threading.Event()
@@ -100,25 +104,27 @@ def run_streaming(prepared: PreparedRun) -> StreamingPipelineResult:
         query.stop()
 
     result = StreamingPipelineResult(spark.sparkContext.applicationId, run.metrics, cancel)
-    report = ProgressReport(job_name, settings.trigger_interval, _node_names(run, topology))
+    report = ProgressReport(job_name, settings.trigger_interval, progress_plan(plan, topology))
 
     def watch_query() -> None:
         started = time.monotonic()
         error: BaseException | None = None
         try:
-            _watch(query, watch, report)
+            _watch(query, watch, report, run)
             error = watch.failure_of(query.exception())
         except Exception as caught:  # noqa: BLE001 - reported through the result
             error = caught
         finally:
             release_callback_logs()
+            stopped_at_exit()
             if owned_checkpoint:
-                shutil.rmtree(checkpoint, ignore_errors=True)
+                cleanup.remove_tree(checkpoint)
         _, error = run.close(error)
         if error is not None:
             state = PipelineState.FAILED
         elif watch.finished.is_set():
             state = PipelineState.DONE
+            cleanup.remove_abandoned_temp_dirs(bi.file_sink_temp_prefixes(plan.components), started)
         else:
             state = PipelineState.CANCELLED if cancelled.is_set() else PipelineState.STOPPED
         _LOGGER.info(
@@ -130,7 +136,9 @@ def run_streaming(prepared: PreparedRun) -> StreamingPipelineResult:
         )
         result.finish(state, watch.batches, error)
 
-    threading.Thread(target=watch_query, name=f"beam-query-{run.run_id}", daemon=True).start()
+    watcher = threading.Thread(target=watch_query, name=f"beam-query-{run.run_id}", daemon=True)
+    stopped_at_exit = cleanup.stop_at_exit(query.stop, watcher)
+    watcher.start()
     return result
 
 
@@ -159,7 +167,7 @@ def _start(run: OpenRun, frame: Any, query_name: str, watch: SinkWatch, checkpoi
         spark_context.setJobDescription(None)  # type: ignore[arg-type]
 
 
-def _watch(query: Any, watch: SinkWatch, report: ProgressReport) -> None:
+def _watch(query: Any, watch: SinkWatch, report: ProgressReport, run: OpenRun) -> None:
     """Until the query ends or has fired everything: its progress logged every few seconds.
 
     Once everything has fired, Spark commits the last micro-batch before the query stops,
@@ -172,7 +180,9 @@ def _watch(query: Any, watch: SinkWatch, report: ProgressReport) -> None:
         if time.monotonic() - last_log > _PROGRESS_SECONDS:
             last_log = time.monotonic()
             report.falls_behind(query.recentProgress)
-            _LOGGER.info("%s", report.line(query.lastProgress, dict(watch.watermarks)))
+            counts = element_counts(run.context.sinks.metrics.accumulator.value)
+            line = report.line(query.lastProgress, dict(watch.watermarks), counts)
+            progress_logger().info("%s", line)
     if watch.finished.is_set():
         wait_for(
             lambda: last_batch(query) >= (watch.final_batch or 0),
@@ -180,14 +190,3 @@ def _watch(query: Any, watch: SinkWatch, report: ProgressReport) -> None:
             poll=_COMMIT_POLL_SECONDS,
         )
         query.stop()
-
-
-def _node_names(run: OpenRun, topology: Topology) -> dict[int, str]:
-    """Each node's name in progress lines: its stage's, or its GroupByKey's."""
-    plan = run.prepared.plan
-    return {
-        node.index: plan.stage(node.name).display_name
-        if node.kind == STAGE
-        else f"GroupByKey {plan.buffers[node.name.encode()].name}"
-        for node in topology.nodes
-    }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import apache_beam as beam
 import pytest
@@ -38,7 +39,32 @@ def test_the_python_graph_says_what_the_proto_says(
     caplog.set_level(logging.INFO, logger="beam_spark_runner.runner")
     proto = pipeline.to_runner_api(default_environment=bi.default_environment())
     assert wants_streaming(options, proto) is unbounded
-    assert ("Streaming mode: the pipeline has unbounded" in caplog.text) is unbounded
+    assert ("Streaming mode: the pipeline has an unbounded source" in caplog.text) is unbounded
+
+
+@pytest.mark.parametrize(
+    ("source", "named"),
+    [
+        ("periodic impulse", "'Ticks/"),
+        ("test stream", "'Ticks' (beam:transform:teststream:v1)"),
+        ("spark stream", "'Ticks' (beam:runner:spark:read_spark_stream:v1)"),
+    ],
+)
+def test_the_mode_line_names_the_unbounded_source_not_the_sink(
+    source: str, named: str, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    options = PipelineOptions([])
+    pipeline = beam.Pipeline(options=options)
+    _ = (
+        pipeline
+        | "Ticks" >> _sources()[source][1]
+        | beam.Map(str)
+        | beam.io.WriteToText(str(tmp_path / "out"), triggering_frequency=5)
+    )
+    caplog.set_level(logging.INFO, logger="beam_spark_runner.runner")
+    assert wants_streaming(options, pipeline.to_runner_api())
+    line = next(r.getMessage() for r in caplog.records if "Streaming mode" in r.getMessage())
+    assert named in line and "WriteToText" not in line, line
 
 
 def test_streaming_is_asked_for_with_the_option() -> None:

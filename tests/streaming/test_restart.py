@@ -105,6 +105,8 @@ def test_a_killed_and_restarted_query_writes_exactly_the_uninterrupted_output(
     expected = written(reference)
     assert len(expected) >= SECONDS // 5
     assert written(output) == expected
+    # The killed attempts' temporary files went with the restart that finished.
+    assert not sorted(p.name for p in output.glob("beam-temp-*"))
 
 
 def test_a_crash_in_user_code_names_the_stage_shows_nothing_uncommitted_and_restarts(
