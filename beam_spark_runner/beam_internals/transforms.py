@@ -15,7 +15,7 @@ from apache_beam.portability.api import (
 )
 from apache_beam.runners import common as runners_common
 from apache_beam.runners.pipeline_context import PipelineContext
-from apache_beam.transforms import trigger, userstate, window
+from apache_beam.transforms import trigger, userstate, util, window
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -55,6 +55,16 @@ def plain_text_source(transform: beam_runner_api_pb2.PTransform) -> tuple[str, s
     if not plain or pattern is None or not pattern.is_accessible():
         return None
     return str(pattern.get()), str(fields.get("_compression_type"))
+
+
+def reshuffles_pickle_elements(options: Any) -> bool:
+    """Whether ``options`` make Beam's Reshuffle expansion pickle its elements.
+
+    A pipeline updating a job of a Beam older than the Reshuffle's typed expansion
+    (``--update_compatibility_version``) gets the old expansion, which encodes the
+    elements as ``Any``: pickled, so elements that cannot be pickled fail there.
+    """
+    return bool(options.is_compat_version_prior_to(util.RESHUFFLE_TYPEHINT_BREAKING_CHANGE_VERSION))
 
 
 def python_transforms(pipeline: Any) -> Iterator[Any]:
