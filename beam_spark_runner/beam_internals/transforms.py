@@ -9,6 +9,7 @@ from typing import Any
 from apache_beam import coders
 from apache_beam.internal import pickler
 from apache_beam.io import textio
+from apache_beam.options.pipeline_options import StreamingOptions
 from apache_beam.portability import common_urns, python_urns
 from apache_beam.portability.api import (
     beam_runner_api_pb2,
@@ -64,7 +65,16 @@ def reshuffles_pickle_elements(options: Any) -> bool:
     (``--update_compatibility_version``) gets the old expansion, which encodes the
     elements as ``Any``: pickled, so elements that cannot be pickled fail there.
     """
-    return bool(options.is_compat_version_prior_to(util.RESHUFFLE_TYPEHINT_BREAKING_CHANGE_VERSION))
+    # Compared here: PipelineOptions.is_compat_version_prior_to is newer than our oldest Beam.
+    version = options.view_as(StreamingOptions).update_compatibility_version
+    if not version:
+        return False
+
+    def release(text: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in (text.split(".") + ["0", "0", "0"])[:3])
+
+    typed_since = getattr(util, "RESHUFFLE_TYPEHINT_BREAKING_CHANGE_VERSION", "2.64.0")
+    return release(version) < release(typed_since)
 
 
 def python_transforms(pipeline: Any) -> Iterator[Any]:
