@@ -65,7 +65,7 @@ def reshuffles_pickle_elements(options: Any) -> bool:
     (``--update_compatibility_version``) gets the old expansion, which encodes the
     elements as ``Any``: pickled, so elements that cannot be pickled fail there.
     """
-    # Compared here: PipelineOptions.is_compat_version_prior_to is newer than our oldest Beam.
+    # Compared here, so no newer PipelineOptions method (is_compat_version_prior_to) is needed.
     version = options.view_as(StreamingOptions).update_compatibility_version
     if not version:
         return False
