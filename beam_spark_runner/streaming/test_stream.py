@@ -33,6 +33,7 @@ _LOGGER = logging.getLogger(__name__)
 
 _INTERVAL_WINDOW_CODER_URN: str = bi.common_urns.coders.INTERVAL_WINDOW.urn
 _WINDOW_INTO_URN: str = bi.common_urns.primitives.ASSIGN_WINDOWS.urn
+_FLATTEN_URN: str = bi.common_urns.primitives.FLATTEN.urn
 
 # How long the driver waits for a TestStream service to stream all its events.
 SERVICE_READ_TIMEOUT_SECONDS = 120.0
@@ -159,6 +160,18 @@ def carry_held_windows(
                 ):
                     seen.add(output)
                     reached.append(output)
+    for transform in components.transforms.values():
+        if transform.spec.urn == _FLATTEN_URN and not set(transform.outputs.values()) - seen:
+            others = sorted(set(transform.inputs.values()) - seen)
+            if others:
+                raise UnsupportedFeatureError(
+                    f"Flatten '{transform.unique_name}' merges the output of TestStream "
+                    f"{', '.join(sorted(set(held.values())))}, whose elements carry their own "
+                    f"IntervalWindows (WindowedValueHolder), with PCollections {others} in the "
+                    "global window; SparkStructuredRunner's streaming runs cannot carry both "
+                    "kinds of window in one PCollection. Window the TestStream's output with "
+                    "beam.WindowInto before the Flatten, or hold those elements too."
+                )
     _LOGGER.info(
         "TestStream %s: elements carry their own interval windows, kept by %d PCollections",
         ", ".join(sorted(set(held.values()))),

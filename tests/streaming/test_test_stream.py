@@ -207,6 +207,15 @@ def test_held_windows_mixed_with_the_global_window_are_refused_naming_them() -> 
         carry_held_windows(_pipeline_proto(_held_stream()))
 
 
+def test_held_windows_flattened_with_the_global_window_are_refused_naming_the_flatten() -> None:
+    pipeline = beam.Pipeline()
+    held = pipeline | _interval_stream()
+    plain = pipeline | "Plain" >> ScriptedStream().add_elements([("k", "x")])
+    _ = (held, plain) | "Both" >> beam.Flatten()
+    with pytest.raises(UnsupportedFeatureError, match="Flatten 'Both'"):
+        carry_held_windows(pipeline.to_runner_api())
+
+
 def _record(element: Any) -> None:
     _RECORDED.append(element)
 
