@@ -9,13 +9,14 @@ from typing import Any
 from apache_beam import coders
 from apache_beam.internal import pickler
 from apache_beam.io import textio
+from apache_beam.options.pipeline_options import StreamingOptions
 from apache_beam.portability import common_urns, python_urns
 from apache_beam.portability.api import (
     beam_runner_api_pb2,
 )
 from apache_beam.runners import common as runners_common
 from apache_beam.runners.pipeline_context import PipelineContext
-from apache_beam.transforms import trigger, userstate, window
+from apache_beam.transforms import trigger, userstate, util, window
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -55,6 +56,25 @@ def plain_text_source(transform: beam_runner_api_pb2.PTransform) -> tuple[str, s
     if not plain or pattern is None or not pattern.is_accessible():
         return None
     return str(pattern.get()), str(fields.get("_compression_type"))
+
+
+def reshuffles_pickle_elements(options: Any) -> bool:
+    """Whether ``options`` make Beam's Reshuffle expansion pickle its elements.
+
+    A pipeline updating a job of a Beam older than the Reshuffle's typed expansion
+    (``--update_compatibility_version``) gets the old expansion, which encodes the
+    elements as ``Any``: pickled, so elements that cannot be pickled fail there.
+    """
+    # Compared here, so no newer PipelineOptions method (is_compat_version_prior_to) is needed.
+    version = options.view_as(StreamingOptions).update_compatibility_version
+    if not version:
+        return False
+
+    def release(text: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in (text.split(".") + ["0", "0", "0"])[:3])
+
+    typed_since = getattr(util, "RESHUFFLE_TYPEHINT_BREAKING_CHANGE_VERSION", "2.64.0")
+    return release(version) < release(typed_since)
 
 
 def python_transforms(pipeline: Any) -> Iterator[Any]:

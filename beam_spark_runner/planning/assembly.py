@@ -219,6 +219,7 @@ def build_plan(
     streaming: bool = False,
     batched_steps: bool = True,
     native_combines: bool = False,
+    beam_reshuffles: bool = False,
 ) -> Plan:
     """Fuses the pipeline, wires stages to buffers, and decides how each stage runs.
 
@@ -231,7 +232,7 @@ def build_plan(
     driver holds the watermark by the elements' timestamps.
     """
     context, stages = create_stages(
-        pipeline_proto, is_drain, use_state_iterables, streaming, native_combines
+        pipeline_proto, is_drain, use_state_iterables, streaming, native_combines, beam_reshuffles
     )
     group_coders = {} if streaming else value_only_group_coders(context, stages)
     planned = [_plan_stage(stage, context, uid, group_coders) for uid, stage in enumerate(stages)]

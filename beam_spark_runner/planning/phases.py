@@ -335,12 +335,26 @@ def phases(streaming: bool = False, native_combine: bool = False) -> list[Phase]
     ]
 
 
+def expand_reshuffles_as_beam(pipeline_proto: bi.beam_runner_api_pb2.Pipeline) -> None:
+    """Makes each user Reshuffle run as Beam expanded it, not as the runner's repartition.
+
+    Its URN becomes a generic composite's, so fusion takes its subtransforms (random keys,
+    a GroupByKey) with their coders: the expansion of an update-compatible pipeline
+    (``bi.reshuffles_pickle_elements``) pickles the elements, and fails where Beam's does.
+    """
+    for transform in pipeline_proto.components.transforms.values():
+        if transform.spec.urn == RESHUFFLE_URN and transform.subtransforms:
+            transform.spec.urn = bi.python_urns.GENERIC_COMPOSITE_TRANSFORM
+            transform.spec.payload = b""
+
+
 def create_stages(
     pipeline_proto: bi.beam_runner_api_pb2.Pipeline,
     is_drain: bool = False,
     use_state_iterables: bool = False,
     streaming: bool = False,
     native_combine: bool = False,
+    beam_reshuffles: bool = False,
 ) -> tuple[bi.TransformContext, list[bi.Stage]]:
     """Runs Beam's graph phases (and ours) over a copy of the pipeline proto.
 
@@ -351,8 +365,12 @@ def create_stages(
     steps through their events) and text reads keep Beam's expansion.
     With ``native_combine`` (batch only), CombinePerKeys Spark can aggregate become
     ``nativecombine:`` buffers (:func:`native_combines`).
+    With ``beam_reshuffles``, Reshuffles run as Beam expanded them
+    (:func:`expand_reshuffles_as_beam`).
     """
     pipeline_proto = copy.deepcopy(pipeline_proto)
+    if beam_reshuffles:
+        expand_reshuffles_as_beam(pipeline_proto)
     if not streaming:
         native_text_reads(pipeline_proto)
     return bi.create_and_optimize_stages(

@@ -20,7 +20,7 @@ from beam_spark_runner.planning.capabilities import (
     check_stages,
 )
 from beam_spark_runner.streaming.check import check_streaming_pipeline, check_streaming_plan
-from beam_spark_runner.streaming.test_stream import inline_service_events
+from beam_spark_runner.streaming.test_stream import carry_held_windows, inline_service_events
 from beam_spark_runner.translators import translator_for
 
 
@@ -55,7 +55,7 @@ def prepare(
     proto = bi.prepare_pipeline_proto(proto)
     if streaming:
         check_requirements(proto)
-        proto = inline_service_events(proto)
+        proto = carry_held_windows(inline_service_events(proto))
         check_streaming_pipeline(proto)
     else:
         check_pipeline(proto)
@@ -66,6 +66,7 @@ def prepare(
         batched_steps=batched_steps(settings),
         native_combines=settings.native_combines and not streaming,
         streaming=streaming,
+        beam_reshuffles=bi.reshuffles_pickle_elements(options),
     )
     if streaming:
         check_streaming_plan(plan)

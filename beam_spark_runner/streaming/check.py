@@ -38,8 +38,6 @@ def check_streaming_pipeline(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
         if transform.subtransforms:
             continue
         if transform.spec.urn == TEST_STREAM_URN:
-            payload = bi.beam_runner_api_pb2.TestStreamPayload.FromString(transform.spec.payload)
-            _check_test_stream_elements(transform, payload, components)
             continue
         outputs = [components.pcollections[p] for p in transform.outputs.values()]
         inputs = [components.pcollections[p] for p in transform.inputs.values()]
@@ -55,26 +53,6 @@ def check_streaming_pipeline(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
                 "Spark streams (beam_spark_runner.io.ReadFromSparkStream) and bounded "
                 "sources only yet."
             )
-
-
-def _check_test_stream_elements(
-    transform: bi.beam_runner_api_pb2.PTransform,
-    payload: bi.beam_runner_api_pb2.TestStreamPayload,
-    components: bi.beam_runner_api_pb2.Components,
-) -> None:
-    """Refuses elements that carry their own windows (``WindowedValueHolder``)."""
-    from apache_beam.testing.test_stream import WindowedValueHolder
-
-    coder = bi.PipelineContext(components).coders[payload.coder_id]
-    for event in payload.events:
-        for element in event.element_event.elements:
-            if isinstance(coder.decode(element.encoded_element), WindowedValueHolder):
-                raise UnsupportedFeatureError(
-                    f"Transform '{transform.unique_name}' is a TestStream ({TEST_STREAM_URN}) "
-                    "whose elements carry their own windows and panes (WindowedValueHolder); "
-                    "SparkStructuredRunner's streaming runs emit TestStream elements in the "
-                    "global window only yet."
-                )
 
 
 def check_streaming_plan(plan: Plan) -> None:

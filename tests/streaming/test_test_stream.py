@@ -1,19 +1,35 @@
-"""A service-backed TestStream's events, read on the driver before the query starts."""
+"""TestStreams in streaming: a service's events read before the query, elements' held windows."""
 
 from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import apache_beam as beam
 import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.runner import PipelineState
 from apache_beam.testing.test_stream import TestStream as ScriptedStream
+from apache_beam.testing.test_stream import WindowedValueHolder
 from apache_beam.testing.test_stream_service import TestStreamServiceController as Service
-from apache_beam.transforms.window import TimestampedValue
+from apache_beam.testing.util import assert_that, equal_to
+from apache_beam.transforms import userstate
+from apache_beam.transforms.window import GlobalWindows, IntervalWindow, TimestampedValue
+from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
 
 from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.errors import UnsupportedFeatureError
 from beam_spark_runner.planning import TEST_STREAM_URN
-from beam_spark_runner.streaming.test_stream import TestStreamServiceError, inline_service_events
+from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
+from beam_spark_runner.streaming.check import check_streaming_pipeline
+from beam_spark_runner.streaming.test_stream import (
+    TestStreamServiceError,
+    carry_held_windows,
+    inline_service_events,
+)
+from tests.conftest import SPARK_TEST_MASTER
 
 CODER = beam.coders.StrUtf8Coder()
 
@@ -90,3 +106,139 @@ def test_an_unreachable_service_says_what_the_runner_needs() -> None:
     proto = _pipeline_proto(ScriptedStream(coder=CODER, endpoint=f"localhost:{port}"))
     with pytest.raises(TestStreamServiceError, match="must be up and must end its event stream"):
         inline_service_events(proto, timeout=2)
+
+
+_INTERVAL_WINDOW_CODER_URN = bi.common_urns.coders.INTERVAL_WINDOW.urn
+GLOBAL_WINDOW_CODER_URN = bi.common_urns.coders.GLOBAL_WINDOW.urn
+_RECORDED: list[Any] = []
+
+
+def _held(value: Any, at: int, start: int, end: int, index: int) -> WindowedValueHolder:
+    timing = PaneInfoTiming.EARLY if index == 0 else PaneInfoTiming.LATE
+    pane = PaneInfo(index == 0, False, timing, index, -1 if index == 0 else index)
+    return WindowedValueHolder(
+        WindowedValue(value, Timestamp(at), [IntervalWindow(start, end)], pane)
+    )
+
+
+def _held_stream() -> ScriptedStream:
+    return (
+        ScriptedStream()
+        .advance_watermark_to(10)
+        .add_elements([_held(("k", "a"), 5, 5, 10, 0), _held(("k", "b"), 7, 0, 20, 0)])
+        .advance_watermark_to(30)
+        .add_elements([_held(("k", "c"), 8, 5, 10, 1), "plain"])
+        .advance_watermark_to_infinity()
+    )
+
+
+def _interval_stream() -> ScriptedStream:
+    return (
+        ScriptedStream()
+        .advance_watermark_to(10)
+        .add_elements([_held(("k", "a"), 5, 5, 10, 0), _held(("k", "b"), 7, 0, 20, 0)])
+        .advance_watermark_to(30)
+        .add_elements([_held(("k", "c"), 8, 5, 10, 1)])
+        .advance_watermark_to_infinity()
+    )
+
+
+class _Record(beam.DoFn):  # type: ignore[misc]
+    """An element with its timestamp, window and pane, as plain data."""
+
+    def process(
+        self,
+        element: Any,
+        t: Any = beam.DoFn.TimestampParam,
+        w: Any = beam.DoFn.WindowParam,
+        pane: Any = beam.DoFn.PaneInfoParam,
+    ) -> Iterator[Any]:
+        yield (element, t.micros, (float(w.start), float(w.end)), pane.timing, pane.index)
+
+
+class _CountPerWindow(beam.DoFn):  # type: ignore[misc]
+    """A stateful DoFn: its state is per key and window, so windows must arrive intact."""
+
+    SEEN = userstate.CombiningValueStateSpec("seen", sum)
+
+    def process(
+        self, kv: Any, w: Any = beam.DoFn.WindowParam, seen: Any = beam.DoFn.StateParam(SEEN)
+    ) -> Iterator[Any]:
+        seen.add(1)
+        yield (kv[1], (float(w.start), float(w.end)), seen.read())
+
+
+def _held_windows_pipeline(pipeline: beam.Pipeline) -> Any:
+    held = pipeline | _interval_stream()
+    return (
+        held | "Record" >> beam.ParDo(_Record()),
+        held | "Count" >> beam.ParDo(_CountPerWindow()) | "RecordCount" >> beam.ParDo(_Record()),
+    )
+
+
+def test_held_interval_windows_travel_in_an_interval_window_coder() -> None:
+    proto = _pipeline_proto(_interval_stream())
+    carried = carry_held_windows(proto)
+    components = carried.components
+    upper = next(t for t in components.transforms.values() if t.unique_name == "Map(upper)")
+    for pcoll in (*upper.inputs.values(), *upper.outputs.values()):
+        strategy = components.windowing_strategies[
+            components.pcollections[pcoll].windowing_strategy_id
+        ]
+        assert components.coders[strategy.window_coder_id].spec.urn == _INTERVAL_WINDOW_CODER_URN
+    # Nothing to carry: the proto as it was; a streaming run no longer refuses the holders.
+    plain = _pipeline_proto(_scripted())
+    assert carry_held_windows(plain) is plain
+    check_streaming_pipeline(carried)
+
+
+def test_a_windowing_after_the_stream_keeps_its_own_window_coder() -> None:
+    pipeline = beam.Pipeline()
+    _ = pipeline | _interval_stream() | beam.WindowInto(GlobalWindows()) | beam.Map(str)
+    components = carry_held_windows(pipeline.to_runner_api()).components
+    mapped = next(t for t in components.transforms.values() if t.unique_name == "Map(str)")
+    (pcoll,) = mapped.outputs.values()
+    strategy = components.windowing_strategies[components.pcollections[pcoll].windowing_strategy_id]
+    assert components.coders[strategy.window_coder_id].spec.urn == GLOBAL_WINDOW_CODER_URN
+
+
+def test_held_windows_mixed_with_the_global_window_are_refused_naming_them() -> None:
+    with pytest.raises(UnsupportedFeatureError, match="GlobalWindow, IntervalWindow"):
+        carry_held_windows(_pipeline_proto(_held_stream()))
+
+
+def test_held_windows_flattened_with_the_global_window_are_refused_naming_the_flatten() -> None:
+    pipeline = beam.Pipeline()
+    held = pipeline | _interval_stream()
+    plain = pipeline | "Plain" >> ScriptedStream().add_elements([("k", "x")])
+    _ = (held, plain) | "Both" >> beam.Flatten()
+    with pytest.raises(UnsupportedFeatureError, match="Flatten 'Both'"):
+        carry_held_windows(pipeline.to_runner_api())
+
+
+def _record(element: Any) -> None:
+    _RECORDED.append(element)
+
+
+@pytest.mark.spark
+def test_held_windows_stream_as_direct_runner_emits_them() -> None:
+    if pyspark_version() < STREAMING_SPARK:
+        pytest.skip("streaming runs need PySpark 4.1+")
+    direct = PipelineOptions(["--runner=DirectRunner", "--streaming"])
+    _RECORDED.clear()
+    with beam.Pipeline(options=direct) as pipeline:
+        recorded, counted = _held_windows_pipeline(pipeline)
+        _ = (recorded, counted) | beam.Flatten() | beam.Map(_record)
+    expected = sorted(_RECORDED, key=repr)
+    assert len(expected) == 6
+    assert {window for _, _, window, _, _ in expected} == {(5.0, 10.0), (0.0, 20.0)}
+    options = PipelineOptions(
+        ["--runner=SparkStructuredRunner", f"--spark_master={SPARK_TEST_MASTER}", "--streaming"]
+    )
+    pipeline = beam.Pipeline(options=options)
+    recorded, counted = _held_windows_pipeline(pipeline)
+    assert_that((recorded, counted) | beam.Flatten(), equal_to(expected))
+    result = pipeline.run()
+    assert result.wait_until_finish() == PipelineState.DONE
+    # It streamed: one micro-batch per event at least, not a batch run.
+    assert result.micro_batches >= 5
