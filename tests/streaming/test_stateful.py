@@ -1,0 +1,197 @@
+"""A stateful DoFn's shard in a streaming run (``streaming.stateful``), in-process, no Spark.
+
+The shard runs micro-batch after micro-batch on its encoded state, as a level runs it: a
+window's user state and pending timers go once the window expires (``window_expiry``),
+after the timers due by then have fired.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.coders import VarIntCoder
+from apache_beam.transforms import userstate, window
+from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.windowed_value import WindowedValue
+
+from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.execution.stage_worker import NO_SINKS, StageSpec
+from beam_spark_runner.planning import build_plan
+from beam_spark_runner.streaming.compression import pack
+from beam_spark_runner.streaming.rows import ELEMENT, PRODUCER, PTIME, WATERMARK
+from beam_spark_runner.streaming.stateful import StatefulShard, StatefulShardState
+from beam_spark_runner.streaming.topology import STAGE, Node, Topology
+from beam_spark_runner.streaming.watermarks import MAX_MICROS
+from tests.stage_specs import stage_spec
+
+_SOURCE = "source"
+_FIRED: list[tuple[str, int, int]] = []
+
+
+class _SumAtWindowEnd(beam.DoFn):  # type: ignore[misc]
+    """Keeps a key's values per window and records their sum at the window's end.
+
+    It never clears its state, and each element also sets a processing-time timer that the
+    stream reaches only at its end (recorded as -1): left alone, both would stay in the
+    shard's state until then.
+    """
+
+    VALUES = userstate.BagStateSpec("values", VarIntCoder())
+    END = userstate.TimerSpec("end", userstate.TimeDomain.WATERMARK)
+    NEVER = userstate.TimerSpec("never", userstate.TimeDomain.REAL_TIME)
+
+    def process(
+        self,
+        kv: Any,
+        w: Any = beam.DoFn.WindowParam,
+        values: Any = beam.DoFn.StateParam(VALUES),
+        end: Any = beam.DoFn.TimerParam(END),
+        never: Any = beam.DoFn.TimerParam(NEVER),
+    ) -> None:
+        values.add(kv[1])
+        end.set(w.max_timestamp())
+        never.set(Timestamp(10**9))
+
+    @userstate.on_timer(END)
+    def on_end(
+        self,
+        key: Any = beam.DoFn.KeyParam,
+        w: Any = beam.DoFn.WindowParam,
+        values: Any = beam.DoFn.StateParam(VALUES),
+    ) -> None:
+        _FIRED.append((key, int(w.start), sum(values.read())))
+
+    @userstate.on_timer(NEVER)
+    def on_never(self, key: Any = beam.DoFn.KeyParam, w: Any = beam.DoFn.WindowParam) -> None:
+        _FIRED.append((key, int(w.start), -1))
+
+
+def _spec(allowed_lateness: int) -> StageSpec:
+    p = beam.Pipeline()
+    _ = (
+        p
+        | beam.Impulse()
+        | beam.Map(lambda _: ("k", 1))
+        | beam.WindowInto(window.FixedWindows(10), allowed_lateness=allowed_lateness)
+        | "Sum" >> beam.ParDo(_SumAtWindowEnd())
+    )
+    plan = build_plan(bi.prepare_pipeline_proto(p.to_runner_api()), streaming=True)
+    (stage,) = [s for s in plan.stages if any("Sum" in n for n in s.user_transform_names)]
+    return stage_spec(plan, stage, f"stateful-expiry-{allowed_lateness}")
+
+
+def _topology(spec: StageSpec) -> Topology:
+    node = Node(
+        index=0,
+        name=spec.name,
+        kind=STAGE,
+        stateful=True,
+        step=1,
+        targets=tuple(() for _ in spec.outputs),
+        expected=frozenset([_SOURCE]),
+        main_expected=frozenset([_SOURCE]),
+    )
+    return Topology((node,), {_SOURCE: (0,)}, levels=1, shards=1, sink_producers=frozenset())
+
+
+def _encoder(spec: StageSpec) -> Any:
+    descriptor = bi.beam_fn_api_pb2.ProcessBundleDescriptor.FromString(spec.descriptor)
+    port = bi.remote_grpc_port(descriptor.transforms[spec.input_transform_id].spec.payload)
+    return bi.PipelineContext(descriptor).coders[port.coder_id].get_impl()
+
+
+class _Run:
+    """The shard's micro-batches, each on the state value the last one wrote."""
+
+    def __init__(self, allowed_lateness: int = 0) -> None:
+        self.spec = _spec(allowed_lateness)
+        self.topology = _topology(self.spec)
+        self.encoder = _encoder(self.spec)
+        self.value: bytes | None = None
+
+    def batch(self, elements: list[tuple[str, int, int]], watermark: int) -> int:
+        """Runs one batch: (key, value, timestamp in s) elements, then the watermark (s)."""
+        rows: list[dict[str, Any]] = []
+        for key, value, at in elements:
+            start = at - at % 10
+            encoded = self.encoder.encode_nested(
+                WindowedValue(
+                    (key, value), Timestamp(at), [window.IntervalWindow(start, start + 10)]
+                )
+            )
+            rows.append({ELEMENT: pack(encoded)})
+        micros = MAX_MICROS if watermark >= MAX_MICROS else watermark * 1_000_000
+        rows.append({ELEMENT: None, PRODUCER: _SOURCE, WATERMARK: micros, PTIME: 0})
+        shard = StatefulShard(self.spec, NO_SINKS)
+        self.value, _ = shard.run_encoded(
+            self.topology, self.topology.nodes[0], 0, self.value, rows
+        )
+        return len(self.value)
+
+    @property
+    def state(self) -> StatefulShardState:
+        assert self.value is not None
+        return StatefulShardState.decode(self.value)
+
+    def cells(self) -> int:
+        """How many user-state cells the state value holds."""
+        user_state = self.state.user_state
+        return len(user_state[0]) if user_state else 0
+
+    def timers(self) -> int:
+        """How many pending timers the state value holds."""
+        pending = StatefulShard(self.spec, NO_SINKS).pending
+        for family, encoded in self.state.timers.items():
+            pending.add_written(family, encoded)
+        return len(pending)
+
+
+def test_expired_windows_leave_the_state_value_and_its_size_stays_flat() -> None:
+    _FIRED.clear()
+    run = _Run()
+    sizes = []
+    # A window of 10 s per batch, each with three keys' elements; the watermark closes the
+    # window of the batch before.
+    for batch in range(40):
+        at = batch * 10
+        elements = [(key, batch, at + 1) for key in "abc"]
+        sizes.append(run.batch(elements, watermark=at))
+    assert sorted(_FIRED) == sorted((key, b * 10, b) for b in range(39) for key in "abc")
+    _FIRED.clear()
+    # Left: the open window's bags and two timers per key, and the bags and never-reached
+    # timers of the window the watermark reached the end of (it expires once past it).
+    assert (run.cells(), run.timers()) == (6, 9)
+    assert max(sizes[2:]) - min(sizes[2:]) <= 8, sizes
+    run.batch([], watermark=MAX_MICROS)
+    assert (run.cells(), run.timers()) == (0, 0)
+    # At +inf, the last window's timer and the processing-time timers of the two windows
+    # that had not expired.
+    ends = [(key, 390, 39) for key in "abc"]
+    never = [(key, start, -1) for key in "abc" for start in (380, 390)]
+    assert sorted(_FIRED) == sorted(ends + never)
+
+
+def test_timers_due_by_the_expiry_fire_before_the_state_goes() -> None:
+    _FIRED.clear()
+    run = _Run(allowed_lateness=5)
+    run.batch([("a", 1, 1), ("a", 2, 2)], watermark=0)
+    # The watermark jumps past the window's end and its allowed lateness at once: the timer
+    # at the window's end fires on the state before the state is dropped.
+    run.batch([], watermark=100)
+    assert _FIRED == [("a", 0, 3)]
+    assert (run.cells(), run.timers()) == (0, 0)
+
+
+def test_a_window_within_its_allowed_lateness_keeps_its_state() -> None:
+    _FIRED.clear()
+    run = _Run(allowed_lateness=5)
+    run.batch([("a", 1, 1)], watermark=0)
+    run.batch([], watermark=12)  # past the end (10), not past the end plus lateness (15)
+    assert _FIRED == [("a", 0, 1)]
+    # A late element still sees the window's state, and fires again on all of it.
+    run.batch([("a", 2, 3)], watermark=14)
+    assert _FIRED == [("a", 0, 1), ("a", 0, 3)]
+    assert (run.cells(), run.timers()) == (1, 1)  # its bag and its processing-time timer
+    run.batch([], watermark=16)
+    assert (run.cells(), run.timers()) == (0, 0)
