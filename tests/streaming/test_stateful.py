@@ -10,19 +10,27 @@ from __future__ import annotations
 from typing import Any
 
 import apache_beam as beam
+import pytest
 from apache_beam.coders import VarIntCoder
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.runner import PipelineState
+from apache_beam.testing.test_stream import TestStream as ScriptedStream
+from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import userstate, window
+from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution.stage_worker import NO_SINKS, StageSpec
 from beam_spark_runner.planning import build_plan
+from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 from beam_spark_runner.streaming.compression import pack
 from beam_spark_runner.streaming.rows import ELEMENT, PRODUCER, PTIME, WATERMARK
 from beam_spark_runner.streaming.stateful import StatefulShard, StatefulShardState
 from beam_spark_runner.streaming.topology import STAGE, Node, Topology
 from beam_spark_runner.streaming.watermarks import MAX_MICROS
+from tests.conftest import SPARK_TEST_MASTER
 from tests.stage_specs import stage_spec
 
 _SOURCE = "source"
@@ -195,3 +203,71 @@ def test_a_window_within_its_allowed_lateness_keeps_its_state() -> None:
     assert (run.cells(), run.timers()) == (1, 1)  # its bag and its processing-time timer
     run.batch([], watermark=16)
     assert (run.cells(), run.timers()) == (0, 0)
+
+
+class _SumPerWindow(beam.DoFn):  # type: ignore[misc]
+    """Emits, at each window's end, the key, the window's start and its values' sum."""
+
+    VALUES = userstate.BagStateSpec("values", VarIntCoder())
+    END = userstate.TimerSpec("end", userstate.TimeDomain.WATERMARK)
+
+    def process(
+        self,
+        kv: Any,
+        w: Any = beam.DoFn.WindowParam,
+        values: Any = beam.DoFn.StateParam(VALUES),
+        end: Any = beam.DoFn.TimerParam(END),
+    ) -> None:
+        values.add(kv[1])
+        end.set(w.max_timestamp())
+
+    @userstate.on_timer(END)
+    def on_end(
+        self,
+        key: Any = beam.DoFn.KeyParam,
+        w: Any = beam.DoFn.WindowParam,
+        values: Any = beam.DoFn.StateParam(VALUES),
+    ) -> Any:
+        yield key, int(w.start), sorted(values.read())
+
+
+def _expiring_windows(pipeline: beam.Pipeline) -> Any:
+    coder = beam.coders.TupleCoder([beam.coders.StrUtf8Coder(), VarIntCoder()])
+    stream = ScriptedStream(coder=coder)
+    for batch in range(6):
+        at = batch * 10
+        stream.add_elements([TimestampedValue((key, batch), at + 1) for key in "ab"])
+        stream.advance_watermark_to(at + 12)
+        # Late, within the allowed lateness: the window fires again on all its state.
+        stream.add_elements([TimestampedValue(("a", 100 + batch), at + 3)])
+    return (
+        pipeline
+        | stream.advance_watermark_to_infinity()
+        | beam.WindowInto(window.FixedWindows(10), allowed_lateness=6)
+        | beam.ParDo(_SumPerWindow())
+    )
+
+
+_COLLECTED: list[Any] = []
+
+
+def _collect(element: Any) -> None:
+    _COLLECTED.append(element)
+
+
+@pytest.mark.spark
+@pytest.mark.skipif(pyspark_version() < STREAMING_SPARK, reason="streaming runs need PySpark 4.1+")
+def test_a_stateful_dofn_over_expiring_windows_gives_direct_runners_output() -> None:
+    options = PipelineOptions(["--runner=DirectRunner", "--streaming"])
+    _COLLECTED.clear()
+    with beam.Pipeline(options=options) as pipeline:
+        _ = _expiring_windows(pipeline) | beam.Map(_collect)
+    expected = list(_COLLECTED)
+    # Late values within the lateness fire the window again on its whole state.
+    assert ("a", 0, [0, 100]) in expected and len(expected) == 18, expected
+    options = PipelineOptions(
+        ["--runner=SparkStructuredRunner", f"--spark_master={SPARK_TEST_MASTER}", "--streaming"]
+    )
+    pipeline = beam.Pipeline(options=options)
+    assert_that(_expiring_windows(pipeline), equal_to(expected))
+    assert pipeline.run().wait_until_finish() == PipelineState.DONE
