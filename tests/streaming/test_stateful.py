@@ -16,7 +16,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.runner import PipelineState
 from apache_beam.testing.test_stream import TestStream as ScriptedStream
 from apache_beam.testing.util import assert_that, equal_to
-from apache_beam.transforms import userstate, window
+from apache_beam.transforms import trigger, userstate, util, window
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
@@ -270,4 +270,56 @@ def test_a_stateful_dofn_over_expiring_windows_gives_direct_runners_output() -> 
     )
     pipeline = beam.Pipeline(options=options)
     assert_that(_expiring_windows(pipeline), equal_to(expected))
+    assert pipeline.run().wait_until_finish() == PipelineState.DONE
+
+
+def _batch_sizes(pipeline: beam.Pipeline) -> Any:
+    # Beam's util_test.test_stateful_buffering_timer_in_global_window_streaming: one element
+    # and 5 s of processing time, ten times; the buffering timer (42 s on a clock stuck at
+    # 0) flushes the first nine, the end of the input the last.
+    start = Timestamp(0)
+    stream = ScriptedStream().advance_watermark_to(start)
+    for i in range(10):
+        stream.add_elements([TimestampedValue(i, start + i)]).advance_processing_time(5)
+    stream.advance_watermark_to(start + 11).advance_watermark_to_infinity()
+    return (
+        pipeline
+        | stream
+        | beam.WindowInto(
+            window.GlobalWindows(),
+            trigger=trigger.Repeatedly(trigger.AfterCount(1)),
+            accumulation_mode=trigger.AccumulationMode.DISCARDING,
+        )
+        | util.BatchElements(
+            min_batch_size=20,
+            max_batch_size=20,
+            max_batch_duration_secs=42,
+            clock=_StoppedClock(),
+        )
+        | beam.Map(len)
+    )
+
+
+class _StoppedClock:
+    """Beam's ``FakeClock`` at 0: a clock that never moves."""
+
+    def __call__(self) -> Timestamp:
+        return Timestamp(0)
+
+
+@pytest.mark.spark
+@pytest.mark.skipif(pyspark_version() < STREAMING_SPARK, reason="streaming runs need PySpark 4.1+")
+def test_batch_elements_with_a_buffering_timer_gives_direct_runners_batches() -> None:
+    # Beam keys the batches by process; Spark's tasks run in pooled processes, so the
+    # batches followed whichever process ran each micro-batch's keying.
+    options = PipelineOptions(["--runner=DirectRunner", "--streaming"])
+    _COLLECTED.clear()
+    with beam.Pipeline(options=options) as pipeline:
+        _ = _batch_sizes(pipeline) | beam.Map(_collect)
+    assert sorted(_COLLECTED) == [1, 9]
+    options = PipelineOptions(
+        ["--runner=SparkStructuredRunner", f"--spark_master={SPARK_TEST_MASTER}", "--streaming"]
+    )
+    pipeline = beam.Pipeline(options=options)
+    assert_that(_batch_sizes(pipeline), equal_to([9, 1]))
     assert pipeline.run().wait_until_finish() == PipelineState.DONE
