@@ -134,9 +134,6 @@ def bundle_sampling_period(period_ms: int) -> contextlib.AbstractContextManager[
     return _SAMPLING.held(apply)
 
 
-_TASK_KEYED = "_beam_spark_runner_task_keyed"
-
-
 def shared_keys_per_task(task_key: Callable[[], str | None]) -> None:
     """Makes ``BatchElements``' shared keys the current task's ``task_key()`` (once per process).
 
@@ -144,10 +141,11 @@ def shared_keys_per_task(task_key: Callable[[], str | None]) -> None:
     process batches its own elements. Spark runs a stage's tasks in whichever process of
     its worker pool is free, so the keys, and the batches, would follow that pool. Each
     bundle takes the key of its task instead; outside a task (None), the process's.
+    Nothing changes for a class that is missing or has a ``start_bundle`` of its own.
     """
     for name in ("WithSharedKey", "WithLengthBucketKey"):
         keying = getattr(util, name, None)
-        if keying is None or getattr(keying, _TASK_KEYED, False):
+        if keying is None or "start_bundle" in vars(keying):
             continue
 
         def start_bundle(self: Any) -> None:
@@ -155,8 +153,8 @@ def shared_keys_per_task(task_key: Callable[[], str | None]) -> None:
             if key is not None:
                 self.key = key
 
+        start_bundle.__qualname__ = f"{name}.start_bundle"
         keying.start_bundle = start_bundle
-        setattr(keying, _TASK_KEYED, True)
 
 
 _ArgsDefaults = tuple[list[str], list[Any]]
