@@ -6,8 +6,9 @@ in-memory ``StateServicer``, every state kind) and pending timers; runs one bund
 new elements; advances its input watermark and fires the timers due, round by round, each
 key's earliest first (``execution.timers``; all of them once the input is at +inf); emits
 the outputs and its output watermark, the minimum of its input watermark and its timers'
-holds; drops the user state and pending timers of the windows that expired
-(``window_expiry``); and stores state and timers as one value in the state store.
+holds; drops the user state and pending timers of the windows that expired, and the
+elements that arrive in them (``window_expiry``); and stores state and timers as one value
+in the state store.
 """
 
 from __future__ import annotations
@@ -108,7 +109,10 @@ class StatefulShard(ShardRun[StatefulShardState, BundleOutputs]):
         self, state: StatefulShardState, markers: list[Marker]
     ) -> Iterator[BundleOutputs]:
         if self.cells:
-            yield from self._bundles(b"".join(self.cells))
+            expiry = window_expiry(self.spec.descriptor, self.spec.input_transform_id)
+            data = expiry.on_time(b"".join(self.cells), self.previous_watermark)
+            if data:
+                yield from self._bundles(data)
 
     def timer_round(
         self, state: StatefulShardState, watermark: Timestamp, now: Timestamp
@@ -130,7 +134,7 @@ class StatefulShard(ShardRun[StatefulShardState, BundleOutputs]):
         watermark = state.watermarks.input_watermark
         if self.cells or self.pending.fired or watermark > self.previous_watermark:
             # After the timer rounds: a window's timers due by its expiry have fired.
-            expiry = window_expiry(self.spec.descriptor)
+            expiry = window_expiry(self.spec.descriptor, self.spec.input_transform_id)
             state.user_state = collect_expired(expiry, state.user_state, self.pending, watermark)
         state.timers = self.pending.encoded()
 

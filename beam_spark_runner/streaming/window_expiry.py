@@ -6,18 +6,23 @@ there); the user's timers due by then fire first. A stateful shard (``stateful``
 :func:`collect_expired` after its timer rounds, so every timer the watermark made due has
 fired. Expiry is Beam's test for late data (``window.end + allowed_lateness`` before the
 input watermark), the one the GroupByKey shards use; at +inf every window has expired.
+An element arriving in a window already expired is dropped (:meth:`WindowExpiry.on_time`),
+as Beam's ``StatefulDoFnRunner`` drops it: its window's state is gone.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from typing import Any
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution.state import USER_STATE_TYPES
 from beam_spark_runner.execution.timers import PendingTimers
 from beam_spark_runner.streaming.watermarks import MAX_MICROS
+
+_LOGGER = logging.getLogger(__name__)
 
 # User state as ``InMemoryStateBackend.export_user_state`` hands it over: cells by state
 # key, and the ordered-list indexes by state key.
@@ -35,9 +40,13 @@ class _Windowing:
 class WindowExpiry:
     """When the windows of each stateful ParDo of a stage expire."""
 
-    def __init__(self, descriptor: Any) -> None:
+    def __init__(self, descriptor: Any, input_transform_id: str) -> None:
         context = bi.PipelineContext(descriptor)
+        (stage_input,) = descriptor.transforms[input_transform_id].outputs.values()
         self._windowing: dict[str, _Windowing] = {}
+        # The stateful ParDo reading the stage's input, and the input's coder, where its
+        # windows can expire before +inf.
+        self._input: tuple[str, Any] | None = None
         for transform_id, transform, payload in bi.par_do_payloads(descriptor.transforms):
             if not (payload.state_specs or payload.timer_family_specs):
                 continue
@@ -49,6 +58,43 @@ class WindowExpiry:
                 context.coders[strategy.window_coder_id].get_impl(),
                 strategy.allowed_lateness * 1000,
             )
+            global_windows = (
+                descriptor.coders[strategy.window_coder_id].spec.urn == bi.GLOBAL_WINDOW_CODER_URN
+            )
+            if main == stage_input and not global_windows:
+                port = bi.remote_grpc_port(descriptor.transforms[input_transform_id].spec.payload)
+                self._input = (transform_id, context.coders[port.coder_id].get_impl())
+
+    def on_time(self, data: bytes, watermark: int) -> bytes:
+        """The stage's input ``data`` without its elements' windows expired at ``watermark``."""
+        if self._input is None or not data:
+            return data
+        transform_id, coder = self._input
+        stream = bi.create_InputStream(data)
+        kept: list[bytes] = []
+        changed = False
+        while stream.size():
+            start = len(data) - stream.size()
+            value = coder.decode_from_stream(stream, True)
+            windows = [
+                w
+                for w in value.windows
+                if not hasattr(w, "end") or self.expires(transform_id, w) >= watermark
+            ]
+            if len(windows) == len(value.windows):
+                kept.append(data[start : len(data) - stream.size()])
+                continue
+            changed = True
+            if windows:
+                out = bi.create_OutputStream()
+                late = bi.WindowedValue(
+                    value.value, value.timestamp, tuple(windows), value.pane_info
+                )
+                coder.encode_to_stream(late, out, True)
+                kept.append(out.get())
+        if changed:
+            _LOGGER.debug("Dropped the expired windows of late elements of %s", transform_id)
+        return b"".join(kept) if changed else data
 
     def expires(self, transform_id: str, window: Any) -> int:
         """The watermark (microseconds) past which ``window`` of ``transform_id`` is expired.
@@ -106,9 +152,10 @@ class WindowExpiry:
 
 
 @functools.lru_cache(maxsize=64)
-def window_expiry(descriptor: bytes) -> WindowExpiry:
+def window_expiry(descriptor: bytes, input_transform_id: str) -> WindowExpiry:
     """The ``WindowExpiry`` of a serialized process bundle descriptor (made once per process)."""
-    return WindowExpiry(bi.beam_fn_api_pb2.ProcessBundleDescriptor.FromString(descriptor))
+    proto = bi.beam_fn_api_pb2.ProcessBundleDescriptor.FromString(descriptor)
+    return WindowExpiry(proto, input_transform_id)
 
 
 def collect_expired(

@@ -30,6 +30,7 @@ from beam_spark_runner.streaming.rows import ELEMENT, PRODUCER, PTIME, WATERMARK
 from beam_spark_runner.streaming.stateful import StatefulShard, StatefulShardState
 from beam_spark_runner.streaming.topology import STAGE, Node, Topology
 from beam_spark_runner.streaming.watermarks import MAX_MICROS
+from beam_spark_runner.streaming.window_expiry import window_expiry
 from tests.conftest import SPARK_TEST_MASTER
 from tests.stage_specs import stage_spec
 
@@ -75,13 +76,13 @@ class _SumAtWindowEnd(beam.DoFn):  # type: ignore[misc]
         _FIRED.append((key, int(w.start), -1))
 
 
-def _spec(allowed_lateness: int) -> StageSpec:
+def _spec(allowed_lateness: int, windows: Any = None) -> StageSpec:
     p = beam.Pipeline()
     _ = (
         p
         | beam.Impulse()
         | beam.Map(lambda _: ("k", 1))
-        | beam.WindowInto(window.FixedWindows(10), allowed_lateness=allowed_lateness)
+        | beam.WindowInto(windows or window.FixedWindows(10), allowed_lateness=allowed_lateness)
         | "Sum" >> beam.ParDo(_SumAtWindowEnd())
     )
     plan = build_plan(bi.prepare_pipeline_proto(p.to_runner_api()), streaming=True)
@@ -203,6 +204,31 @@ def test_a_window_within_its_allowed_lateness_keeps_its_state() -> None:
     assert (run.cells(), run.timers()) == (1, 1)  # its bag and its processing-time timer
     run.batch([], watermark=16)
     assert (run.cells(), run.timers()) == (0, 0)
+
+
+def test_an_element_of_an_expired_window_is_dropped() -> None:
+    _FIRED.clear()
+    run = _Run(allowed_lateness=5)
+    run.batch([("a", 1, 1)], watermark=16)
+    assert (run.cells(), run.timers()) == (0, 0)
+    # Window [0, 10) expired at 15: dropped as Beam's StatefulDoFnRunner drops it, rather
+    # than run on a state that is gone; window [10, 20) is within its lateness.
+    run.batch([("a", 2, 3), ("b", 4, 14)], watermark=30)
+    assert _FIRED == [("a", 0, 1), ("b", 10, 4)]
+    assert (run.cells(), run.timers()) == (0, 0)
+
+
+def test_an_element_keeps_only_its_windows_that_have_not_expired() -> None:
+    spec = _spec(0, window.SlidingWindows(10, 5))
+    expiry = window_expiry(spec.descriptor, spec.input_transform_id)
+    encoder = _encoder(spec)
+    windows = (window.IntervalWindow(0, 10), window.IntervalWindow(5, 15))
+    element = WindowedValue(("k", 1), Timestamp(7), windows)
+    data = encoder.encode_nested(element) + encoder.encode_nested(element)
+    assert expiry.on_time(data, watermark=10_000_000) == data  # [0, 10) expires past 10 s
+    kept = expiry.on_time(data, watermark=12_000_000)
+    assert [v.windows for v in encoder.decode_all(kept)] == [windows[1:], windows[1:]]
+    assert expiry.on_time(data, watermark=16_000_000) == b""
 
 
 class _SumPerWindow(beam.DoFn):  # type: ignore[misc]
