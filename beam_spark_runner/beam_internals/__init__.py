@@ -135,6 +135,7 @@ from beam_spark_runner.beam_internals.patches import (
     cache_tags_without_extraction,
     option_views,
     remember_dofn_specs,
+    shared_keys_per_task,
     signature_memos,
 )
 from beam_spark_runner.beam_internals.pickling import (
@@ -189,6 +190,7 @@ __all__ = [
     "BYTES_CODER_URN",
     "cache_function_signatures",
     "cache_tags_without_extraction",
+    "shared_keys_per_task",
     "callable_combine_fn_function",
     "ClosableOutputStream",
     "cloudpickle_dumps",

@@ -19,6 +19,10 @@
   only while one is built): Beam's ``StateSampler`` default period, so that those
   processors sample every 20 ms instead of 200 ms and a bundle's end waits less for the
   sampler thread. Beam's default is back once no processor is being built.
+* :func:`shared_keys_per_task` (a Spark Python worker; stays for the process's life):
+  ``BatchElements``' keying DoFns (``WithSharedKey``, ``WithLengthBucketKey``) key each
+  bundle's elements by the Spark task's partition instead of a UUID per process, so that
+  which pooled worker process ran a micro-batch does not split the batches.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from typing import Any
 from apache_beam.runners.worker import (
     statesampler,
 )
-from apache_beam.transforms import trigger
+from apache_beam.transforms import trigger, util
 
 _WITHOUT_EXTRACTION: dict[tuple[str, int], tuple[Any, Any]] = {}
 _WITHOUT_EXTRACTION_CACHED = 1024
@@ -128,6 +132,29 @@ def bundle_sampling_period(period_ms: int) -> contextlib.AbstractContextManager[
         return undo
 
     return _SAMPLING.held(apply)
+
+
+def shared_keys_per_task(task_key: Callable[[], str | None]) -> None:
+    """Makes ``BatchElements``' shared keys the current task's ``task_key()`` (once per process).
+
+    Beam keys the elements of a stateful ``BatchElements`` with a UUID per process, so one
+    process batches its own elements. Spark runs a stage's tasks in whichever process of
+    its worker pool is free, so the keys, and the batches, would follow that pool. Each
+    bundle takes the key of its task instead; outside a task (None), the process's.
+    Nothing changes for a class that is missing or has a ``start_bundle`` of its own.
+    """
+    for name in ("WithSharedKey", "WithLengthBucketKey"):
+        keying = getattr(util, name, None)
+        if keying is None or "start_bundle" in vars(keying):
+            continue
+
+        def start_bundle(self: Any) -> None:
+            key = task_key()
+            if key is not None:
+                self.key = key
+
+        start_bundle.__qualname__ = f"{name}.start_bundle"
+        keying.start_bundle = start_bundle
 
 
 _ArgsDefaults = tuple[list[str], list[Any]]

@@ -83,6 +83,7 @@ def enter_run(run_id: str, library: str, saved_main_session: Any = None) -> None
             return
         if os.getpid() != _driver_pid:  # the driver has them while it runs (signature_memos)
             bi.cache_function_signatures()
+            bi.shared_keys_per_task(task_partition_key)
         # Local workers have it from the runner's daemon; a cluster's, from their first run.
         remember_zip_directories()
         bi.set_pickle_library(library)
@@ -90,6 +91,14 @@ def enter_run(run_id: str, library: str, saved_main_session: Any = None) -> None
         if saved_main_session is not None:
             main_session.restore(saved_main_session.value)
         _current_run = run_id
+
+
+def task_partition_key() -> str | None:
+    """The running Spark task's partition as a key; None outside a task."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return None if context is None else f"spark-partition-{context.partitionId()}"
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from beam_spark_runner import beam_internals as bi
@@ -147,6 +147,13 @@ class PendingTimers:
                 stream = streams[family_key] = bi.create_OutputStream()
             self._families[family_key].timer_coder_impl.encode_to_stream(timer, stream, True)
         return {family_key: stream.get() for family_key, stream in streams.items()}
+
+    def forget(self, done: Callable[[str, tuple[Any, ...]], bool]) -> int:
+        """Drops the pending timers ``done`` says are (by transform id and windows); how many."""
+        gone = [timer_id for timer_id in self._pending if done(timer_id[0], timer_id[4])]
+        for timer_id in gone:
+            del self._pending[timer_id]
+        return len(gone)
 
     def earliest_hold(self) -> Any:
         """The earliest output timestamp of the pending timers (their watermark hold)."""

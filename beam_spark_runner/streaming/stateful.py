@@ -6,7 +6,9 @@ in-memory ``StateServicer``, every state kind) and pending timers; runs one bund
 new elements; advances its input watermark and fires the timers due, round by round, each
 key's earliest first (``execution.timers``; all of them once the input is at +inf); emits
 the outputs and its output watermark, the minimum of its input watermark and its timers'
-holds; and stores state and timers as one value in the state store.
+holds; drops the user state and pending timers of the windows that expired, and the
+elements that arrive in them (``window_expiry``); and stores state and timers as one value
+in the state store.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from beam_spark_runner.streaming.rows import Row, elements_and_markers
 from beam_spark_runner.streaming.shard_run import ShardRun, routed_outputs, run_user_code
 from beam_spark_runner.streaming.topology import Node, Topology
 from beam_spark_runner.streaming.watermarks import MAX_MICROS, Marker, WatermarkState
+from beam_spark_runner.streaming.window_expiry import collect_expired, window_expiry
 
 
 @dataclasses.dataclass
@@ -64,6 +67,8 @@ class StatefulShard(ShardRun[StatefulShardState, BundleOutputs]):
         self.pending = PendingTimers(self.worker.timer_families)
         self.cells: list[bytes] = []
         self.metrics: Any = None
+        # The input watermark before this batch's markers.
+        self.previous_watermark = MAX_MICROS
 
     def new_state(self, watermarks: WatermarkState) -> StatefulShardState:
         return StatefulShardState(watermarks)
@@ -76,6 +81,7 @@ class StatefulShard(ShardRun[StatefulShardState, BundleOutputs]):
 
     def read(self, node: Node, state: StatefulShardState, rows: Iterable[Any]) -> list[Marker]:
         self.cells, markers = elements_and_markers(rows)
+        self.previous_watermark = state.watermarks.input_watermark
         for family_key, encoded in state.timers.items():
             self.pending.add_written(family_key, encoded)
         self.worker.state.import_user_state(state.user_state)
@@ -103,7 +109,10 @@ class StatefulShard(ShardRun[StatefulShardState, BundleOutputs]):
         self, state: StatefulShardState, markers: list[Marker]
     ) -> Iterator[BundleOutputs]:
         if self.cells:
-            yield from self._bundles(b"".join(self.cells))
+            expiry = window_expiry(self.spec.descriptor, self.spec.input_transform_id)
+            data = expiry.on_time(b"".join(self.cells), self.previous_watermark)
+            if data:
+                yield from self._bundles(data)
 
     def timer_round(
         self, state: StatefulShardState, watermark: Timestamp, now: Timestamp
@@ -122,6 +131,11 @@ class StatefulShard(ShardRun[StatefulShardState, BundleOutputs]):
         )
 
     def finish(self, state: StatefulShardState) -> None:
+        watermark = state.watermarks.input_watermark
+        if self.cells or self.pending.fired or watermark > self.previous_watermark:
+            # After the timer rounds: a window's timers due by its expiry have fired.
+            expiry = window_expiry(self.spec.descriptor, self.spec.input_transform_id)
+            state.user_state = collect_expired(expiry, state.user_state, self.pending, watermark)
         state.timers = self.pending.encoded()
 
     def hold(self, state: StatefulShardState) -> int:

@@ -1,0 +1,166 @@
+"""A stateful DoFn's windows expiring: their user state and pending timers dropped.
+
+Beam's runners garbage-collect a window's state once the input watermark passes the end of
+the window plus the allowed lateness (Java's ``StatefulDoFnRunner`` arms a cleanup timer
+there); the user's timers due by then fire first. A stateful shard (``stateful``) calls
+:func:`collect_expired` after its timer rounds, so every timer the watermark made due has
+fired. Expiry is Beam's test for late data (``window.end + allowed_lateness`` before the
+input watermark), the one the GroupByKey shards use; at +inf every window has expired.
+An element arriving in a window already expired is dropped (:meth:`WindowExpiry.on_time`),
+as Beam's ``StatefulDoFnRunner`` drops it: its window's state is gone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from typing import Any
+
+from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.execution.state import USER_STATE_TYPES
+from beam_spark_runner.execution.timers import PendingTimers
+from beam_spark_runner.streaming.watermarks import MAX_MICROS
+
+_LOGGER = logging.getLogger(__name__)
+
+# User state as ``InMemoryStateBackend.export_user_state`` hands it over: cells by state
+# key, and the ordered-list indexes by state key.
+UserState = tuple[dict[bytes, list[bytes]], dict[bytes, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Windowing:
+    """How one stateful ParDo's windows are encoded in its state keys, and how late they may be."""
+
+    window_coder: Any
+    lateness_micros: int
+
+
+class WindowExpiry:
+    """When the windows of each stateful ParDo of a stage expire."""
+
+    def __init__(self, descriptor: Any, input_transform_id: str) -> None:
+        context = bi.PipelineContext(descriptor)
+        (stage_input,) = descriptor.transforms[input_transform_id].outputs.values()
+        self._windowing: dict[str, _Windowing] = {}
+        # The stateful ParDo reading the stage's input, and the input's coder, where its
+        # windows can expire before +inf.
+        self._input: tuple[str, Any] | None = None
+        for transform_id, transform, payload in bi.par_do_payloads(descriptor.transforms):
+            if not (payload.state_specs or payload.timer_family_specs):
+                continue
+            others = {*payload.side_inputs, *payload.timer_family_specs}
+            (main,) = [pc for tag, pc in transform.inputs.items() if tag not in others]
+            strategy_id = descriptor.pcollections[main].windowing_strategy_id
+            strategy = descriptor.windowing_strategies[strategy_id]
+            self._windowing[transform_id] = _Windowing(
+                context.coders[strategy.window_coder_id].get_impl(),
+                strategy.allowed_lateness * 1000,
+            )
+            global_windows = (
+                descriptor.coders[strategy.window_coder_id].spec.urn == bi.GLOBAL_WINDOW_CODER_URN
+            )
+            if main == stage_input and not global_windows:
+                port = bi.remote_grpc_port(descriptor.transforms[input_transform_id].spec.payload)
+                self._input = (transform_id, context.coders[port.coder_id].get_impl())
+
+    def on_time(self, data: bytes, watermark: int) -> bytes:
+        """The stage's input ``data`` without its elements' windows expired at ``watermark``."""
+        if self._input is None or not data:
+            return data
+        transform_id, coder = self._input
+        stream = bi.create_InputStream(data)
+        kept: list[bytes] = []
+        changed = False
+        while stream.size():
+            start = len(data) - stream.size()
+            value = coder.decode_from_stream(stream, True)
+            windows = [
+                w
+                for w in value.windows
+                if not hasattr(w, "end") or self.expires(transform_id, w) >= watermark
+            ]
+            if len(windows) == len(value.windows):
+                kept.append(data[start : len(data) - stream.size()])
+                continue
+            changed = True
+            if windows:
+                out = bi.create_OutputStream()
+                late = bi.WindowedValue(
+                    value.value, value.timestamp, tuple(windows), value.pane_info
+                )
+                coder.encode_to_stream(late, out, True)
+                kept.append(out.get())
+        if changed:
+            _LOGGER.debug("Dropped the expired windows of late elements of %s", transform_id)
+        return b"".join(kept) if changed else data
+
+    def expires(self, transform_id: str, window: Any) -> int:
+        """The watermark (microseconds) past which ``window`` of ``transform_id`` is expired.
+
+        Capped below +inf, so the end of the input expires every window.
+        """
+        lateness = self._windowing[transform_id].lateness_micros
+        return int(min(window.end.micros + lateness, MAX_MICROS - 1))
+
+    def expired_state(self, contents: UserState | None, watermark: int) -> UserState | None:
+        """``contents`` without the cells of windows expired at ``watermark``."""
+        if not contents:
+            return contents
+        cells, ordered = contents
+        expired = self._expired_keys([*cells, *ordered], watermark)
+        if not expired:
+            return contents
+        return (
+            {key: values for key, values in cells.items() if key not in expired},
+            {key: index for key, index in ordered.items() if key not in expired},
+        )
+
+    def _expired_keys(self, keys: list[bytes], watermark: int) -> set[bytes]:
+        """The state keys among ``keys`` whose window is expired at ``watermark``."""
+        expires: dict[tuple[str, bytes], int] = {}
+        expired: set[bytes] = set()
+        for key in keys:
+            state_key = bi.beam_fn_api_pb2.StateKey.FromString(key)
+            kind = state_key.WhichOneof("type")
+            if kind not in USER_STATE_TYPES:
+                continue
+            cell = getattr(state_key, kind)
+            windowing = self._windowing.get(cell.transform_id)
+            if windowing is None:
+                continue
+            at = expires.get((cell.transform_id, cell.window))
+            if at is None:
+                window = windowing.window_coder.decode(cell.window)
+                at = expires[(cell.transform_id, cell.window)] = self.expires(
+                    cell.transform_id, window
+                )
+            if at < watermark:
+                expired.add(key)
+        return expired
+
+    def forget_expired_timers(self, pending: PendingTimers, watermark: int) -> int:
+        """Drops the pending timers whose windows are all expired; how many were."""
+
+        def expired(transform_id: str, windows: tuple[Any, ...]) -> bool:
+            if transform_id not in self._windowing:
+                return False
+            return all(self.expires(transform_id, w) < watermark for w in windows)
+
+        return pending.forget(expired)
+
+
+@functools.lru_cache(maxsize=64)
+def window_expiry(descriptor: bytes, input_transform_id: str) -> WindowExpiry:
+    """The ``WindowExpiry`` of a serialized process bundle descriptor (made once per process)."""
+    proto = bi.beam_fn_api_pb2.ProcessBundleDescriptor.FromString(descriptor)
+    return WindowExpiry(proto, input_transform_id)
+
+
+def collect_expired(
+    expiry: WindowExpiry, user_state: UserState | None, pending: PendingTimers, watermark: int
+) -> UserState | None:
+    """The user state without expired windows' cells; their pending timers are dropped."""
+    expiry.forget_expired_timers(pending, watermark)
+    return expiry.expired_state(user_state, watermark)

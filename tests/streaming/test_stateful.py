@@ -1,0 +1,351 @@
+"""A stateful DoFn's shard in a streaming run (``streaming.stateful``), in-process, no Spark.
+
+The shard runs micro-batch after micro-batch on its encoded state, as a level runs it: a
+window's user state and pending timers go once the window expires (``window_expiry``),
+after the timers due by then have fired.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import apache_beam as beam
+import pytest
+from apache_beam.coders import VarIntCoder
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.runner import PipelineState
+from apache_beam.testing.test_stream import TestStream as ScriptedStream
+from apache_beam.testing.util import assert_that, equal_to
+from apache_beam.transforms import trigger, userstate, util, window
+from apache_beam.transforms.window import TimestampedValue
+from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.windowed_value import WindowedValue
+
+from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.execution.stage_worker import NO_SINKS, StageSpec
+from beam_spark_runner.planning import build_plan
+from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
+from beam_spark_runner.streaming.compression import pack
+from beam_spark_runner.streaming.rows import ELEMENT, PRODUCER, PTIME, WATERMARK
+from beam_spark_runner.streaming.stateful import StatefulShard, StatefulShardState
+from beam_spark_runner.streaming.topology import STAGE, Node, Topology
+from beam_spark_runner.streaming.watermarks import MAX_MICROS
+from beam_spark_runner.streaming.window_expiry import window_expiry
+from tests.conftest import SPARK_TEST_MASTER
+from tests.stage_specs import stage_spec
+
+_SOURCE = "source"
+_FIRED: list[tuple[str, int, int]] = []
+
+
+class _SumAtWindowEnd(beam.DoFn):  # type: ignore[misc]
+    """Keeps a key's values per window and records their sum at the window's end.
+
+    It never clears its state, and each element also sets a processing-time timer that the
+    stream reaches only at its end (recorded as -1): left alone, both would stay in the
+    shard's state until then.
+    """
+
+    VALUES = userstate.BagStateSpec("values", VarIntCoder())
+    END = userstate.TimerSpec("end", userstate.TimeDomain.WATERMARK)
+    NEVER = userstate.TimerSpec("never", userstate.TimeDomain.REAL_TIME)
+
+    def process(
+        self,
+        kv: Any,
+        w: Any = beam.DoFn.WindowParam,
+        values: Any = beam.DoFn.StateParam(VALUES),
+        end: Any = beam.DoFn.TimerParam(END),
+        never: Any = beam.DoFn.TimerParam(NEVER),
+    ) -> None:
+        values.add(kv[1])
+        end.set(w.max_timestamp())
+        never.set(Timestamp(10**9))
+
+    @userstate.on_timer(END)
+    def on_end(
+        self,
+        key: Any = beam.DoFn.KeyParam,
+        w: Any = beam.DoFn.WindowParam,
+        values: Any = beam.DoFn.StateParam(VALUES),
+    ) -> None:
+        _FIRED.append((key, int(w.start), sum(values.read())))
+
+    @userstate.on_timer(NEVER)
+    def on_never(self, key: Any = beam.DoFn.KeyParam, w: Any = beam.DoFn.WindowParam) -> None:
+        _FIRED.append((key, int(w.start), -1))
+
+
+def _spec(allowed_lateness: int, windows: Any = None) -> StageSpec:
+    p = beam.Pipeline()
+    _ = (
+        p
+        | beam.Impulse()
+        | beam.Map(lambda _: ("k", 1))
+        | beam.WindowInto(windows or window.FixedWindows(10), allowed_lateness=allowed_lateness)
+        | "Sum" >> beam.ParDo(_SumAtWindowEnd())
+    )
+    plan = build_plan(bi.prepare_pipeline_proto(p.to_runner_api()), streaming=True)
+    (stage,) = [s for s in plan.stages if any("Sum" in n for n in s.user_transform_names)]
+    return stage_spec(plan, stage, f"stateful-expiry-{allowed_lateness}")
+
+
+def _topology(spec: StageSpec) -> Topology:
+    node = Node(
+        index=0,
+        name=spec.name,
+        kind=STAGE,
+        stateful=True,
+        step=1,
+        targets=tuple(() for _ in spec.outputs),
+        expected=frozenset([_SOURCE]),
+        main_expected=frozenset([_SOURCE]),
+    )
+    return Topology((node,), {_SOURCE: (0,)}, levels=1, shards=1, sink_producers=frozenset())
+
+
+def _encoder(spec: StageSpec) -> Any:
+    descriptor = bi.beam_fn_api_pb2.ProcessBundleDescriptor.FromString(spec.descriptor)
+    port = bi.remote_grpc_port(descriptor.transforms[spec.input_transform_id].spec.payload)
+    return bi.PipelineContext(descriptor).coders[port.coder_id].get_impl()
+
+
+class _Run:
+    """The shard's micro-batches, each on the state value the last one wrote."""
+
+    def __init__(self, allowed_lateness: int = 0) -> None:
+        self.spec = _spec(allowed_lateness)
+        self.topology = _topology(self.spec)
+        self.encoder = _encoder(self.spec)
+        self.value: bytes | None = None
+
+    def batch(self, elements: list[tuple[str, int, int]], watermark: int) -> int:
+        """Runs one batch: (key, value, timestamp in s) elements, then the watermark (s)."""
+        rows: list[dict[str, Any]] = []
+        for key, value, at in elements:
+            start = at - at % 10
+            encoded = self.encoder.encode_nested(
+                WindowedValue(
+                    (key, value), Timestamp(at), [window.IntervalWindow(start, start + 10)]
+                )
+            )
+            rows.append({ELEMENT: pack(encoded)})
+        micros = MAX_MICROS if watermark >= MAX_MICROS else watermark * 1_000_000
+        rows.append({ELEMENT: None, PRODUCER: _SOURCE, WATERMARK: micros, PTIME: 0})
+        shard = StatefulShard(self.spec, NO_SINKS)
+        self.value, _ = shard.run_encoded(
+            self.topology, self.topology.nodes[0], 0, self.value, rows
+        )
+        return len(self.value)
+
+    @property
+    def state(self) -> StatefulShardState:
+        assert self.value is not None
+        return StatefulShardState.decode(self.value)
+
+    def cells(self) -> int:
+        """How many user-state cells the state value holds."""
+        user_state = self.state.user_state
+        return len(user_state[0]) if user_state else 0
+
+    def timers(self) -> int:
+        """How many pending timers the state value holds."""
+        pending = StatefulShard(self.spec, NO_SINKS).pending
+        for family, encoded in self.state.timers.items():
+            pending.add_written(family, encoded)
+        return len(pending)
+
+
+def test_expired_windows_leave_the_state_value_and_its_size_stays_flat() -> None:
+    _FIRED.clear()
+    run = _Run()
+    sizes = []
+    # A window of 10 s per batch, each with three keys' elements; the watermark closes the
+    # window of the batch before.
+    for batch in range(40):
+        at = batch * 10
+        elements = [(key, batch, at + 1) for key in "abc"]
+        sizes.append(run.batch(elements, watermark=at))
+    assert sorted(_FIRED) == sorted((key, b * 10, b) for b in range(39) for key in "abc")
+    _FIRED.clear()
+    # Left: the open window's bags and two timers per key, and the bags and never-reached
+    # timers of the window the watermark reached the end of (it expires once past it).
+    assert (run.cells(), run.timers()) == (6, 9)
+    assert max(sizes[2:]) - min(sizes[2:]) <= 8, sizes
+    run.batch([], watermark=MAX_MICROS)
+    assert (run.cells(), run.timers()) == (0, 0)
+    # At +inf, the last window's timer and the processing-time timers of the two windows
+    # that had not expired.
+    ends = [(key, 390, 39) for key in "abc"]
+    never = [(key, start, -1) for key in "abc" for start in (380, 390)]
+    assert sorted(_FIRED) == sorted(ends + never)
+
+
+def test_timers_due_by_the_expiry_fire_before_the_state_goes() -> None:
+    _FIRED.clear()
+    run = _Run(allowed_lateness=5)
+    run.batch([("a", 1, 1), ("a", 2, 2)], watermark=0)
+    # The watermark jumps past the window's end and its allowed lateness at once: the timer
+    # at the window's end fires on the state before the state is dropped.
+    run.batch([], watermark=100)
+    assert _FIRED == [("a", 0, 3)]
+    assert (run.cells(), run.timers()) == (0, 0)
+
+
+def test_a_window_within_its_allowed_lateness_keeps_its_state() -> None:
+    _FIRED.clear()
+    run = _Run(allowed_lateness=5)
+    run.batch([("a", 1, 1)], watermark=0)
+    run.batch([], watermark=12)  # past the end (10), not past the end plus lateness (15)
+    assert _FIRED == [("a", 0, 1)]
+    # A late element still sees the window's state, and fires again on all of it.
+    run.batch([("a", 2, 3)], watermark=14)
+    assert _FIRED == [("a", 0, 1), ("a", 0, 3)]
+    assert (run.cells(), run.timers()) == (1, 1)  # its bag and its processing-time timer
+    run.batch([], watermark=16)
+    assert (run.cells(), run.timers()) == (0, 0)
+
+
+def test_an_element_of_an_expired_window_is_dropped() -> None:
+    _FIRED.clear()
+    run = _Run(allowed_lateness=5)
+    run.batch([("a", 1, 1)], watermark=16)
+    assert (run.cells(), run.timers()) == (0, 0)
+    # Window [0, 10) expired at 15: dropped as Beam's StatefulDoFnRunner drops it, rather
+    # than run on a state that is gone; window [10, 20) is within its lateness.
+    run.batch([("a", 2, 3), ("b", 4, 14)], watermark=30)
+    assert _FIRED == [("a", 0, 1), ("b", 10, 4)]
+    assert (run.cells(), run.timers()) == (0, 0)
+
+
+def test_an_element_keeps_only_its_windows_that_have_not_expired() -> None:
+    spec = _spec(0, window.SlidingWindows(10, 5))
+    expiry = window_expiry(spec.descriptor, spec.input_transform_id)
+    encoder = _encoder(spec)
+    windows = (window.IntervalWindow(0, 10), window.IntervalWindow(5, 15))
+    element = WindowedValue(("k", 1), Timestamp(7), windows)
+    data = encoder.encode_nested(element) + encoder.encode_nested(element)
+    assert expiry.on_time(data, watermark=10_000_000) == data  # [0, 10) expires past 10 s
+    kept = expiry.on_time(data, watermark=12_000_000)
+    assert [v.windows for v in encoder.decode_all(kept)] == [windows[1:], windows[1:]]
+    assert expiry.on_time(data, watermark=16_000_000) == b""
+
+
+class _SumPerWindow(beam.DoFn):  # type: ignore[misc]
+    """Emits, at each window's end, the key, the window's start and its values' sum."""
+
+    VALUES = userstate.BagStateSpec("values", VarIntCoder())
+    END = userstate.TimerSpec("end", userstate.TimeDomain.WATERMARK)
+
+    def process(
+        self,
+        kv: Any,
+        w: Any = beam.DoFn.WindowParam,
+        values: Any = beam.DoFn.StateParam(VALUES),
+        end: Any = beam.DoFn.TimerParam(END),
+    ) -> None:
+        values.add(kv[1])
+        end.set(w.max_timestamp())
+
+    @userstate.on_timer(END)
+    def on_end(
+        self,
+        key: Any = beam.DoFn.KeyParam,
+        w: Any = beam.DoFn.WindowParam,
+        values: Any = beam.DoFn.StateParam(VALUES),
+    ) -> Any:
+        yield key, int(w.start), sorted(values.read())
+
+
+def _expiring_windows(pipeline: beam.Pipeline) -> Any:
+    coder = beam.coders.TupleCoder([beam.coders.StrUtf8Coder(), VarIntCoder()])
+    stream = ScriptedStream(coder=coder)
+    for batch in range(6):
+        at = batch * 10
+        stream.add_elements([TimestampedValue((key, batch), at + 1) for key in "ab"])
+        stream.advance_watermark_to(at + 12)
+        # Late, within the allowed lateness: the window fires again on all its state.
+        stream.add_elements([TimestampedValue(("a", 100 + batch), at + 3)])
+    return (
+        pipeline
+        | stream.advance_watermark_to_infinity()
+        | beam.WindowInto(window.FixedWindows(10), allowed_lateness=6)
+        | beam.ParDo(_SumPerWindow())
+    )
+
+
+_COLLECTED: list[Any] = []
+
+
+def _collect(element: Any) -> None:
+    _COLLECTED.append(element)
+
+
+@pytest.mark.spark
+@pytest.mark.skipif(pyspark_version() < STREAMING_SPARK, reason="streaming runs need PySpark 4.1+")
+def test_a_stateful_dofn_over_expiring_windows_gives_direct_runners_output() -> None:
+    options = PipelineOptions(["--runner=DirectRunner", "--streaming"])
+    _COLLECTED.clear()
+    with beam.Pipeline(options=options) as pipeline:
+        _ = _expiring_windows(pipeline) | beam.Map(_collect)
+    expected = list(_COLLECTED)
+    # Late values within the lateness fire the window again on its whole state.
+    assert ("a", 0, [0, 100]) in expected and len(expected) == 18, expected
+    options = PipelineOptions(
+        ["--runner=SparkStructuredRunner", f"--spark_master={SPARK_TEST_MASTER}", "--streaming"]
+    )
+    pipeline = beam.Pipeline(options=options)
+    assert_that(_expiring_windows(pipeline), equal_to(expected))
+    assert pipeline.run().wait_until_finish() == PipelineState.DONE
+
+
+def _batch_sizes(pipeline: beam.Pipeline) -> Any:
+    # Beam's util_test.test_stateful_buffering_timer_in_global_window_streaming: one element
+    # and 5 s of processing time, ten times; the buffering timer (42 s on a clock stuck at
+    # 0) flushes the first nine, the end of the input the last.
+    start = Timestamp(0)
+    stream = ScriptedStream().advance_watermark_to(start)
+    for i in range(10):
+        stream.add_elements([TimestampedValue(i, start + i)]).advance_processing_time(5)
+    stream.advance_watermark_to(start + 11).advance_watermark_to_infinity()
+    return (
+        pipeline
+        | stream
+        | beam.WindowInto(
+            window.GlobalWindows(),
+            trigger=trigger.Repeatedly(trigger.AfterCount(1)),
+            accumulation_mode=trigger.AccumulationMode.DISCARDING,
+        )
+        | util.BatchElements(
+            min_batch_size=20,
+            max_batch_size=20,
+            max_batch_duration_secs=42,
+            clock=_StoppedClock(),
+        )
+        | beam.Map(len)
+    )
+
+
+class _StoppedClock:
+    """Beam's ``FakeClock`` at 0: a clock that never moves."""
+
+    def __call__(self) -> Timestamp:
+        return Timestamp(0)
+
+
+@pytest.mark.spark
+@pytest.mark.skipif(pyspark_version() < STREAMING_SPARK, reason="streaming runs need PySpark 4.1+")
+def test_batch_elements_with_a_buffering_timer_gives_direct_runners_batches() -> None:
+    # Beam keys the batches by process; Spark's tasks run in pooled processes, so the
+    # batches followed whichever process ran each micro-batch's keying.
+    options = PipelineOptions(["--runner=DirectRunner", "--streaming"])
+    _COLLECTED.clear()
+    with beam.Pipeline(options=options) as pipeline:
+        _ = _batch_sizes(pipeline) | beam.Map(_collect)
+    assert sorted(_COLLECTED) == [1, 9]
+    options = PipelineOptions(
+        ["--runner=SparkStructuredRunner", f"--spark_master={SPARK_TEST_MASTER}", "--streaming"]
+    )
+    pipeline = beam.Pipeline(options=options)
+    assert_that(_batch_sizes(pipeline), equal_to([9, 1]))
+    assert pipeline.run().wait_until_finish() == PipelineState.DONE
