@@ -97,8 +97,9 @@ class ShardRun(ABC, Generic[S, O]):
 
     def _timer_rounds(self, state: S) -> Iterator[O]:
         watermarks = state.watermarks
-        watermark = Timestamp(micros=watermarks.input_watermark)
-        done = watermarks.input_watermark >= MAX_MICROS
+        micros = self.timer_watermark(state)
+        watermark = Timestamp(micros=micros)
+        done = micros >= MAX_MICROS
         now = MAX_TIMESTAMP if done else Timestamp(micros=watermarks.processing_time)
         for _ in range(MAX_TIMER_ROUNDS):
             fired = yield from self.timer_round(state, watermark, now)
@@ -140,6 +141,10 @@ class ShardRun(ABC, Generic[S, O]):
     def after_watermark(self, state: S) -> Iterator[O]:
         """Runs what the advanced input watermark made ready."""
         yield from ()
+
+    def timer_watermark(self, state: S) -> int:
+        """The watermark event-time timers fire at (microseconds): the input watermark."""
+        return state.watermarks.input_watermark
 
     def timer_round(
         self, state: S, watermark: Timestamp, now: Timestamp
