@@ -23,9 +23,10 @@ from apache_beam.transforms.periodicsequence import PeriodicImpulse
 from tests.conftest import SPARK_TEST_MASTER
 
 WINDOW = 5
-# Long enough that the first windows are written while the source still runs, on a busy
-# machine (the query's first micro-batch took up to 20 s there).
 SECONDS = 30
+# The source starts this long after the pipeline is built: a busy machine took up to 40 s
+# to start the query and run its first micro-batch, which then caught up with the source.
+START_DELAY = 20
 
 
 class _Record(beam.DoFn):  # type: ignore[misc]
@@ -41,8 +42,8 @@ class _Record(beam.DoFn):  # type: ignore[misc]
 
 
 def start_and_end() -> tuple[float, float]:
-    """The source's first and end timestamps: from the next window boundary, ``SECONDS`` long."""
-    start = float(int(time.time()) // WINDOW * WINDOW + WINDOW)
+    """The source's first and end timestamps: ``SECONDS`` from a window boundary to come."""
+    start = float(int(time.time() + START_DELAY) // WINDOW * WINDOW)
     return start, start + SECONDS
 
 
