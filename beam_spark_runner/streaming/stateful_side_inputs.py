@@ -80,6 +80,8 @@ class StatefulSideInputShard(StatefulShard):
         self.side_expected = node.side_expected
         self.main_expected = node.main_expected
         self.cells = []
+        # As ``StatefulShard.read`` keeps it: the input watermark before this batch's markers.
+        self.previous_watermark = state.watermarks.input_watermark
         for family_key, encoded in state.timers.items():
             self.pending.add_written(family_key, encoded)
         self.worker.state.import_user_state(state.user_state)
