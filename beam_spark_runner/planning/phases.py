@@ -10,6 +10,7 @@ Create, a streaming source, a native combine) into writes to and reads from runn
 
 from __future__ import annotations
 
+import collections
 import copy
 import logging
 from collections.abc import Callable, Iterable, Iterator
@@ -302,12 +303,65 @@ def native_combines(stages: Iterable[bi.Stage], context: bi.TransformContext) ->
         yield from _through_buffer(stage, transform, input_pcoll, buffer_id)
 
 
+_SDF_PROCESS_URN: str = bi.common_urns.sdf_components.PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS.urn
+_UNBOUNDED = bi.beam_runner_api_pb2.IsBounded.UNBOUNDED
+
+
+def side_input_readers_apart_from_splittable(
+    stages: Iterable[bi.Stage], context: bi.TransformContext
+) -> list[bi.Stage]:
+    """Starts a new stage at each ParDo reading side inputs that would fuse into an SDF's.
+
+    A streaming run only. The stage processing an unbounded splittable DoFn's restrictions
+    keeps its residuals in state; a stage reading streamed side inputs keeps its main
+    elements waiting for them. Fused, one stage would need both; apart, the reader is a
+    stage with side inputs downstream of the splittable DoFn's (``streaming.side_inputs``).
+    Only readers fusion would put into such a stage start their own, so no other stage
+    changes (its identity keys a checkpoint's state).
+    """
+    stages = list(stages)
+    pcollections = context.components.pcollections
+    readers: dict[str, list[bi.Stage]] = collections.defaultdict(list)
+    for stage in stages:
+        sides = set(stage.side_inputs())
+        for transform in stage.transforms:
+            for pcollection in transform.inputs.values():
+                if pcollection not in sides:
+                    readers[pcollection].append(stage)
+    pending = [
+        stage
+        for stage in stages
+        if any(
+            t.spec.urn == _SDF_PROCESS_URN
+            and any(pcollections[p].is_bounded == _UNBOUNDED for p in t.outputs.values())
+            for t in stage.transforms
+        )
+    ]
+    reached: set[str] = set()
+    while pending:
+        stage = pending.pop()
+        if stage.name in reached:
+            continue
+        reached.add(stage.name)
+        for transform in stage.transforms:
+            for pcollection in transform.outputs.values():
+                for reader in readers[pcollection]:
+                    if reader.forced_root or not reader.is_all_sdk_urns(context):
+                        continue
+                    if any(True for _ in reader.side_inputs()):
+                        reader.forced_root = True
+                    else:
+                        pending.append(reader)
+    return stages
+
+
 def phases(streaming: bool = False, native_combine: bool = False) -> list[Phase]:
     """The graph phases of a run, in order: Beam's batch phases with ours among them.
 
     ``native_combine``: before Beam's ``pack_combiners`` and ``lift_combiners``, which keep
     every other CombinePerKey. ``streaming``: combines with an early timestamp stay
-    unlifted. Our Reshuffle and runner-source expansions run next to Beam's GroupByKey
+    unlifted, and a ParDo reading side inputs does not fuse into an unbounded splittable
+    DoFn's stage. Our Reshuffle and runner-source expansions run next to Beam's GroupByKey
     expansion, before fusion.
     """
     t = bi.translations
@@ -325,6 +379,7 @@ def phases(streaming: bool = False, native_combine: bool = False) -> list[Phase]
         expand_reshuffle,
         expand_runner_sources,
         t.sink_flattens,
+        *([side_input_readers_apart_from_splittable] if streaming else []),
         t.greedily_fuse,
         t.read_to_impulse,
         t.impulse_to_input,

@@ -5,7 +5,8 @@ group with that micro-batch's rows. Rows addressed to a later step pass through 
 a shard runs on the skeleton of ``shard_run``, as its kind: a GroupByKey's
 ``group_panes.GroupShard``, a stateful DoFn's ``stateful.StatefulShard``, an unbounded
 splittable DoFn's ``splittable.SplittableShard``, a stage with side inputs'
-``side_inputs.SideInputShard``, each with its state as one value in the state
+``side_inputs.SideInputShard``, a stateful DoFn's with streamed side inputs
+``stateful_side_inputs.StatefulSideInputShard``, each with its state as one value in the state
 store (one read and one write per shard and batch, compressed: ``compression``). What a
 shard buffers for a later batch (a GroupByKey's values until their window's on-time pane,
 a stage's main elements until its side inputs are ready) is appended to a list beside it
@@ -33,6 +34,7 @@ from beam_spark_runner.streaming.side_inputs import (
 )
 from beam_spark_runner.streaming.splittable import SplittableShard
 from beam_spark_runner.streaming.stateful import StatefulShard
+from beam_spark_runner.streaming.stateful_side_inputs import StatefulSideInputShard
 from beam_spark_runner.streaming.topology import Topology
 
 
@@ -111,6 +113,10 @@ class Level:
             return GroupShard(streaming_grouper(self.groups[target]), self._chunks)
         if target in self.with_side_inputs:
             assert self._waiting is not None  # declared in init with the side-input stages
+            if target in self.stages:
+                return StatefulSideInputShard(
+                    self.with_side_inputs[target], self.sinks, self._waiting
+                )
             return SideInputShard(self.with_side_inputs[target], self.sinks, self._waiting)
         if target in self.stages:
             return StatefulShard(self.stages[target], self.sinks)

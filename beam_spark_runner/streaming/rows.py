@@ -196,8 +196,8 @@ def addressed_rows(
         port = KEYED_RUN
     elif node.side_expected:
         length, framing = _LENGTH.pack, _LENGTH.size
-        for element in elements:
-            shard = crc32(element) % shards
+        for key, element in zip(keys, elements, strict=True):
+            shard = crc32(key if key is not None else element) % shards
             pieces[shard] += (length(len(element)), element)
             sizes[shard] += framing + len(element)
             if sizes[shard] >= PACKED_CELL_BYTES:

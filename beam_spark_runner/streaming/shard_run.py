@@ -1,8 +1,9 @@
-"""One micro-batch of one stateful shard: the skeleton the four kinds of shard share.
+"""One micro-batch of one stateful shard: the skeleton the kinds of shard share.
 
-A stateful level (``levels``) runs four kinds of shard: a GroupByKey's (``group_panes``), a
-stateful DoFn's (``stateful``), an unbounded splittable DoFn's (``splittable``) and a stage
-with side inputs' (``side_inputs``). ``ShardRun.run`` is the order all of them follow; a kind
+A stateful level (``levels``) runs five kinds of shard: a GroupByKey's (``group_panes``), a
+stateful DoFn's (``stateful``), an unbounded splittable DoFn's (``splittable``), a stage
+with side inputs' (``side_inputs``) and a stateful DoFn's with side inputs
+(``stateful_side_inputs``). ``ShardRun.run`` is the order all of them follow; a kind
 supplies the steps that differ:
 
 1. its state from the state store, or a new one expecting the node's producers;
@@ -10,7 +11,8 @@ supplies the steps that differ:
 3. the elements processed against the *previous* input watermark (``before_watermark``);
 4. the input watermark advanced from the markers;
 5. what the new watermark makes ready (``after_watermark``), then timer rounds until none is
-   due (``timer_round``; once the input is at +inf, processing-time timers fire too);
+   due (``timer_round``, at ``timer_watermark``; once that is +inf, processing-time timers
+   fire too);
 6. what the kind settles before its state is written (``finish``);
 7. its output rows, and its output watermark, the minimum of its input watermark and its
    hold (``hold``), as markers to its readers;
@@ -97,8 +99,9 @@ class ShardRun(ABC, Generic[S, O]):
 
     def _timer_rounds(self, state: S) -> Iterator[O]:
         watermarks = state.watermarks
-        watermark = Timestamp(micros=watermarks.input_watermark)
-        done = watermarks.input_watermark >= MAX_MICROS
+        micros = self.timer_watermark(state)
+        watermark = Timestamp(micros=micros)
+        done = micros >= MAX_MICROS
         now = MAX_TIMESTAMP if done else Timestamp(micros=watermarks.processing_time)
         for _ in range(MAX_TIMER_ROUNDS):
             fired = yield from self.timer_round(state, watermark, now)
@@ -140,6 +143,10 @@ class ShardRun(ABC, Generic[S, O]):
     def after_watermark(self, state: S) -> Iterator[O]:
         """Runs what the advanced input watermark made ready."""
         yield from ()
+
+    def timer_watermark(self, state: S) -> int:
+        """The watermark event-time timers fire at (microseconds): the input watermark."""
+        return state.watermarks.input_watermark
 
     def timer_round(
         self, state: S, watermark: Timestamp, now: Timestamp

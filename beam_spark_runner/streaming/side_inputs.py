@@ -5,10 +5,15 @@ every shard and stay in its state; its main elements, spread over the shards, co
 framed run (``rows.FRAMED_RUN``), their values decoded only when they run. Each micro-batch
 a shard (``SideInputShard``, on ``shard_run``'s skeleton) adds the new elements, advances
 its watermarks, and runs in one bundle the main elements whose side-input windows are final
-(each side input's watermark past the end of the window the element maps to); the others
-wait, their timestamps holding its output watermark. Waiting elements live in a list in the
-state store (``WaitingStore``), not in the shard's state value rewritten every batch, and
-are rewritten only in a batch where some are ready. A bounded side input is final at once.
+(each side input's watermark past the end of the window the element maps to, or that
+window has a trigger firing); the others wait, their timestamps holding its output
+watermark. Of a side input's trigger firings (elements with a pane from a GroupByKey),
+each window keeps the latest only, as Beam's programming guide specifies: a side input in
+the global window under a repeated trigger serves its latest value. Waiting elements live
+in a list in the state store (``WaitingStore``), not in the shard's state value rewritten
+every batch, and are rewritten only in a batch where some are ready. A bounded side input
+is final at once. A stateful DoFn reading streamed side inputs waits the same way
+(``stateful_side_inputs``).
 """
 
 from __future__ import annotations
@@ -104,6 +109,11 @@ def _packed_needs(needs: Needs) -> bytes:
     return struct.pack(f"<{len(needs)}q", *needs)
 
 
+# A side input's window (and, for a multimap, key) -> [pane index, window end, elements]:
+# the elements of the latest trigger firing seen, encoded.
+Fired = dict[bytes, list[Any]]
+
+
 @dataclasses.dataclass
 class SideInputShardState:
     """One shard's side-input elements and what its waiting main elements wait for.
@@ -121,6 +131,8 @@ class SideInputShardState:
     buckets: dict[Needs, list[Any]] = dataclasses.field(default_factory=dict)
     # A checkpoint written before buckets: (encoded element, timestamp[, needs]) each.
     waiting: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)
+    # Per side input, its elements that came from trigger firings: the latest per window.
+    fired: list[Fired] = dataclasses.field(default_factory=list)
 
     def encode(self) -> bytes:
         """One state-store value."""
@@ -136,10 +148,57 @@ class SideInputShardState:
         state = pickle.loads(data)
         assert isinstance(state, SideInputShardState)
         state.__dict__.setdefault("buckets", {})
+        if not state.__dict__.get("fired"):
+            state.fired = [{} for _ in state.sides]
         for bucket in state.buckets.values():
             if len(bucket) == 2:
                 bucket.append(0)
         return state
+
+    def add_side(self, number: int, elements: bytes, coders: _Coders) -> None:
+        """Side input ``number``'s new elements (encoded, concatenated).
+
+        Elements of a trigger firing (a pane with a timing) replace those of an earlier
+        firing of their window (and key); the others add to what the side input holds.
+        """
+        if len(self.fired) < len(self.sides):
+            self.fired = [{} for _ in self.sides]
+        impl, window_impl, key_impl = coders.side_impls[number]
+        stream = bi.create_InputStream(elements)
+        plain: list[Any] = []
+        fired = self.fired[number]
+        firings = 0
+        while stream.size() > 0:
+            value = impl.decode_from_stream(stream, True)
+            pane = value.pane_info
+            if pane.timing == bi.PaneInfoTiming.UNKNOWN:
+                plain.append(value)
+                continue
+            firings += 1
+            key = b"" if key_impl is None else key_impl.encode_nested(value.value[0])
+            for window in value.windows:
+                single = bi.WindowedValue(value.value, value.timestamp, (window,), pane)
+                slot = window_impl.encode_nested(window) + key
+                entry = fired.get(slot)
+                if entry is None or entry[0] < pane.index:
+                    end = window.max_timestamp().micros
+                    fired[slot] = [pane.index, end, [impl.encode_nested(single)]]
+                elif entry[0] == pane.index:
+                    entry[2].append(impl.encode_nested(single))
+        if not firings:
+            self.sides[number].append(elements)
+        elif plain:
+            self.sides[number].append(b"".join(impl.encode_nested(v) for v in plain))
+
+    def side_elements(self, number: int) -> list[bytes]:
+        """What side input ``number`` serves: its elements, a firing's the latest."""
+        fired = self.fired[number] if number < len(self.fired) else {}
+        return [*self.sides[number], *(b"".join(entry[2]) for entry in fired.values())]
+
+    def fired_ends(self) -> list[frozenset[int]]:
+        """Per side input, the ends of the windows that had a trigger firing."""
+        fired = self.fired if len(self.fired) == len(self.sides) else [{}] * len(self.sides)
+        return [frozenset(entry[1] for entry in windows.values()) for windows in fired]
 
     def wait(self, elements: bytes, earliest: int, needs: Needs) -> None:
         """Main elements (encoded, concatenated) that wait for ``needs``."""
@@ -180,6 +239,17 @@ class _Coders:
         self.input_impl = input_coder.get_impl()
         self.headers = bi.WindowedHeaders.of(input_coder)
         self.value_coders = [context.coders[s.value_coder_id] for s in spec.side_inputs]
+        # Per side input: its windowed-value, window and (multimap) key coders' impls.
+        self.side_impls = [
+            (
+                coder.get_impl(),
+                coder.window_coder.get_impl(),
+                coder.wrapped_value_coder.key_coder().get_impl()
+                if side.access_pattern_urn == bi.common_urns.side_inputs.MULTIMAP.urn
+                else None,
+            )
+            for side, coder in zip(spec.side_inputs, self.value_coders, strict=True)
+        ]
         self.mappings = [
             bi.window_mapping_fn(bi.beam_runner_api_pb2.FunctionSpec.FromString(s.window_mapping))
             for s in spec.side_inputs
@@ -265,12 +335,80 @@ def _coders(spec: SideInputStageSpec) -> _Coders:
     return _Coders(spec)
 
 
-def _ready(needs: tuple[int, ...], side_watermarks: list[int]) -> bool:
-    """Whether every side input an element reads is final for its windows."""
+def coders_of(spec: SideInputStageSpec) -> _Coders:
+    """The coders of ``spec``'s stage, made once per process."""
+    return _coders(spec)
+
+
+def _ready(
+    needs: tuple[int, ...], side_watermarks: list[int], fired_ends: list[frozenset[int]]
+) -> bool:
+    """Whether every side input an element reads is ready for its windows.
+
+    Ready: its watermark passed the end of the window the element maps to, or that window
+    had a trigger firing (Beam's readiness: the window is done or has a pane).
+    """
     return all(
-        watermark >= MAX_MICROS or need <= watermark
-        for need, watermark in zip(needs, side_watermarks, strict=True)
+        watermark >= MAX_MICROS or need <= watermark or need in ends
+        for need, watermark, ends in zip(needs, side_watermarks, fired_ends, strict=True)
     )
+
+
+def ready_needs(
+    state: SideInputShardState, side_expected: tuple[frozenset[str], ...]
+) -> list[Needs]:
+    """The needs of the waiting buckets whose side inputs are ready now."""
+    producers = state.watermarks.producers
+    side_watermarks = [input_watermark(e, producers) for e in side_expected]
+    fired_ends = state.fired_ends()
+    return [n for n in state.buckets if _ready(n, side_watermarks, fired_ends)]
+
+
+def read_rows(
+    node: Node, state: SideInputShardState, rows: Iterable[Any], coders: _Coders
+) -> list[Marker]:
+    """Side-input elements into the state, main elements into their buckets; the markers."""
+    markers: list[Marker] = []
+    for row in rows:
+        if row[ELEMENT] is None:
+            markers.append(marker_of(row))
+        elif row[PORT] == FRAMED_RUN:
+            for elements, earliest, needs in coders.framed_runs(cell(row[ELEMENT])):
+                state.wait(elements, earliest, needs)
+        elif row[PORT] > 0:
+            state.add_side(row[PORT] - 1, cell(row[ELEMENT]), coders)
+        else:
+            raise ValueError(
+                f"{node.name}: expected its main elements as a framed run (port "
+                f"{FRAMED_RUN}, rows.packed), found port {row[PORT]}"
+            )
+    for entry in state.waiting:  # from a checkpoint written before buckets
+        if len(entry) == 2:
+            entry = (*entry, coders.needs(coders.input_impl.decode_nested(entry[0]).windows))
+        state.wait(*entry)
+    state.waiting = []
+    return markers
+
+
+def load_side_inputs(worker: Any, spec: SideInputStageSpec, state: SideInputShardState) -> None:
+    """Serves the side inputs the state holds to ``worker``'s bundles."""
+    entries = [
+        entry
+        for number, (side, coder) in enumerate(
+            zip(spec.side_inputs, _coders(spec).value_coders, strict=True)
+        )
+        for entry in side_input_state_entries(
+            side.transform_id,
+            side.tag,
+            side.access_pattern_urn,
+            state.side_elements(number),
+            coder,
+        )
+    ]
+    digest = hashlib.sha1(
+        b"".join(key + data for key, data in entries), usedforsecurity=False
+    ).hexdigest()
+    worker.load_side_inputs(entries, f"{spec.stage.cache_key}/{digest}")
 
 
 class SideInputShard(ShardRun[SideInputShardState, BundleOutputs]):
@@ -295,55 +433,19 @@ class SideInputShard(ShardRun[SideInputShardState, BundleOutputs]):
 
     def read(self, node: Node, state: SideInputShardState, rows: Iterable[Any]) -> list[Marker]:
         """Side-input elements into the state, main elements into their buckets."""
-        stage = self.spec.stage
-        stage.environment.enter()
-        coders = _coders(self.spec)
-        markers: list[Marker] = []
-        for row in rows:
-            if row[ELEMENT] is None:
-                markers.append(marker_of(row))
-            elif row[PORT] == FRAMED_RUN:
-                for elements, earliest, needs in coders.framed_runs(cell(row[ELEMENT])):
-                    state.wait(elements, earliest, needs)
-            elif row[PORT] > 0:
-                state.sides[row[PORT] - 1].append(cell(row[ELEMENT]))
-            else:
-                raise ValueError(
-                    f"{node.name}: expected its main elements as a framed run (port "
-                    f"{FRAMED_RUN}, rows.packed), found port {row[PORT]}"
-                )
-        for entry in state.waiting:  # from a checkpoint written before buckets
-            if len(entry) == 2:
-                entry = (*entry, coders.needs(coders.input_impl.decode_nested(entry[0]).windows))
-            state.wait(*entry)
-        state.waiting = []
+        self.spec.stage.environment.enter()
+        markers = read_rows(node, state, rows, _coders(self.spec))
         self.side_expected = node.side_expected
         return markers
 
     def after_watermark(self, state: SideInputShardState) -> Iterator[BundleOutputs]:
         """One bundle over the main elements whose side inputs are ready."""
-        producers = state.watermarks.producers
-        side_watermarks = [input_watermark(e, producers) for e in self.side_expected]
-        ready = state.take_ready(
-            [n for n in state.buckets if _ready(n, side_watermarks)], self.store
-        )
+        ready = state.take_ready(ready_needs(state, self.side_expected), self.store)
         if not ready:
             return
         spec = self.spec
         worker = self.worker = stage_worker(spec.stage)
-        entries = [
-            entry
-            for side, elements, coder in zip(
-                spec.side_inputs, state.sides, _coders(spec).value_coders, strict=True
-            )
-            for entry in side_input_state_entries(
-                side.transform_id, side.tag, side.access_pattern_urn, elements, coder
-            )
-        ]
-        digest = hashlib.sha1(
-            b"".join(key + data for key, data in entries), usedforsecurity=False
-        ).hexdigest()
-        worker.load_side_inputs(entries, f"{spec.stage.cache_key}/{digest}")
+        load_side_inputs(worker, spec, state)
         data = b"".join(ready)
         with task_metrics(self.sinks.metrics, spec.stage.name) as metrics:
             outputs = run_user_code(spec.stage, lambda: list(worker.process(data, metrics)))

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 import apache_beam as beam
 import pytest
 from apache_beam import coders
+from apache_beam.io.restriction_trackers import OffsetRange, OffsetRestrictionTracker
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_stream import (
     ElementEvent,
@@ -363,19 +364,31 @@ def test_tagged_outputs_timestamps_and_timestamp_combiner() -> None:
         assert_that(side, equal_to([("untimed", window.MIN_TIMESTAMP)]), label="side")
 
 
-class _BufferWithSide(BufferUntilTimer):
-    """BufferUntilTimer reading a side input: refused in streaming if the side input streams."""
+class _Offsets(beam.transforms.core.RestrictionProvider):  # type: ignore[misc]
+    """Offsets [0, 1) per element."""
 
-    def process(  # type: ignore[override]
+    def initial_restriction(self, element: object) -> OffsetRange:
+        return OffsetRange(0, 1)
+
+    def create_tracker(self, restriction: OffsetRange) -> OffsetRestrictionTracker:
+        return OffsetRestrictionTracker(restriction)
+
+    def restriction_size(self, element: object, restriction: OffsetRange) -> int:
+        return int(restriction.size())
+
+
+class _UnboundedWithSide(beam.DoFn):  # type: ignore[misc]
+    """An unbounded splittable DoFn reading a side input: refused in streaming if it streams."""
+
+    @beam.DoFn.unbounded_per_element()
+    def process(
         self,
         element: tuple[str, int],
         side: list[tuple[str, int]],
-        timestamp: Timestamp = beam.DoFn.TimestampParam,
-        buffer: userstate.BagRuntimeState = beam.DoFn.StateParam(BufferUntilTimer.BUFFER),
-        flush: userstate.RuntimeTimer = beam.DoFn.TimerParam(BufferUntilTimer.FLUSH),
-    ) -> None:
-        buffer.add(element[1] + len(side))
-        flush.set(timestamp + 5)
+        tracker: OffsetRestrictionTracker = beam.DoFn.RestrictionParam(_Offsets()),
+    ) -> Iterator[int]:
+        if tracker.try_claim(0):
+            yield element[1] + len(side)
 
 
 def test_a_streaming_only_pipeline_the_streaming_path_refuses_is_refused_before_spark(
@@ -394,15 +407,15 @@ def test_a_streaming_only_pipeline_the_streaming_path_refuses_is_refused_before_
     )
     p = beam.Pipeline(options=PipelineOptions(SPARK_ARGS))
     keyed = p | "Script" >> stream | beam.Map(lambda kv: kv).with_output_types(tuple[str, int])
-    # An unbounded side input (a stateful DoFn's bounded one is computed before the query).
-    # Key-value side elements: Beam picks the stateful DoFn's "main" input for its key check
-    # from a set that holds the side input too (hash order), so both must be key-value.
+    # An unbounded side input of an unbounded splittable DoFn (a bounded one is computed
+    # before the query).
     side = beam.pvalue.AsList(keyed | "SideCopy" >> beam.Map(lambda kv: kv))
-    _ = keyed | "Buffer" >> beam.ParDo(_BufferWithSide(), side)
+    _ = keyed | "Unbounded" >> beam.ParDo(_UnboundedWithSide(), side)
+    _ = keyed | "Buffer" >> beam.ParDo(BufferUntilTimer())
     with pytest.raises(UnsupportedFeatureError) as error:
         p.run()
     message = str(error.value)
-    # Why streaming refuses it (a side input of a stateful DoFn, or a PySpark older than
+    # Why streaming refuses it (a side input of a splittable DoFn, or a PySpark older than
     # streaming needs), and why a batch run would differ.
     assert "Nor can it run in batch" in message
     assert "'Script'" in message and "beam:transform:teststream:v1" in message

@@ -8,9 +8,14 @@ from typing import Any
 
 import pytest
 from apache_beam.coders import coders
-from apache_beam.transforms.window import IntervalWindow
+from apache_beam.transforms.window import GlobalWindow, IntervalWindow
 from apache_beam.utils.timestamp import Timestamp
-from apache_beam.utils.windowed_value import WindowedValue
+from apache_beam.utils.windowed_value import (
+    PANE_INFO_UNKNOWN,
+    PaneInfo,
+    PaneInfoTiming,
+    WindowedValue,
+)
 
 from beam_spark_runner.beam_internals import WindowedHeaders
 from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
@@ -167,3 +172,86 @@ def test_buckets_written_before_the_store_move_to_it() -> None:
     state.store_new(store)
     assert state.buckets == {(10,): [[], 4, 1]}
     assert state.take_ready([(10,)], store) == [b"xy"]
+
+
+def _side_coders(multimap: bool = False) -> side_inputs._Coders:
+    """Coders of one side input in the global window (iterable, or multimap of str keys)."""
+    made = side_inputs._Coders.__new__(side_inputs._Coders)
+    value = (
+        coders.TupleCoder([coders.StrUtf8Coder(), coders.VarIntCoder()])
+        if multimap
+        else coders.VarIntCoder()
+    )
+    coder = coders.WindowedValueCoder(value, coders.GlobalWindowCoder())
+    made.value_coders = [coder]
+    made.side_impls = [
+        (
+            coder.get_impl(),
+            coder.window_coder.get_impl(),
+            coders.StrUtf8Coder().get_impl() if multimap else None,
+        )
+    ]
+    return made
+
+
+def _panes(impl: Any, values: list[Any], index: int | None) -> bytes:
+    """``values`` encoded in the global window, in the pane of firing ``index`` (None: none)."""
+    pane = (
+        PANE_INFO_UNKNOWN
+        if index is None
+        else PaneInfo(index == 0, False, PaneInfoTiming.EARLY, index, -1)
+    )
+    return b"".join(
+        impl.encode_nested(WindowedValue(v, Timestamp(1), [GlobalWindow()], pane)) for v in values
+    )
+
+
+def _values(made: side_inputs._Coders, state: side_inputs.SideInputShardState) -> list[Any]:
+    impl = made.side_impls[0][0]
+    return sorted(v.value for chunk in state.side_elements(0) for v in impl.decode_all(chunk))
+
+
+def test_a_side_input_serves_its_latest_firing_and_is_ready_from_the_first() -> None:
+    made = _side_coders()
+    impl = made.side_impls[0][0]
+    state = side_inputs.SideInputShardState(WatermarkState(expected=frozenset({"side"})), [[]])
+    need = (GlobalWindow().max_timestamp().micros,)
+    state.wait(b"main", 0, need)
+    # Before any firing, the global window waits for the end of the side input.
+    assert side_inputs.ready_needs(state, (frozenset({"side"}),)) == []
+    state.add_side(0, _panes(impl, [1, 2], 0), made)
+    assert _values(made, state) == [1, 2]
+    assert side_inputs.ready_needs(state, (frozenset({"side"}),)) == [need]
+    # A later firing (discarding: its own elements only) replaces the earlier one.
+    state.add_side(0, _panes(impl, [3], 1), made)
+    assert _values(made, state) == [3]
+    # Elements of one firing that come in two batches add up; an older firing is ignored.
+    state.add_side(0, _panes(impl, [4], 1) + _panes(impl, [0], 0), made)
+    assert _values(made, state) == [3, 4]
+    # The state keeps only the latest firing through a checkpoint.
+    assert _values(made, side_inputs.SideInputShardState.decode(state.encode())) == [3, 4]
+
+
+def test_elements_from_no_firing_add_up_and_a_multimap_keeps_each_keys_latest_firing() -> None:
+    made = _side_coders()
+    impl = made.side_impls[0][0]
+    state = side_inputs.SideInputShardState(WatermarkState(expected=frozenset()), [[]])
+    state.add_side(0, _panes(impl, [1], None), made)
+    state.add_side(0, _panes(impl, [2, 3], None), made)
+    assert _values(made, state) == [1, 2, 3]
+    # Not a firing: ready only at the side input's watermark.
+    assert state.fired_ends() == [frozenset()]
+    keyed = _side_coders(multimap=True)
+    impl = keyed.side_impls[0][0]
+    state = side_inputs.SideInputShardState(WatermarkState(expected=frozenset()), [[]])
+    state.add_side(0, _panes(impl, [("a", 1), ("b", 1)], 0), keyed)
+    state.add_side(0, _panes(impl, [("a", 2)], 1), keyed)
+    assert _values(keyed, state) == [("a", 2), ("b", 1)]
+
+
+def test_a_state_written_before_firings_were_kept_apart_is_read() -> None:
+    old = side_inputs.SideInputShardState(WatermarkState(expected=frozenset()), [[b"x"], []])
+    del old.__dict__["fired"]  # as an earlier runner version pickled it
+    state = side_inputs.SideInputShardState.decode(pickle.dumps(old))
+    assert state.side_elements(0) == [b"x"]
+    assert state.fired_ends() == [frozenset(), frozenset()]

@@ -23,11 +23,12 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from apache_beam.runners.runner import PipelineState
 from apache_beam.testing.test_stream import TestStream as ScriptedStream
 from apache_beam.testing.util import assert_that, equal_to
-from apache_beam.transforms import trigger, userstate, window
+from apache_beam.transforms import combiners, trigger, userstate, window
 from apache_beam.transforms.periodicsequence import PeriodicImpulse
 from apache_beam.transforms.window import TimestampedValue
 
 from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
+from tests import slowly_updating
 from tests.conftest import SPARK_TEST_MASTER
 
 if pyspark_version() < STREAMING_SPARK:
@@ -492,3 +493,63 @@ def test_continuous_file_matching_reads_files_that_arrive_while_it_runs(tmp_path
     if state != PipelineState.DONE:
         result.cancel()
         pytest.fail(f"Expected the query to end DONE after its stop timestamp, found {state}")
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_the_slowly_updating_side_input_pattern_streams_with_a_periodic_main_input(
+    tmp_path: Path,
+) -> None:
+    # Beam's Python form: the main input in fixed windows reads a PeriodicImpulse side input
+    # whose elements each have a window of their own. The reader does not fuse into the
+    # main input's splittable DoFn (its stage keeps residuals; the reader keeps waiting
+    # elements): each element waits until its side window is ready, then runs.
+    start, end, records = slowly_updating.run(
+        tmp_path,
+        slowly_updating.windowed_side,
+        lambda main, view: main | beam.Map(lambda at, side: (at, side), side=view),
+    )
+    window_of = slowly_updating.WINDOW
+    # Beam's window mapping: the side window holding the main window's end; its one element
+    # is that window's start.
+    assert [(m, s) for m, s, _ in records] == [
+        (float(t), float(t // window_of * window_of)) for t in range(int(start), int(end))
+    ]
+    first_window = [at for m, _, at in records if m < start + window_of]
+    assert max(first_window) < end, "the first window was written only after the source ended"
+
+
+def _latest_side(pipeline: beam.Pipeline, start: float, end: float) -> Any:
+    """The Java form: the global window under a repeated processing-time trigger."""
+    return (
+        pipeline
+        | "Side" >> PeriodicImpulse(start, end, 1)
+        | "SideWindows"
+        >> beam.WindowInto(
+            window.GlobalWindows(),
+            trigger=trigger.Repeatedly(trigger.AfterProcessingTime(2)),
+            accumulation_mode=trigger.AccumulationMode.DISCARDING,
+        )
+        | "Stamp" >> beam.Map(lambda value, at=beam.DoFn.TimestampParam: (value, at))
+        | "Latest" >> beam.CombineGlobally(combiners.LatestCombineFn()).without_defaults()
+    )
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_side_input_under_a_repeated_trigger_serves_its_latest_firing(tmp_path: Path) -> None:
+    # Each firing (discarding) is the latest tick since the one before; an element sees the
+    # latest firing when it runs (Beam's programming guide), not every firing so far (a
+    # singleton of several values), and waits only for the first.
+    start, end, records = slowly_updating.run(
+        tmp_path,
+        _latest_side,
+        lambda main, view: main | beam.Map(lambda at, side: (at, side), side=view),
+    )
+    assert [m for m, _, _ in records] == [float(t) for t in range(int(start), int(end))]
+    sides = [s for _, s, _ in records]
+    assert set(sides) <= {float(t) for t in range(int(start), int(end))}
+    # Later elements never see an earlier firing, and the side input did update.
+    assert sides == sorted(sides)
+    assert len(set(sides)) >= 3, sides
+    assert min(at for _, _, at in records) < end, "nothing was written before the source ended"

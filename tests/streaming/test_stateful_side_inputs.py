@@ -1,0 +1,202 @@
+"""Stateful DoFns reading streamed side inputs: Beam's slowly-updating pattern, stateful."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Any
+
+import apache_beam as beam
+import pytest
+from apache_beam.coders import VarIntCoder
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.transforms import userstate, window
+from apache_beam.transforms.periodicsequence import PeriodicImpulse
+from apache_beam.transforms.window import IntervalWindow
+from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.windowed_value import WindowedValue
+
+from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.execution.stage_worker import NO_SINKS
+from beam_spark_runner.planning import build_plan
+from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
+from beam_spark_runner.streaming.compression import pack
+from beam_spark_runner.streaming.rows import ELEMENT, FRAMED_RUN, PORT, PRODUCER, PTIME, WATERMARK
+from beam_spark_runner.streaming.topology import STAGE, Node, Topology
+from tests import slowly_updating
+from tests.stage_specs import stage_spec
+
+if pyspark_version() < STREAMING_SPARK:
+    pytest.skip(
+        "streaming runs need PySpark 4.1+ (transformWithState on rows); this is older",
+        allow_module_level=True,
+    )
+
+from beam_spark_runner.streaming.side_inputs import (  # noqa: E402
+    SideInputSpec,
+    SideInputStageSpec,
+)
+from beam_spark_runner.streaming.stateful_side_inputs import StatefulSideInputShard  # noqa: E402
+from tests.streaming.test_side_inputs import MemoryWaitingStore  # noqa: E402
+
+
+class _CountedRead(beam.DoFn):  # type: ignore[misc]
+    """A stateful DoFn reading the side input: each element, the side value and its count."""
+
+    SEEN = userstate.BagStateSpec("seen", VarIntCoder())
+
+    def process(
+        self, kv: tuple[str, float], side: float, seen: Any = beam.DoFn.StateParam(SEEN)
+    ) -> Any:
+        seen.add(1)
+        yield kv[1], side
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_stateful_dofn_reads_the_slowly_updating_side_input_as_it_streams(
+    tmp_path: Path,
+) -> None:
+    start, end, records = slowly_updating.run(
+        tmp_path,
+        slowly_updating.windowed_side,
+        lambda main, view: main | beam.Map(lambda at: ("k", at)) | beam.ParDo(_CountedRead(), view),
+    )
+    window_of = slowly_updating.WINDOW
+    assert [(m, s) for m, s, _ in records] == [
+        (float(t), float(t // window_of * window_of)) for t in range(int(start), int(end))
+    ]
+    first_window = [at for m, _, at in records if m < start + window_of]
+    assert max(first_window) < end, "the first window was written only after the source ended"
+
+
+_SEEN: list[tuple[str, float, float]] = []
+
+
+class _ReadThenTimer(beam.DoFn):  # type: ignore[misc]
+    """Records each element with the side value it read, and a timer at its window's end."""
+
+    SEEN = userstate.BagStateSpec("seen", VarIntCoder())
+    END = userstate.TimerSpec("end", userstate.TimeDomain.WATERMARK)
+
+    def process(
+        self,
+        kv: tuple[str, float],
+        side: float,
+        seen: Any = beam.DoFn.StateParam(SEEN),
+        end: Any = beam.DoFn.TimerParam(END),
+        w: Any = beam.DoFn.WindowParam,
+    ) -> Any:
+        seen.add(1)
+        end.set(w.end)
+        _SEEN.append(("element", kv[1], side))
+        yield kv[1]
+
+    @userstate.on_timer(END)
+    def on_end(self, seen: Any = beam.DoFn.StateParam(SEEN)) -> Any:
+        _SEEN.append(("timer", float(sum(seen.read())), 0.0))
+        yield -1.0
+
+
+def _shard_and_coders() -> tuple[Any, ...]:
+    """A shard of ``_ReadThenTimer`` reading a fixed-windowed side input, run in-process."""
+    pipeline = beam.Pipeline(options=PipelineOptions(["--streaming"]))
+
+    def ticks(name: str) -> Any:
+        return (
+            pipeline
+            | name >> PeriodicImpulse(0, 10, 1)
+            | f"{name}Windows" >> beam.WindowInto(window.FixedWindows(5))
+        )
+
+    side = beam.pvalue.AsSingleton(ticks("Side"))
+    _ = ticks("Main") | beam.Map(lambda at: ("k", at)) | beam.ParDo(_ReadThenTimer(), side)
+    pipeline.visit(bi.group_by_key_input_visitor(True))
+    plan = build_plan(
+        pipeline.to_runner_api(default_environment=bi.default_environment()), streaming=True
+    )
+    (stage,) = [s for s in plan.stages if s.stateful]
+    payloads = {t: p for t, _, p in bi.par_do_payloads(stage.descriptor.transforms)}
+    sides = tuple(
+        SideInputSpec(
+            transform_id=s.transform_id,
+            tag=s.tag,
+            access_pattern_urn=s.access_pattern_urn,
+            value_coder_id=plan.safe_coders[plan.data_channel_coders[s.pcollection_id]],
+            window_mapping=payloads[s.transform_id]
+            .side_inputs[s.tag]
+            .window_mapping_fn.SerializeToString(),
+        )
+        for s in stage.side_inputs
+    )
+    spec = SideInputStageSpec(
+        stage=stage_spec(plan, stage, "stateful-side-inputs"),
+        components=plan.components.SerializeToString(),
+        input_coder_id=stage.input_coder_id,
+        side_inputs=sides,
+    )
+    context = bi.PipelineContext(plan.components)
+    main = context.coders[stage.input_coder_id].get_impl()
+    side_coder = plan.data_channel_coders[stage.side_inputs[0].pcollection_id]
+    node = Node(
+        index=0,
+        name=stage.name,
+        kind=STAGE,
+        stateful=True,
+        step=1,
+        targets=tuple(() for _ in stage.outputs),
+        expected=frozenset({"main", "side"}),
+        main_expected=frozenset({"main"}),
+        side_expected=(frozenset({"side"}),),
+    )
+    topology = Topology(nodes=(node,), roots={}, levels=1, shards=1, sink_producers=frozenset())
+    return spec, node, topology, main, context.coders[side_coder].get_impl()
+
+
+def _rows(main: Any, side: Any, mains: list[int], sides: list[int], marks: dict[str, int]) -> list:
+    def at(t: int) -> Any:
+        return [IntervalWindow(t // 5 * 5, t // 5 * 5 + 5)]
+
+    framed = b"".join(
+        struct.pack(">I", len(e)) + e
+        for e in (
+            main.encode_nested(WindowedValue(("k", float(t)), Timestamp(t), at(t))) for t in mains
+        )
+    )
+    rows: list[dict[str, Any]] = [
+        {ELEMENT: pack(side.encode_nested(WindowedValue(float(t), Timestamp(t), at(t)))), PORT: 1}
+        for t in sides
+    ]
+    if mains:
+        rows.append({ELEMENT: pack(framed), PORT: FRAMED_RUN})
+    rows.extend(
+        {ELEMENT: None, PRODUCER: p, WATERMARK: w * 1_000_000, PTIME: 0} for p, w in marks.items()
+    )
+    return rows
+
+
+def test_elements_wait_for_their_side_window_and_timers_wait_behind_them() -> None:
+    spec, node, topology, main, side = _shard_and_coders()
+    store = MemoryWaitingStore()
+    _SEEN.clear()
+
+    def batch(previous: bytes | None, *args: Any) -> tuple[bytes, int]:
+        shard = StatefulSideInputShard(spec, NO_SINKS, store)
+        encoded, rows = shard.run_encoded(topology, node, 0, previous, _rows(main, side, *args))
+        return encoded, next(r[5] for r in rows if r[5] is not None)
+
+    # The side input has not reached the end of [0, 5): the elements wait, holding the
+    # output watermark at the earliest; nothing runs.
+    state, output = batch(None, [1, 3], [], {"main": 20, "side": 2})
+    assert _SEEN == []
+    assert output == 1_000_000
+    # Its window's element comes and its watermark passes the window: they run with it.
+    # Their timer at the window's end waits behind the element of [5, 10) still waiting
+    # (at 5 s), which holds the output watermark too.
+    state, output = batch(state, [5], [0], {"main": 20, "side": 5})
+    assert _SEEN == [("element", 1.0, 0.0), ("element", 3.0, 0.0)]
+    assert output == 4_999_999
+    _SEEN.clear()
+    state, output = batch(state, [], [5], {"main": 20, "side": 10})
+    assert _SEEN == [("element", 5.0, 5.0), ("timer", 2.0, 0.0), ("timer", 1.0, 0.0)]
+    assert output == 20_000_000
