@@ -155,7 +155,7 @@ def test_a_batch_run_refuses_the_read_naming_it() -> None:
 
 needs_streaming = pytest.mark.skipif(
     pyspark_version() < STREAMING_SPARK,
-    reason="the streaming modules need PySpark 4.1+ (transformWithState)",
+    reason="the streaming modules need PySpark 4.0+ (transformWithState)",
 )
 
 

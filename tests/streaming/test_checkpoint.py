@@ -69,7 +69,7 @@ def test_a_checkpoint_of_an_earlier_runner_version_is_refused(
 
 @pytest.mark.spark
 @pytest.mark.skipif(
-    pyspark_version() < STREAMING_SPARK, reason="the query module needs PySpark 4.1+"
+    pyspark_version() < STREAMING_SPARK, reason="the query module needs PySpark 4.0+"
 )
 @pytest.mark.parametrize(
     ("sink", "processes"), [("text", 3), pytest.param("files", 6, marks=pytest.mark.slow)]

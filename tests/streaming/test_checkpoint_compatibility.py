@@ -38,7 +38,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.spark,
     pytest.mark.skipif(
-        pyspark_version() < STREAMING_SPARK, reason="streaming runs need PySpark 4.1+"
+        pyspark_version() < STREAMING_SPARK, reason="streaming runs need PySpark 4.0+"
     ),
 ]
 
