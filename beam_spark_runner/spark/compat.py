@@ -37,6 +37,11 @@ def has_unix_domain_sockets() -> bool:
 ROW_STATE_SPARK = (4, 1)
 
 
+def has_row_state() -> bool:
+    """Whether this PySpark's ``transformWithState`` takes rows (4.1+), not pandas (4.0)."""
+    return pyspark_version() >= ROW_STATE_SPARK
+
+
 # PySpark's DataFrame call-site capture (Spark 4.0+): while it is on, every Column
 # function PySpark wraps (``df[name]``, ``F.lit``, ``filter``, ...) first makes some ten
 # Py4J calls to record where in the Python code it was called from.

@@ -1,4 +1,4 @@
-"""A row-based stateful processor on every PySpark that streams: ``transformWithState`` or its pandas form.
+"""A row-based stateful processor on ``transformWithState`` or its pandas form (PySpark 4.0).
 
 PySpark 4.1+ runs a ``StatefulProcessor`` on rows (``GroupedData.transformWithState``);
 PySpark 4.0 has only ``transformWithStateInPandas``, the same processor and state handle
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
-from beam_spark_runner.spark.compat import ROW_STATE_SPARK, pyspark_version
+from beam_spark_runner.spark.compat import has_row_state
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -37,14 +37,21 @@ _ROWS_PER_FRAME = 4096
 
 
 def transform_with_state(
-    frame: DataFrame, keys: list[str], processor: StatefulProcessor, output_type: StructType
+    frame: DataFrame,
+    keys: list[str],
+    processor: StatefulProcessor,
+    output_type: StructType,
+    pandas: bool | None = None,
 ) -> DataFrame:
     """``frame`` grouped by ``keys`` through ``processor`` (rows in, rows out).
 
     Append output mode, time mode none (no timers, no Spark watermark). PySpark 4.1+ runs
-    ``processor`` itself; 4.0 runs it inside :class:`RowsOverPandas`.
+    ``processor`` itself; 4.0 (or any line, with ``pandas``) runs it inside
+    :class:`RowsOverPandas`.
     """
-    if pyspark_version() >= ROW_STATE_SPARK:
+    if pandas is None:
+        pandas = not has_row_state()
+    if not pandas:
         return frame.groupBy(*keys).transformWithState(processor, output_type, "Append", "None")
     from pyspark.sql import functions as F  # noqa: N812 - PySpark's convention
     from pyspark.sql.types import LongType
