@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import decimal
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -207,7 +208,10 @@ def test_two_chained_processors_keep_their_state_and_exact_longs(
             [pa.array(c, f.type) for c, f in zip(columns, arrow_schema, strict=True)],
             schema=arrow_schema,
         )
-        pq.write_table(table, source / f"{number}.parquet")
+        path = source / f"{number}.parquet"
+        pq.write_table(table, path)
+        # The file source reads the oldest file first: one file per micro-batch, in order.
+        os.utime(path, (1_000_000 + number, 1_000_000 + number))
     frame = (
         spark_session.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(source))
     )
