@@ -180,7 +180,7 @@ class SparkStructuredRunner(PipelineRunner):
         """
         settings = settings or spark_settings(options)
         prepared = prepare(proto, options, settings, streaming=True)
-        # Past prepare's version check: the streaming query's modules need PySpark 4.1+.
+        # Past prepare's version check: the streaming query's modules need PySpark 4.0+.
         from beam_spark_runner.run.streaming import run_streaming
 
         return run_streaming(prepared)

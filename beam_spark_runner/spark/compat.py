@@ -17,8 +17,8 @@ def pyspark_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
-# transformWithState on rows: the PySpark the streaming levels build on (Spark 4.1).
-STREAMING_SPARK = (4, 1)
+# transformWithState, on rows or (4.0) on pandas: the PySpark the streaming levels build on.
+STREAMING_SPARK = (4, 0)
 
 # PySpark's setting for its workers' sockets to the executor's JVM: Unix domain sockets
 # instead of TCP over loopback (SPARK-51688, Spark 4.1).
@@ -30,6 +30,16 @@ def has_unix_domain_sockets() -> bool:
     import socket
 
     return pyspark_version() >= (4, 1) and hasattr(socket, "AF_UNIX")
+
+
+# The first PySpark whose transformWithState takes rows; 4.0 has the pandas form only
+# (``stateful_rows`` runs a level on either).
+ROW_STATE_SPARK = (4, 1)
+
+
+def has_row_state() -> bool:
+    """Whether this PySpark's ``transformWithState`` takes rows (4.1+), not pandas (4.0)."""
+    return pyspark_version() >= ROW_STATE_SPARK
 
 
 # PySpark's DataFrame call-site capture (Spark 4.0+): while it is on, every Column

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from beam_spark_runner.errors import SparkRunnerError
 from beam_spark_runner.spark import internals as spark_internals
+from beam_spark_runner.spark.compat import has_row_state
 from beam_spark_runner.streaming.topology import Topology
 
 if TYPE_CHECKING:
@@ -30,6 +31,10 @@ PLAN_FILE = "beam-plan.json"
 # 3: the query's source is Spark's ``rate-micro-batch`` (its offsets are not the Python data
 #    source's of formats 1 and 2).
 _FORMAT = 3
+# The ``state`` entry of a checkpoint whose levels ran on PySpark 4.0's
+# ``transformWithStateInPandas``: Spark resumes a stateful operator only as the one that
+# wrote it, so such a checkpoint and one on rows (4.1+, no entry) do not restore each other.
+PANDAS_STATE = "pandas"
 
 
 class CheckpointMismatchError(SparkRunnerError, ValueError):
@@ -37,8 +42,13 @@ class CheckpointMismatchError(SparkRunnerError, ValueError):
 
 
 def fingerprint(topology: Topology) -> dict[str, Any]:
-    """What a restart must find unchanged: the nodes in order, the shards, the roots."""
+    """What a restart must find unchanged: the nodes in order, the shards, the roots.
+
+    And the form of Spark's stateful operator the levels run on, where it is not rows.
+    """
+    state = {} if has_row_state() else {"state": PANDAS_STATE}
     return {
+        **state,
         "format": _FORMAT,
         "shards": topology.shards,
         "levels": topology.levels,
@@ -154,6 +164,12 @@ def differences(found: dict[str, Any], expected: dict[str, Any]) -> list[str]:
             f"{found.get('format')}, this one in {expected['format']} (restart it with the "
             "runner version that wrote it)"
         ]
+    if found.get("state") != expected.get("state"):
+        return [
+            f"its stateful levels ran on {_operator(found)}, this PySpark's on "
+            f"{_operator(expected)}, and Spark resumes a stateful operator only as the one that "
+            "wrote it (restart it with the PySpark line that wrote it)"
+        ]
     if found.get("shards") != expected["shards"]:
         out.append(
             f"shards: the checkpoint has {found.get('shards')}, this run "
@@ -168,6 +184,12 @@ def differences(found: dict[str, Any], expected: dict[str, Any]) -> list[str]:
     if _comparable_nodes(found) != _comparable_nodes(expected):
         out.append(f"transforms: {transform_changes(found, expected)}")
     return out
+
+
+def _operator(recorded: dict[str, Any]) -> str:
+    if recorded.get("state") == PANDAS_STATE:
+        return "transformWithStateInPandas (PySpark 4.0)"
+    return "transformWithState on rows (PySpark 4.1 or newer)"
 
 
 def check_checkpoint(spark: SparkSession, location: str, topology: Topology) -> None:

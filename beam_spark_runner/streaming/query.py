@@ -20,6 +20,7 @@ from beam_spark_runner.planning import (
 )
 from beam_spark_runner.spark.compat import named_function
 from beam_spark_runner.spark.map_in_arrow import map_in_arrow
+from beam_spark_runner.spark.stateful_rows import transform_with_state
 from beam_spark_runner.streaming import rows as routed
 from beam_spark_runner.streaming.bounded_side_inputs import BroadcastPlan
 from beam_spark_runner.streaming.check import is_unbounded_splittable
@@ -264,8 +265,8 @@ def build_frame(
             processor = Level(
                 topology, groups, stateful, splittable, with_side_inputs, context.sinks
             ).processor()
-            frame = frame.groupBy(routed.TARGET, routed.SHARD).transformWithState(
-                processor, routed.routed_type(), "Append", "None"
+            frame = transform_with_state(
+                frame, [routed.TARGET, routed.SHARD], processor, routed.routed_type()
             )
         stages = {
             node.index: stage_spec(plan.stage(node.name), context, side_input_state.get(node.name))

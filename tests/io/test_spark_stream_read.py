@@ -184,7 +184,7 @@ def test_on_another_runner_the_read_is_no_runner_primitive() -> None:
 
 needs_streaming = pytest.mark.skipif(
     pyspark_version() < STREAMING_SPARK,
-    reason="the streaming modules need PySpark 4.1+ (transformWithState)",
+    reason="the streaming modules need PySpark 4.0+ (transformWithState)",
 )
 
 

@@ -13,7 +13,7 @@ from beam_spark_runner.monitoring import worker_logs
 from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 
 needs_streaming = pytest.mark.skipif(
-    pyspark_version() < STREAMING_SPARK, reason="streaming needs PySpark 4.1 or newer"
+    pyspark_version() < STREAMING_SPARK, reason="streaming needs PySpark 4.0 or newer"
 )
 
 LOGGER = "tests.user_dofn"

@@ -97,7 +97,7 @@ def _options(streaming: bool, *extra: str) -> PipelineOptions:
 @pytest.mark.parametrize("streaming", [False, True], ids=["batch", "streaming"])
 def test_unpicklable_elements_fail_a_reshuffle_where_beams_fails(streaming: bool) -> None:
     if streaming and pyspark_version() < STREAMING_SPARK:
-        pytest.skip("streaming runs need PySpark 4.1+")
+        pytest.skip("streaming runs need PySpark 4.0+")
     # Beam's own runners raise a RuntimeError naming the pickling step (util_test's
     # test_reshuffle_unpicklable_in_global_window).
     older = _options(streaming, f"--update_compatibility_version={_PICKLING_RELEASE}")

@@ -25,7 +25,7 @@ from tests.conftest import SPARK_TEST_MASTER
 pytestmark = [
     pytest.mark.spark,
     pytest.mark.slow,
-    pytest.mark.skipif(pyspark_version() < STREAMING_SPARK, reason="streaming needs PySpark 4.1+"),
+    pytest.mark.skipif(pyspark_version() < STREAMING_SPARK, reason="streaming needs PySpark 4.0+"),
 ]
 
 _DRIVER = """

@@ -338,7 +338,7 @@ def test_a_batch_pipelines_job_runs_spark_operators_interpreted(beam_options: li
 
 @pytest.mark.skipif(
     spark_compat.pyspark_version() < STREAMING_SPARK,
-    reason="streaming runs need PySpark 4.1+ (transformWithState on rows); this is older",
+    reason="streaming runs need PySpark 4.0+ (transformWithState); this is older",
 )
 def test_a_streaming_pipelines_query_runs_spark_operators_interpreted(
     beam_options: list[str],

@@ -108,8 +108,8 @@ def test_require_state_protocol_names_protobuf_when_its_runtime_is_too_old(monke
     caps protobuf < 6) is refused before Spark starts, naming protobuf and what to do."""
     import sys
 
-    if INSTALLED < (4, 1):
-        pytest.skip("PySpark before 4.1 has no transformWithState state protocol")
+    if INSTALLED < (4, 0):
+        pytest.skip("PySpark before 4.0 has no transformWithState state protocol")
     from google.protobuf import runtime_version
 
     def too_old(*args, **kwargs):
@@ -133,7 +133,7 @@ def test_require_state_protocol_accepts_the_installed_protobuf():
 @pytest.mark.spark
 def test_a_streaming_run_on_a_pyspark_without_it_is_refused_naming_the_version(run_python):
     """On PySpark 3.5 (no ``pyspark.sql.datasource``, no transformWithState) a streaming
-    run is refused before Spark starts, naming Spark 4.1, not failed by an import. Run
+    run is refused before Spark starts, naming Spark 4.0, not failed by an import. Run
     in a fresh interpreter with 3.5's missing module and version stood in on newer lines."""
     code = (
         "import sys\n"
@@ -160,6 +160,6 @@ def test_a_streaming_run_on_a_pyspark_without_it_is_refused_naming_the_version(r
     completed = run_python(["-c", code])
     out = completed.stdout
     assert completed.returncode == 0, completed.stderr
-    assert "needs Spark 4.1" in out, out
+    assert "needs Spark 4.0" in out, out
     assert "3.5.3" in out, out
     assert out.strip().endswith("no spark"), out

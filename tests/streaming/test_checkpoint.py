@@ -73,8 +73,26 @@ def test_a_checkpoint_of_an_earlier_runner_version_is_refused(
         check_checkpoint(spark_session, str(tmp_path), _topology())
 
 
+def test_a_checkpoint_of_the_other_stateful_operator_form_is_refused(
+    spark_session: Any, tmp_path: Path
+) -> None:
+    """PySpark 4.0's levels run on transformWithStateInPandas, 4.1+'s on rows: Spark resumes
+    neither's state as the other, so a checkpoint moved between them is refused, naming both."""
+    check_checkpoint(spark_session, str(tmp_path), _topology())
+    recorded = json.loads((tmp_path / PLAN_FILE).read_text())
+    other = dict(recorded)
+    if other.pop("state", None) is None:
+        other["state"] = "pandas"
+    (tmp_path / PLAN_FILE).write_text(json.dumps(other))
+    (tmp_path / f".{PLAN_FILE}.crc").unlink()
+    with pytest.raises(CheckpointMismatchError, match="transformWithStateInPandas") as error:
+        check_checkpoint(spark_session, str(tmp_path), _topology())
+    assert "transformWithState on rows" in str(error.value)
+    assert "the PySpark line that wrote it" in str(error.value)
+
+
 needs_query_module = pytest.mark.skipif(
-    pyspark_version() < STREAMING_SPARK, reason="the query module needs PySpark 4.1+"
+    pyspark_version() < STREAMING_SPARK, reason="the query module needs PySpark 4.0+"
 )
 
 

@@ -107,7 +107,7 @@ def test_the_file_system_sets_permissions_and_leaves_no_stale_checksums(
 
 @pytest.mark.spark
 @pytest.mark.skipif(
-    pyspark_version() < STREAMING_SPARK, reason="streaming queries need PySpark 4.1+"
+    pyspark_version() < STREAMING_SPARK, reason="streaming queries need PySpark 4.0+"
 )
 def test_a_streaming_querys_checkpoint_is_written_through_the_runners_file_system(
     tmp_path: Path,
@@ -139,7 +139,7 @@ def test_a_streaming_querys_checkpoint_is_written_through_the_runners_file_syste
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    pyspark_version() < STREAMING_SPARK, reason="the runner's streaming settings need PySpark 4.1+"
+    pyspark_version() < STREAMING_SPARK, reason="the runner's streaming settings need PySpark 4.0+"
 )
 def test_either_file_system_resumes_the_others_checkpoint(
     spark_session: Any, tmp_path: Path

@@ -16,7 +16,7 @@ from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 from tests.list_states import ListState
 
 if pyspark_version() < STREAMING_SPARK:
-    pytest.skip("transformWithState needs PySpark 4.1+", allow_module_level=True)
+    pytest.skip("transformWithState needs PySpark 4.0+", allow_module_level=True)
 
 from beam_spark_runner.streaming import compression, levels  # noqa: E402
 from beam_spark_runner.streaming.chunk_lists import ListStateChunks  # noqa: E402

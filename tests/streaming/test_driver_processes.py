@@ -166,7 +166,7 @@ STREAMING_SCRIPT = textwrap.dedent(
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    pyspark_version() < STREAMING_SPARK, reason="streaming needs PySpark 4.1 or newer"
+    pyspark_version() < STREAMING_SPARK, reason="streaming needs PySpark 4.0 or newer"
 )
 def test_a_streaming_pipeline_prints_no_noise(
     run_python: Callable[..., subprocess.CompletedProcess[str]],

@@ -32,7 +32,7 @@ from beam_spark_runner.translators.group_by_key import group_spec
 
 if pyspark_version() < STREAMING_SPARK:
     pytest.skip(
-        "streaming runs need PySpark 4.1+ (transformWithState on rows); this is older",
+        "streaming runs need PySpark 4.0+ (transformWithState); this is older",
         allow_module_level=True,
     )
 
@@ -49,7 +49,7 @@ class _Shard:
         store: bool = False,
         chunks: ChunkStore | None = None,
     ) -> None:
-        from beam_spark_runner.streaming.query import plan_topology  # needs PySpark 4.1+
+        from beam_spark_runner.streaming.query import plan_topology  # needs PySpark 4.0+
 
         # Unsafe triggers too (AfterWatermark without a late trigger finishes).
         options = PipelineOptions(["--streaming", "--allow_unsafe_triggers"])

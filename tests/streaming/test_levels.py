@@ -17,7 +17,7 @@ from pyspark import cloudpickle
 from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 
 if pyspark_version() < STREAMING_SPARK:
-    pytest.skip("transformWithState needs PySpark 4.1+", allow_module_level=True)
+    pytest.skip("transformWithState needs PySpark 4.0+", allow_module_level=True)
 
 from beam_spark_runner.streaming.level_shell import (  # noqa: E402
     SHARD_STATE,

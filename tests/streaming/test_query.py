@@ -11,7 +11,7 @@ from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 from beam_spark_runner.spark.session import SIMPLIFIED_TRACEBACK, settings_within
 
 if pyspark_version() < STREAMING_SPARK:
-    pytest.skip("the query module needs PySpark 4.1+", allow_module_level=True)
+    pytest.skip("the query module needs PySpark 4.0+", allow_module_level=True)
 
 from beam_spark_runner.streaming.query import (
     ROCKSDB_PROVIDER,

@@ -30,7 +30,7 @@ from tests.cluster.restarts import (
 
 pytestmark = [
     pytest.mark.restart,
-    pytest.mark.skipif(pyspark_version() < STREAMING_SPARK, reason="streaming needs PySpark 4.1+"),
+    pytest.mark.skipif(pyspark_version() < STREAMING_SPARK, reason="streaming needs PySpark 4.0+"),
 ]
 
 # Long enough that the query still runs at each kill point: a driver's start and first

@@ -52,7 +52,7 @@ def test_each_tick_becomes_its_batchs_rows() -> None:
 
 
 @pytest.mark.skipif(
-    pyspark_version() < STREAMING_SPARK, reason="streaming needs PySpark 4.1 or newer"
+    pyspark_version() < STREAMING_SPARK, reason="streaming needs PySpark 4.0 or newer"
 )
 def test_a_batchs_processing_time_is_the_one_spark_records_in_its_offsets(
     spark_session: Any, tmp_path: Path

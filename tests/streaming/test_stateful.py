@@ -282,7 +282,7 @@ def _collect(element: Any) -> None:
 
 
 @pytest.mark.spark
-@pytest.mark.skipif(pyspark_version() < STREAMING_SPARK, reason="streaming runs need PySpark 4.1+")
+@pytest.mark.skipif(pyspark_version() < STREAMING_SPARK, reason="streaming runs need PySpark 4.0+")
 def test_a_stateful_dofn_over_expiring_windows_gives_direct_runners_output() -> None:
     options = PipelineOptions(["--runner=DirectRunner", "--streaming"])
     _COLLECTED.clear()
@@ -334,7 +334,7 @@ class _StoppedClock:
 
 
 @pytest.mark.spark
-@pytest.mark.skipif(pyspark_version() < STREAMING_SPARK, reason="streaming runs need PySpark 4.1+")
+@pytest.mark.skipif(pyspark_version() < STREAMING_SPARK, reason="streaming runs need PySpark 4.0+")
 def test_batch_elements_with_a_buffering_timer_gives_direct_runners_batches() -> None:
     # Beam keys the batches by process; Spark's tasks run in pooled processes, so the
     # batches followed whichever process ran each micro-batch's keying.

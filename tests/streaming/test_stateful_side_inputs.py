@@ -28,7 +28,7 @@ from tests.stage_specs import stage_spec
 
 if pyspark_version() < STREAMING_SPARK:
     pytest.skip(
-        "streaming runs need PySpark 4.1+ (transformWithState on rows); this is older",
+        "streaming runs need PySpark 4.0+; this is older",
         allow_module_level=True,
     )
 

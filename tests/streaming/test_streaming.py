@@ -33,7 +33,7 @@ from tests.conftest import SPARK_TEST_MASTER
 
 if pyspark_version() < STREAMING_SPARK:
     pytest.skip(
-        "streaming runs need PySpark 4.1+ (transformWithState on rows); this is older",
+        "streaming runs need PySpark 4.0+ (transformWithState); this is older",
         allow_module_level=True,
     )
 

@@ -223,7 +223,7 @@ def _record(element: Any) -> None:
 @pytest.mark.spark
 def test_held_windows_stream_as_direct_runner_emits_them() -> None:
     if pyspark_version() < STREAMING_SPARK:
-        pytest.skip("streaming runs need PySpark 4.1+")
+        pytest.skip("streaming runs need PySpark 4.0+")
     direct = PipelineOptions(["--runner=DirectRunner", "--streaming"])
     _RECORDED.clear()
     with beam.Pipeline(options=direct) as pipeline:

@@ -197,7 +197,7 @@ def test_batch_and_streaming_pipelines_share_the_sessions_one_worker_daemon(
         streaming_daemons = set(record.read().split())
     assert len(batch_daemons) == 1
     assert streaming_daemons == batch_daemons
-    if pyspark_version() >= STREAMING_SPARK:  # before 4.1 the pipeline runs in batch
+    if pyspark_version() >= STREAMING_SPARK:  # before 4.0 the pipeline runs in batch
         assert spark_session.sparkContext in jvm_warmup._warmed
 
 
