@@ -64,6 +64,9 @@ on_spark = on_spark_with()
 # job or a streaming query started, whatever its outcome), and that it refused.
 RAN_PROPERTY = "spark_pipelines_ran"
 REFUSED_PROPERTY = "spark_pipelines_refused"
+# The test's id, ``module.Class::test``, wherever Beam is installed (junitxml's classname
+# depends on the path from pytest's rootdir).
+TEST_ID_PROPERTY = "beam_test_id"
 RAN, REFUSED = "ran", "refused"
 
 # Pipelines of the running test, by outcome.
@@ -93,6 +96,14 @@ def pytest_configure(config: Any) -> None:
     SparkStructuredRunner.run_pipeline = counted_run_pipeline  # type: ignore[method-assign]
 
 
+def beam_test_id(item: Any) -> str:
+    """``module.Class::test`` (``module::test`` outside a class) of a collected test."""
+    module = getattr(item, "module", None)
+    name = module.__name__ if module is not None else item.path.stem
+    cls = getattr(item, "cls", None)
+    return f"{name}.{cls.__name__}::{item.name}" if cls is not None else f"{name}::{item.name}"
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
     """Counts the test's pipelines from zero."""
@@ -105,5 +116,6 @@ def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
 def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
     """Records the test's pipelines once its fixtures are torn down (its report follows)."""
     yield
+    item.user_properties.append((TEST_ID_PROPERTY, beam_test_id(item)))
     item.user_properties.append((RAN_PROPERTY, str(pipelines[RAN])))
     item.user_properties.append((REFUSED_PROPERTY, str(pipelines[REFUSED])))

@@ -161,8 +161,11 @@ def read_results(junit: Path, listed: dict[str, Listed] | None = None) -> dict[s
     for case in ET.parse(junit).iter("testcase"):
         classname = case.get("classname", "")
         module = re.search(r"apache_beam\..*", classname)
-        test_id = f"{module.group(0) if module else classname}::{case.get('name', '')}"
-        ran_text = _properties(case).get(force_runner.RAN_PROPERTY)
+        properties = _properties(case)
+        test_id = properties.get(force_runner.TEST_ID_PROPERTY) or (
+            f"{module.group(0) if module else classname}::{case.get('name', '')}"
+        )
+        ran_text = properties.get(force_runner.RAN_PROPERTY)
         ran = int(ran_text) if ran_text is not None else None
         failure = case.find("failure")
         if failure is None:

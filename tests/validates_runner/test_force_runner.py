@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -10,7 +11,15 @@ from beam_spark_runner.errors import UnsupportedFeatureError
 from validates_runner import force_runner
 
 
+class TriggerTest:
+    """Stands for a Beam test class."""
+
+
 class _Item:
+    module = SimpleNamespace(__name__="apache_beam.transforms.trigger_test")
+    cls = TriggerTest
+    name = "test_panes"
+
     def __init__(self) -> None:
         self.user_properties: list[tuple[str, str]] = []
 
@@ -45,6 +54,10 @@ def test_each_pipeline_run_on_the_runner_is_counted_as_ran_or_refused(
         pass
     _through(force_runner.pytest_runtest_teardown, item)
     assert item.user_properties == [
+        (
+            force_runner.TEST_ID_PROPERTY,
+            "apache_beam.transforms.trigger_test.TriggerTest::test_panes",
+        ),
         (force_runner.RAN_PROPERTY, str(ran)),
         (force_runner.REFUSED_PROPERTY, str(refused)),
     ]

@@ -15,6 +15,7 @@ LISTED = {
     MODULE + "refused": Listed(teststream.REFUSED, REFUSAL, "WindowedValueHolder elements"),
     MODULE + "fixed": Listed(teststream.REFUSED, REFUSAL, "WindowedValueHolder elements"),
     MODULE + "enum": Listed(teststream.BEAM_CANNOT_TRANSLATE, "OUTPUT_AT_EARLIEST", "Beam's"),
+    MODULE + "enum2": Listed(teststream.BEAM_CANNOT_TRANSLATE, "OUTPUT_AT_EARLIEST", "Beam's"),
     MODULE + "memory": Listed(teststream.TEST_PROCESS_MEMORY, "no attribute 'all'", "memory"),
 }
 
@@ -45,6 +46,11 @@ JUNIT = f"""<?xml version="1.0" encoding="utf-8"?>
 <testcase classname="apache_beam.transforms.trigger_test.T" name="memory">
   <failure message="AssertionError: [] != [1]">...</failure>
 </testcase>
+<testcase classname="U" name="enum_outside_rootdir"><properties>
+  <property name="beam_test_id" value="apache_beam.transforms.trigger_test.T::enum2"/>
+  </properties>
+  <error message="RuntimeError">ValueError: unknown enum label "OUTPUT_AT_EARLIEST"</error>
+</testcase>
 <testcase classname="apache_beam.testing.test_stream_test.U" name="skip">
   <skipped message="Beam skips it"/>
 </testcase>
@@ -70,6 +76,9 @@ def test_each_test_gets_its_category(results: dict[str, Result]) -> None:
         MODULE + "fixed": teststream.NO_LONGER_LISTED,
         MODULE + "wrong": teststream.UNEXPECTED,
         MODULE + "enum": teststream.BEAM_CANNOT_TRANSLATE,
+        # Its id from the plugin's property: the classname lacks the module when Beam is
+        # installed outside pytest's rootdir.
+        MODULE + "enum2": teststream.BEAM_CANNOT_TRANSLATE,
         # Listed as reading the test process's memory, but failing another way.
         MODULE + "memory": teststream.UNEXPECTED,
         "apache_beam.testing.test_stream_test.U::skip": teststream.SKIPPED,
@@ -83,7 +92,7 @@ def test_the_summary_counts_passes_with_and_without_a_pipeline(
 ) -> None:
     assert teststream.summary_line(results) == (
         "2 passed (1 ran a pipeline on SparkStructuredRunner, 1 ran none) / 1 refused by "
-        "name / 1 excused by name / 1 skipped by Beam / 4 failed"
+        "name / 2 excused by name / 1 skipped by Beam / 4 failed"
     )
 
 
