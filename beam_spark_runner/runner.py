@@ -20,8 +20,8 @@ from beam_spark_runner.monitoring import run_summary
 from beam_spark_runner.options import spark_settings
 from beam_spark_runner.planning.capabilities import unbounded_source
 from beam_spark_runner.result import SparkPipelineResult
-from beam_spark_runner.rewrites.batch_test_stream import replace_test_streams
 from beam_spark_runner.rewrites.native_create import NativeCreateOverride
+from beam_spark_runner.rewrites.streaming_in_batch import BATCH_RULE, prepare_batch_run
 from beam_spark_runner.run.batch import run_batch
 from beam_spark_runner.run.prepare import prepare
 
@@ -69,6 +69,25 @@ class _UnboundedFinder(PipelineVisitor):  # type: ignore[misc]
 
     def enter_composite_transform(self, applied: Any) -> None:
         self.visit_transform(applied)
+
+
+def _why_streaming(proto: Any) -> str:
+    source = unbounded_source(proto)
+    if source is not None:
+        return f"transform {source} outputs an unbounded PCollection"
+    return "--streaming is set"
+
+
+def _refusal(
+    proto: Any, refused: UnsupportedFeatureError, not_proven: UnsupportedFeatureError
+) -> UnsupportedFeatureError:
+    """The error for a streaming pipeline that can neither stream nor run in batch."""
+    return UnsupportedFeatureError(
+        f"The pipeline streams ({_why_streaming(proto)}), and SparkStructuredRunner cannot "
+        f"stream it: {refused} Nor is a batch run proven to give its streaming result: "
+        f"{not_proven} {BATCH_RULE} To run it, do what the first reason says, so that it "
+        "streams, or change what the second names, so that a batch run is proven."
+    )
 
 
 class SparkStructuredRunner(PipelineRunner):
@@ -126,7 +145,6 @@ class SparkStructuredRunner(PipelineRunner):
             not options.view_as(pipeline_options.TypeOptions).allow_non_deterministic_key_coders
         )
         pipeline.visit(key_coders)
-        refused: UnsupportedFeatureError | None = None
         # The proto only when the pipeline may stream: building it is ~0.1 s of a small
         # batch pipeline's fixed cost, and the batch path builds its own after its overrides.
         proto = None
@@ -137,25 +155,18 @@ class SparkStructuredRunner(PipelineRunner):
         if proto is not None and wants_streaming(options, proto):
             try:
                 return self.run_streaming(proto, options, settings)
-            except UnsupportedFeatureError as error:
-                refused = error
-        # TestStreams that a batch run reproduces exactly become batch sources; any other
-        # is refused here, before Spark starts. A streaming pipeline the streaming path
-        # cannot run yet runs in batch where that gives the streaming result.
-        try:
-            replace_test_streams(pipeline)
-        except UnsupportedFeatureError as batch_refused:
-            if refused is None:
-                raise
-            raise UnsupportedFeatureError(
-                f"{refused} Nor can it run in batch: {batch_refused}"
-            ) from refused
-        if refused is not None:
-            _LOGGER.warning(
-                "Running the streaming pipeline in batch: %s A batch run gives the same "
-                "result here (its TestStreams' batch runs are streaming runs).",
-                refused,
-            )
+            except UnsupportedFeatureError as refused:
+                # In batch only where that is proven to give the streaming result.
+                try:
+                    checked = prepare_batch_run(pipeline)
+                except UnsupportedFeatureError as not_proven:
+                    raise _refusal(proto, refused, not_proven) from refused
+                _LOGGER.warning(
+                    "Running the streaming pipeline in batch. It cannot stream here: %s "
+                    "Checked that its batch run is one of its streaming runs: %s.",
+                    refused,
+                    checked,
+                )
         # A Create that Beam would reshuffle becomes rows the runner spreads itself,
         # without a Spark job of its own.
         pipeline.replace_all([NativeCreateOverride()])
@@ -189,14 +200,19 @@ class SparkStructuredRunner(PipelineRunner):
         """Runs a Beam pipeline proto; every check happens before Spark starts.
 
         A streaming one (``--streaming``, or an unbounded PCollection) runs as a streaming
-        query (see :meth:`run_streaming`).
+        query (see :meth:`run_streaming`), or is refused: whether a batch run gives its
+        streaming result is checked on the Python pipeline only (:meth:`run_pipeline`).
         """
         settings = settings or spark_settings(options)
         if wants_streaming(options, proto):
             try:
                 return self.run_streaming(proto, options, settings)
             except UnsupportedFeatureError as refused:
-                _LOGGER.warning("Running the streaming pipeline in batch: %s", refused)
+                not_proven = UnsupportedFeatureError(
+                    "the runner proves that on the Python pipeline only; run it with "
+                    "Pipeline.run()."
+                )
+                raise _refusal(proto, refused, not_proven) from refused
         return self.run_batch(proto, options, settings)
 
     def run_batch(self, proto: Any, options: Any, settings: Any) -> SparkPipelineResult:

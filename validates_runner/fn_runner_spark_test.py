@@ -22,8 +22,10 @@ from apache_beam.runners.portability.fn_api_runner import fn_runner_test
 from apache_beam.testing import test_pipeline
 
 from beam_spark_runner import SparkStructuredRunner
+from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 from validates_runner.reasons import (
     RUNNER_SPLITS,
+    STREAMING_SPARK_NEEDED,
 )
 
 DEFAULT_PIPELINE_ARGS = ["--spark_master=local[2]"]
@@ -42,11 +44,30 @@ def spark_pipeline(is_drain: bool = False) -> beam.Pipeline:
     return beam.Pipeline(runner=SparkStructuredRunner(), options=PipelineOptions(args))
 
 
+# FnApiRunnerTest's tests whose pipelines read an unbounded source: they stream.
+STREAMING_TESTS = (
+    "test_pardo_et_timer_with_no_firing",
+    "test_pardo_et_timer_with_no_reset",
+    "test_pardo_et_timer_with_no_reset_and_no_clear",
+    "test_sliding_windows",
+    "test_unbounded_source_read",
+)
+
+
 class SparkStructuredRunnerTest(fn_runner_test.FnApiRunnerTest):
     """Beam's FnApiRunnerTest on Spark."""
 
     def create_pipeline(self, is_drain: bool = False) -> beam.Pipeline:
         return spark_pipeline(is_drain)
+
+
+if pyspark_version() < STREAMING_SPARK:
+    for _name in STREAMING_TESTS:
+        if hasattr(fn_runner_test.FnApiRunnerTest, _name):
+            _skipped = unittest.skip(STREAMING_SPARK_NEEDED)(
+                getattr(fn_runner_test.FnApiRunnerTest, _name)
+            )
+            setattr(SparkStructuredRunnerTest, _name, _skipped)
 
 
 class SparkStructuredRunnerMetricsTest(fn_runner_test.FnApiRunnerMetricsTest):

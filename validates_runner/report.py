@@ -8,7 +8,7 @@ Usage::
 Each suite runs in its own pytest process (one SparkSession each) with junitxml output;
 the report prints passed/skipped/failed per suite, the skipped tests with their reasons and
 the failed tests with the root-cause error. It exits non-zero if a test failed or a suite
-could not run.
+could not run or collected no tests.
 
 The results are saved as JSON (``results.json`` in ``--out-dir``). A complete run (both
 suites, no ``-k``, no extra pytest arguments) also saves them as
@@ -301,6 +301,8 @@ def format_report(runs: list[SuiteRun]) -> str:
             out.append(
                 f"  [{run.suite}] pytest did not complete (exit {run.exit_code}); see {run.log}"
             )
+        elif not run.results:
+            out.append(f"  [{run.suite}] pytest collected no tests: it proved nothing")
     if runs:
         out += ["", f"Logs and junitxml: {runs[0].log.parent}"]
     return "\n".join(out)
@@ -457,9 +459,15 @@ def main(argv: list[str] | None = None) -> int:
         document = CAPABILITIES_DOC
     if document is not None:
         capabilities_doc.write(results, document)
+    return exit_code(runs)
+
+
+def exit_code(runs: list[SuiteRun]) -> int:
+    """0 only if every suite ran to the end, collected tests, and none failed."""
     failed = any(run.count("failed") for run in runs)
     broken = not all(run.completed for run in runs)
-    return 1 if failed or broken else 0
+    empty = not runs or any(not run.results for run in runs)
+    return 1 if failed or broken or empty else 0
 
 
 if __name__ == "__main__":

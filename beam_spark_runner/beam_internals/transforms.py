@@ -129,6 +129,11 @@ def is_splittable_dofn(dofn: Any) -> bool:
     return bool(runners_common.DoFnSignature(dofn).is_splittable_dofn())
 
 
+def is_unbounded_per_element(dofn: Any) -> bool:
+    """Whether a DoFn's output is unbounded whatever its input (``unbounded_per_element``)."""
+    return bool(runners_common.DoFnSignature(dofn).is_unbounded_per_element())
+
+
 def global_window_param_payload() -> bytes:
     """The payload of a ``param_windowed_value`` coder: the global window, no timestamp.
 

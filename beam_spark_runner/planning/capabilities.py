@@ -6,14 +6,12 @@ missing and what to do. Nothing unsupported passes through silently.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterator
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.errors import UnsupportedFeatureError
 from beam_spark_runner.planning import SPARK_STREAM_URN, Plan
 
-_LOGGER = logging.getLogger(__name__)
 _REQUIREMENTS = bi.common_urns.requirements
 SUPPORTED_REQUIREMENTS: frozenset[str] = frozenset(
     [
@@ -115,16 +113,17 @@ def check_requirements(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
 
 
 def check_pipeline(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
-    """Checks requirements, unbounded inputs and TestStream for a batch run."""
+    """Checks requirements for a batch run, and that nothing in it is unbounded."""
     check_requirements(proto)
     for _, transform in _leaf_transforms(proto):
         if transform.spec.urn == TEST_STREAM_URN:
             raise UnsupportedFeatureError(
-                f"Transform '{transform.unique_name}' is a TestStream ({TEST_STREAM_URN}), which "
-                "SparkStructuredRunner runs only when it is given the Python pipeline, which "
-                "turns TestStreams that a batch run reproduces into batch sources (see "
-                "beam_spark_runner.rewrites.batch_test_stream); streaming execution is not "
-                "supported yet."
+                f"Transform '{transform.unique_name}' is a TestStream ({TEST_STREAM_URN}) in a "
+                "pipeline run in batch from its proto. SparkStructuredRunner streams a "
+                "TestStream, and runs one in batch only from the Python pipeline, where it "
+                "checks that a batch run reproduces its script (see "
+                "beam_spark_runner.rewrites.batch_test_stream). Run it with Pipeline.run(), "
+                "or with run_proto(), which streams it."
             )
         if transform.spec.urn == SPARK_STREAM_URN:
             raise UnsupportedFeatureError(
@@ -135,13 +134,13 @@ def check_pipeline(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
             )
     unbounded = unbounded_pcollections(proto)
     if unbounded:
-        _LOGGER.warning(
-            "The pipeline has unbounded PCollections (%s). SparkStructuredRunner runs it in "
-            "batch, as FnApiRunner does: each unbounded read runs until its source ends (or, "
-            "with --spark_drain, until its restriction is truncated), then the watermark "
-            "jumps to +inf. A source that never ends keeps the run going forever; streaming "
-            "execution is not supported yet.",
-            ", ".join(unbounded),
+        raise UnsupportedFeatureError(
+            f"The pipeline has unbounded PCollections ({', '.join(unbounded)}), and a batch "
+            "run reads an unbounded source to its end before anything downstream fires. "
+            "SparkStructuredRunner streams such a pipeline, and runs it in batch only from "
+            "the Python pipeline, where it checks that a batch run gives the streaming result "
+            "(see beam_spark_runner.rewrites.streaming_in_batch). Run it with Pipeline.run() "
+            "or run_proto()."
         )
 
 

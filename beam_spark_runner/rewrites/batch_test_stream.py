@@ -239,6 +239,7 @@ class BatchTestStreamOverride(PTransformOverride):  # type: ignore[misc]
 
     def __init__(self, pipeline: beam.Pipeline) -> None:
         self._pipeline = pipeline
+        self.replaced = 0
 
     def matches(self, applied_ptransform: AppliedPTransform) -> bool:
         transform = applied_ptransform.transform
@@ -256,11 +257,10 @@ class BatchTestStreamOverride(PTransformOverride):  # type: ignore[misc]
         if reason is not None:
             raise UnsupportedFeatureError(
                 f"Transform '{applied_ptransform.full_label}' is a TestStream ({TEST_STREAM_URN}) "
-                f"that needs streaming execution: {reason}. SparkStructuredRunner runs a "
-                "TestStream in batch only where no transform can tell when time passed "
-                "between its elements; streaming execution is not supported yet. Add those "
-                "elements before advancing the watermark or processing time, or run the "
-                "test on DirectRunner."
+                f"whose batch run would differ from its streaming run: {reason}. "
+                "SparkStructuredRunner runs a TestStream in batch only where no transform "
+                "can tell when time passed between its elements. Add those elements before "
+                "advancing the watermark or processing time, or run the test on DirectRunner."
             )
         return True
 
@@ -269,6 +269,7 @@ class BatchTestStreamOverride(PTransformOverride):  # type: ignore[misc]
     ) -> BatchTestStream:
         transform = applied_ptransform.transform
         assert isinstance(transform, TestStream)  # matches() accepted only TestStreams
+        self.replaced += 1
         return BatchTestStream(transform)
 
 
@@ -291,8 +292,8 @@ class _MarkBounded(PipelineVisitor):  # type: ignore[misc]
             return
         if not all(pcoll.is_bounded for pcoll in fed):
             return
-        if isinstance(transform, beam.ParDo) and bi.is_splittable_dofn(transform.fn):
-            return  # may be unbounded of its own
+        if isinstance(transform, beam.ParDo) and bi.is_unbounded_per_element(transform.fn):
+            return  # unbounded of its own
         self._mark(applied)
 
     def _mark(self, applied: AppliedPTransform) -> None:
@@ -304,14 +305,15 @@ class _MarkBounded(PipelineVisitor):  # type: ignore[misc]
                 self.bounded.add(id(output))
 
 
-def replace_test_streams(pipeline: beam.Pipeline) -> None:
+def replace_test_streams(pipeline: beam.Pipeline) -> int:
     """Replaces the TestStreams a batch run reproduces; refuses the others (see above).
 
     The PCollections downstream of a replaced TestStream were built unbounded from it;
     those that nothing else makes unbounded are marked bounded again, so the run is not
-    reported as reading an unbounded source.
+    reported as reading an unbounded source. Returns how many TestStreams it replaced.
     """
-    pipeline.replace_all([BatchTestStreamOverride(pipeline)])
+    override = BatchTestStreamOverride(pipeline)
+    pipeline.replace_all([override])
     marker = _MarkBounded()
     pipeline.visit(marker)
     if marker.count:
@@ -319,3 +321,4 @@ def replace_test_streams(pipeline: beam.Pipeline) -> None:
             "Ran %d PCollection(s) fed by TestStreams as bounded: their TestStreams run in batch",
             marker.count,
         )
+    return override.replaced

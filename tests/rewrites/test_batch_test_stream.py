@@ -417,7 +417,7 @@ def test_a_streaming_only_pipeline_the_streaming_path_refuses_is_refused_before_
     message = str(error.value)
     # Why streaming refuses it (a side input of a splittable DoFn, or a PySpark older than
     # streaming needs), and why a batch run would differ.
-    assert "Nor can it run in batch" in message
+    assert "Nor is a batch run proven to give its streaming result" in message
     assert "'Script'" in message and "beam:transform:teststream:v1" in message
     assert "event 2 adds elements that reach 'Buffer' (a DoFn with event-time timers" in message
 
