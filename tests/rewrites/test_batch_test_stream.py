@@ -416,10 +416,13 @@ def test_a_streaming_only_pipeline_the_streaming_path_refuses_is_refused_before_
         p.run()
     message = str(error.value)
     # Why streaming refuses it (a side input of a splittable DoFn, or a PySpark older than
-    # streaming needs), and why a batch run would differ.
+    # streaming needs), and why a batch run would differ (the splittable DoFn is unbounded
+    # of its own, not through a TestStream).
     assert "Nor is a batch run proven to give its streaming result" in message
     assert "'Script'" in message and "beam:transform:teststream:v1" in message
-    assert "event 2 adds elements that reach 'Buffer' (a DoFn with event-time timers" in message
+    assert "Transform 'Unbounded' outputs an unbounded PCollection and is not a TestStream" in (
+        message
+    )
 
 
 def test_what_a_replaced_test_stream_fed_is_bounded_again() -> None:
