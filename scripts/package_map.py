@@ -1,4 +1,4 @@
-"""Prints docs/architecture.md's package map from the tree: one line per module.
+"""Prints docs/package-map.md's list from the tree: one line per module.
 
 Each line is the module's path and its docstring's first line; empty ``__init__.py``
 files are left out. ``tests/test_docs.py`` checks that the map names exactly the tree's

@@ -1,4 +1,4 @@
-"""docs/architecture.md's package map names every module of the package, and only those."""
+"""docs/package-map.md names every module of the package, and only those."""
 
 from __future__ import annotations
 
@@ -6,15 +6,14 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ARCHITECTURE = ROOT / "docs" / "architecture.md"
+PACKAGE_MAP = ROOT / "docs" / "package-map.md"
 # A map line: "- `beam_spark_runner/<path>.py`: what it holds".
 MAP_LINE = re.compile(r"^- `(beam_spark_runner/[\w/]+\.py)`")
 
 
 def _mapped() -> list[str]:
-    text = ARCHITECTURE.read_text()
-    section = text.split("## Package map", 1)[1].split("\n## ", 1)[0]
-    return [m.group(1) for line in section.splitlines() if (m := MAP_LINE.match(line))]
+    text = PACKAGE_MAP.read_text()
+    return [m.group(1) for line in text.splitlines() if (m := MAP_LINE.match(line))]
 
 
 def _tree() -> set[str]:
