@@ -21,7 +21,7 @@ help:
 	@echo "make teststream-check  Beam's streaming test modules on this runner, in streaming (long)"
 	@echo "make dataframe-check   Beam's DataFrame API tests on this runner next to DirectRunner (~5-7 min)"
 	@echo "make matrix            smoke tests on the other Spark/Beam lines (nox; see noxfile.py)"
-	@echo "make bench-streaming   streaming Nexmark: ours, PySpark Structured Streaming (and a Python-per-event floor), DirectRunner (~1.5 h)"
+	@echo "make bench-streaming   streaming Nexmark: ours, PySpark Structured Streaming (and a Python-per-event floor), DirectRunner; then state with 1 000 and 2 000 000 keys (~2 h)"
 	@echo "make lint typecheck    ruff and mypy"
 	@echo "make jar               rebuild beam_spark_runner/spark/jars/ from jvm/src (needs a JDK)"
 	@echo "make bench             benchmarks (see benchmarks/)"
@@ -121,7 +121,7 @@ bench-nexmark: $(STAMP)
 # with searched on a ladder of rates (see benchmarks/streaming.py). About an hour.
 bench-streaming: $(STAMP)
 	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install --quiet -e ".[bench]"
-	$(PY) -m benchmarks.streaming
+	$(PY) -m benchmarks.streaming --state-keys 1000,2000000
 
 clean:
 	rm -rf build dist *.egg-info demo-output .mypy_cache .ruff_cache spark-warehouse .nox

@@ -1008,6 +1008,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--output", default="benchmarks/results/streaming.json")
     parser.add_argument(
+        "--state-keys",
+        default="",
+        help="then the state benchmark (benchmarks.state) with these keys in state, "
+        "comma-separated (make bench-streaming: 1000,2000000)",
+    )
+    parser.add_argument(
         "--chart", nargs="+", metavar="JSON", help="only draw the chart of saved runs' JSON"
     )
     parser.add_argument("--trial", help=argparse.SUPPRESS)  # RUNNER,QUERY,RATE: one trial
@@ -1054,6 +1060,11 @@ def main(argv: list[str] | None = None) -> int:
             _LOGGER.info("q%d %s: keeps up with %s, not %s events/s", query, runner, kept, failed)
     print(markdown_table(trials))
     chart([t.summary() for t in trials], os.path.splitext(args.output)[0] + ".png")
+    if args.state_keys:
+        from benchmarks import state
+
+        output = os.path.join(os.path.dirname(args.output) or ".", "state.json")
+        state.main(["--keys", args.state_keys, "--output", output])
     return 0
 
 
