@@ -22,9 +22,17 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from beam_spark_runner.spark import stateful_rows
 from beam_spark_runner.spark.compat import ROW_STATE_SPARK, STREAMING_SPARK, pyspark_version
-from beam_spark_runner.spark.stateful_rows import RowsOverPandas, frames_of, transform_with_state
+
+if pyspark_version() < STREAMING_SPARK:
+    pytest.skip("transformWithState needs PySpark 4.0+", allow_module_level=True)
+
+from beam_spark_runner.spark import stateful_rows  # noqa: E402
+from beam_spark_runner.spark.stateful_rows import (  # noqa: E402
+    RowsOverPandas,
+    frames_of,
+    transform_with_state,
+)
 
 # Beam's earliest and latest timestamps in microseconds: longs a float cannot hold.
 LOWEST = -9_223_372_036_854_775_000
