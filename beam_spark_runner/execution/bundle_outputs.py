@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -28,8 +28,14 @@ class BundleOutputs:
         outputs: tuple[OutputSpec, ...],
         key_extractors: dict[int, KeyExtractor],
         aggregators: dict[int, PartialAggregator] | None = None,
+        unpacked: Collection[int] = (),
     ) -> Iterator[pa.RecordBatch]:
-        """Arrow batches in the stage output layout (tag, key, element[, typed columns])."""
+        """Arrow batches in the stage output layout (tag, key, element[, typed columns]).
+
+        A keyed output's elements of one key go as one row, unless its index is in
+        ``unpacked``: a stage with streamed side inputs reads each element's own header, so
+        its main input keeps one element a row.
+        """
         typed = has_typed_outputs(outputs)
         for index, chunks in enumerate(self.data):
             extractor = key_extractors.get(index)
@@ -48,6 +54,8 @@ class BundleOutputs:
                     count = len(array)
                     if keys is None:
                         key_array = pa.nulls(count, type=pa.binary())
+                    elif index in unpacked:
+                        key_array = pa.array(keys[offset : offset + count], type=pa.binary())
                     else:
                         # A key's elements travel to the shuffle as one row.
                         key_array, array = pack_by_key(

@@ -87,7 +87,8 @@ def pack_by_key(keys: pa.Array, elements: pa.Array) -> tuple[pa.Array, pa.Array]
     Sorts a bundle's keyed output by key (stable) and cuts it into runs; after the sort a
     run's elements are contiguous in the data buffer, so each packed cell is a slice of it
     and nothing is copied twice. Fewer, larger rows make Spark's shuffle and sort cheaper;
-    GroupByKey and stateful stages read packed cells as they read single elements.
+    GroupByKey and stateful stages read packed cells as they read single elements (a stage
+    with streamed side inputs does not: ``BundleOutputs.record_batches``' ``unpacked``).
     """
     if len(keys) < 2:
         return keys, elements

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import pyarrow as pa
@@ -122,12 +122,16 @@ def run_stage(
 
 
 def run_stage_bundles(
-    spec: StageSpec, bundles: Iterable[Bundle], sinks: TaskSinks = NO_SINKS
+    spec: StageSpec,
+    bundles: Iterable[Bundle],
+    sinks: TaskSinks = NO_SINKS,
+    unpacked: Collection[int] = (),
 ) -> Iterator[pa.RecordBatch]:
     """Runs the stage over each bundle's input (see :func:`run_stage`); yields its outputs.
 
     A bundle's input is its encoded elements, or an iterable of pieces of them: a native
-    text read's (``TextInput``), a Spark stream's columns (``ValuesInput``).
+    text read's (``TextInput``), a Spark stream's columns (``ValuesInput``). The outputs
+    in ``unpacked`` keep one element a row (``BundleOutputs.record_batches``).
     """
     worker: StageWorker | None = None
     with task_metrics(sinks.metrics, spec.name) as metrics:
@@ -156,7 +160,7 @@ def run_stage_bundles(
                 if outputs is None:
                     break
                 yield from outputs.record_batches(
-                    spec.outputs, worker.key_extractors, worker.aggregators
+                    spec.outputs, worker.key_extractors, worker.aggregators, unpacked
                 )
                 # Spark has taken the bundle's output: its finalization may run now.
                 with recording(sinks):

@@ -85,7 +85,8 @@ def run_router(
         node = topology.nodes[index]
         bundles = _bundles(spec, data.pop(index, []), columns.pop(index, []))
         if bundles:
-            for output in run_stage_bundles(stage, bundles, sinks):
+            unpacked = routed.framed_outputs(topology, node)
+            for output in run_stage_bundles(stage, bundles, sinks, unpacked):
                 out.extend(routed.stage_output_rows(topology, node, output, spec.stages, data))
         for marker in markers.pop(index, []):
             for target in node.all_targets or (SINK,):

@@ -233,6 +233,19 @@ def _cut(elements: list[bytes]) -> list[list[bytes]]:
     return runs
 
 
+def framed_outputs(topology: Topology, node: Node) -> frozenset[int]:
+    """The outputs of ``node`` that a stage with streamed side inputs reads as main input.
+
+    Such a stage reads each main element's header for the side windows it waits for
+    (``FRAMED_RUN``), so these outputs go one element a row, never packed by key.
+    """
+    return frozenset(
+        index
+        for index, targets in enumerate(node.targets)
+        if any(topology.nodes[target].side_expected for target in targets)
+    )
+
+
 def stage_output_rows(
     topology: Topology,
     node: Node,

@@ -34,7 +34,12 @@ from apache_beam.utils.timestamp import MAX_TIMESTAMP, Timestamp
 
 from beam_spark_runner.errors import StageExecutionError
 from beam_spark_runner.execution.stage_worker import BundleOutputs, StageSpec
-from beam_spark_runner.streaming.rows import Row, routed_marker, stage_output_rows
+from beam_spark_runner.streaming.rows import (
+    Row,
+    framed_outputs,
+    routed_marker,
+    stage_output_rows,
+)
 from beam_spark_runner.streaming.topology import Node, Topology
 from beam_spark_runner.streaming.watermarks import MAX_MICROS, Marker, WatermarkState
 
@@ -194,7 +199,8 @@ def routed_outputs(
 ) -> list[Row]:
     """A stage's bundle outputs as rows addressed to the readers of each output."""
     out: list[Row] = []
+    unpacked = framed_outputs(topology, node)
     for bundle in outputs:
-        for batch in bundle.record_batches(spec.outputs, worker.key_extractors):
+        for batch in bundle.record_batches(spec.outputs, worker.key_extractors, None, unpacked):
             out.extend(stage_output_rows(topology, node, batch))
     return out

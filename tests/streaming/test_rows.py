@@ -194,3 +194,10 @@ def test_a_sources_elements_travel_packed_a_stage_with_side_inputs_getting_a_fra
     )
     # Then one marker per root reader and shard.
     assert [r[5] for r in rows[len(elements) :]] == [9] * (1 + SHARDS)
+
+
+def test_the_outputs_a_stage_with_side_inputs_reads_are_the_framed_ones() -> None:
+    topology = _topology()
+    feeding = Node(5, "feeding", STAGE, True, 1, ((1, 3), (2, 4), (4,), ()))
+    assert routed.framed_outputs(topology, feeding) == frozenset({1, 2})
+    assert routed.framed_outputs(topology, topology.nodes[0]) == frozenset()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import struct
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import apache_beam as beam
@@ -17,11 +20,24 @@ from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.coders import KeyExtractor
+from beam_spark_runner.execution.bundle_outputs import BundleOutputs
+from beam_spark_runner.execution.stage_spec import OutputSpec
 from beam_spark_runner.execution.stage_worker import NO_SINKS
 from beam_spark_runner.planning import build_plan
 from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 from beam_spark_runner.streaming.compression import pack
-from beam_spark_runner.streaming.rows import ELEMENT, FRAMED_RUN, PORT, PRODUCER, PTIME, WATERMARK
+from beam_spark_runner.streaming.rows import (
+    ELEMENT,
+    FRAMED_RUN,
+    PORT,
+    PRODUCER,
+    PTIME,
+    ROUTED_SCHEMA,
+    WATERMARK,
+    packed,
+)
+from beam_spark_runner.streaming.shard_run import routed_outputs
 from beam_spark_runner.streaming.topology import STAGE, Node, Topology
 from tests import slowly_updating
 from tests.stage_specs import stage_spec
@@ -150,7 +166,8 @@ def _shard_and_coders() -> tuple[Any, ...]:
         side_expected=(frozenset({"side"}),),
     )
     topology = Topology(nodes=(node,), roots={}, levels=1, shards=1, sink_producers=frozenset())
-    return spec, node, topology, main, context.coders[side_coder].get_impl()
+    main_coder = context.coders[stage.input_coder_id]
+    return spec, node, topology, main, context.coders[side_coder].get_impl(), main_coder
 
 
 def _rows(main: Any, side: Any, mains: list[int], sides: list[int], marks: dict[str, int]) -> list:
@@ -176,7 +193,7 @@ def _rows(main: Any, side: Any, mains: list[int], sides: list[int], marks: dict[
 
 
 def test_elements_wait_for_their_side_window_and_timers_wait_behind_them() -> None:
-    spec, node, topology, main, side = _shard_and_coders()
+    spec, node, topology, main, side, _ = _shard_and_coders()
     store = MemoryWaitingStore()
     _SEEN.clear()
 
@@ -200,3 +217,44 @@ def test_elements_wait_for_their_side_window_and_timers_wait_behind_them() -> No
     state, output = batch(state, [], [5], {"main": 20, "side": 10})
     assert _SEEN == [("element", 5.0, 5.0), ("timer", 2.0, 0.0), ("timer", 1.0, 0.0)]
     assert output == 20_000_000
+
+
+class _KeyingWorker:
+    """What ``routed_outputs`` reads of a stage worker whose output a stateful stage reads."""
+
+    def __init__(self, coder: Any) -> None:
+        self.key_extractors = {0: KeyExtractor(coder)}
+
+
+def test_a_keys_elements_of_two_windows_in_one_bundle_each_wait_for_their_side_window() -> None:
+    # An unbounded source catching up emits ticks 4 and 5 in one bundle; its output is keyed
+    # (its reader is stateful). The side input is ready for [0, 5) only: the tick of [5, 10)
+    # waits for its own side window rather than run with the tick of [0, 5).
+    spec, node, _, main, side, main_coder = _shard_and_coders()
+    reader = dataclasses.replace(node, index=1)
+    producer = Node(index=0, name="producer", kind=STAGE, stateful=True, step=1, targets=((1,),))
+    topology = Topology(
+        nodes=(producer, reader), roots={}, levels=2, shards=1, sink_producers=frozenset()
+    )
+    ticks = [
+        main.encode_nested(
+            WindowedValue(
+                ("k", float(t)), Timestamp(t), [IntervalWindow(t // 5 * 5, t // 5 * 5 + 5)]
+            )
+        )
+        for t in (4, 5)
+    ]
+    bundle = BundleOutputs(1)
+    bundle.data[0].append((b"".join(ticks), list(itertools.accumulate(map(len, ticks)))))
+    producer_spec: Any = SimpleNamespace(outputs=(OutputSpec("producer-out", "main-coder"),))
+    routed = routed_outputs(topology, producer, producer_spec, _KeyingWorker(main_coder), [bundle])
+    main_rows = [
+        dict(zip(ROUTED_SCHEMA.names, row, strict=True)) for row in packed(routed, topology)
+    ]
+    _SEEN.clear()
+    shard = StatefulSideInputShard(spec, NO_SINKS, MemoryWaitingStore())
+    state, _ = shard.run(
+        topology, reader, 0, None, [*main_rows, *_rows(main, side, [], [0], {"main": 6, "side": 5})]
+    )
+    assert _SEEN == [("element", 4.0, 0.0)]
+    assert [bucket[1] for bucket in state.buckets.values()] == [5_000_000]
