@@ -38,9 +38,7 @@ import logging
 import os
 import random
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -51,6 +49,7 @@ from typing import Any
 import apache_beam as beam
 
 from benchmarks import memory
+from benchmarks.trial_process import run_trial_process
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -63,7 +62,6 @@ COUNT = 100
 SETTLE_SECONDS = 10.0
 WATCH_SECONDS = 0.5
 STARTUP_LIMIT_SECONDS = 300.0
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @dataclasses.dataclass
@@ -323,9 +321,6 @@ def run_in_subprocess(keys: int, rate: int, seconds: float, log_dir: str) -> Sta
     os.makedirs(log_dir, exist_ok=True)
     log_path = os.path.join(log_dir, f"state-{keys}.log")
     limit = seconds + 2 * STARTUP_LIMIT_SECONDS + prefill_ticks(keys) * TICK_SECONDS * 4
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
-    env["PYSPARK_PYTHON"] = sys.executable
     with tempfile.TemporaryDirectory(prefix="bench-state-trial-") as directory:
         output = os.path.join(directory, "trial.json")
         command = [
@@ -337,24 +332,7 @@ def run_in_subprocess(keys: int, rate: int, seconds: float, log_dir: str) -> Sta
             f"--seconds={seconds}",
             f"--trial-output={output}",
         ]
-        with open(log_path, "w") as log:
-            process = subprocess.Popen(
-                command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=ROOT,
-                start_new_session=True,
-            )
-            try:
-                process.wait(timeout=limit)
-                error = f"its process exited with code {process.returncode}, see {log_path}"
-            except subprocess.TimeoutExpired:
-                error = f"no result after {limit:.0f} s, see {log_path}"
-            finally:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        error = run_trial_process(command, log_path, limit)
         if not os.path.exists(output):
             return StateTrial(keys, rate, [], error=error)
         with open(output) as saved:

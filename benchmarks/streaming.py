@@ -74,7 +74,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import contextlib
 import dataclasses
 import glob
 import importlib
@@ -82,9 +81,7 @@ import json
 import logging
 import math
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -94,6 +91,7 @@ from typing import TYPE_CHECKING, Any
 import apache_beam as beam
 
 from benchmarks import ladder, nexmark
+from benchmarks.trial_process import run_trial_process
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -900,7 +898,6 @@ def _run_here(runner: str, query: int, rate: int, seconds: float, trigger: float
         return Trial(runner, query, rate, [], error=error, trigger=trigger)
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A trial's process may take this long past its seconds and start-up before it is ended.
 TRIAL_MARGIN_SECONDS = 120.0
 
@@ -936,32 +933,10 @@ def run_in_subprocess(
     os.makedirs(log_dir, exist_ok=True)
     log_path = os.path.join(log_dir, f"q{query}-{runner}-{rate}.log")
     limit = seconds + STARTUP_LIMIT_SECONDS + TRIAL_MARGIN_SECONDS
-    env = dict(os.environ)
-    # Spark's Python workers and Beam's SDK workers import this package, on this interpreter.
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
-    env["PYSPARK_PYTHON"] = sys.executable
     with tempfile.TemporaryDirectory(prefix="bench-streaming-trial-") as directory:
         output = os.path.join(directory, "trial.json")
         command = trial_command(runner, query, rate, seconds, trigger, output)
-        with open(log_path, "w") as log:
-            process = subprocess.Popen(
-                command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=ROOT,
-                start_new_session=True,
-            )
-            try:
-                process.wait(timeout=limit)
-                error = f"its process exited with code {process.returncode}, see {log_path}"
-            except subprocess.TimeoutExpired:
-                error = f"no result after {limit:.0f} s, see {log_path}"
-            finally:
-                # The trial's process leads its group: its JVM and Python workers end with it.
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        error = run_trial_process(command, log_path, limit)
         if not os.path.exists(output):
             return Trial(runner, query, rate, [], error=error, trigger=trigger)
         with open(output) as saved:
