@@ -21,6 +21,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 from collections import Counter
 from dataclasses import dataclass
@@ -200,6 +201,21 @@ def summary_line(results: dict[str, Result]) -> str:
     )
 
 
+def module_of(test_id: str) -> str:
+    """The Beam module of a test id, ``module.Class::test`` or ``module::test``."""
+    dotted = test_id.split("::", 1)[0]
+    head, _, last = dotted.rpartition(".")
+    return head if head and last[:1].isupper() else dotted
+
+
+def module_lines(results: dict[str, Result]) -> list[str]:
+    """One summary line per Beam module, in the order of their names."""
+    by_module: dict[str, dict[str, Result]] = {}
+    for test, result in results.items():
+        by_module.setdefault(module_of(test), {})[test] = result
+    return [f"  {module}: {summary_line(by_module[module])}" for module in sorted(by_module)]
+
+
 def report(results: dict[str, Result], listed: dict[str, Listed] | None = None) -> list[str]:
     """The report's lines: counts per category, then every test not plainly passed."""
     listed = LISTED if listed is None else listed
@@ -217,6 +233,8 @@ def report(results: dict[str, Result], listed: dict[str, Listed] | None = None) 
     missing = sorted(set(listed) - set(results))
     if results and missing:
         lines.append(f"  listed but not collected (left out by -k or gone from Beam): {missing}")
+    lines.append("Per module:")
+    lines += module_lines(results)
     lines.append(summary_line(results))
     return lines
 
@@ -253,8 +271,11 @@ def main(argv: list[str] | None = None) -> int:
         return check(read_results(args.junit), args.junit.parent)
     out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="teststream-"))
     out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
     results = run(out_dir, args.pytest_args, tuple(args.modules.split(",")))
-    return check(results, out_dir)
+    code = check(results, out_dir)
+    sys.stdout.write(f"Ran in {(time.monotonic() - started) / 60:.1f} min\n")
+    return code
 
 
 def check(results: dict[str, Result], out_dir: Path) -> int:
