@@ -177,3 +177,18 @@ def test_the_report_sums_up_each_module(
         "SparkStructuredRunner, 1 ran none) / 1 refused by name / 2 excused by name / "
         "0 skipped by Beam / 4 failed",
     ]
+
+
+def test_the_report_names_listed_tests_missing_only_from_the_modules_that_ran(
+    results: dict[str, Result],
+) -> None:
+    listed = {
+        **LISTED,
+        MODULE + "gone": Listed(teststream.TEST_PROCESS_MEMORY, "x", "memory"),
+        "apache_beam.io.fileio_test.W::not_run": Listed(teststream.ONE_BUNDLE, "x", "one"),
+    }
+    lines = teststream.report(results, listed)
+    missing = [line for line in lines if "listed but not collected" in line]
+    assert missing == [
+        f"  listed but not collected (left out by -k or gone from Beam): ['{MODULE}gone']"
+    ]
