@@ -1,15 +1,16 @@
 """Beam's streaming test modules on SparkStructuredRunner, with every pipeline on it.
 
-``python -m validates_runner.teststream`` (``make teststream-check``) runs Beam's own
-TestStream-, trigger-, deduplicate-, periodic-sequence- and user-state test modules with
-every pipeline forced onto SparkStructuredRunner (:mod:`validates_runner.force_runner`).
-Their pipelines run in streaming (a TestStream or ``PeriodicImpulse`` makes them unbounded;
-most also set ``--streaming``). Each test must pass, or fail as ``LISTED`` says, by name:
-refused before Spark starts, or a case that is not the runner's (a Beam limitation on every
-portable runner, or a test that reads its results from the memory of the test process:
-Spark's Python workers are other processes). Any other failure or refusal fails the check,
-and so does a listed test that no longer fails as listed. Passed tests are counted apart
-by whether they ran a pipeline on SparkStructuredRunner (the plugin counts them).
+``python -m validates_runner.teststream`` (``make teststream-check``) runs Beam's own test
+modules that use TestStream or ``PeriodicImpulse`` (``MODULES``) with every pipeline forced
+onto SparkStructuredRunner (:mod:`validates_runner.force_runner`). Pipelines with a
+TestStream or ``PeriodicImpulse`` run in streaming; the modules' other tests run theirs in
+batch. Each test must pass, or fail as ``LISTED`` says, by name: refused before Spark
+starts, or a case that is not the runner's (a Beam limitation on every portable runner, a
+test that reads its results from the memory of the test process, assumes one bundle or one
+worker, or asserts what only an in-process runner gives: Spark's Python workers are other
+processes). Any other failure or refusal fails the check, and so does a listed test that
+no longer fails as listed. Passed tests are counted apart by whether they ran a pipeline on
+SparkStructuredRunner (the plugin counts them).
 """
 
 from __future__ import annotations
