@@ -84,10 +84,11 @@ restart-test: $(STAMP)
 validates-runner: $(STAMP)
 	$(PY) -m validates_runner.report
 
-# Beam's streaming test modules (TestStream, triggers, deduplicate, periodic sequence, user
-# state) with every pipeline on this runner, in streaming: each passes, is refused before
-# Spark starts, or is a listed case that is not the runner's. Each test is a streaming
-# query (a micro-batch per TestStream event), so this is long: not part of `make test`.
+# Beam's test modules using TestStream or PeriodicImpulse (test_stream, trigger, deduplicate,
+# periodicsequence, userstate, sideinputs, combiners, window, io.fileio, runners.common)
+# with every pipeline on this runner: each test passes, is refused before Spark starts, or
+# is a listed case that is not the runner's. Each streaming test is a query (a micro-batch
+# per TestStream event), so this is long: not part of `make test`.
 teststream-check: $(STAMP)
 	$(PY) -m validates_runner.teststream
 

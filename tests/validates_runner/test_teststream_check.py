@@ -146,3 +146,49 @@ def test_every_listed_test_says_how_it_fails_and_why() -> None:
         assert test.startswith("apache_beam.") and "::" in test
         assert entry.category in (teststream.REFUSED, *teststream.EXCUSED)
         assert entry.expect and entry.reason
+
+
+@pytest.mark.parametrize(
+    ("test_id", "module"),
+    [
+        ("apache_beam.transforms.trigger_test.T::ok", "apache_beam.transforms.trigger_test"),
+        ("apache_beam.io.fileio_test::test_x", "apache_beam.io.fileio_test"),
+        (
+            "apache_beam.examples.cookbook.ordered_window_elements.streaming_test.OrderedTest::t",
+            "apache_beam.examples.cookbook.ordered_window_elements.streaming_test",
+        ),
+    ],
+)
+def test_a_test_id_names_its_module(test_id: str, module: str) -> None:
+    assert teststream.module_of(test_id) == module
+
+
+def test_the_report_sums_up_each_module(
+    monkeypatch: pytest.MonkeyPatch, results: dict[str, Result]
+) -> None:
+    monkeypatch.setattr(teststream, "LISTED", LISTED)
+    lines = teststream.report(results)
+    per_module = lines[lines.index("Per module:") + 1 : -1]
+    assert per_module == [
+        "  apache_beam.testing.test_stream_test: 0 passed (0 ran a pipeline on "
+        "SparkStructuredRunner, 0 ran none) / 0 refused by name / 0 excused by name / "
+        "1 skipped by Beam / 0 failed",
+        "  apache_beam.transforms.trigger_test: 2 passed (1 ran a pipeline on "
+        "SparkStructuredRunner, 1 ran none) / 1 refused by name / 2 excused by name / "
+        "0 skipped by Beam / 4 failed",
+    ]
+
+
+def test_the_report_names_listed_tests_missing_only_from_the_modules_that_ran(
+    results: dict[str, Result],
+) -> None:
+    listed = {
+        **LISTED,
+        MODULE + "gone": Listed(teststream.TEST_PROCESS_MEMORY, "x", "memory"),
+        "apache_beam.io.fileio_test.W::not_run": Listed(teststream.ONE_BUNDLE, "x", "one"),
+    }
+    lines = teststream.report(results, listed)
+    missing = [line for line in lines if "listed but not collected" in line]
+    assert missing == [
+        f"  listed but not collected (left out by -k or gone from Beam): ['{MODULE}gone']"
+    ]
