@@ -58,12 +58,17 @@ def plain_text_source(transform: beam_runner_api_pb2.PTransform) -> tuple[str, s
     return str(pattern.get()), str(fields.get("_compression_type"))
 
 
-def reshuffles_pickle_elements(options: Any) -> bool:
-    """Whether ``options`` make Beam's Reshuffle expansion pickle its elements.
+# Beam's Reshuffle keeps panes since this release (an update of an older one resets them).
+_RESHUFFLE_KEEPS_PANES_SINCE = "2.65.0"
 
-    A pipeline updating a job of a Beam older than the Reshuffle's typed expansion
-    (``--update_compatibility_version``) gets the old expansion, which encodes the
-    elements as ``Any``: pickled, so elements that cannot be pickled fail there.
+
+def reshuffles_expand_as_older_beam(options: Any) -> bool:
+    """Whether ``options`` give Beam's Reshuffle an older expansion than the runner's own.
+
+    A pipeline updating a job of an older Beam (``--update_compatibility_version``) gets
+    Beam's expansion of that release: before the typed one, elements encoded as ``Any``
+    (pickled, so elements that cannot be pickled fail there); before 2.65, every pane
+    reset to UNKNOWN. The runner's repartition does neither, so such Reshuffles keep Beam's.
     """
     # Compared here, so no newer PipelineOptions method (is_compat_version_prior_to) is needed.
     version = options.view_as(StreamingOptions).update_compatibility_version
@@ -74,7 +79,8 @@ def reshuffles_pickle_elements(options: Any) -> bool:
         return tuple(int(part) for part in (text.split(".") + ["0", "0", "0"])[:3])
 
     typed_since = getattr(util, "RESHUFFLE_TYPEHINT_BREAKING_CHANGE_VERSION", "2.64.0")
-    return release(version) < release(typed_since)
+    newest = max(release(typed_since), release(_RESHUFFLE_KEEPS_PANES_SINCE))
+    return release(version) < newest
 
 
 def python_transforms(pipeline: Any) -> Iterator[Any]:

@@ -395,7 +395,8 @@ def expand_reshuffles_as_beam(pipeline_proto: bi.beam_runner_api_pb2.Pipeline) -
 
     Its URN becomes a generic composite's, so fusion takes its subtransforms (random keys,
     a GroupByKey) with their coders: the expansion of an update-compatible pipeline
-    (``bi.reshuffles_pickle_elements``) pickles the elements, and fails where Beam's does.
+    (``bi.reshuffles_expand_as_older_beam``) pickles the elements or resets their panes,
+    as Beam's does.
     """
     for transform in pipeline_proto.components.transforms.values():
         if transform.spec.urn == RESHUFFLE_URN and transform.subtransforms:

@@ -66,7 +66,7 @@ def prepare(
         batched_steps=batched_steps(settings),
         native_combines=settings.native_combines and not streaming,
         streaming=streaming,
-        beam_reshuffles=bi.reshuffles_pickle_elements(options),
+        beam_reshuffles=bi.reshuffles_expand_as_older_beam(options),
     )
     if streaming:
         check_streaming_plan(plan)
