@@ -13,8 +13,8 @@ RUNNER_SPLITS = (
     "in-process with the SDK harness"
 )
 PUBSUB_STREAMING = (
-    "Streaming execution is not supported yet: a Dataflow streaming test reading Pub/Sub, an "
-    "unbounded source that never ends (it also needs google-cloud-pubsub and a GCP project)"
+    "A Dataflow streaming test reading Pub/Sub, an unbounded source that never ends: it "
+    "needs google-cloud-pubsub and a GCP project, which this harness has not"
 )
 
 STREAMING_SPARK_NEEDED = (

@@ -1,8 +1,9 @@
 """What a streaming run supports, checked before Spark starts.
 
 Each check raises :class:`UnsupportedFeatureError` naming the transform, its URN, what is
-missing and what to do. The runner then runs the pipeline in batch where a batch run gives
-the streaming result (see ``runner``), and refuses it otherwise.
+missing and what to do. The runner then runs the pipeline in batch only where a batch run
+is proven to give the streaming result (``rewrites.streaming_in_batch``), and refuses it
+otherwise.
 """
 
 from __future__ import annotations
