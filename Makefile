@@ -85,7 +85,8 @@ validates-runner: $(STAMP)
 	$(PY) -m validates_runner.report
 
 # Beam's test modules using TestStream or PeriodicImpulse (test_stream, trigger, deduplicate,
-# periodicsequence, userstate, sideinputs, combiners, window, io.fileio, runners.common)
+# periodicsequence, userstate, sideinputs, combiners, window, io.fileio, runners.common,
+# util)
 # with every pipeline on this runner: each test passes, is refused before Spark starts, or
 # is a listed case that is not the runner's. Each streaming test is a query (a micro-batch
 # per TestStream event), so this is long: not part of `make test`.

@@ -44,6 +44,7 @@ MODULES = (
     "apache_beam.transforms.window_test",
     "apache_beam.io.fileio_test",
     "apache_beam.runners.common_test",
+    "apache_beam.transforms.util_test",
 )
 
 PASSED_ON_SPARK = "passed, ran a pipeline on SparkStructuredRunner"
@@ -80,6 +81,7 @@ _COMBINERS = "apache_beam.transforms.combiners_test"
 _SIDEINPUTS = "apache_beam.transforms.sideinputs_test"
 _FILEIO = "apache_beam.io.fileio_test"
 _COMMON = "apache_beam.runners.common_test"
+_UTIL = "apache_beam.transforms.util_test"
 
 # Beam's to_runner_api has no portable form of this timestamp combiner (FnApiRunner's
 # BatchTranscriptTest skips it).
@@ -156,6 +158,51 @@ LISTED: dict[str, Listed] = {
         "asserts the ValueError its DoFn raises reaches the test as a ValueError, which only "
         "an in-process runner re-raises; here it is raised in a Spark worker and the run "
         "fails with PipelineExecutionError (a RuntimeError) carrying that ValueError's text",
+    ),
+    **{
+        f"{_UTIL}.BatchElementsTest::{name}": Listed(
+            ONE_BUNDLE,
+            expect,
+            "BatchElements batches within a bundle (or a shared key per bundle's task); the "
+            "test expects Create's elements in one bundle, where local[2] gives two",
+        )
+        for name, expect in (
+            ("test_constant_batch", "Failed assert: [10, 10, 10, 5]"),
+            ("test_constant_batch_no_metrics", "Failed assert: [10, 10, 10, 5]"),
+            ("test_grows_to_max_batch", "Failed assert: [1, 1, 2, 4, 8, 16, 32, 50, 50]"),
+            ("test_length_fn_without_stateful_is_ignored", "Failed assert: [3]"),
+            ("test_padding_efficiency_bimodal", "expected < 70% for bimodal distribution"),
+            ("test_stateful_constant_batch", "Failed assert: [10, 10, 10, 5]"),
+            ("test_stateful_grows_to_max_batch", "Failed assert: [1, 1, 2, 4, 8, 16, 32, 50, 50]"),
+        )
+    },
+    **{
+        f"{_UTIL}.ReshuffleTest::test_reshuffle_custom_window_preserves_metadata_{i}": Listed(
+            DIRECT_ONLY,
+            "timestamp=Timestamp(9223371950454.774999)",
+            "expects the global window's end to the microsecond; Beam's windowed-value coder "
+            "keeps milliseconds, so a runner that encodes elements between steps truncates it",
+        )
+        for i in (0, 1)
+    },
+    **{
+        f"{_UTIL}.LogElementsTest::{name}": Listed(
+            TEST_PROCESS_MEMORY,
+            "Received from stdout",
+            "captures the test process's stdout; LogElements prints in Spark's Python workers",
+        )
+        for name in ("test_stdout_logs", "test_stdout_logs_without_rfc3339")
+    },
+    f"{_UTIL}.TeeTest::test_tee": Listed(
+        TEST_PROCESS_MEMORY,
+        "AssertionError: 0 != 1",
+        "counts the tee's side effects in a variable of the test process",
+    ),
+    f"{_UTIL}.WaitOnTest::test_find": Listed(
+        TEST_PROCESS_MEMORY,
+        "Failed assert: [(None, '",
+        "numbers elements with a counter kept on the beam module of one process; Spark's "
+        "Python workers are several processes",
     ),
     f"{_SIDEINPUTS}.SideInputsTest::test_multi_triggered_gbk_side_input": Listed(
         DIRECT_ONLY,

@@ -191,7 +191,8 @@ def test_held_interval_windows_travel_in_an_interval_window_coder() -> None:
     # Nothing to carry: the proto as it was; a streaming run no longer refuses the holders.
     plain = _pipeline_proto(_scripted())
     assert carry_held_windows(plain) is plain
-    check_streaming_pipeline(carried)
+    if pyspark_version() >= STREAMING_SPARK:
+        check_streaming_pipeline(carried)
 
 
 def test_a_windowing_after_the_stream_keeps_its_own_window_coder() -> None:
