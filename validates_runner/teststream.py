@@ -204,13 +204,6 @@ LISTED: dict[str, Listed] = {
         "numbers elements with a counter kept on the beam module of one process; Spark's "
         "Python workers are several processes",
     ),
-    f"{_SIDEINPUTS}.SideInputsTest::test_multi_triggered_gbk_side_input": Listed(
-        DIRECT_ONLY,
-        "element ('a1', Timestamp(3), [100]) not found in window [0.0, 5.0)",
-        "expects DirectRunner's side input, every pane of the triggered window ([100, 0]); "
-        "Beam's model reads a side input once its window first fires and keeps its latest "
-        "firing, which gives [100] (Beam disables this test in streaming, BEAM-9499)",
-    ),
     **{
         f"{_USERSTATE}.StatefulDoFnOnDirectRunnerTest::{name}": _CLASS_RECORD
         for name in (

@@ -28,7 +28,7 @@ if pyspark_version() < STREAMING_SPARK:
     )
 
 from beam_spark_runner.streaming import side_inputs  # noqa: E402
-from beam_spark_runner.streaming.watermarks import WatermarkState  # noqa: E402
+from beam_spark_runner.streaming.watermarks import Marker, WatermarkState  # noqa: E402
 
 SECOND = 1_000_000
 
@@ -255,3 +255,32 @@ def test_a_state_written_before_firings_were_kept_apart_is_read() -> None:
     state = side_inputs.SideInputShardState.decode(pickle.dumps(old))
     assert state.side_elements(0) == [b"x"]
     assert state.fired_ends() == [frozenset(), frozenset()]
+
+
+def test_a_window_that_ends_serves_every_firing_once_its_watermark_passes() -> None:
+    """Beam's ValidatesRunner test_multi_triggered_gbk_side_input: an early and an on-time
+    pane of a fixed window are both read, by main elements that waited for its end."""
+    made = side_inputs._Coders.__new__(side_inputs._Coders)
+    coder = coders.WindowedValueCoder(coders.VarIntCoder(), coders.IntervalWindowCoder())
+    made.value_coders = [coder]
+    made.side_impls = [(coder.get_impl(), coder.window_coder.get_impl(), None)]
+    impl = coder.get_impl()
+    window = IntervalWindow(0, 5)
+
+    def pane(value: int, index: int, timing: Any) -> bytes:
+        info = PaneInfo(index == 0, False, timing, index, -1)
+        return impl.encode_nested(WindowedValue(value, Timestamp(2), [window], info))
+
+    state = side_inputs.SideInputShardState(WatermarkState(expected=frozenset({"side"})), [[]])
+    need = (window.max_timestamp().micros,)
+    state.wait(b"main", 0, need)
+    state.add_side(0, pane(100, 0, PaneInfoTiming.EARLY), made)
+    # An early firing of a window that ends does not make it ready: it is not done.
+    assert side_inputs.ready_needs(state, (frozenset({"side"}),)) == []
+    state.add_side(0, pane(0, 1, PaneInfoTiming.ON_TIME), made)
+    assert sorted(v.value for chunk in state.side_elements(0) for v in impl.decode_all(chunk)) == [
+        0,
+        100,
+    ]
+    state.watermarks.advance([Marker("side", Timestamp(5).micros, 0)])
+    assert side_inputs.ready_needs(state, (frozenset({"side"}),)) == [need]
