@@ -7,7 +7,6 @@ from collections.abc import Callable, Iterator
 import apache_beam as beam
 import pytest
 from apache_beam import coders
-from apache_beam.io.restriction_trackers import OffsetRange, OffsetRestrictionTracker
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_stream import (
     ElementEvent,
@@ -39,6 +38,7 @@ from beam_spark_runner.rewrites.watermark_observers import (
     WatermarkObserver,
 )
 from beam_spark_runner.spark import session
+from tests.unbounded_side_reader import UnboundedWithSide
 
 SPARK_ARGS = ["--runner=SparkStructuredRunner", "--spark_master=local[2]"]
 
@@ -364,33 +364,6 @@ def test_tagged_outputs_timestamps_and_timestamp_combiner() -> None:
         assert_that(side, equal_to([("untimed", window.MIN_TIMESTAMP)]), label="side")
 
 
-class _Offsets(beam.transforms.core.RestrictionProvider):  # type: ignore[misc]
-    """Offsets [0, 1) per element."""
-
-    def initial_restriction(self, element: object) -> OffsetRange:
-        return OffsetRange(0, 1)
-
-    def create_tracker(self, restriction: OffsetRange) -> OffsetRestrictionTracker:
-        return OffsetRestrictionTracker(restriction)
-
-    def restriction_size(self, element: object, restriction: OffsetRange) -> int:
-        return int(restriction.size())
-
-
-class _UnboundedWithSide(beam.DoFn):  # type: ignore[misc]
-    """An unbounded splittable DoFn reading a side input: refused in streaming if it streams."""
-
-    @beam.DoFn.unbounded_per_element()
-    def process(
-        self,
-        element: tuple[str, int],
-        side: list[tuple[str, int]],
-        tracker: OffsetRestrictionTracker = beam.DoFn.RestrictionParam(_Offsets()),
-    ) -> Iterator[int]:
-        if tracker.try_claim(0):
-            yield element[1] + len(side)
-
-
 def test_a_streaming_only_pipeline_the_streaming_path_refuses_is_refused_before_spark(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -410,7 +383,7 @@ def test_a_streaming_only_pipeline_the_streaming_path_refuses_is_refused_before_
     # An unbounded side input of an unbounded splittable DoFn (a bounded one is computed
     # before the query).
     side = beam.pvalue.AsList(keyed | "SideCopy" >> beam.Map(lambda kv: kv))
-    _ = keyed | "Unbounded" >> beam.ParDo(_UnboundedWithSide(), side)
+    _ = keyed | "Unbounded" >> beam.ParDo(UnboundedWithSide(), side)
     _ = keyed | "Buffer" >> beam.ParDo(BufferUntilTimer())
     with pytest.raises(UnsupportedFeatureError) as error:
         p.run()

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import apache_beam as beam
 import pytest
 from apache_beam.coders import VarIntCoder
-from apache_beam.io.restriction_trackers import OffsetRange, OffsetRestrictionTracker
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.transforms import userstate, window
 from apache_beam.transforms.periodicsequence import PeriodicImpulse
@@ -17,6 +16,7 @@ from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.errors import UnsupportedFeatureError
 from beam_spark_runner.planning import Plan, build_plan
 from beam_spark_runner.streaming.check import check_streaming_plan
+from tests.unbounded_side_reader import UnboundedWithSide
 
 
 def _plan(build: Callable[[beam.Pipeline], Any]) -> Plan:
@@ -34,29 +34,6 @@ class _Seen(beam.DoFn):  # type: ignore[misc]
     def process(self, kv: Any, side: Any, seen: Any = beam.DoFn.StateParam(SEEN)) -> Any:
         seen.add(1)
         yield kv[1], side
-
-
-class _Offsets(beam.transforms.core.RestrictionProvider):  # type: ignore[misc]
-    def initial_restriction(self, element: object) -> OffsetRange:
-        return OffsetRange(0, 1)
-
-    def create_tracker(self, restriction: OffsetRange) -> OffsetRestrictionTracker:
-        return OffsetRestrictionTracker(restriction)
-
-    def restriction_size(self, element: object, restriction: OffsetRange) -> int:
-        return int(restriction.size())
-
-
-class _UnboundedWithSide(beam.DoFn):  # type: ignore[misc]
-    @beam.DoFn.unbounded_per_element()
-    def process(
-        self,
-        element: Any,
-        side: Any,
-        tracker: OffsetRestrictionTracker = beam.DoFn.RestrictionParam(_Offsets()),
-    ) -> Iterator[Any]:
-        if tracker.try_claim(0):
-            yield element, side
 
 
 def _ticks(pipeline: beam.Pipeline, name: str) -> Any:
@@ -82,7 +59,7 @@ def test_a_stateful_dofn_reading_a_streamed_side_input_streams() -> None:
 def test_an_unbounded_splittable_dofn_reading_a_streamed_side_input_is_refused() -> None:
     def build(pipeline: beam.Pipeline) -> None:
         side = beam.pvalue.AsSingleton(_ticks(pipeline, "Side"))
-        _ = _ticks(pipeline, "Main") | "Unbounded" >> beam.ParDo(_UnboundedWithSide(), side)
+        _ = _ticks(pipeline, "Main") | "Unbounded" >> beam.ParDo(UnboundedWithSide(), side)
 
     with pytest.raises(UnsupportedFeatureError, match="runs an unbounded splittable DoFn"):
         check_streaming_plan(_plan(build))
