@@ -92,9 +92,18 @@ def _readers(
 
 def side_input_stage_spec(stage: PlannedStage, context: TranslationContext) -> SideInputStageSpec:
     """What a shard of a stage with side inputs needs: coders and window mappings."""
-    plan = context.plan
+    return SideInputStageSpec(
+        stage=stage_spec(stage, context),
+        components=context.plan.components.SerializeToString(),
+        input_coder_id=stage.input_coder_id,
+        side_inputs=side_input_specs(stage, context.plan),
+    )
+
+
+def side_input_specs(stage: PlannedStage, plan: Plan) -> tuple[SideInputSpec, ...]:
+    """Each side input ``stage`` reads: its coder and window mapping."""
     payloads = {t: p for t, _, p in bi.par_do_payloads(stage.descriptor.transforms)}
-    sides = tuple(
+    return tuple(
         SideInputSpec(
             transform_id=side.transform_id,
             tag=side.tag,
@@ -105,12 +114,6 @@ def side_input_stage_spec(stage: PlannedStage, context: TranslationContext) -> S
             .window_mapping_fn.SerializeToString(),
         )
         for side in stage.side_inputs
-    )
-    return SideInputStageSpec(
-        stage=stage_spec(stage, context),
-        components=plan.components.SerializeToString(),
-        input_coder_id=stage.input_coder_id,
-        side_inputs=sides,
     )
 
 

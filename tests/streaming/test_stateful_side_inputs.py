@@ -48,10 +48,8 @@ if pyspark_version() < STREAMING_SPARK:
         allow_module_level=True,
     )
 
-from beam_spark_runner.streaming.side_inputs import (  # noqa: E402
-    SideInputSpec,
-    SideInputStageSpec,
-)
+from beam_spark_runner.streaming.query import side_input_specs  # noqa: E402
+from beam_spark_runner.streaming.side_inputs import SideInputStageSpec  # noqa: E402
 from beam_spark_runner.streaming.stateful_side_inputs import StatefulSideInputShard  # noqa: E402
 from tests.streaming.test_side_inputs import MemoryWaitingStore  # noqa: E402
 
@@ -132,24 +130,11 @@ def _shard_and_coders() -> tuple[Any, ...]:
         pipeline.to_runner_api(default_environment=bi.default_environment()), streaming=True
     )
     (stage,) = [s for s in plan.stages if s.stateful]
-    payloads = {t: p for t, _, p in bi.par_do_payloads(stage.descriptor.transforms)}
-    sides = tuple(
-        SideInputSpec(
-            transform_id=s.transform_id,
-            tag=s.tag,
-            access_pattern_urn=s.access_pattern_urn,
-            value_coder_id=plan.safe_coders[plan.data_channel_coders[s.pcollection_id]],
-            window_mapping=payloads[s.transform_id]
-            .side_inputs[s.tag]
-            .window_mapping_fn.SerializeToString(),
-        )
-        for s in stage.side_inputs
-    )
     spec = SideInputStageSpec(
         stage=stage_spec(plan, stage, "stateful-side-inputs"),
         components=plan.components.SerializeToString(),
         input_coder_id=stage.input_coder_id,
-        side_inputs=sides,
+        side_inputs=side_input_specs(stage, plan),
     )
     context = bi.PipelineContext(plan.components)
     main = context.coders[stage.input_coder_id].get_impl()
