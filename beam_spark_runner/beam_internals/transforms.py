@@ -130,11 +130,6 @@ def trigger_uses_processing_time(trigger_fn: trigger.TriggerFn) -> bool:
     return walk(trigger_fn.to_runner_api(PipelineContext()))
 
 
-def is_splittable_dofn(dofn: Any) -> bool:
-    """Whether a DoFn is splittable (its output may be unbounded whatever its input)."""
-    return bool(runners_common.DoFnSignature(dofn).is_splittable_dofn())
-
-
 def is_unbounded_per_element(dofn: Any) -> bool:
     """Whether a DoFn's output is unbounded whatever its input (``unbounded_per_element``)."""
     return bool(runners_common.DoFnSignature(dofn).is_unbounded_per_element())
