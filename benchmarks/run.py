@@ -41,7 +41,15 @@ from benchmarks.workloads import DEFAULT_WORKLOADS, WARMUP, WORKLOADS
 _LOGGER = logging.getLogger("benchmarks.run")
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_RUNNERS = ("ours", "direct", "direct-mp", "pyspark", "pyspark-arrow", "sql")
+DEFAULT_RUNNERS = (
+    "ours",
+    "direct",
+    "direct-mp",
+    "pyspark",
+    "pyspark-arrow",
+    "sql",
+    "user-code",
+)
 
 
 def _environment() -> dict[str, str]:

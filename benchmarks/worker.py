@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import peers
+from benchmarks import peers, user_code
 from benchmarks.data import text_file
 from benchmarks.memory import tree_cpu_seconds
 from benchmarks.report import SPARK_CORES
@@ -140,6 +140,11 @@ def run_sql(workload: str, inputs: Inputs) -> Summary:
     return summary
 
 
+def run_user_code(workload: str, inputs: Inputs) -> Summary:
+    """The workload's own Python per element in a plain loop, no runner (``user_code``)."""
+    return user_code.run(workload, inputs)
+
+
 RUNNERS: dict[str, Callable[[str, Inputs], Summary]] = {
     "ours": run_ours,
     "direct": run_direct,
@@ -148,6 +153,7 @@ RUNNERS: dict[str, Callable[[str, Inputs], Summary]] = {
     "sql": run_sql,
     "direct-mp": run_direct_multiprocess,
     "ours-exp": run_ours_experiment,
+    "user-code": run_user_code,
 }
 
 
