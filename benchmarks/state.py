@@ -206,7 +206,7 @@ def _batch_times(progress: dict[str, Any]) -> tuple[float, float]:
     return start, start + progress["durationMs"]["triggerExecution"] / 1000
 
 
-def _measured(progress: list[dict[str, Any]], start: float) -> list[dict[str, Any]]:
+def _measured(progress: list[Any], start: float) -> list[dict[str, Any]]:
     """The micro-batches that ran (not idle reports) from ``start``, the first two left out
     (Python workers start, state stores open)."""
     batches = [p for p in progress if "triggerExecution" in p.get("durationMs", {})]

@@ -739,7 +739,9 @@ def _floor_q7(source: DataFrame) -> DataFrame:
     shards = _floor_shards(source.sparkSession)
 
     def packed(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        mine = shards[TaskContext.get().partitionId() % len(shards)]
+        context = TaskContext.get()
+        assert context is not None, "mapInArrow runs its function in a Spark task"
+        mine = shards[context.partitionId() % len(shards)]
         for batch in batches:
             micros = batch.column("timestamp").cast(pa.int64()).to_pylist()
             windows = floor_q7_pack(batch.column("value").to_pylist(), micros)
