@@ -9,10 +9,11 @@ memo of Beam's signature inspection that ours installs
 (``beam_internals.cache_function_signatures``) serves FnApiRunner's construction and
 ``to_runner_api`` too, so its figure here is below its time in a process of its own.
 
-Also interleaved: ``pyspark``, the same shape hand-written in PySpark on the same session,
-Spark's own floor for it: 8 rows, a Python stage (``mapInArrow``: each row and its
-successor, doubled), a shuffle to one partition, a Python stage counting, and the count
-collected. No Beam, so no construction.
+Also interleaved: ``pyspark``, the same shape hand-written in PySpark, Spark's own floor
+for it: 8 rows, a Python stage (``mapInArrow``: each row and its successor, doubled), a
+shuffle to one partition, a Python stage counting, and the count collected. No Beam, so no
+construction. It runs in a process of its own, on a session with every setting of the
+runner's (``benchmarks.peers``), and is timed there.
 
     .venv/bin/python -m benchmarks.fixed_cost --runs 20
 """
@@ -21,9 +22,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import multiprocessing
 import statistics
 import time
 from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection
+from typing import Any
 
 import apache_beam as beam
 import pyarrow as pa
@@ -75,18 +79,66 @@ def _count(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     yield pa.RecordBatch.from_pydict({"n": pa.array([count], pa.int64())})
 
 
-def _pyspark_floor() -> tuple[float, float]:
-    """(total, 0) seconds of the same shape hand-written in PySpark on the active session."""
-    from pyspark.sql import SparkSession
-
-    spark = SparkSession.getActiveSession()
-    assert spark is not None, "the runner's session starts in the warm-up"
+def _pyspark_run(spark: Any) -> tuple[float, float]:
+    """(total, 0) seconds of the same shape hand-written in PySpark on ``spark``."""
     started = time.perf_counter()
     rows = spark.createDataFrame([(i,) for i in range(8)], "v long")
     counted = rows.mapInArrow(_expand, "v long").repartition(1).mapInArrow(_count, "n long")
     (result,) = counted.collect()
-    assert result.n == 16, result
+    if result.n != 16:
+        raise RuntimeError(f"the PySpark line counted {result.n} rows, expected 16")
     return time.perf_counter() - started, 0.0
+
+
+def serve_pyspark(connection: Connection, master: str) -> None:
+    """The PySpark line's process: a session with the runner's settings, then a timed run
+    per ``True`` received, its seconds sent back, until ``False``."""
+    from benchmarks import peers
+
+    spark = peers.start_session(master, "fixed-cost-pyspark", peers.runner_conf(master))
+    try:
+        while connection.recv():
+            connection.send(_pyspark_run(spark))
+    finally:
+        spark.stop()
+
+
+class PySparkLine:
+    """The hand-written PySpark line in a process of its own (a fresh interpreter), so that
+    its session is its own and not the one ours started in this process."""
+
+    def __init__(
+        self, master: str, serve: Callable[[Connection, str], None] = serve_pyspark
+    ) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._connection, child = context.Pipe()
+        self._process = context.Process(target=serve, args=(child, master), name="pyspark-line")
+        self._process.start()
+        child.close()
+
+    def __call__(self) -> tuple[float, float]:
+        """One timed run in the line's process: (total, construction) seconds."""
+        self._connection.send(True)
+        try:
+            total, built = self._connection.recv()
+        except EOFError:
+            raise RuntimeError(
+                f"the PySpark line's process ended (exit code {self._process.exitcode}): "
+                "see its log above"
+            ) from None
+        return float(total), float(built)
+
+    def close(self) -> None:
+        """Stops the line's session and process."""
+        try:
+            self._connection.send(False)
+        except (BrokenPipeError, OSError):
+            pass
+        self._connection.close()
+        self._process.join(timeout=60)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,19 +155,23 @@ def main(argv: list[str] | None = None) -> int:
     _LOGGER.setLevel(logging.INFO)
     _LOGGER.propagate = False
     ours, fn_api = _ours(args.master), _fn_api
+    pyspark = PySparkLine(args.master)
     runners: dict[str, Callable[[], tuple[float, float]]] = {
         "ours": lambda: _timed(ours),
         "fnapi": lambda: _timed(fn_api),
-        "pyspark": _pyspark_floor,  # after ours: its session is the one ours started
+        "pyspark": pyspark,
     }
-    for run in runners.values():
-        for _ in range(args.warmup):
-            run()
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in runners}
-    for index in range(args.runs):
-        order = list(runners) if index % 2 == 0 else list(runners)[::-1]
-        for name in order:
-            results[name].append(runners[name]())
+    try:
+        for run in runners.values():
+            for _ in range(args.warmup):
+                run()
+        for index in range(args.runs):
+            order = list(runners) if index % 2 == 0 else list(runners)[::-1]
+            for name in order:
+                results[name].append(runners[name]())
+    finally:
+        pyspark.close()
     for name, runs in results.items():
         totals = [total for total, _ in runs]
         _LOGGER.info(
