@@ -238,10 +238,11 @@ def cpu_table(results: Sequence[Result]) -> str:
         within = "" if not (ours and floor) else ("yes" if ours <= CPU_TARGET * floor else "no")
         if within and not _same_output(results, workload, "ours", "user-code"):
             within += " (outputs differ)"
+        seconds = {runner: "" if value is None else f"{value:.2f}" for runner, value in cpu.items()}
         lines.append(
-            f"| {workload} | {_seconds(floor)} | {_seconds(ours)} | {_ratio(ours, floor)} "
-            f"| {within} | {_seconds(cpu['direct-mp'])} | {_ratio(cpu['direct-mp'], floor)} "
-            f"| {_seconds(cpu['direct'])} | {_ratio(cpu['direct'], floor)} |"
+            f"| {workload} | {seconds['user-code']} | {seconds['ours']} | {_ratio(ours, floor)} "
+            f"| {within} | {seconds['direct-mp']} | {_ratio(cpu['direct-mp'], floor)} "
+            f"| {seconds['direct']} | {_ratio(cpu['direct'], floor)} |"
         )
     return "\n".join(lines)
 

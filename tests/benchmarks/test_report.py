@@ -33,13 +33,13 @@ def test_cpu_table_sets_ours_and_direct_runners_cpu_against_the_user_code() -> N
     ]
     assert _row(report.cpu_table(results)) == [
         "w",
-        "10.0",
-        "12.0",
+        "10.00",
+        "12.00",
         "1.20",
         "yes",
-        "30.0",
+        "30.00",
         "3.00",
-        "20.0",
+        "20.00",
         "2.00",
     ]
 
