@@ -23,10 +23,12 @@ from __future__ import annotations
 import argparse
 import logging
 import multiprocessing
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
@@ -81,9 +83,17 @@ def _count(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 
 def _pyspark_run(spark: Any) -> tuple[float, float]:
     """(total, 0) seconds of the same shape hand-written in PySpark on ``spark``."""
+    # By their importable module's name: in the spawned process this module is __mp_main__,
+    # which Python workers cannot resolve.
+    from benchmarks import fixed_cost
+
     started = time.perf_counter()
     rows = spark.createDataFrame([(i,) for i in range(8)], "v long")
-    counted = rows.mapInArrow(_expand, "v long").repartition(1).mapInArrow(_count, "n long")
+    counted = (
+        rows.mapInArrow(fixed_cost._expand, "v long")
+        .repartition(1)
+        .mapInArrow(fixed_cost._count, "n long")
+    )
     (result,) = counted.collect()
     if result.n != 16:
         raise RuntimeError(f"the PySpark line counted {result.n} rows, expected 16")
@@ -95,6 +105,9 @@ def serve_pyspark(connection: Connection, master: str) -> None:
     per ``True`` received, its seconds sent back, until ``False``."""
     from benchmarks import peers
 
+    # The Python workers import this package, as benchmarks.run gives them it.
+    root = str(Path(__file__).resolve().parent.parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     spark = peers.start_session(master, "fixed-cost-pyspark", peers.runner_conf(master))
     try:
         while connection.recv():
