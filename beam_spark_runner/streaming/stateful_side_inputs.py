@@ -26,6 +26,7 @@ from beam_spark_runner.streaming.side_inputs import (
     SideInputStageSpec,
     WaitingStore,
     coders_of,
+    forget_unreachable,
     load_side_inputs,
     read_rows,
     ready_needs,
@@ -105,6 +106,8 @@ class StatefulSideInputShard(StatefulShard):
 
     def finish(self, state: Any) -> None:
         super().finish(state)
+        main = input_watermark(self.main_expected, state.watermarks.producers)
+        forget_unreachable(state, coders_of(self.side_spec), main)
         state.store_new(self.store)
 
     def _waiting_hold(self, state: Any) -> int:
