@@ -12,8 +12,10 @@ trigger firings (elements with a pane from a GroupByKey) replace each other, as 
 programming guide specifies: under a repeated trigger it serves its latest value. Waiting
 elements live in a list in the state store (``WaitingStore``), not in the shard's state
 value rewritten every batch, and are rewritten only in a batch where some are ready. A
-bounded side input is final at once. A stateful DoFn reading streamed side inputs waits the
-same way (``stateful_side_inputs``).
+bounded side input is final at once. A side input's window is forgotten once no main element
+can read it any more (``_Coders.horizons``). A stateful DoFn reading streamed side inputs
+waits the same way (``stateful_side_inputs``), as does an unbounded splittable DoFn
+(``splittable``).
 """
 
 from __future__ import annotations
@@ -438,9 +440,14 @@ def _ready(
     )
 
 
-def forget_unreachable(state: SideInputShardState, coders: _Coders, main_watermark: int) -> None:
-    """Drops the side-input windows no main element can read any more (``_Coders.horizons``)."""
-    earliest = min((bucket[1] for bucket in state.buckets.values()), default=MAX_MICROS)
+def forget_unreachable(
+    state: SideInputShardState, coders: _Coders, main_watermark: int, earliest: int = MAX_MICROS
+) -> None:
+    """Drops the side-input windows no main element can read any more (``_Coders.horizons``).
+
+    ``earliest``: the earliest timestamp of other main elements the shard keeps to run again.
+    """
+    earliest = min([earliest, *(bucket[1] for bucket in state.buckets.values())])
     state.forget(coders.horizons(main_watermark, earliest))
 
 
@@ -546,8 +553,12 @@ class SideInputShard(ShardRun[SideInputShardState, BundleOutputs]):
 
     def finish(self, state: SideInputShardState) -> None:
         main = input_watermark(self.main_expected, state.watermarks.producers)
-        forget_unreachable(state, _coders(self.spec), main)
+        forget_unreachable(state, _coders(self.spec), main, self.earliest_kept(state))
         state.store_new(self.store)
+
+    def earliest_kept(self, state: SideInputShardState) -> int:
+        """The earliest timestamp of main elements kept to run again, besides the waiting."""
+        return MAX_MICROS
 
     def hold(self, state: SideInputShardState) -> int:
         return min((bucket[1] for bucket in state.buckets.values()), default=MAX_MICROS)

@@ -37,6 +37,7 @@ if pyspark_version() < STREAMING_SPARK:
     )
 
 from beam_spark_runner.streaming import side_inputs  # noqa: E402
+from beam_spark_runner.streaming.check import is_unbounded_splittable  # noqa: E402
 from beam_spark_runner.streaming.compression import pack  # noqa: E402
 from beam_spark_runner.streaming.query import side_input_specs  # noqa: E402
 from beam_spark_runner.streaming.rows import (  # noqa: E402
@@ -54,12 +55,18 @@ SECOND = 1_000_000
 
 
 def side_stage(
-    read: Callable[[Any, Any], Any], windows: Any, stateful: bool = False, lateness: int = 0
+    read: Callable[[Any, Any], Any],
+    windows: Any,
+    stateful: bool = False,
+    lateness: int = 0,
+    splittable: bool = False,
 ) -> tuple[Any, ...]:
     """The stage ``read(main, view)`` makes, reading a side input as a singleton, in-process.
 
     Main and side input are ``PeriodicImpulse``s in ``windows`` (the main input with
-    ``lateness`` s of allowed lateness). Returns the stage's ``SideInputStageSpec``, its
+    ``lateness`` s of allowed lateness). ``splittable``: the stage processing an unbounded
+    splittable DoFn's restrictions (the one pairing them with its elements reads the side
+    input too). Returns the stage's ``SideInputStageSpec``, its
     node (producers "main" and "side") and topology, the main input's and the side input's
     coder impls, and the main input's coder.
     """
@@ -77,7 +84,9 @@ def side_stage(
     plan = build_plan(
         pipeline.to_runner_api(default_environment=bi.default_environment()), streaming=True
     )
-    (stage,) = [s for s in plan.stages if s.side_inputs]
+    (stage,) = [
+        s for s in plan.stages if s.side_inputs and is_unbounded_splittable(s) == splittable
+    ]
     assert stage.stateful == stateful
     spec = side_inputs.SideInputStageSpec(
         stage=stage_spec(plan, stage, f"side-inputs-{stateful}-{lateness}"),
