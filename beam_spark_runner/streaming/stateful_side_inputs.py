@@ -107,7 +107,10 @@ class StatefulSideInputShard(StatefulShard):
     def finish(self, state: Any) -> None:
         super().finish(state)
         main = input_watermark(self.main_expected, state.watermarks.producers)
-        forget_unreachable(state, coders_of(self.side_spec), main)
+        # A pending timer's outputs may reach a step reading side inputs.
+        timers = self.pending.earliest_hold()
+        earliest = MAX_MICROS if timers is None else timers.micros
+        forget_unreachable(state, coders_of(self.side_spec), main, earliest)
         state.store_new(self.store)
 
     def _waiting_hold(self, state: Any) -> int:
