@@ -135,8 +135,7 @@ class SideInputShardState:
     """
 
     watermarks: WatermarkState
-    # Per side input, chunks of its elements (encodings concatenated) and, beside them, each
-    # chunk's latest window end (max timestamp, microseconds): when it may be forgotten.
+    # Per side input, chunks of its elements (encodings concatenated).
     sides: list[list[bytes]]
     # needs -> [new encoded elements, earliest timestamp, chunks in the waiting store]
     buckets: dict[Needs, list[Any]] = dataclasses.field(default_factory=dict)
@@ -144,6 +143,7 @@ class SideInputShardState:
     waiting: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)
     # Per side input, its elements that came from trigger firings: the latest per window.
     fired: list[Fired] = dataclasses.field(default_factory=list)
+    # Per side input, each chunk's latest window end (max timestamp, µs): when it may go.
     ends: list[list[int]] = dataclasses.field(default_factory=list)
 
     def encode(self) -> bytes:
@@ -397,8 +397,8 @@ def _reaches(spec: SideInputStageSpec, mappings: list[Any]) -> list[int | None]:
     """Per side input, how far (µs) behind the main watermark a main window may still read.
 
     That is the mapping's lookback (none for Beam's default) plus the allowed lateness of
-    the main input of the ParDo reading it.
-    None where the mapping is not Beam's default: its lookback is unknown.
+    the main input of the ParDo reading it; None where the mapping is a user's, whose
+    lookback is unknown.
     """
     descriptor = bi.beam_fn_api_pb2.ProcessBundleDescriptor.FromString(spec.stage.descriptor)
     payloads = {t: (transform, p) for t, transform, p in bi.par_do_payloads(descriptor.transforms)}
