@@ -488,7 +488,11 @@ def read_rows(
 
 
 def load_side_inputs(worker: Any, spec: SideInputStageSpec, state: SideInputShardState) -> None:
-    """Serves the side inputs the state holds to ``worker``'s bundles."""
+    """Serves the side inputs the state holds to ``worker``'s bundles.
+
+    Called before a shard's first bundle, so the invokers its bundles build read them anew.
+    """
+    bi.resolve_global_side_inputs_per_element()
     entries = [
         entry
         for number, (side, coder) in enumerate(

@@ -483,3 +483,39 @@ def test_a_side_window_is_kept_while_the_main_inputs_allowed_lateness_lets_it_be
     assert _READ == [(3.0, 0.0)]
     run.batch([], [], {"main": 31, "side": 10})
     assert run.sides() == []
+
+
+class _RecordSideWithPane(beam.DoFn):  # type: ignore[misc]
+    """``_RecordSide`` taking its pane too: it runs in Beam's bundle processor, not batched."""
+
+    def process(
+        self, kv: tuple[str, float], side: float, pane: Any = beam.DoFn.PaneInfoParam
+    ) -> Any:
+        _READ.append((float(kv[1]), float(side)))
+        yield kv
+
+
+def test_a_dofn_in_beams_bundle_processor_reads_each_firing_of_a_global_side_input() -> None:
+    # Beam's invoker would resolve a globally windowed side input once, for its life.
+    spec, node, topology, main, side, _ = side_stage(
+        lambda main, side: (
+            main | beam.Map(lambda at: ("k", at)) | beam.ParDo(_RecordSideWithPane(), side)
+        ),
+        window.GlobalWindows(),
+    )
+    store = MemoryWaitingStore()
+    value: bytes | None = None
+    _READ.clear()
+    for at, firing in [(1, 0), (2, 1), (3, None)]:
+        rows = [{ELEMENT: None, PRODUCER: p, WATERMARK: 0, PTIME: 0} for p in ("main", "side")]
+        if firing is not None:
+            pane = PaneInfo(firing == 0, False, PaneInfoTiming.EARLY, firing, -1)
+            fired = WindowedValue(100.0 * (firing + 1), Timestamp(0), [GlobalWindow()], pane)
+            rows.append({ELEMENT: pack(side.encode_nested(fired)), PORT: 1})
+        element = main.encode_nested(
+            WindowedValue(("k", float(at)), Timestamp(at), [GlobalWindow()])
+        )
+        rows.append({ELEMENT: pack(_framed([element])), PORT: FRAMED_RUN})
+        shard = side_inputs.SideInputShard(spec, NO_SINKS, store)
+        value, _ = shard.run_encoded(topology, node, 0, value, rows)
+    assert _READ == [(1.0, 100.0), (2.0, 200.0), (3.0, 200.0)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import apache_beam as beam
 import pytest
@@ -11,9 +12,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import window
 from apache_beam.transforms.periodicsequence import PeriodicImpulse
-from apache_beam.transforms.window import IntervalWindow
+from apache_beam.transforms.window import GlobalWindow, IntervalWindow
 from apache_beam.utils.timestamp import Timestamp
-from apache_beam.utils.windowed_value import WindowedValue
+from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
 
 from beam_spark_runner.execution.stage_worker import NO_SINKS
 from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
@@ -27,7 +28,14 @@ if pyspark_version() < STREAMING_SPARK:
     )
 
 from beam_spark_runner.streaming.compression import pack  # noqa: E402
-from beam_spark_runner.streaming.rows import ELEMENT, FRAMED_RUN, PORT  # noqa: E402
+from beam_spark_runner.streaming.rows import (  # noqa: E402
+    ELEMENT,
+    FRAMED_RUN,
+    PORT,
+    PRODUCER,
+    PTIME,
+    WATERMARK,
+)
 from beam_spark_runner.streaming.splittable import SplittableSideInputShard  # noqa: E402
 from tests.streaming.test_side_inputs import (  # noqa: E402
     MemoryWaitingStore,
@@ -124,3 +132,51 @@ def test_input_elements_wait_for_their_side_window_and_residuals_keep_it() -> No
     assert batch([], [], {"main": 20, "side": 5}) == 20_000_000
     state = SplittableSideInputShard(spec, NO_SINKS, store).decode(value)
     assert (state.residuals, state.side_elements(0)) == ([], [])
+
+
+def test_residuals_in_the_global_window_read_the_side_inputs_latest_firing() -> None:
+    spec, node, topology, _, side, main = side_stage(
+        lambda main, side: main | beam.ParDo(UnboundedWithSide(), side),
+        window.GlobalWindows(),
+        splittable=True,
+    )
+    store = MemoryWaitingStore()
+    value: bytes | None = None
+    READ.clear()
+
+    def batch(mains: list[int], firing: tuple[int, float] | None) -> None:
+        """One micro-batch: elements at t s; the side input's firing (pane index, value)."""
+        nonlocal value
+        rows: list[dict[str, Any]] = [
+            {ELEMENT: None, PRODUCER: p, WATERMARK: 0, PTIME: 0} for p in ("main", "side")
+        ]
+        if firing is not None:
+            index, fired = firing
+            pane = PaneInfo(index == 0, False, PaneInfoTiming.EARLY, index, -1)
+            encoded = side.encode_nested(WindowedValue(fired, Timestamp(0), [GlobalWindow()], pane))
+            rows.append({ELEMENT: pack(encoded), PORT: 1})
+        framed = b"".join(
+            struct.pack(">I", len(e)) + e
+            for e in (
+                main.get_impl().encode_nested(
+                    WindowedValue(
+                        ((float(t), (OffsetRange(0, OFFSETS), None)), float(OFFSETS)),
+                        Timestamp(t),
+                        [GlobalWindow()],
+                    )
+                )
+                for t in mains
+            )
+        )
+        if mains:
+            rows.append({ELEMENT: pack(framed), PORT: FRAMED_RUN})
+        shard = SplittableSideInputShard(spec, NO_SINKS, store)
+        value, _ = shard.run_encoded(topology, node, 0, value, rows)
+
+    batch([1], None)
+    assert READ == []  # the global window has had no firing yet
+    batch([], (0, 100.0))
+    # A later firing replaces the earlier one: the residuals read it as they resume.
+    batch([], (1, 200.0))
+    batch([], None)
+    assert READ == [(1.0, 0, 100.0), (1.0, 1, 200.0), (1.0, 2, 200.0)]
