@@ -16,7 +16,7 @@ from apache_beam.portability.api import (
 )
 from apache_beam.runners import common as runners_common
 from apache_beam.runners.pipeline_context import PipelineContext
-from apache_beam.transforms import trigger, userstate, util, window
+from apache_beam.transforms import sideinputs, trigger, userstate, util, window
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -156,6 +156,24 @@ def window_mapping_fn(spec: beam_runner_api_pb2.FunctionSpec) -> Callable[[Any],
             f"found {spec.urn}."
         )
     return pickler.loads(spec.payload)  # type: ignore[no-any-return]
+
+
+# Beam's own window mappings (``sideinputs.default_window_mapping_fn``), by qualified name.
+_DEFAULT_MAPPINGS = frozenset(
+    {"_global_window_mapping_fn", "default_window_mapping_fn.<locals>.map_via_end"}
+)
+
+
+def maps_via_end(mapping: Callable[[Any], Any]) -> bool:
+    """Whether ``mapping`` is Beam's default: the side window holding the main window's end.
+
+    Such a side window ends no earlier than any main window mapped to it: in Java's terms
+    its maximum lookback is zero. A user's mapping may look back any distance.
+    """
+    return (
+        getattr(mapping, "__module__", None) == sideinputs.__name__
+        and getattr(mapping, "__qualname__", None) in _DEFAULT_MAPPINGS
+    )
 
 
 def read_test_stream_service(

@@ -19,7 +19,7 @@ from beam_spark_runner.planning.capabilities import (
     check_requirements,
     check_stages,
 )
-from beam_spark_runner.streaming.check import check_streaming_pipeline, check_streaming_plan
+from beam_spark_runner.streaming.check import check_streaming_pipeline
 from beam_spark_runner.streaming.test_stream import carry_held_windows, inline_service_events
 from beam_spark_runner.translators import translator_for
 
@@ -69,7 +69,6 @@ def prepare(
         beam_reshuffles=bi.reshuffles_expand_as_older_beam(options),
     )
     if streaming:
-        check_streaming_plan(plan)
         check_stages(plan)
     else:
         check_plan(plan, translator_for)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.errors import UnsupportedFeatureError
-from beam_spark_runner.planning import SPARK_STREAM_URN, TEST_STREAM_URN, Plan, PlannedStage
+from beam_spark_runner.planning import SPARK_STREAM_URN, TEST_STREAM_URN, PlannedStage
 from beam_spark_runner.spark.compat import STREAMING_SPARK, require_spark, require_state_protocol
 
 _UNBOUNDED = bi.beam_runner_api_pb2.IsBounded.UNBOUNDED
@@ -53,33 +53,4 @@ def check_streaming_pipeline(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
                 "SparkStructuredRunner's streaming runs read TestStreams, splittable DoFns, "
                 "Spark streams (beam_spark_runner.io.ReadFromSparkStream) and bounded "
                 "sources only yet."
-            )
-
-
-def check_streaming_plan(plan: Plan) -> None:
-    """Refuses stages a streaming run cannot execute yet (on the fused plan).
-
-    An unbounded splittable DoFn can read side inputs that the runner computes before the
-    query (bounded ones, see ``bounded_side_inputs``), not streamed ones. (A stateless or
-    stateful stage reading streamed side inputs streams: ``side_inputs``,
-    ``stateful_side_inputs``; planning keeps such a reader out of a splittable DoFn's stage.)
-    """
-    from beam_spark_runner.streaming.bounded_side_inputs import plan_broadcasts
-
-    broadcast_readers = plan_broadcasts(plan).readers
-    for stage in plan.stages:
-        if (
-            stage.side_inputs
-            and is_unbounded_splittable(stage)
-            and stage.name not in broadcast_readers
-        ):
-            side = stage.side_inputs[0]
-            raise UnsupportedFeatureError(
-                f"Stage '{stage.display_name}' runs an unbounded splittable DoFn "
-                f"and reads side input '{side.tag}' of '{side.transform_id}' "
-                f"({side.access_pattern_urn}), which is unbounded or computed by stages the "
-                "stream also needs; SparkStructuredRunner's streaming runs give unbounded "
-                "splittable DoFns bounded side inputs computed before the query only yet. "
-                "Make the side input bounded (a Create or bounded read used only as that "
-                "side input), or read it in a DoFn after the splittable one."
             )

@@ -4,10 +4,11 @@ Spark groups the level's input by (target, shard) and calls ``handleInputRows`` 
 group with that micro-batch's rows. Rows addressed to a later step pass through unchanged;
 a shard runs on the skeleton of ``shard_run``, as its kind: a GroupByKey's
 ``group_panes.GroupShard``, a stateful DoFn's ``stateful.StatefulShard``, an unbounded
-splittable DoFn's ``splittable.SplittableShard``, a stage with side inputs'
-``side_inputs.SideInputShard``, a stateful DoFn's with streamed side inputs
-``stateful_side_inputs.StatefulSideInputShard``, each with its state as one value in the state
-store (one read and one write per shard and batch, compressed: ``compression``). What a
+splittable DoFn's ``splittable.SplittableShard`` (``SplittableSideInputShard`` where it
+reads streamed side inputs), a stage with side inputs' ``side_inputs.SideInputShard``, a
+stateful DoFn's with streamed side inputs ``stateful_side_inputs.StatefulSideInputShard``,
+each with its state as one value in the state store (one read and one write per shard and
+batch, compressed: ``compression``). What a
 shard buffers for a later batch (a GroupByKey's values until their window's on-time pane,
 a stage's main elements until its side inputs are ready) is appended to a list beside it
 (``chunk_lists``), read only in the batch it is due. Its rows out are packed (``rows.packed``).
@@ -32,7 +33,7 @@ from beam_spark_runner.streaming.side_inputs import (
     SideInputShard,
     SideInputStageSpec,
 )
-from beam_spark_runner.streaming.splittable import SplittableShard
+from beam_spark_runner.streaming.splittable import SplittableShard, SplittableSideInputShard
 from beam_spark_runner.streaming.stateful import StatefulShard
 from beam_spark_runner.streaming.stateful_side_inputs import StatefulSideInputShard
 from beam_spark_runner.streaming.topology import Topology
@@ -115,6 +116,10 @@ class Level:
             assert self._waiting is not None  # declared in init with the side-input stages
             if target in self.stages:
                 return StatefulSideInputShard(
+                    self.with_side_inputs[target], self.sinks, self._waiting
+                )
+            if target in self.splittable:
+                return SplittableSideInputShard(
                     self.with_side_inputs[target], self.sinks, self._waiting
                 )
             return SideInputShard(self.with_side_inputs[target], self.sinks, self._waiting)

@@ -12,8 +12,10 @@ trigger firings (elements with a pane from a GroupByKey) replace each other, as 
 programming guide specifies: under a repeated trigger it serves its latest value. Waiting
 elements live in a list in the state store (``WaitingStore``), not in the shard's state
 value rewritten every batch, and are rewritten only in a batch where some are ready. A
-bounded side input is final at once. A stateful DoFn reading streamed side inputs waits the
-same way (``stateful_side_inputs``).
+bounded side input is final at once. A side input's window is forgotten once no main element
+can read it any more (``_Coders.horizons``). A stateful DoFn reading streamed side inputs
+waits the same way (``stateful_side_inputs``), as does an unbounded splittable DoFn
+(``splittable``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import itertools
+import operator
 import pickle
 import struct
 from collections.abc import Hashable, Iterable, Iterator
@@ -131,6 +135,7 @@ class SideInputShardState:
     """
 
     watermarks: WatermarkState
+    # Per side input, chunks of its elements (encodings concatenated).
     sides: list[list[bytes]]
     # needs -> [new encoded elements, earliest timestamp, chunks in the waiting store]
     buckets: dict[Needs, list[Any]] = dataclasses.field(default_factory=dict)
@@ -138,6 +143,8 @@ class SideInputShardState:
     waiting: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)
     # Per side input, its elements that came from trigger firings: the latest per window.
     fired: list[Fired] = dataclasses.field(default_factory=list)
+    # Per side input, each chunk's latest window end (max timestamp, µs): when it may go.
+    ends: list[list[int]] = dataclasses.field(default_factory=list)
 
     def encode(self) -> bytes:
         """One state-store value."""
@@ -148,11 +155,14 @@ class SideInputShardState:
         """The state ``encode`` wrote (or an earlier runner version did).
 
         Buckets written before the waiting store hold their elements themselves (and no
-        count): they move to the store at the end of the batch.
+        count): they move to the store at the end of the batch. Chunks written before their
+        window ends were kept are kept for good.
         """
         state = pickle.loads(data)
         assert isinstance(state, SideInputShardState)
         state.__dict__.setdefault("buckets", {})
+        if not state.__dict__.get("ends"):
+            state.ends = [[MAX_MICROS] * len(chunks) for chunks in state.sides]
         if not state.__dict__.get("fired"):
             state.fired = [{} for _ in state.sides]
         for bucket in state.buckets.values():
@@ -171,34 +181,62 @@ class SideInputShardState:
             self.fired = [{} for _ in self.sides]
         impl, window_impl, key_impl = coders.side_impls[number]
         stream = bi.create_InputStream(elements)
-        plain: list[Any] = []
+        size = len(elements)
+        # (latest window end, encoded element) of each element that adds up, in order.
+        plain: list[tuple[int, bytes]] = []
         fired = self.fired[number]
-        firings = 0
         while stream.size() > 0:
+            start = size - stream.size()
             value = impl.decode_from_stream(stream, True)
             pane = value.pane_info
             if pane.timing == bi.PaneInfoTiming.UNKNOWN:
-                plain.append(value)
+                end = max(w.max_timestamp().micros for w in value.windows)
+                plain.append((end, elements[start : size - stream.size()]))
                 continue
             key = b"" if key_impl is None else key_impl.encode_nested(value.value[0])
             for window in value.windows:
-                if window.max_timestamp().micros < _GLOBAL_END:
-                    # A window that ends: its firings add up, read once it is done.
-                    plain.append(bi.WindowedValue(value.value, value.timestamp, (window,), pane))
-                    continue
-                firings += 1
                 single = bi.WindowedValue(value.value, value.timestamp, (window,), pane)
+                end = window.max_timestamp().micros
+                if end < _GLOBAL_END:
+                    # A window that ends: its firings add up, read once it is done.
+                    plain.append((end, impl.encode_nested(single)))
+                    continue
                 slot = window_impl.encode_nested(window) + key
                 entry = fired.get(slot)
                 if entry is None or entry[0] < pane.index:
-                    end = window.max_timestamp().micros
                     fired[slot] = [pane.index, end, [impl.encode_nested(single)]]
                 elif entry[0] == pane.index:
                     entry[2].append(impl.encode_nested(single))
-        if not firings:
-            self.sides[number].append(elements)
-        elif plain:
-            self.sides[number].append(b"".join(impl.encode_nested(v) for v in plain))
+        self._keep(number, plain)
+
+    def _keep(self, number: int, plain: list[tuple[int, bytes]]) -> None:
+        """Adds elements to side input ``number``'s chunks, a chunk per run of equal ends."""
+        if len(self.ends) < len(self.sides):
+            self.ends = [[MAX_MICROS] * len(chunks) for chunks in self.sides]
+        chunks, ends = self.sides[number], self.ends[number]
+        for end, run in itertools.groupby(plain, key=operator.itemgetter(0)):
+            chunks.append(b"".join(element for _, element in run))
+            ends.append(end)
+
+    def forget(self, horizons: list[int]) -> None:
+        """Drops each side input's windows that end before its horizon (microseconds).
+
+        A chunk goes once every window of its elements does; so does a firing.
+        """
+        if len(self.ends) < len(self.sides):
+            return
+        for number, horizon in enumerate(horizons):
+            ends = self.ends[number]
+            if ends and min(ends) < horizon:
+                kept = [
+                    (e, c) for e, c in zip(ends, self.sides[number], strict=True) if e >= horizon
+                ]
+                self.ends[number] = [e for e, _ in kept]
+                self.sides[number] = [c for _, c in kept]
+            if number < len(self.fired):
+                fired = self.fired[number]
+                for slot in [s for s, entry in fired.items() if entry[1] < horizon]:
+                    del fired[slot]
 
     def side_elements(self, number: int) -> list[bytes]:
         """What side input ``number`` serves: its elements, a firing's the latest."""
@@ -264,7 +302,22 @@ class _Coders:
             bi.window_mapping_fn(bi.beam_runner_api_pb2.FunctionSpec.FromString(s.window_mapping))
             for s in spec.side_inputs
         ]
+        self.reaches = _reaches(spec, self.mappings)
         self._needs: dict[Hashable, tuple[int, ...]] = {}
+
+    def horizons(self, main_watermark: int, earliest_waiting: int) -> list[int]:
+        """Per side input, the window end (max timestamp) before which no main element reads.
+
+        Beam's rule (Java's ``WindowMappingFn.maximumLookback``): a side window is
+        unreachable once the main input's watermark passes its end plus the mapping's
+        lookback plus the main input's allowed lateness, as every main window that could map
+        to it has expired. The main elements still waiting read windows no earlier than
+        their timestamps. A mapping of unknown lookback keeps every window.
+        """
+        return [
+            MIN_MICROS if reach is None else min(main_watermark - reach, earliest_waiting)
+            for reach in self.reaches
+        ]
 
     def needs(self, windows: Iterable[Any], key: Hashable = None) -> tuple[int, ...]:
         """Per side input, the watermark it must reach for an element in ``windows``.
@@ -340,6 +393,28 @@ class _Coders:
 _NEEDS_CACHED = 4096
 
 
+def _reaches(spec: SideInputStageSpec, mappings: list[Any]) -> list[int | None]:
+    """Per side input, how far (µs) behind the main watermark a main window may still read.
+
+    That is the mapping's lookback (none for Beam's default) plus the allowed lateness of
+    the main input of the ParDo reading it; None where the mapping is a user's, whose
+    lookback is unknown.
+    """
+    descriptor = bi.beam_fn_api_pb2.ProcessBundleDescriptor.FromString(spec.stage.descriptor)
+    payloads = {t: (transform, p) for t, transform, p in bi.par_do_payloads(descriptor.transforms)}
+    reaches: list[int | None] = []
+    for side, mapping in zip(spec.side_inputs, mappings, strict=True):
+        transform, payload = payloads[side.transform_id]
+        others = {*payload.side_inputs, *payload.timer_family_specs}
+        mains = [pc for tag, pc in transform.inputs.items() if tag not in others]
+        if not bi.maps_via_end(mapping) or len(mains) != 1:
+            reaches.append(None)
+            continue
+        strategy_id = descriptor.pcollections[mains[0]].windowing_strategy_id
+        reaches.append(descriptor.windowing_strategies[strategy_id].allowed_lateness * 1000)
+    return reaches
+
+
 @functools.lru_cache(maxsize=64)
 def _coders(spec: SideInputStageSpec) -> _Coders:
     return _Coders(spec)
@@ -363,6 +438,17 @@ def _ready(
         watermark >= MAX_MICROS or need <= watermark or (need >= _GLOBAL_END and need in ends)
         for need, watermark, ends in zip(needs, side_watermarks, fired_ends, strict=True)
     )
+
+
+def forget_unreachable(
+    state: SideInputShardState, coders: _Coders, main_watermark: int, earliest: int = MAX_MICROS
+) -> None:
+    """Drops the side-input windows no main element can read any more (``_Coders.horizons``).
+
+    ``earliest``: the earliest timestamp of other main elements the shard keeps to run again.
+    """
+    earliest = min([earliest, *(bucket[1] for bucket in state.buckets.values())])
+    state.forget(coders.horizons(main_watermark, earliest))
 
 
 def ready_needs(
@@ -402,7 +488,11 @@ def read_rows(
 
 
 def load_side_inputs(worker: Any, spec: SideInputStageSpec, state: SideInputShardState) -> None:
-    """Serves the side inputs the state holds to ``worker``'s bundles."""
+    """Serves the side inputs the state holds to ``worker``'s bundles.
+
+    Called before a shard's first bundle, so the invokers its bundles build read them anew.
+    """
+    bi.resolve_global_side_inputs_per_element()
     entries = [
         entry
         for number, (side, coder) in enumerate(
@@ -432,6 +522,7 @@ class SideInputShard(ShardRun[SideInputShardState, BundleOutputs]):
         self.worker: Any = None
         # Per side input, the producers whose minimum is its watermark (the node's).
         self.side_expected: tuple[frozenset[str], ...] = ()
+        self.main_expected: frozenset[str] = frozenset()
 
     def new_state(self, watermarks: WatermarkState) -> SideInputShardState:
         return SideInputShardState(watermarks, [[] for _ in self.spec.side_inputs])
@@ -447,6 +538,7 @@ class SideInputShard(ShardRun[SideInputShardState, BundleOutputs]):
         self.spec.stage.environment.enter()
         markers = read_rows(node, state, rows, _coders(self.spec))
         self.side_expected = node.side_expected
+        self.main_expected = node.main_expected
         return markers
 
     def after_watermark(self, state: SideInputShardState) -> Iterator[BundleOutputs]:
@@ -464,7 +556,13 @@ class SideInputShard(ShardRun[SideInputShardState, BundleOutputs]):
         yield from outputs
 
     def finish(self, state: SideInputShardState) -> None:
+        main = input_watermark(self.main_expected, state.watermarks.producers)
+        forget_unreachable(state, _coders(self.spec), main, self.earliest_kept(state))
         state.store_new(self.store)
+
+    def earliest_kept(self, state: SideInputShardState) -> int:
+        """The earliest timestamp of main elements kept to run again, besides the waiting."""
+        return MAX_MICROS
 
     def hold(self, state: SideInputShardState) -> int:
         return min((bucket[1] for bucket in state.buckets.values()), default=MAX_MICROS)

@@ -30,6 +30,15 @@ from beam_spark_runner.execution.stage_worker import (
 from beam_spark_runner.monitoring.metrics import task_metrics
 from beam_spark_runner.streaming.rows import Row, elements_and_markers
 from beam_spark_runner.streaming.shard_run import ShardRun, routed_outputs, run_user_code
+from beam_spark_runner.streaming.side_inputs import (
+    SideInputShard,
+    SideInputShardState,
+    SideInputStageSpec,
+    WaitingStore,
+    coders_of,
+    load_side_inputs,
+    ready_needs,
+)
 from beam_spark_runner.streaming.topology import Node, Topology
 from beam_spark_runner.streaming.watermarks import (
     MAX_MICROS,
@@ -126,3 +135,70 @@ class SplittableShard(ShardRun[SplittableShardState, BundleOutputs]):
 
     def rows(self, topology: Topology, node: Node, outputs: list[Any]) -> list[Row]:
         return routed_outputs(topology, node, self.spec, self.worker, outputs) if outputs else []
+
+
+@dataclasses.dataclass
+class SplittableSideInputShardState(SideInputShardState):
+    """A stage with side inputs' state, plus an unbounded splittable DoFn's residuals."""
+
+    residuals: list[Residual] = dataclasses.field(default_factory=list)
+
+    @staticmethod
+    def decode(data: bytes) -> SplittableSideInputShardState:
+        """The state ``encode`` wrote."""
+        state = SideInputShardState.decode(data)
+        assert isinstance(state, SplittableSideInputShardState)
+        return state
+
+
+class SplittableSideInputShard(SideInputShard):
+    """One micro-batch of an unbounded splittable DoFn reading streamed side inputs.
+
+    Its input elements wait for their side inputs as a stage's do (``side_inputs``); once
+    ready they run, with the residuals due, in one bundle served the side inputs the state
+    holds: a residual reads its window's side value as it is when it resumes (for the
+    global window under a repeated trigger, the latest firing).
+    """
+
+    def __init__(self, spec: SideInputStageSpec, sinks: TaskSinks, store: WaitingStore) -> None:
+        super().__init__(spec, sinks, store)
+        self.waiting: list[Residual] = []
+
+    def new_state(self, watermarks: WatermarkState) -> SplittableSideInputShardState:
+        return SplittableSideInputShardState(watermarks, [[] for _ in self.spec.side_inputs])
+
+    def decode(self, data: bytes) -> SplittableSideInputShardState:
+        return SplittableSideInputShardState.decode(data)
+
+    def after_watermark(self, state: Any) -> Iterator[BundleOutputs]:
+        """One bundle over the input elements now ready and the residuals now due."""
+        now = state.watermarks.processing_time
+        ready = state.take_ready(ready_needs(state, self.side_expected), self.store)
+        due = [r for r in state.residuals if r.resume_at <= now]
+        self.waiting = [r for r in state.residuals if r.resume_at > now]
+        data = b"".join([*ready, *(r.element for r in due)])
+        if not data:
+            return
+        spec = self.spec
+        worker = self.worker = stage_worker(spec.stage)
+        load_side_inputs(worker, spec, state)
+        with task_metrics(self.sinks.metrics, spec.stage.name) as metrics:
+            bundle, residuals = run_user_code(spec.stage, lambda: worker.run_bundle(data, metrics))
+        worker.finalize_bundles()
+        self.waiting.extend(_residual(root, now) for root in residuals)
+        yield bundle
+
+    def finish(self, state: Any) -> None:
+        state.residuals = self.waiting
+        super().finish(state)
+
+    def earliest_kept(self, state: Any) -> int:
+        """The residuals' elements' earliest timestamp: they read their windows again."""
+        decode = coders_of(self.spec).input_impl.decode_nested
+        return min(
+            (decode(r.element).timestamp.micros for r in state.residuals), default=MAX_MICROS
+        )
+
+    def hold(self, state: Any) -> int:
+        residuals = min((r.watermark for r in state.residuals), default=MAX_MICROS)
+        return min(super().hold(state), residuals)

@@ -26,6 +26,7 @@ from beam_spark_runner.streaming.side_inputs import (
     SideInputStageSpec,
     WaitingStore,
     coders_of,
+    forget_unreachable,
     load_side_inputs,
     read_rows,
     ready_needs,
@@ -105,6 +106,11 @@ class StatefulSideInputShard(StatefulShard):
 
     def finish(self, state: Any) -> None:
         super().finish(state)
+        main = input_watermark(self.main_expected, state.watermarks.producers)
+        # A pending timer's outputs may reach a step reading side inputs.
+        timers = self.pending.earliest_hold()
+        earliest = MAX_MICROS if timers is None else timers.micros
+        forget_unreachable(state, coders_of(self.side_spec), main, earliest)
         state.store_new(self.store)
 
     def _waiting_hold(self, state: Any) -> int:

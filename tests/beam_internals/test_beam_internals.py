@@ -7,6 +7,10 @@ from typing import Any
 
 import pytest
 from apache_beam.coders import coders
+from apache_beam.internal import pickler
+from apache_beam.portability import python_urns
+from apache_beam.portability.api import beam_runner_api_pb2
+from apache_beam.transforms import sideinputs, window
 from apache_beam.transforms.window import GlobalWindow, IntervalWindow
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
 from apache_beam.utils.windowed_value import PaneInfo, WindowedValue
@@ -481,3 +485,15 @@ def test_a_pipeline_run_leaves_beams_dofn_inspection_as_it_found_it() -> None:
     with beam.Pipeline(options=options) as p:
         _ = p | beam.Create([1, 2]) | beam.Map(lambda x: x + 1)
     assert (core.get_function_args_defaults, userstate.get_dofn_specs) == beams
+
+
+def test_beams_default_window_mappings_are_known_through_the_pickled_spec() -> None:
+    def carried(mapping: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        spec = beam_runner_api_pb2.FunctionSpec(
+            urn=python_urns.PICKLED_WINDOW_MAPPING_FN, payload=pickler.dumps(mapping)
+        )
+        return bi.window_mapping_fn(spec)
+
+    for window_fn in (window.FixedWindows(5), window.SlidingWindows(10, 5), window.GlobalWindows()):
+        assert bi.maps_via_end(carried(sideinputs.default_window_mapping_fn(window_fn)))
+    assert not bi.maps_via_end(carried(lambda main_window: main_window))

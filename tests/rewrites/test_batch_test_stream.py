@@ -38,7 +38,7 @@ from beam_spark_runner.rewrites.watermark_observers import (
     WatermarkObserver,
 )
 from beam_spark_runner.spark import session
-from tests.unbounded_side_reader import UnboundedWithSide
+from tests.unbounded_side_reader import UnboundedPrimitive
 
 SPARK_ARGS = ["--runner=SparkStructuredRunner", "--spark_master=local[2]"]
 
@@ -380,17 +380,15 @@ def test_a_streaming_only_pipeline_the_streaming_path_refuses_is_refused_before_
     )
     p = beam.Pipeline(options=PipelineOptions(SPARK_ARGS))
     keyed = p | "Script" >> stream | beam.Map(lambda kv: kv).with_output_types(tuple[str, int])
-    # An unbounded side input of an unbounded splittable DoFn (a bounded one is computed
-    # before the query).
-    side = beam.pvalue.AsList(keyed | "SideCopy" >> beam.Map(lambda kv: kv))
-    _ = keyed | "Unbounded" >> beam.ParDo(UnboundedWithSide(), side)
+    # An unbounded source of its own that is no splittable DoFn.
+    _ = p | beam.Create([1]) | "Unbounded" >> UnboundedPrimitive()
     _ = keyed | "Buffer" >> beam.ParDo(BufferUntilTimer())
     with pytest.raises(UnsupportedFeatureError) as error:
         p.run()
     message = str(error.value)
-    # Why streaming refuses it (a side input of a splittable DoFn, or a PySpark older than
-    # streaming needs), and why a batch run would differ (the splittable DoFn is unbounded
-    # of its own, not through a TestStream).
+    # Why streaming refuses it (an unbounded source it cannot read, or a PySpark older than
+    # streaming needs), and why a batch run would differ (the source is unbounded of its
+    # own, not through a TestStream).
     assert "Nor is a batch run proven to give its streaming result" in message
     assert "'Script'" in message and "beam:transform:teststream:v1" in message
     assert "Transform 'Unbounded' outputs an unbounded PCollection and is not a TestStream" in (

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import pickle
 import struct
+from collections.abc import Callable
 from typing import Any
 
+import apache_beam as beam
 import pytest
 from apache_beam.coders import coders
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.transforms import window
+from apache_beam.transforms.periodicsequence import PeriodicImpulse
 from apache_beam.transforms.window import GlobalWindow, IntervalWindow
 from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import (
@@ -17,9 +22,13 @@ from apache_beam.utils.windowed_value import (
     WindowedValue,
 )
 
+from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.beam_internals import WindowedHeaders
+from beam_spark_runner.execution.stage_worker import NO_SINKS
+from beam_spark_runner.planning import build_plan
 from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 from tests.list_states import ListState
+from tests.stage_specs import stage_spec
 
 if pyspark_version() < STREAMING_SPARK:
     pytest.skip(
@@ -28,9 +37,111 @@ if pyspark_version() < STREAMING_SPARK:
     )
 
 from beam_spark_runner.streaming import side_inputs  # noqa: E402
+from beam_spark_runner.streaming.check import is_unbounded_splittable  # noqa: E402
+from beam_spark_runner.streaming.compression import pack  # noqa: E402
+from beam_spark_runner.streaming.query import side_input_specs  # noqa: E402
+from beam_spark_runner.streaming.rows import (  # noqa: E402
+    ELEMENT,
+    FRAMED_RUN,
+    PORT,
+    PRODUCER,
+    PTIME,
+    WATERMARK,
+)
+from beam_spark_runner.streaming.topology import STAGE, Node, Topology  # noqa: E402
 from beam_spark_runner.streaming.watermarks import Marker, WatermarkState  # noqa: E402
 
 SECOND = 1_000_000
+
+
+def side_stage(
+    read: Callable[[Any, Any], Any],
+    windows: Any,
+    stateful: bool = False,
+    lateness: int = 0,
+    splittable: bool = False,
+) -> tuple[Any, ...]:
+    """The stage ``read(main, view)`` makes, reading a side input as a singleton, in-process.
+
+    Main and side input are ``PeriodicImpulse``s in ``windows`` (the main input with
+    ``lateness`` s of allowed lateness). ``splittable``: the stage processing an unbounded
+    splittable DoFn's restrictions (the one pairing them with its elements reads the side
+    input too). Returns the stage's ``SideInputStageSpec``, its
+    node (producers "main" and "side") and topology, the main input's and the side input's
+    coder impls, and the main input's coder.
+    """
+    pipeline = beam.Pipeline(options=PipelineOptions(["--streaming"]))
+
+    def ticks(name: str, allowed: int) -> Any:
+        return (
+            pipeline
+            | name >> PeriodicImpulse(0, 10, 1)
+            | f"{name}Windows" >> beam.WindowInto(windows, allowed_lateness=allowed)
+        )
+
+    _ = read(ticks("Main", lateness), beam.pvalue.AsSingleton(ticks("Side", 0)))
+    pipeline.visit(bi.group_by_key_input_visitor(True))
+    plan = build_plan(
+        pipeline.to_runner_api(default_environment=bi.default_environment()), streaming=True
+    )
+    (stage,) = [
+        s for s in plan.stages if s.side_inputs and is_unbounded_splittable(s) == splittable
+    ]
+    assert stage.stateful == stateful
+    spec = side_inputs.SideInputStageSpec(
+        stage=stage_spec(plan, stage, f"side-inputs-{stateful}-{lateness}"),
+        components=plan.components.SerializeToString(),
+        input_coder_id=stage.input_coder_id,
+        side_inputs=side_input_specs(stage, plan),
+    )
+    context = bi.PipelineContext(plan.components)
+    main_coder = context.coders[stage.input_coder_id]
+    side_coder = plan.data_channel_coders[stage.side_inputs[0].pcollection_id]
+    node = Node(
+        index=0,
+        name=stage.name,
+        kind=STAGE,
+        stateful=True,
+        step=1,
+        targets=tuple(() for _ in stage.outputs),
+        expected=frozenset({"main", "side"}),
+        main_expected=frozenset({"main"}),
+        side_expected=(frozenset({"side"}),),
+    )
+    topology = Topology(nodes=(node,), roots={}, levels=1, shards=1, sink_producers=frozenset())
+    side_impl = context.coders[side_coder].get_impl()
+    return spec, node, topology, main_coder.get_impl(), side_impl, main_coder
+
+
+def side_rows(
+    main: Any,
+    side: Any,
+    mains: list[int],
+    sides: list[int],
+    marks: dict[str, int],
+    width: int = 5,
+) -> list[dict[str, Any]]:
+    """A batch's rows: main ("k", t) and side t elements at t s in fixed windows, markers (s)."""
+
+    def at(t: int) -> Any:
+        return [IntervalWindow(t // width * width, t // width * width + width)]
+
+    framed = b"".join(
+        struct.pack(">I", len(e)) + e
+        for e in (
+            main.encode_nested(WindowedValue(("k", float(t)), Timestamp(t), at(t))) for t in mains
+        )
+    )
+    rows: list[dict[str, Any]] = [
+        {ELEMENT: pack(side.encode_nested(WindowedValue(float(t), Timestamp(t), at(t)))), PORT: 1}
+        for t in sides
+    ]
+    if mains:
+        rows.append({ELEMENT: pack(framed), PORT: FRAMED_RUN})
+    rows.extend(
+        {ELEMENT: None, PRODUCER: p, WATERMARK: w * SECOND, PTIME: 0} for p, w in marks.items()
+    )
+    return rows
 
 
 class MemoryWaitingStore:
@@ -284,3 +395,127 @@ def test_a_window_that_ends_serves_every_firing_once_its_watermark_passes() -> N
     ]
     state.watermarks.advance([Marker("side", Timestamp(5).micros, 0)])
     assert side_inputs.ready_needs(state, (frozenset({"side"}),)) == [need]
+
+
+_READ: list[tuple[float, float]] = []
+
+
+class _RecordSide(beam.DoFn):  # type: ignore[misc]
+    """Records each main element's value with the side value it read."""
+
+    def process(self, kv: tuple[str, float], side: float) -> Any:
+        _READ.append((float(kv[1]), float(side)))
+        yield kv
+
+
+def _stateless_stage(lateness: int = 0) -> tuple[Any, ...]:
+    return side_stage(
+        lambda main, side: main | beam.Map(lambda at: ("k", at)) | beam.ParDo(_RecordSide(), side),
+        window.FixedWindows(10),
+        lateness=lateness,
+    )
+
+
+class _Batches:
+    """A stateless side-input shard's micro-batches, each on the value the last one wrote."""
+
+    def __init__(self, lateness: int = 0) -> None:
+        self.spec, self.node, self.topology, self.main, self.side, _ = _stateless_stage(lateness)
+        self.store = MemoryWaitingStore()
+        self.value: bytes | None = None
+
+    def batch(self, mains: list[int], sides: list[int], marks: dict[str, int]) -> int:
+        rows = side_rows(self.main, self.side, mains, sides, marks, width=10)
+        shard = side_inputs.SideInputShard(self.spec, NO_SINKS, self.store)
+        self.value, _ = shard.run_encoded(self.topology, self.node, 0, self.value, rows)
+        return len(self.value)
+
+    def sides(self) -> list[float]:
+        """The side values the state keeps."""
+        assert self.value is not None
+        state = side_inputs.SideInputShardState.decode(self.value)
+        return sorted(
+            v.value for chunk in state.side_elements(0) for v in self.side.decode_all(chunk)
+        )
+
+
+def test_side_windows_no_main_element_can_read_are_forgotten_and_the_size_stays_flat() -> None:
+    _READ.clear()
+    run = _Batches()
+    sizes = []
+    # A window of 10 s per batch: its side value, two main elements, the side input's
+    # watermark past its end, the main input's at its start.
+    for batch in range(40):
+        at = batch * 10
+        sizes.append(run.batch([at + 1, at + 2], [at], {"main": at, "side": at + 10}))
+    assert _READ == [
+        (float(t), float(t // 10 * 10)) for b in range(40) for t in (b * 10 + 1, b * 10 + 2)
+    ]
+    # Kept: the window the main input's watermark is in; the earlier ones no main element
+    # can map to any more (Beam's default mapping, no allowed lateness).
+    assert run.sides() == [390.0]
+    assert max(sizes[2:]) - min(sizes[2:]) <= 8, sizes
+    run.batch([], [], {"main": 10**12, "side": 10**12})
+    assert run.sides() == []
+
+
+def test_a_side_window_waiting_main_elements_map_to_is_kept_past_the_main_watermark() -> None:
+    _READ.clear()
+    run = _Batches()
+    run.batch([1, 2], [], {"main": 50, "side": 0})
+    # The side value of [0, 10) comes, its window not done yet: the main input's watermark
+    # is far past it, but the waiting elements still map to it.
+    run.batch([], [0], {"main": 60, "side": 5})
+    assert _READ == []
+    assert run.sides() == [0.0]
+    run.batch([], [], {"main": 60, "side": 10})
+    assert _READ == [(1.0, 0.0), (2.0, 0.0)]
+    assert run.sides() == []
+
+
+def test_a_side_window_is_kept_while_the_main_inputs_allowed_lateness_lets_it_be_read() -> None:
+    _READ.clear()
+    run = _Batches(lateness=20)
+    run.batch([], [0], {"main": 25, "side": 10})
+    # [0, 10) ends at 10; main elements of its windows may come until 10 + 20 s.
+    assert run.sides() == [0.0]
+    run.batch([3], [], {"main": 29, "side": 10})
+    assert _READ == [(3.0, 0.0)]
+    run.batch([], [], {"main": 31, "side": 10})
+    assert run.sides() == []
+
+
+class _RecordSideWithPane(beam.DoFn):  # type: ignore[misc]
+    """``_RecordSide`` taking its pane too: it runs in Beam's bundle processor, not batched."""
+
+    def process(
+        self, kv: tuple[str, float], side: float, pane: Any = beam.DoFn.PaneInfoParam
+    ) -> Any:
+        _READ.append((float(kv[1]), float(side)))
+        yield kv
+
+
+def test_a_dofn_in_beams_bundle_processor_reads_each_firing_of_a_global_side_input() -> None:
+    # Beam's invoker would resolve a globally windowed side input once, for its life.
+    spec, node, topology, main, side, _ = side_stage(
+        lambda main, side: (
+            main | beam.Map(lambda at: ("k", at)) | beam.ParDo(_RecordSideWithPane(), side)
+        ),
+        window.GlobalWindows(),
+    )
+    store = MemoryWaitingStore()
+    value: bytes | None = None
+    _READ.clear()
+    for at, firing in [(1, 0), (2, 1), (3, None)]:
+        rows = [{ELEMENT: None, PRODUCER: p, WATERMARK: 0, PTIME: 0} for p in ("main", "side")]
+        if firing is not None:
+            pane = PaneInfo(firing == 0, False, PaneInfoTiming.EARLY, firing, -1)
+            fired = WindowedValue(100.0 * (firing + 1), Timestamp(0), [GlobalWindow()], pane)
+            rows.append({ELEMENT: pack(side.encode_nested(fired)), PORT: 1})
+        element = main.encode_nested(
+            WindowedValue(("k", float(at)), Timestamp(at), [GlobalWindow()])
+        )
+        rows.append({ELEMENT: pack(_framed([element])), PORT: FRAMED_RUN})
+        shard = side_inputs.SideInputShard(spec, NO_SINKS, store)
+        value, _ = shard.run_encoded(topology, node, 0, value, rows)
+    assert _READ == [(1.0, 100.0), (2.0, 200.0), (3.0, 200.0)]

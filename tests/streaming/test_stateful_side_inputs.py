@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import struct
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -12,35 +11,23 @@ from typing import Any
 import apache_beam as beam
 import pytest
 from apache_beam.coders import VarIntCoder
-from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.transforms import userstate, window
-from apache_beam.transforms.periodicsequence import PeriodicImpulse
 from apache_beam.transforms.window import IntervalWindow
 from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import KeyExtractor
 from beam_spark_runner.execution.bundle_outputs import BundleOutputs
 from beam_spark_runner.execution.stage_spec import OutputSpec
 from beam_spark_runner.execution.stage_worker import NO_SINKS
-from beam_spark_runner.planning import build_plan
 from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
-from beam_spark_runner.streaming.compression import pack
 from beam_spark_runner.streaming.rows import (
-    ELEMENT,
-    FRAMED_RUN,
-    PORT,
-    PRODUCER,
-    PTIME,
     ROUTED_SCHEMA,
-    WATERMARK,
     packed,
 )
 from beam_spark_runner.streaming.shard_run import routed_outputs
 from beam_spark_runner.streaming.topology import STAGE, Node, Topology
 from tests import slowly_updating
-from tests.stage_specs import stage_spec
 
 if pyspark_version() < STREAMING_SPARK:
     pytest.skip(
@@ -48,10 +35,8 @@ if pyspark_version() < STREAMING_SPARK:
         allow_module_level=True,
     )
 
-from beam_spark_runner.streaming.query import side_input_specs  # noqa: E402
-from beam_spark_runner.streaming.side_inputs import SideInputStageSpec  # noqa: E402
 from beam_spark_runner.streaming.stateful_side_inputs import StatefulSideInputShard  # noqa: E402
-from tests.streaming.test_side_inputs import MemoryWaitingStore  # noqa: E402
+from tests.streaming.test_side_inputs import MemoryWaitingStore, side_rows, side_stage  # noqa: E402
 
 
 class _CountedRead(beam.DoFn):  # type: ignore[misc]
@@ -114,67 +99,13 @@ class _ReadThenTimer(beam.DoFn):  # type: ignore[misc]
 
 def _shard_and_coders() -> tuple[Any, ...]:
     """A shard of ``_ReadThenTimer`` reading a fixed-windowed side input, run in-process."""
-    pipeline = beam.Pipeline(options=PipelineOptions(["--streaming"]))
-
-    def ticks(name: str) -> Any:
-        return (
-            pipeline
-            | name >> PeriodicImpulse(0, 10, 1)
-            | f"{name}Windows" >> beam.WindowInto(window.FixedWindows(5))
-        )
-
-    side = beam.pvalue.AsSingleton(ticks("Side"))
-    _ = ticks("Main") | beam.Map(lambda at: ("k", at)) | beam.ParDo(_ReadThenTimer(), side)
-    pipeline.visit(bi.group_by_key_input_visitor(True))
-    plan = build_plan(
-        pipeline.to_runner_api(default_environment=bi.default_environment()), streaming=True
-    )
-    (stage,) = [s for s in plan.stages if s.stateful]
-    spec = SideInputStageSpec(
-        stage=stage_spec(plan, stage, "stateful-side-inputs"),
-        components=plan.components.SerializeToString(),
-        input_coder_id=stage.input_coder_id,
-        side_inputs=side_input_specs(stage, plan),
-    )
-    context = bi.PipelineContext(plan.components)
-    main = context.coders[stage.input_coder_id].get_impl()
-    side_coder = plan.data_channel_coders[stage.side_inputs[0].pcollection_id]
-    node = Node(
-        index=0,
-        name=stage.name,
-        kind=STAGE,
+    return side_stage(
+        lambda main, side: (
+            main | beam.Map(lambda at: ("k", at)) | beam.ParDo(_ReadThenTimer(), side)
+        ),
+        window.FixedWindows(5),
         stateful=True,
-        step=1,
-        targets=tuple(() for _ in stage.outputs),
-        expected=frozenset({"main", "side"}),
-        main_expected=frozenset({"main"}),
-        side_expected=(frozenset({"side"}),),
     )
-    topology = Topology(nodes=(node,), roots={}, levels=1, shards=1, sink_producers=frozenset())
-    main_coder = context.coders[stage.input_coder_id]
-    return spec, node, topology, main, context.coders[side_coder].get_impl(), main_coder
-
-
-def _rows(main: Any, side: Any, mains: list[int], sides: list[int], marks: dict[str, int]) -> list:
-    def at(t: int) -> Any:
-        return [IntervalWindow(t // 5 * 5, t // 5 * 5 + 5)]
-
-    framed = b"".join(
-        struct.pack(">I", len(e)) + e
-        for e in (
-            main.encode_nested(WindowedValue(("k", float(t)), Timestamp(t), at(t))) for t in mains
-        )
-    )
-    rows: list[dict[str, Any]] = [
-        {ELEMENT: pack(side.encode_nested(WindowedValue(float(t), Timestamp(t), at(t)))), PORT: 1}
-        for t in sides
-    ]
-    if mains:
-        rows.append({ELEMENT: pack(framed), PORT: FRAMED_RUN})
-    rows.extend(
-        {ELEMENT: None, PRODUCER: p, WATERMARK: w * 1_000_000, PTIME: 0} for p, w in marks.items()
-    )
-    return rows
 
 
 def test_elements_wait_for_their_side_window_and_timers_wait_behind_them() -> None:
@@ -184,7 +115,7 @@ def test_elements_wait_for_their_side_window_and_timers_wait_behind_them() -> No
 
     def batch(previous: bytes | None, *args: Any) -> tuple[bytes, int]:
         shard = StatefulSideInputShard(spec, NO_SINKS, store)
-        encoded, rows = shard.run_encoded(topology, node, 0, previous, _rows(main, side, *args))
+        encoded, rows = shard.run_encoded(topology, node, 0, previous, side_rows(main, side, *args))
         return encoded, next(r[5] for r in rows if r[5] is not None)
 
     # The side input has not reached the end of [0, 5): the elements wait, holding the
@@ -239,7 +170,44 @@ def test_a_keys_elements_of_two_windows_in_one_bundle_each_wait_for_their_side_w
     _SEEN.clear()
     shard = StatefulSideInputShard(spec, NO_SINKS, MemoryWaitingStore())
     state, _ = shard.run(
-        topology, reader, 0, None, [*main_rows, *_rows(main, side, [], [0], {"main": 6, "side": 5})]
+        topology,
+        reader,
+        0,
+        None,
+        [*main_rows, *side_rows(main, side, [], [0], {"main": 6, "side": 5})],
     )
     assert _SEEN == [("element", 4.0, 0.0)]
     assert [bucket[1] for bucket in state.buckets.values()] == [5_000_000]
+
+
+def test_a_long_run_of_expiring_windows_keeps_the_state_value_flat() -> None:
+    spec, node, topology, main, side, _ = side_stage(
+        lambda main, side: (
+            main | beam.Map(lambda at: ("k", at)) | beam.ParDo(_ReadThenTimer(), side)
+        ),
+        window.FixedWindows(10),
+        stateful=True,
+    )
+    store = MemoryWaitingStore()
+    value: bytes | None = None
+    sizes = []
+    _SEEN.clear()
+    # A window of 10 s per batch: its side value and two main elements; the side input's
+    # watermark past its end, the main input's past the end of the window before.
+    for batch in range(40):
+        at = batch * 10
+        rows = side_rows(main, side, [at + 1, at + 2], [at], {"main": at, "side": at + 10}, 10)
+        shard = StatefulSideInputShard(spec, NO_SINKS, store)
+        value, _ = shard.run_encoded(topology, node, 0, value, rows)
+        sizes.append(len(value))
+    elements = [(e, m, s) for e, m, s in _SEEN if e == "element"]
+    assert elements == [
+        ("element", float(t), float(t // 10 * 10))
+        for b in range(40)
+        for t in (b * 10 + 1, b * 10 + 2)
+    ]
+    assert [e for e in _SEEN if e[0] == "timer"] == [("timer", 2.0, 0.0)] * 39
+    # Kept: the open window's side value, user state and timer.
+    assert max(sizes[2:]) - min(sizes[2:]) <= 8, sizes
+    state = StatefulSideInputShard(spec, NO_SINKS, store).decode(value)
+    assert [len(chunks) for chunks in state.sides] == [1]
