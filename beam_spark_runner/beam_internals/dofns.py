@@ -9,7 +9,6 @@ from typing import Any
 
 from apache_beam import coders, pvalue
 from apache_beam.internal.util import ArgumentPlaceholder, insert_values_in_args
-from apache_beam.options.value_provider import RuntimeValueProvider
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners import common as runners_common
 from apache_beam.runners.pipeline_context import PipelineContext
@@ -231,22 +230,6 @@ def processes_batches(dofn: Any, signature: Any) -> bool:
         getattr(dofn, "_process_batch_defined", False)
         or getattr(signature.process_method.method_value, "_beam_yields_batches", False)
     )
-
-
-# The experiment that stops Beam's invokers resolving globally windowed side inputs once.
-_RESOLVE_SIDE_INPUTS_PER_ELEMENT = "disable_global_windowed_args_caching"
-
-
-def resolve_global_side_inputs_per_element() -> None:
-    """Makes the DoFn invokers this process builds from now on read side inputs per element.
-
-    Beam's invoker resolves globally windowed side inputs once and keeps them for its life
-    (``PerWindowInvoker.recalculate_window_args``); a streaming shard serves the same
-    invoker new side-input contents, such as a later trigger firing.
-    """
-    experiments = RuntimeValueProvider.experiments
-    if _RESOLVE_SIDE_INPUTS_PER_ELEMENT not in experiments:
-        RuntimeValueProvider.experiments = {*experiments, _RESOLVE_SIDE_INPUTS_PER_ELEMENT}
 
 
 def is_globally_windowed_side_input(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import threading
 from typing import Any
@@ -20,7 +21,7 @@ from apache_beam.runners.worker import (
     statesampler,
 )
 
-from beam_spark_runner.beam_internals.patches import bundle_sampling_period
+from beam_spark_runner.beam_internals.patches import bundle_sampling_period, side_inputs_per_element
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -51,10 +52,19 @@ class BundleProcessorCache(sdk_worker.BundleProcessorCache):
     def __init__(self, *args: Any, sampling_period_ms: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.sampling_period_ms = sampling_period_ms
+        # Set once the side inputs served to its processors change between bundles.
+        self.side_inputs_change = False
 
     def get(self, instruction_id: str, bundle_descriptor_id: str) -> Any:
-        """Beam's ``get``; a processor it builds samples every ``sampling_period_ms``."""
-        with bundle_sampling_period(self.sampling_period_ms):
+        """Beam's ``get``; a processor it builds samples every ``sampling_period_ms``.
+
+        With ``side_inputs_change``, its invokers read globally windowed side inputs per
+        element (``patches.side_inputs_per_element``).
+        """
+        with contextlib.ExitStack() as scope:
+            scope.enter_context(bundle_sampling_period(self.sampling_period_ms))
+            if self.side_inputs_change:
+                scope.enter_context(side_inputs_per_element())
             return super().get(instruction_id, bundle_descriptor_id)
 
     def _schedule_periodic_shutdown(self) -> None:

@@ -23,6 +23,12 @@
   ``BatchElements``' keying DoFns (``WithSharedKey``, ``WithLengthBucketKey``) key each
   bundle's elements by the Spark task's partition instead of a UUID per process, so that
   which pooled worker process ran a micro-batch does not split the batches.
+* :func:`side_inputs_per_element` (a Spark Python worker; only while a streaming shard's
+  bundle processor is built): Beam's ``disable_global_windowed_args_caching`` experiment,
+  so that the invokers built there read globally windowed side inputs per element. A
+  shard serves one processor's invokers new side-input contents each micro-batch (a later
+  trigger firing), which an invoker that resolved them once would not see. The
+  process's experiments are back once no processor is being built.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from apache_beam.options.value_provider import RuntimeValueProvider
 from apache_beam.runners.worker import (
     statesampler,
 )
@@ -132,6 +139,31 @@ def bundle_sampling_period(period_ms: int) -> contextlib.AbstractContextManager[
         return undo
 
     return _SAMPLING.held(apply)
+
+
+_PER_ELEMENT = _CountedPatch()
+# The experiment that stops Beam's invokers resolving globally windowed side inputs once.
+_RESOLVE_SIDE_INPUTS_PER_ELEMENT = "disable_global_windowed_args_caching"
+
+
+def side_inputs_per_element() -> contextlib.AbstractContextManager[None]:
+    """Within: DoFn invokers built here read globally windowed side inputs per element.
+
+    Beam's ``PerWindowInvoker`` reads the experiment when it is built and, without it,
+    resolves such side inputs once for its life. The process's experiments are restored
+    when the last thread leaves.
+    """
+
+    def apply() -> Callable[[], None]:
+        before = RuntimeValueProvider.experiments
+        RuntimeValueProvider.experiments = {*before, _RESOLVE_SIDE_INPUTS_PER_ELEMENT}
+
+        def undo() -> None:
+            RuntimeValueProvider.experiments = before
+
+        return undo
+
+    return _PER_ELEMENT.held(apply)
 
 
 def shared_keys_per_task(task_key: Callable[[], str | None]) -> None:

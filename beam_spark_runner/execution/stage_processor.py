@@ -91,6 +91,7 @@ class StageWorker:
             {self.descriptor.id: self.descriptor},
             sampling_period_ms=BUNDLE_SAMPLING_PERIOD_MS,
         )
+        self.processor_cache = processor_cache
         self.worker = bi.SdkWorker(processor_cache)
         context = bi.PipelineContext(self.descriptor)
         self.key_extractors = {
@@ -124,6 +125,8 @@ class StageWorker:
         contents need a new token.
         """
         self.state.load_side_inputs(entries)
+        # Processors built from now on resolve global-window side inputs per element.
+        self.processor_cache.side_inputs_change = True
         self.cache_tokens = _side_input_cache_tokens(self._side_inputs, token)
 
     def _run_batched(self, data: Bundle) -> Any:

@@ -492,7 +492,6 @@ def load_side_inputs(worker: Any, spec: SideInputStageSpec, state: SideInputShar
 
     Called before a shard's first bundle, so the invokers its bundles build read them anew.
     """
-    bi.resolve_global_side_inputs_per_element()
     entries = [
         entry
         for number, (side, coder) in enumerate(

@@ -305,6 +305,34 @@ def test_the_bundle_processor_cache_starts_no_thread_of_its_own() -> None:
     cache.shutdown()
 
 
+def test_processors_built_after_side_inputs_change_resolve_them_per_element_and_beam_is_back() -> (
+    None
+):
+    from apache_beam.options.value_provider import RuntimeValueProvider
+
+    seen: list[bool] = []
+
+    class Recording(bi.BundleProcessorCache):  # type: ignore[misc]
+        def _build(self) -> None:
+            seen.append("disable_global_windowed_args_caching" in RuntimeValueProvider.experiments)
+
+    before = RuntimeValueProvider.experiments
+    cache = Recording(bi.FNAPI_RUNNER_CAPABILITIES, None, None, {}, sampling_period_ms=20)
+    # Beam's get builds a processor for an unknown instruction: stand in for the build.
+    base = bi.BundleProcessorCache.__mro__[1]
+    original = base.get
+    base.get = lambda self, *args: self._build()  # type: ignore[method-assign]
+    try:
+        cache.get("1", "d")
+        cache.side_inputs_change = True
+        cache.get("2", "d")
+    finally:
+        base.get = original  # type: ignore[method-assign]
+        cache.shutdown()
+    assert seen == [False, True]
+    assert RuntimeValueProvider.experiments == before
+
+
 @pytest.fixture
 def counted_views(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[type]]:
     """The option-view memo of one pipeline, in force over a counter of Beam's ``view_as``.
