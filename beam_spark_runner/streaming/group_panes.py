@@ -44,6 +44,8 @@ from beam_spark_runner.streaming.grouping import (
     dumps,
     encode_shard_state,
     release_shard_state,
+    replay_changes,
+    shard_changes,
 )
 from beam_spark_runner.streaming.rows import (
     ELEMENT,
@@ -293,6 +295,14 @@ class GroupShard(ShardRun[ShardState, Fired]):
 
     def release(self, state: ShardState) -> None:
         release_shard_state(state)
+
+    def changes(self, state: ShardState) -> bytes:
+        """The batch's changes, for ``state_cache``'s log."""
+        return shard_changes(state)
+
+    def replay(self, state: ShardState, changes: bytes) -> None:
+        """A batch's changes applied (``state_cache``'s reload)."""
+        replay_changes(state, changes)
 
     def storing(self) -> Any:
         """The collector paused: keys' states are decoded, kept and encoded (no user code)."""

@@ -47,6 +47,8 @@ class KeyState:
 # Each key's state is its own pickle inside the shard's value; the value is a tuple tagged
 # with this layout (an untagged pair is the layout before it: every key in one pickle).
 _LAYOUT = "beam-spark-gbk-keys-v2"
+# What a micro-batch changed (``state_cache``'s log), tagged likewise.
+_CHANGES = "beam-spark-gbk-changes-v1"
 # The visit time of a key with work every micro-batch (a processing-time timer, or a key
 # of an older checkpoint until its first batch settles it).
 ALWAYS = MIN_MICROS
@@ -75,6 +77,10 @@ class ShardState:
     # and holds with them: the window's tag (``group_panes._window_tag``) -> (its end, the earliest
     # hold of its keys; micros). See ``group_panes.StreamingGrouper.process``.
     buffered: dict[bytes, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    # Keys whose blob, visit or hold this micro-batch may change, in the order a replay
+    # must put them (``shard_changes``), and keys it removed: not encoded.
+    dirty: dict[bytes, None] = dataclasses.field(default_factory=dict)
+    removed: set[bytes] = dataclasses.field(default_factory=set)
 
     def key_state(self, key_bytes: bytes) -> KeyState | None:
         """The key's state, decoded on first use; None for a key the shard does not hold."""
@@ -84,12 +90,15 @@ class ShardState:
             if blob is None:
                 return None
             loaded = self.keys[key_bytes] = _decode_key(blob)
+            self.dirty[key_bytes] = None
         return loaded
 
     def add(self, key_bytes: bytes, key_state: KeyState) -> None:
         """A key new to the shard."""
         self.keys[key_bytes] = key_state
         self.blobs[key_bytes] = b""  # its place in the order; encoded with the shard
+        self.dirty.pop(key_bytes, None)  # a key removed and added again goes last
+        self.dirty[key_bytes] = None
 
     def remove(self, key_bytes: bytes) -> None:
         """Forgets a key with nothing left."""
@@ -97,6 +106,8 @@ class ShardState:
         del self.blobs[key_bytes]
         self.visits.pop(key_bytes, None)
         self.holds.pop(key_bytes, None)
+        self.dirty.pop(key_bytes, None)
+        self.removed.add(key_bytes)
 
     def load_due(self, watermark: int) -> None:
         """Decodes every key with work once the input watermark is ``watermark``."""
@@ -170,10 +181,60 @@ def encode_shard_state(shard: ShardState) -> bytes:
     """
     for key_bytes, key_state in shard.keys.items():
         shard.blobs[key_bytes] = _encode_key(key_state)
+    shard.dirty.clear()
+    shard.removed.clear()
     return pickle.dumps(
         (_LAYOUT, shard.watermarks, shard.blobs, shard.visits, shard.holds, shard.buffered),
         protocol=pickle.HIGHEST_PROTOCOL,
     )
+
+
+def shard_changes(shard: ShardState) -> bytes:
+    """What the micro-batch changed, for ``replay_changes``.
+
+    The shard's watermarks and buffered windows, its removed keys, and each changed key's
+    blob, visit and hold. The changed keys' blobs are brought up to date, as
+    ``encode_shard_state`` does.
+    """
+    blobs, keys, visits, holds = shard.blobs, shard.keys, shard.visits, shard.holds
+    changed = []
+    for key_bytes in shard.dirty:
+        blob = blobs[key_bytes] = _encode_key(keys[key_bytes])
+        changed.append((key_bytes, blob, visits.get(key_bytes), holds.get(key_bytes)))
+    data = pickle.dumps(
+        (_CHANGES, shard.watermarks, shard.buffered, list(shard.removed), changed),
+        protocol=pickle.HIGHEST_PROTOCOL,
+    )
+    shard.dirty.clear()
+    shard.removed.clear()
+    return data
+
+
+def replay_changes(shard: ShardState, data: bytes) -> None:
+    """Applies what ``shard_changes`` wrote to the shard as it was before that batch.
+
+    Removed keys go first, then the changed keys in order: a key the batch kept stays in
+    its place, one it added (or removed and added again) goes last, as in the batch.
+    """
+    layout, watermarks, buffered, removed, changed = pickle.loads(data)
+    assert layout == _CHANGES, f"expected a GroupByKey shard's changes, found {layout!r}"
+    blobs, visits, holds = shard.blobs, shard.visits, shard.holds
+    for key_bytes in removed:
+        blobs.pop(key_bytes, None)
+        visits.pop(key_bytes, None)
+        holds.pop(key_bytes, None)
+    for key_bytes, blob, visit, hold in changed:
+        blobs[key_bytes] = blob
+        if visit is None:
+            visits.pop(key_bytes, None)
+        else:
+            visits[key_bytes] = visit
+        if hold is None:
+            holds.pop(key_bytes, None)
+        else:
+            holds[key_bytes] = hold
+    shard.watermarks = watermarks
+    shard.buffered = buffered
 
 
 def release_shard_state(shard: ShardState) -> None:
