@@ -115,13 +115,7 @@ class _Shard:
                 PORT: 0,
             }
         )
-        if self.store and self.state is not None:
-            # As ``streaming.levels`` does: encoded, its decoded keys released, then decoded.
-            encoded = grouping.encode_shard_state(self.state)
-            grouping.release_shard_state(self.state)
-            self.state = grouping.decode_shard_state(encoded)
-        run = group_panes.GroupShard(group_panes.streaming_grouper(self.spec), self.chunks)
-        self.state, out = run.run(self.topology, self.node, 0, self.state, rows)
+        out = self.run(rows)
         panes = [
             pane
             for row in out
@@ -133,6 +127,18 @@ class _Shard:
         assert sorted(m[0] for m in markers) == sorted([self.node.all_targets[0], SINK])
         assert len({m[5] for m in markers}) == 1
         return panes, markers[0][5]
+
+
+    def run(self, rows: list[dict[str, Any]]) -> list[Any]:
+        """The shard's micro-batch over ``rows``: its rows out."""
+        if self.store and self.state is not None:
+            # As ``streaming.levels`` did: encoded, its decoded keys released, then decoded.
+            encoded = grouping.encode_shard_state(self.state)
+            grouping.release_shard_state(self.state)
+            self.state = grouping.decode_shard_state(encoded)
+        run = group_panes.GroupShard(group_panes.streaming_grouper(self.spec), self.chunks)
+        self.state, out = run.run(self.topology, self.node, 0, self.state, rows)
+        return out
 
 
 def _values(panes: list[WindowedValue]) -> list[tuple[Any, list[Any], Any]]:

@@ -1,0 +1,220 @@
+"""GroupByKey shards on ``state_cache``: cached between micro-batches, changes logged.
+
+The shards run as ``streaming.levels`` runs them, against in-memory stand-ins for the
+level's value and list state, without Spark.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import apache_beam as beam
+import pytest
+from apache_beam.transforms import trigger, window
+from apache_beam.utils.windowed_value import WindowedValue
+
+from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
+from beam_spark_runner.streaming import group_panes, grouping
+
+if pyspark_version() < STREAMING_SPARK:
+    pytest.skip("streaming runs need PySpark 4.0+", allow_module_level=True)
+
+from beam_spark_runner.streaming import state_cache  # noqa: E402
+from beam_spark_runner.streaming.compression import pack  # noqa: E402
+from tests.streaming.test_grouping import MemoryChunks, _Shard  # noqa: E402
+
+
+class _Value:
+    """A value state in memory."""
+
+    def __init__(self) -> None:
+        self.value: tuple[bytes] | None = None
+
+    def get(self) -> tuple[bytes] | None:
+        return self.value
+
+    def update(self, value: tuple[bytes]) -> None:
+        self.value = value
+
+
+class _List:
+    """A list state in memory, counting its calls."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[bytes]] = []
+        self.reads = self.puts = self.appends = 0
+
+    def get(self) -> Iterator[tuple[bytes]]:
+        self.reads += 1
+        return iter(list(self.rows))
+
+    def put(self, rows: list[tuple[bytes]]) -> None:
+        self.puts += 1
+        self.rows = list(rows)
+
+    def appendList(self, rows: list[tuple[bytes]]) -> None:  # noqa: N802 - PySpark's name
+        self.appends += 1
+        self.rows.extend(rows)
+
+
+class _Logged(_Shard):
+    """A shard whose micro-batches run through ``state_cache.run_logged``.
+
+    ``reload``: the worker's cache is emptied before every batch (as when each batch's
+    task lands in another worker process), so each reads base and log back.
+    """
+
+    def __init__(self, windowing: beam.WindowInto, chunks: Any = None, reload: bool = False):
+        super().__init__(windowing, chunks=chunks)
+        self.value, self.log = _Value(), _List()
+        self.key = (uuid.uuid4().hex, self.node.index, 0)
+        self.reload = reload
+
+    def run(self, rows: list[dict[str, Any]]) -> list[Any]:
+        if self.reload:
+            state_cache._CACHE.pop(self.key, None)
+        run = group_panes.GroupShard(group_panes.streaming_grouper(self.spec), self.chunks)
+        return state_cache.run_logged(
+            run, run, self.value, self.log, self.key, self.topology, self.node, rows
+        )
+
+    def cached(self) -> grouping.ShardState:
+        state = state_cache._CACHE[self.key].state
+        assert isinstance(state, grouping.ShardState)
+        return state
+
+
+def _panes(panes: list[WindowedValue]) -> list[Any]:
+    return [(p.value[0], list(p.value[1]), p.timestamp, p.windows, p.pane_info) for p in panes]
+
+
+def _layout(state: grouping.ShardState) -> tuple[Any, ...]:
+    """What a shard keeps, its keys' order included."""
+    return (
+        list(state.blobs.items()),
+        list(state.visits.items()),
+        sorted(state.holds.items()),
+        state.buffered,
+        state.watermarks.input_watermark,
+        state.watermarks.output_watermark,
+    )
+
+
+WINDOWINGS = {
+    "fixed, values in the chunk store": (lambda: beam.WindowInto(window.FixedWindows(10)), True),
+    "sessions": (lambda: beam.WindowInto(window.Sessions(5)), False),
+    "global, Beam's driver": (
+        lambda: beam.WindowInto(
+            window.GlobalWindows(),
+            trigger=trigger.Repeatedly(trigger.AfterCount(3)),
+            accumulation_mode=trigger.AccumulationMode.DISCARDING,
+        ),
+        False,
+    ),
+    "sliding, late panes": (
+        lambda: beam.WindowInto(
+            window.SlidingWindows(10, 5),
+            allowed_lateness=15,
+            accumulation_mode=trigger.AccumulationMode.ACCUMULATING,
+        ),
+        True,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(WINDOWINGS))
+def test_cached_and_read_back_shards_give_the_panes_of_the_whole_value(name: str) -> None:
+    """The same batches through the value rewritten whole, the cache, and base and log
+    read back every batch: the same panes, watermarks and state, keys in the same order."""
+    make, chunked = WINDOWINGS[name]
+    whole = _Shard(make(), store=True, chunks=MemoryChunks() if chunked else None)
+    cached = _Logged(make(), chunks=MemoryChunks() if chunked else None)
+    read_back = _Logged(make(), chunks=MemoryChunks() if chunked else None, reload=True)
+    draw = random.Random(name)
+    watermark = 0.0
+    fired = 0
+    reloads = state_cache.STATS.reloads
+    for _ in range(25):
+        elements = []
+        for _ in range(draw.randrange(8)):
+            at = watermark - 3 + draw.random() * 20
+            windows = make().windowing.windowfn.assign(
+                window.WindowFn.AssignContext(beam.utils.timestamp.Timestamp(at))
+            )
+            key = f"k{draw.randrange(12)}"
+            elements += [(key, draw.randrange(100), at, w) for w in windows]
+        watermark += draw.random() * 6
+        expected = whole.batch(elements, watermark)
+        fired += len(expected[0])
+        for shard in (cached, read_back):
+            panes, out = shard.batch(elements, watermark)
+            assert (_panes(panes), out) == (_panes(expected[0]), expected[1])
+    assert fired > 10
+    assert state_cache.STATS.reloads - reloads >= 23  # every batch of ``read_back`` but its first
+    assert whole.state is not None
+    grouping.encode_shard_state(whole.state)
+    assert _layout(cached.cached()) == _layout(read_back.cached()) == _layout(whole.state)
+
+
+def _global(count: int) -> beam.WindowInto:
+    return beam.WindowInto(
+        window.GlobalWindows(),
+        trigger=trigger.Repeatedly(trigger.AfterCount(count)),
+        accumulation_mode=trigger.AccumulationMode.DISCARDING,
+    )
+
+
+def test_a_batch_run_again_after_a_failed_attempt_reads_the_store_not_the_cache() -> None:
+    shard = _Logged(_global(2))
+    g = window.GlobalWindow()
+    shard.batch([("k", 1, 1, g)], watermark=0)
+    committed = (shard.value.value, list(shard.log.rows))
+    first, _ = shard.batch([("k", 2, 2, g)], watermark=0)
+    assert [p.value for p in first] == [("k", [1, 2])]
+    # Spark discards the attempt's writes; this process's cache still holds its state.
+    shard.value.value, shard.log.rows = committed
+    reloads = state_cache.STATS.reloads
+    again, _ = shard.batch([("k", 2, 2, g)], watermark=0)
+    assert state_cache.STATS.reloads == reloads + 1
+    assert _panes(again) == _panes(first)
+
+
+def test_a_batch_writes_and_reads_what_it_touched_and_the_log_is_compacted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(state_cache, "COMPACT_ENTRIES", 4)
+    shard = _Logged(_global(100))
+    g = window.GlobalWindow()
+    shard.batch([(f"k{i}", i, 1, g) for i in range(2000)], watermark=0)
+    assert shard.log.puts == 1 and shard.log.appends == 0
+    (base,) = shard.log.rows
+    hits = state_cache.STATS.hits
+    for n in range(4):
+        shard.batch([(f"k{n}", -1, 2, g)], watermark=0)
+        header = shard.value.value
+        assert header is not None and len(header[0]) < 32
+    assert state_cache.STATS.hits == hits + 4
+    assert shard.log.reads == 0 and shard.log.puts == 1 and shard.log.appends == 4
+    changes = shard.log.rows[1:]
+    assert len(changes) == 4
+    # One key's state each, not the 2 000 keys'.
+    assert max(len(c[0]) for c in changes) * 20 < len(base[0])
+    shard.batch([("k9", -1, 2, g)], watermark=0)
+    assert shard.log.puts == 2 and len(shard.log.rows) == 1  # the log folded into the base
+
+
+def test_a_value_written_whole_before_the_log_is_read_and_written_as_a_base() -> None:
+    whole = _Shard(_global(2))
+    g = window.GlobalWindow()
+    whole.batch([("k", 1, 1, g)], watermark=0)
+    assert whole.state is not None
+    shard = _Logged(_global(2))
+    shard.value.value = (pack(grouping.encode_shard_state(whole.state)),)
+    panes, _ = shard.batch([("k", 2, 2, g)], watermark=0)
+    assert [p.value for p in panes] == [("k", [1, 2])]
+    assert shard.log.puts == 1
+    header = shard.value.value
+    assert header is not None and header[0].startswith(state_cache._HEADER)
