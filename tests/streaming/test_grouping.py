@@ -128,7 +128,6 @@ class _Shard:
         assert len({m[5] for m in markers}) == 1
         return panes, markers[0][5]
 
-
     def run(self, rows: list[dict[str, Any]]) -> list[Any]:
         """The shard's micro-batch over ``rows``: its rows out."""
         if self.store and self.state is not None:
