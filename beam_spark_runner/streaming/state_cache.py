@@ -3,14 +3,17 @@
 A shard whose kind can say what a micro-batch changed (``LoggedShard``: a GroupByKey's)
 keeps its state in the state store as a *base* (its whole state, as ``ShardRun.encode``
 writes it) followed by a *log* of changes, both rows of the level's list state
-(``level_shell.LOG_STATE``), and a small *header* in its value state: a random token,
-new with every write. The decoded state stays in this process's cache (``_CACHE``) under
+(``level_shell.LOG_STATE``), and a small *header* in its value state: a random token, new
+with every write, and the last ``RECENT_CHANGES`` batches' changes, each with the tokens
+before and after it. The decoded state stays in this process's cache (``_CACHE``) under
 (level run, node, shard), with the token it was written under. A micro-batch reads the
-header (one small state call): if the cache holds the shard under that token, it runs on
-the cached state; otherwise (a restart, the shard's task in another worker process, a batch
-run again after a failed attempt, whose token the store never committed) it reads base
-and log back and replays the log. It then appends its changes in one call and writes a new
-token: what a batch writes and checkpoints is what it touched, not the whole state.
+header (one state call): if the cache holds the shard under that token, it runs on the
+cached state; if under a token a recent change follows (Spark hands a task whichever idle
+Python worker comes first, so a shard's batches rotate over a few processes), the changes
+since are replayed on it; otherwise (a restart, a batch run again after a failed attempt,
+whose token the store never committed) it reads base and log back and replays the log. It
+then appends its changes in one call and writes a new header: what a batch writes and
+checkpoints is what it touched, not the whole state.
 
 The log is folded into a new base (the list rewritten whole) once its bytes reach
 ``COMPACT_FRACTION`` of the base's, or after ``COMPACT_ENTRIES`` batches: a change is then
@@ -27,6 +30,7 @@ import collections
 import dataclasses
 import logging
 import os
+import pickle
 from collections.abc import Iterable
 from typing import Any, Protocol, TypeVar
 
@@ -47,6 +51,9 @@ _BASE, _CHANGES = b"B", b"C"
 BASE_ROW_BYTES = 4 << 20
 COMPACT_FRACTION = 0.5
 COMPACT_ENTRIES = 256
+# Changes the header keeps for caches a few batches behind, and at most these bytes of them.
+RECENT_CHANGES = 4
+RECENT_BYTES = 4 << 20
 # Level runs whose shards stay cached in a worker process (a process serves the tasks of
 # one query at a time; an older query's shards would only take memory).
 _RUNS_KEPT = 2
@@ -70,9 +77,39 @@ class _Cached:
 
     token: bytes
     state: Any
-    base_bytes: int
-    log_bytes: int
-    log_entries: int
+
+
+@dataclasses.dataclass
+class _Header:
+    """A logged shard's value: its token, its recent changes, the size of its base and log."""
+
+    token: bytes = b""
+    # (token before, token after, packed change), oldest first.
+    recent: list[tuple[bytes, bytes, bytes]] = dataclasses.field(default_factory=list)
+    base_bytes: int = 0
+    log_bytes: int = 0
+    log_entries: int = 0
+
+    def encode(self) -> bytes:
+        fields = (self.token, self.recent, self.base_bytes, self.log_bytes, self.log_entries)
+        return _HEADER + pickle.dumps(fields, protocol=pickle.HIGHEST_PROTOCOL)
+
+    @staticmethod
+    def decode(data: bytes) -> _Header:
+        return _Header(*pickle.loads(memoryview(data)[len(_HEADER) :]))
+
+    def since(self, token: bytes) -> list[bytes] | None:
+        """The changes after ``token``, oldest first; None if none follows it."""
+        for i, (before, _, _) in enumerate(self.recent):
+            if before == token:
+                return [change for _, _, change in self.recent[i:]]
+        return None
+
+    def compaction_due(self) -> bool:
+        return (
+            self.log_bytes >= COMPACT_FRACTION * self.base_bytes
+            or self.log_entries >= COMPACT_ENTRIES
+        )
 
 
 # (level run, node, shard) -> the shard's state; runs most recently used last.
@@ -85,6 +122,7 @@ class CacheStats:
     """How this process's shards were loaded (for tests and the benchmark's log)."""
 
     hits: int = 0
+    caught_up: int = 0
     reloads: int = 0
     compactions: int = 0
 
@@ -107,10 +145,6 @@ def _use_run(run: str) -> None:
             del _CACHE[key]
 
 
-def _header(token: bytes) -> bytes:
-    return _HEADER + token
-
-
 def run_logged(
     shard_run: ShardRun[Any, Any],
     logged: LoggedShard[Any],
@@ -127,52 +161,60 @@ def run_logged(
     # token the store still holds.
     cached = _CACHE.pop(key, None)
     stored = value_state.get()
-    header = bytes(stored[0]) if stored is not None else None
-    entry: _Cached | None
-    if header is None:
-        entry, state = None, None
-    elif header.startswith(_HEADER):
-        if cached is not None and cached.token == header[len(_HEADER) :]:
+    data = bytes(stored[0]) if stored is not None else None
+    header, state = _Header(), None
+    if data is not None and data.startswith(_HEADER):
+        header = _Header.decode(data)
+        since = None if cached is None else header.since(cached.token)
+        if cached is not None and cached.token == header.token:
             STATS.hits += 1
-            entry, state = cached, cached.state
+            state = cached.state
+        elif cached is not None and since is not None:
+            STATS.caught_up += 1
+            with shard_run.storing():
+                for change in since:
+                    logged.replay(cached.state, unpack(change))
+            state = cached.state
         else:
             STATS.reloads += 1
-            entry = _reload(shard_run, logged, log_state, key)
-            state = entry.state
-    else:
+            state = _reload(shard_run, logged, log_state, key)
+    elif data is not None:
         # The layout before: the whole state in the value; written back as a base.
-        entry, state = None, shard_run.decode(unpack(header))
+        state = shard_run.decode(unpack(data))
     with shard_run.storing():
         state, out = shard_run.run(topology, node, key[2], state, rows)
         token = os.urandom(_TOKEN_BYTES)
-        if entry is not None and not _compaction_due(entry):
-            change = pack(logged.changes(state))
+        change = pack(logged.changes(state))
+        recent = header.recent
+        if header.token:
+            recent = _kept([*recent, (header.token, token, change)])
+        if header.token and not header.compaction_due():
             log_state.appendList([(_CHANGES + change,)])
-            entry = _Cached(
-                token, state, entry.base_bytes, entry.log_bytes + len(change), entry.log_entries + 1
+            header = _Header(
+                token,
+                recent,
+                header.base_bytes,
+                header.log_bytes + len(change),
+                header.log_entries + 1,
             )
         else:
             base = pack(shard_run.encode(state))
-            log_state.put(
-                [
-                    (_BASE + base[i : i + BASE_ROW_BYTES],)
-                    for i in range(0, len(base), BASE_ROW_BYTES)
-                ]
-                or [(_BASE,)]
-            )
+            rows_out = range(0, len(base), BASE_ROW_BYTES)
+            log_state.put([(_BASE + base[i : i + BASE_ROW_BYTES],) for i in rows_out] or [(_BASE,)])
             STATS.compactions += 1
-            entry = _Cached(token, state, len(base), 0, 0)
-        value_state.update((_header(token),))
+            header = _Header(token, recent, len(base))
+        value_state.update((header.encode(),))
         shard_run.release(state)
-    _CACHE[key] = entry
+    _CACHE[key] = _Cached(token, state)
     return out
 
 
-def _compaction_due(entry: _Cached) -> bool:
-    return (
-        entry.log_bytes >= COMPACT_FRACTION * entry.base_bytes
-        or entry.log_entries >= COMPACT_ENTRIES
-    )
+def _kept(recent: list[tuple[bytes, bytes, bytes]]) -> list[tuple[bytes, bytes, bytes]]:
+    """The latest ``RECENT_CHANGES`` changes, fewer if they pass ``RECENT_BYTES``."""
+    recent = recent[-RECENT_CHANGES:]
+    while len(recent) > 1 and sum(len(change) for _, _, change in recent) > RECENT_BYTES:
+        recent = recent[1:]
+    return recent
 
 
 def _reload(
@@ -180,7 +222,7 @@ def _reload(
     logged: LoggedShard[Any],
     log_state: Any,
     key: tuple[str, int, int],
-) -> _Cached:
+) -> Any:
     """The shard's state read back from its base and log."""
     base: list[bytes] = []
     changes: list[bytes] = []
@@ -201,4 +243,4 @@ def _reload(
         len(packed_base),
         len(changes),
     )
-    return _Cached(b"", state, len(packed_base), sum(map(len, changes)), len(changes))
+    return state

@@ -6,6 +6,7 @@ level's value and list state, without Spark.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import uuid
 from collections.abc import Iterator
@@ -25,6 +26,12 @@ if pyspark_version() < STREAMING_SPARK:
 from beam_spark_runner.streaming import state_cache  # noqa: E402
 from beam_spark_runner.streaming.compression import pack  # noqa: E402
 from tests.streaming.test_grouping import MemoryChunks, _Shard  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _runs_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each shard here is a run of its own, several at a time."""
+    monkeypatch.setattr(state_cache, "_RUNS_KEPT", 100)
 
 
 class _Value:
@@ -63,23 +70,29 @@ class _List:
 class _Logged(_Shard):
     """A shard whose micro-batches run through ``state_cache.run_logged``.
 
-    ``reload``: the worker's cache is emptied before every batch (as when each batch's
-    task lands in another worker process), so each reads base and log back.
+    Its batches go round ``workers`` worker processes, each with its own cache, as Spark
+    hands a task whichever idle worker comes first.
     """
 
-    def __init__(self, windowing: beam.WindowInto, chunks: Any = None, reload: bool = False):
+    def __init__(self, windowing: beam.WindowInto, chunks: Any = None, workers: int = 1):
         super().__init__(windowing, chunks=chunks)
         self.value, self.log = _Value(), _List()
         self.key = (uuid.uuid4().hex, self.node.index, 0)
-        self.reload = reload
+        self.caches: list[Any] = [None] * workers
+        self.batches = 0
 
     def run(self, rows: list[dict[str, Any]]) -> list[Any]:
-        if self.reload:
-            state_cache._CACHE.pop(self.key, None)
+        worker = self.batches % len(self.caches)
+        self.batches += 1
+        state_cache._CACHE.pop(self.key, None)
+        if self.caches[worker] is not None:
+            state_cache._CACHE[self.key] = self.caches[worker]
         run = group_panes.GroupShard(group_panes.streaming_grouper(self.spec), self.chunks)
-        return state_cache.run_logged(
+        out = state_cache.run_logged(
             run, run, self.value, self.log, self.key, self.topology, self.node, rows
         )
+        self.caches[worker] = state_cache._CACHE[self.key]
+        return out
 
     def cached(self) -> grouping.ShardState:
         state = state_cache._CACHE[self.key].state
@@ -127,16 +140,20 @@ WINDOWINGS = {
 
 @pytest.mark.parametrize("name", list(WINDOWINGS))
 def test_cached_and_read_back_shards_give_the_panes_of_the_whole_value(name: str) -> None:
-    """The same batches through the value rewritten whole, the cache, and base and log
-    read back every batch: the same panes, watermarks and state, keys in the same order."""
+    """The same batches through the value rewritten whole, one worker's cache, caches of
+    three workers taking turns (each catching up on the changes it missed), and of six
+    (too far behind: base and log read back every batch): the same panes, watermarks and
+    state, keys in the same order."""
     make, chunked = WINDOWINGS[name]
     whole = _Shard(make(), store=True, chunks=MemoryChunks() if chunked else None)
-    cached = _Logged(make(), chunks=MemoryChunks() if chunked else None)
-    read_back = _Logged(make(), chunks=MemoryChunks() if chunked else None, reload=True)
+    cached, turns, read_back = (
+        _Logged(make(), chunks=MemoryChunks() if chunked else None, workers=workers)
+        for workers in (1, 3, 6)
+    )
     draw = random.Random(name)
     watermark = 0.0
     fired = 0
-    reloads = state_cache.STATS.reloads
+    before = dataclasses.replace(state_cache.STATS)
     for _ in range(25):
         elements = []
         for _ in range(draw.randrange(8)):
@@ -149,14 +166,21 @@ def test_cached_and_read_back_shards_give_the_panes_of_the_whole_value(name: str
         watermark += draw.random() * 6
         expected = whole.batch(elements, watermark)
         fired += len(expected[0])
-        for shard in (cached, read_back):
+        for shard in (cached, turns, read_back):
             panes, out = shard.batch(elements, watermark)
             assert (_panes(panes), out) == (_panes(expected[0]), expected[1])
     assert fired > 10
-    assert state_cache.STATS.reloads - reloads >= 23  # every batch of ``read_back`` but its first
+    stats = state_cache.STATS
+    # After the first batch: ``cached`` hits 24 times; ``turns`` reads back its second
+    # and third, then catches up 22 times; ``read_back`` reads back all 24.
+    assert stats.hits - before.hits == 24
+    assert stats.caught_up - before.caught_up == 22
+    assert stats.reloads - before.reloads == 2 + 24
     assert whole.state is not None
     grouping.encode_shard_state(whole.state)
-    assert _layout(cached.cached()) == _layout(read_back.cached()) == _layout(whole.state)
+    expected = _layout(whole.state)
+    assert _layout(cached.cached()) == _layout(turns.cached()) == expected
+    assert _layout(read_back.cached()) == expected
 
 
 def _global(count: int) -> beam.WindowInto:
@@ -195,7 +219,8 @@ def test_a_batch_writes_and_reads_what_it_touched_and_the_log_is_compacted(
     for n in range(4):
         shard.batch([(f"k{n}", -1, 2, g)], watermark=0)
         header = shard.value.value
-        assert header is not None and len(header[0]) < 32
+        # A token and the last few batches' changes: one key's state each.
+        assert header is not None and len(header[0]) * 5 < len(base[0])
     assert state_cache.STATS.hits == hits + 4
     assert shard.log.reads == 0 and shard.log.puts == 1 and shard.log.appends == 4
     changes = shard.log.rows[1:]
