@@ -1,12 +1,14 @@
 """A GroupByKey shard's state between micro-batches: its keys, their trigger state, its layout.
 
-The shard's keys, their trigger-driver state and its watermarks are one value in Spark's
-state store, read once and written once per batch: two state calls per shard and batch,
-none per key or element (see docs/architecture.md). Inside that value each key's state is
-its own pickle (``ShardState.blobs``), with the watermark at which the key next has work
-and its earliest hold kept beside it: a micro-batch decodes and re-encodes only the keys
-it has elements for or work due, not every key the shard holds. Under the runner's
-default-trigger driver a window that has not fired is not in that value either: each
+The shard's keys, their trigger-driver state and its watermarks are one encoded value
+(``encode_shard_state``), kept between batches by ``state_cache``: cached decoded in the
+worker, in the state store as a base of that value and a log of each batch's changes
+(``shard_changes``: the keys it decoded, added or removed), never a state call per key or
+element (see docs/architecture.md). Each key's state is its own pickle
+(``ShardState.blobs``), with the watermark at which the key next has work and its earliest
+hold kept beside it: a micro-batch decodes and re-encodes only the keys it has elements
+for or work due, not every key the shard holds. Under the runner's default-trigger driver
+a window that has not fired is not in the state either: each
 batch appends its keys' new values and holds to the level's list state (``chunk_lists``),
 a chunk per window, and the batch that fires the window reads them back (one more state
 call in a batch with new values, three in a batch that fires buffered windows).

@@ -7,7 +7,8 @@ a shard runs on the skeleton of ``shard_run``, as its kind: a GroupByKey's
 splittable DoFn's ``splittable.SplittableShard``, a stage with side inputs'
 ``side_inputs.SideInputShard``, a stateful DoFn's with streamed side inputs
 ``stateful_side_inputs.StatefulSideInputShard``, each with its state as one value in the state
-store (one read and one write per shard and batch, compressed: ``compression``). What a
+store (one read and one write per shard and batch, compressed: ``compression``), but a
+GroupByKey's, cached in the worker with its changes logged beside it (``state_cache``). What a
 shard buffers for a later batch (a GroupByKey's values until their window's on-time pane,
 a stage's main elements until its side inputs are ready) is appended to a list beside it
 (``chunk_lists``), read only in the batch it is due. Its rows out are packed (``rows.packed``).
