@@ -241,11 +241,11 @@ class StreamingGrouper:
             state = key_state.state
             if isinstance(state, DefaultTriggerState):
                 driver = self.driver_of(key_state)
-                shard.visits[key_bytes] = driver.next_visit(state, lateness)
+                shard.set_visit(key_bytes, driver.next_visit(state, lateness))
                 hold = driver.earliest_hold(state)
             else:
                 due = bi.trigger_state_next_work(state, lateness)
-                shard.visits[key_bytes] = ALWAYS if due is None else min(due, MAX_MICROS)
+                shard.set_visit(key_bytes, ALWAYS if due is None else min(due, MAX_MICROS))
                 hold = state.get_earliest_hold().micros
             if hold < MAX_MICROS:  # Beam's MAX_TIMESTAMP
                 shard.holds[key_bytes] = hold

@@ -83,6 +83,8 @@ class ShardState:
     # must put them (``shard_changes``), and keys it removed: not encoded.
     dirty: dict[bytes, None] = dataclasses.field(default_factory=dict)
     removed: set[bytes] = dataclasses.field(default_factory=set)
+    # At most every key's visit (None: not known), so a batch before it looks at none.
+    earliest_visit: int | None = None
 
     def key_state(self, key_bytes: bytes) -> KeyState | None:
         """The key's state, decoded on first use; None for a key the shard does not hold."""
@@ -111,10 +113,21 @@ class ShardState:
         self.dirty.pop(key_bytes, None)
         self.removed.add(key_bytes)
 
+    def set_visit(self, key_bytes: bytes, visit: int) -> None:
+        """The input watermark at which the key next has work."""
+        self.visits[key_bytes] = visit
+        if self.earliest_visit is not None and visit < self.earliest_visit:
+            self.earliest_visit = visit
+
     def load_due(self, watermark: int) -> None:
         """Decodes every key with work once the input watermark is ``watermark``."""
-        for key_bytes in [k for k, due in self.visits.items() if due <= watermark]:
+        if self.earliest_visit is not None and watermark < self.earliest_visit:
+            return
+        visits = self.visits
+        for key_bytes in [k for k, due in visits.items() if due <= watermark]:
             self.key_state(key_bytes)
+        # The keys decoded here are visited again at the end of the batch (``set_visit``).
+        self.earliest_visit = min((v for v in visits.values() if v > watermark), default=None)
 
     def loaded(self) -> list[tuple[bytes, KeyState]]:
         """The decoded keys, in the order keys first came to the shard."""
@@ -230,7 +243,7 @@ def replay_changes(shard: ShardState, data: bytes) -> None:
         if visit is None:
             visits.pop(key_bytes, None)
         else:
-            visits[key_bytes] = visit
+            shard.set_visit(key_bytes, visit)
         if hold is None:
             holds.pop(key_bytes, None)
         else:

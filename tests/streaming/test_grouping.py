@@ -489,3 +489,32 @@ def test_a_shard_written_before_the_chunk_store_is_read() -> None:
     assert shard.chunks.chunks  # type: ignore[attr-defined]
     panes, _ = shard.batch([(3, 3, w)], watermark=12)
     assert [list(p.value[1]) for p in panes] == [[1, 2, 3]]
+
+
+class _Unscanned(dict):  # type: ignore[type-arg]
+    """Visits that must not be looked through."""
+
+    def items(self) -> Any:
+        raise AssertionError("every key's visit was looked at")
+
+
+def test_a_batch_before_every_keys_visit_looks_at_no_key() -> None:
+    from beam_spark_runner.execution.default_trigger import DefaultTriggerState
+    from beam_spark_runner.streaming.watermarks import WatermarkState
+
+    shard = grouping.ShardState(WatermarkState(expected=frozenset()))
+    for name, visit in (("a", 100), ("b", 200)):
+        key_bytes = name.encode()
+        shard.blobs[key_bytes] = grouping._encode_key(
+            grouping.KeyState(name, DefaultTriggerState())
+        )
+        shard.visits[key_bytes] = visit
+    shard.load_due(50)  # decoded from the store: its earliest visit not known yet
+    assert shard.keys == {} and shard.earliest_visit == 100
+    shard.visits = _Unscanned(shard.visits)
+    shard.load_due(99)
+    shard.visits = dict(shard.visits)
+    shard.load_due(150)
+    assert list(shard.keys) == [b"a"] and shard.earliest_visit == 200
+    shard.set_visit(b"a", 120)  # settled at the end of the batch
+    assert shard.earliest_visit == 120
