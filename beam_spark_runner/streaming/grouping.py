@@ -130,11 +130,12 @@ class ShardState:
         self.earliest_visit = min((v for v in visits.values() if v > watermark), default=None)
 
     def loaded(self) -> list[tuple[bytes, KeyState]]:
-        """The decoded keys, in the order keys first came to the shard."""
-        keys = self.keys
-        if len(keys) == len(self.blobs):
-            return [(k, keys[k]) for k in self.blobs]
-        return [(k, keys[k]) for k in self.blobs if k in keys]
+        """The decoded keys, in the order this batch decoded or added them.
+
+        Not the order of ``blobs``: finding the few decoded keys among every key the shard
+        holds would cost a look at each.
+        """
+        return list(self.keys.items())
 
 
 def _plain(state: Any) -> tuple[dict, dict, dict]:
