@@ -247,10 +247,7 @@ class StreamingGrouper:
                 due = bi.trigger_state_next_work(state, lateness)
                 shard.set_visit(key_bytes, ALWAYS if due is None else min(due, MAX_MICROS))
                 hold = state.get_earliest_hold().micros
-            if hold < MAX_MICROS:  # Beam's MAX_TIMESTAMP
-                shard.holds[key_bytes] = hold
-            else:
-                shard.holds.pop(key_bytes, None)
+            shard.set_hold(key_bytes, hold if hold < MAX_MICROS else None)  # Beam's MAX_TIMESTAMP
 
     def hold(self, shard: ShardState) -> int:
         """The earliest watermark hold of the shard's keys (microseconds).
@@ -258,7 +255,7 @@ class StreamingGrouper:
         A buffered window's holds as its keys' would be (Beam's earliest hold is a
         microsecond before the earliest element hold).
         """
-        held = min(shard.holds.values(), default=MAX_MICROS)
+        held = shard.earliest_hold(MAX_MICROS)
         if shard.buffered:
             earliest = min(hold for _, hold in shard.buffered.values())
             if earliest < MAX_MICROS:

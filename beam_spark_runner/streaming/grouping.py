@@ -85,6 +85,8 @@ class ShardState:
     removed: set[bytes] = dataclasses.field(default_factory=set)
     # At most every key's visit (None: not known), so a batch before it looks at none.
     earliest_visit: int | None = None
+    # The least of ``holds`` (None: not known), kept as holds change.
+    least_hold: int | None = None
 
     def key_state(self, key_bytes: bytes) -> KeyState | None:
         """The key's state, decoded on first use; None for a key the shard does not hold."""
@@ -109,7 +111,7 @@ class ShardState:
         del self.keys[key_bytes]
         del self.blobs[key_bytes]
         self.visits.pop(key_bytes, None)
-        self.holds.pop(key_bytes, None)
+        self.set_hold(key_bytes, None)
         self.dirty.pop(key_bytes, None)
         self.removed.add(key_bytes)
 
@@ -118,6 +120,25 @@ class ShardState:
         self.visits[key_bytes] = visit
         if self.earliest_visit is not None and visit < self.earliest_visit:
             self.earliest_visit = visit
+
+    def set_hold(self, key_bytes: bytes, hold: int | None) -> None:
+        """The key's earliest watermark hold (micros), or None for none."""
+        old = self.holds.pop(key_bytes, None) if hold is None else self.holds.get(key_bytes)
+        if hold is not None:
+            self.holds[key_bytes] = hold
+        least = self.least_hold
+        if least is None:
+            return
+        if old == least and (hold is None or hold > least):
+            self.least_hold = None  # another key may hold as early: looked up when asked
+        elif hold is not None and hold < least:
+            self.least_hold = hold
+
+    def earliest_hold(self, default: int) -> int:
+        """The least of the keys' holds; ``default`` if none holds."""
+        if self.least_hold is None:
+            self.least_hold = min(self.holds.values(), default=default)
+        return min(self.least_hold, default)
 
     def load_due(self, watermark: int) -> None:
         """Decodes every key with work once the input watermark is ``watermark``."""
@@ -234,21 +255,18 @@ def replay_changes(shard: ShardState, data: bytes) -> None:
     """
     layout, watermarks, buffered, removed, changed = pickle.loads(data)
     assert layout == _CHANGES, f"expected a GroupByKey shard's changes, found {layout!r}"
-    blobs, visits, holds = shard.blobs, shard.visits, shard.holds
+    blobs, visits = shard.blobs, shard.visits
     for key_bytes in removed:
         blobs.pop(key_bytes, None)
         visits.pop(key_bytes, None)
-        holds.pop(key_bytes, None)
+        shard.set_hold(key_bytes, None)
     for key_bytes, blob, visit, hold in changed:
         blobs[key_bytes] = blob
         if visit is None:
             visits.pop(key_bytes, None)
         else:
             shard.set_visit(key_bytes, visit)
-        if hold is None:
-            holds.pop(key_bytes, None)
-        else:
-            holds[key_bytes] = hold
+        shard.set_hold(key_bytes, hold)
     shard.watermarks = watermarks
     shard.buffered = buffered
 

@@ -518,3 +518,31 @@ def test_a_batch_before_every_keys_visit_looks_at_no_key() -> None:
     assert list(shard.keys) == [b"a"] and shard.earliest_visit == 200
     shard.set_visit(b"a", 120)  # settled at the end of the batch
     assert shard.earliest_visit == 120
+
+
+def test_the_least_hold_is_kept_as_holds_change_and_looked_up_only_when_it_left() -> None:
+    from beam_spark_runner.streaming.watermarks import WatermarkState
+
+    shard = grouping.ShardState(WatermarkState(expected=frozenset()))
+    shard.holds = {b"a": 30, b"b": 10, b"c": 20}  # decoded: its least not known yet
+    assert shard.earliest_hold(99) == 10
+    shard.holds = _NoLookup(shard.holds)
+    shard.set_hold(b"c", 5)
+    assert shard.earliest_hold(99) == 5
+    shard.set_hold(b"a", 40)
+    assert shard.earliest_hold(99) == 5
+    shard.set_hold(b"c", None)  # the least left: looked up again
+    shard.holds = dict(shard.holds)
+    assert shard.earliest_hold(99) == 10
+    shard.set_hold(b"b", 50)
+    shard.set_hold(b"a", None)
+    assert shard.earliest_hold(99) == 50
+    shard.set_hold(b"b", None)
+    assert shard.earliest_hold(99) == 99
+
+
+class _NoLookup(dict):  # type: ignore[type-arg]
+    """Holds whose least must not be looked up."""
+
+    def values(self) -> Any:
+        raise AssertionError("every key's hold was looked at")
