@@ -51,9 +51,12 @@ _BASE, _CHANGES = b"B", b"C"
 BASE_ROW_BYTES = 4 << 20
 COMPACT_FRACTION = 0.5
 COMPACT_ENTRIES = 256
-# Changes the header keeps for caches a few batches behind, and at most these bytes of them.
+# Changes the header keeps for caches a few batches behind, and at most these bytes of them,
+# nor more than this share of the base's (where a batch changes much of a small state, a
+# read-back costs little more than a catch-up, and the header is rewritten every batch).
 RECENT_CHANGES = 4
 RECENT_BYTES = 4 << 20
+RECENT_SHARE = 0.25
 # Level runs whose shards stay cached in a worker process (a process serves the tasks of
 # one query at a time; an older query's shards would only take memory).
 _RUNS_KEPT = 2
@@ -187,7 +190,8 @@ def run_logged(
         change = pack(logged.changes(state))
         recent = header.recent
         if header.token:
-            recent = _kept([*recent, (header.token, token, change)])
+            cap = min(RECENT_BYTES, RECENT_SHARE * header.base_bytes)
+            recent = _kept([*recent, (header.token, token, change)], cap)
         if header.token and not header.compaction_due():
             log_state.appendList([(_CHANGES + change,)])
             header = _Header(
@@ -209,10 +213,10 @@ def run_logged(
     return out
 
 
-def _kept(recent: list[tuple[bytes, bytes, bytes]]) -> list[tuple[bytes, bytes, bytes]]:
-    """The latest ``RECENT_CHANGES`` changes, fewer if they pass ``RECENT_BYTES``."""
+def _kept(recent: list[tuple[bytes, bytes, bytes]], cap: float) -> list[tuple[bytes, bytes, bytes]]:
+    """The latest ``RECENT_CHANGES`` changes, fewer if they pass ``cap`` bytes."""
     recent = recent[-RECENT_CHANGES:]
-    while len(recent) > 1 and sum(len(change) for _, _, change in recent) > RECENT_BYTES:
+    while recent and sum(len(change) for _, _, change in recent) > cap:
         recent = recent[1:]
     return recent
 

@@ -139,11 +139,15 @@ WINDOWINGS = {
 
 
 @pytest.mark.parametrize("name", list(WINDOWINGS))
-def test_cached_and_read_back_shards_give_the_panes_of_the_whole_value(name: str) -> None:
+def test_cached_and_read_back_shards_give_the_panes_of_the_whole_value(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The same batches through the value rewritten whole, one worker's cache, caches of
     three workers taking turns (each catching up on the changes it missed), and of six
     (too far behind: base and log read back every batch): the same panes, watermarks and
     state, keys in the same order."""
+    # A dozen keys: each batch changes much of the state, which the header keeps anyway.
+    monkeypatch.setattr(state_cache, "RECENT_SHARE", 100.0)
     make, chunked = WINDOWINGS[name]
     whole = _Shard(make(), store=True, chunks=MemoryChunks() if chunked else None)
     cached, turns, read_back = (
@@ -243,3 +247,20 @@ def test_a_value_written_whole_before_the_log_is_read_and_written_as_a_base() ->
     assert shard.log.puts == 1
     header = shard.value.value
     assert header is not None and header[0].startswith(state_cache._HEADER)
+
+
+def test_the_header_keeps_recent_changes_only_while_small_beside_the_base() -> None:
+    g = window.GlobalWindow()
+    small = _Logged(_global(100))
+    small.batch([("k", 1, 1, g)], watermark=0)
+    small.batch([("k", 2, 1, g)], watermark=0)  # changes the whole state
+    header = small.value.value
+    assert header is not None
+    assert state_cache._Header.decode(header[0]).recent == []
+    large = _Logged(_global(100))
+    large.batch([(f"k{i}", i, 1, g) for i in range(2000)], watermark=0)
+    for n in range(6):
+        large.batch([(f"k{n}", -1, 2, g)], watermark=0)
+    header = large.value.value
+    assert header is not None
+    assert len(state_cache._Header.decode(header[0]).recent) == state_cache.RECENT_CHANGES
