@@ -57,9 +57,9 @@ COMPACT_ENTRIES = 256
 RECENT_CHANGES = 4
 RECENT_BYTES = 4 << 20
 RECENT_SHARE = 0.25
-# Level runs whose shards stay cached in a worker process (a process serves the tasks of
-# one query at a time; an older query's shards would only take memory).
-_RUNS_KEPT = 2
+# Level runs whose shards stay cached in a worker process, the most recently used: each
+# stateful level of a query is a run of its own; an ended query's would only take memory.
+_RUNS_KEPT = 16
 
 S = TypeVar("S", bound=HasWatermarks, contravariant=True)
 
