@@ -1,12 +1,15 @@
 """State at scale: a GroupByKey's micro-batches with few and with many keys in state.
 
-    .venv/bin/python -m benchmarks.state [--keys 1000,2000000] [--rate 5000] [--seconds 120]
+    .venv/bin/python -m benchmarks.state [--keys 1000,2000000] [--sessions 1000000]
+        [--rate 5000] [--seconds 120]
 
 The same pipeline at the same input rate, once per ``--keys`` (each in a process of its own,
 so each starts its own Spark session): ``PeriodicImpulse`` ticking every ``TICK_SECONDS``
 feeds a ``GroupByKey`` in the global window under ``Repeatedly(AfterCount(COUNT))``,
 discarding, and a count per pane. Beam's trigger driver keeps every key it has seen (its
-count and end-of-window timer), so the keys stay in state for the whole run. The first
+count and end-of-window timer), so the keys stay in state for the whole run. With
+``--sessions``, the same ticks feed a ``GroupByKey`` over ``Sessions(SESSION_GAP_SECONDS)``
+under the default trigger: each key one session that stays open for the whole run. The first
 ticks put every key in state once, ``PREFILL_RATE`` keys a second; after them each tick
 emits ``rate × TICK_SECONDS`` elements of keys drawn at random from all keys. So after the
 prefill a micro-batch brings the same number of elements whatever the keys held, and its
@@ -60,6 +63,8 @@ PREFILL_RATE = 50_000
 # A key's pane fires after this many elements (rare at the steady rate: state stays).
 COUNT = 100
 SETTLE_SECONDS = 10.0
+# A session's gap: longer than any run, so every key's session stays open.
+SESSION_GAP_SECONDS = 3600
 WATCH_SECONDS = 0.5
 STARTUP_LIMIT_SECONDS = 300.0
 
@@ -72,6 +77,8 @@ class StateTrial:
     rate: int
     # Measured micro-batches: (input rows, seconds, checkpoint bytes written).
     batches: list[tuple[int, float, int]]
+    # "global" (AfterCount in the global window) or "sessions".
+    pipeline: str = "global"
     state_rows: int | None = None
     jvm_peak_rss_mib: float = 0.0
     python_workers_peak_rss_mib: float = 0.0
@@ -85,6 +92,7 @@ class StateTrial:
         durations = [d for _, d, _ in self.batches]
         written = [w for _, _, w in self.batches]
         return {
+            "pipeline": self.pipeline,
             "keys": self.keys,
             "rate": self.rate,
             "batches": len(self.batches),
@@ -129,13 +137,29 @@ def prefill_ticks(keys: int) -> int:
     return max(1, -(-keys // round(PREFILL_RATE * TICK_SECONDS)))
 
 
-def build(pipeline: beam.Pipeline, start: float, stop: float, keys: int, rate: int) -> None:
+def build(
+    pipeline: beam.Pipeline,
+    start: float,
+    stop: float,
+    keys: int,
+    rate: int,
+    sessions: bool = False,
+) -> None:
     """The benchmark's pipeline, ticking from ``start`` to ``stop`` (seconds since the epoch)."""
     from apache_beam.transforms import trigger, window
     from apache_beam.transforms.periodicsequence import PeriodicImpulse
     from apache_beam.utils.timestamp import Timestamp
 
     per_tick = max(1, round(rate * TICK_SECONDS))
+    windowing = (
+        beam.WindowInto(window.Sessions(SESSION_GAP_SECONDS))
+        if sessions
+        else beam.WindowInto(
+            window.GlobalWindows(),
+            trigger=trigger.Repeatedly(trigger.AfterCount(COUNT)),
+            accumulation_mode=trigger.AccumulationMode.DISCARDING,
+        )
+    )
     _ = (
         pipeline
         | "Ticks"
@@ -145,12 +169,7 @@ def build(pipeline: beam.Pipeline, start: float, stop: float, keys: int, rate: i
             fire_interval=TICK_SECONDS,
         )
         | "Elements" >> beam.ParDo(_Elements(start, keys, per_tick))
-        | "Global"
-        >> beam.WindowInto(
-            window.GlobalWindows(),
-            trigger=trigger.Repeatedly(trigger.AfterCount(COUNT)),
-            accumulation_mode=trigger.AccumulationMode.DISCARDING,
-        )
+        | "Window" >> windowing
         | "Group" >> beam.GroupByKey()
         | "Count" >> beam.Map(lambda kv: (kv[0], len(list(kv[1]))))
         | "Drop" >> beam.Filter(lambda _: False)
@@ -247,7 +266,7 @@ def _command(pid: int) -> str:
         return ""
 
 
-def run_here(keys: int, rate: int, seconds: float) -> StateTrial:
+def run_here(keys: int, rate: int, seconds: float, pipeline_name: str = "global") -> StateTrial:
     """One trial in this process."""
     from apache_beam.options.pipeline_options import PipelineOptions
     from pyspark.sql import SparkSession
@@ -267,8 +286,8 @@ def run_here(keys: int, rate: int, seconds: float) -> StateTrial:
     prefill_end = start + prefill_ticks(keys) * TICK_SECONDS
     stop = prefill_end + SETTLE_SECONDS + seconds + STARTUP_LIMIT_SECONDS
     pipeline = beam.Pipeline(options=options)
-    build(pipeline, start, stop, keys, rate)
-    trial = StateTrial(keys, rate, [], prefill_seconds=prefill_end - start)
+    build(pipeline, start, stop, keys, rate, sessions=pipeline_name == "sessions")
+    trial = StateTrial(keys, rate, [], pipeline=pipeline_name, prefill_seconds=prefill_end - start)
     mem = _Memory()
     result = pipeline.run()
     try:
@@ -316,10 +335,12 @@ def run_here(keys: int, rate: int, seconds: float) -> StateTrial:
     return trial
 
 
-def run_in_subprocess(keys: int, rate: int, seconds: float, log_dir: str) -> StateTrial:
+def run_in_subprocess(
+    keys: int, rate: int, seconds: float, log_dir: str, pipeline_name: str = "global"
+) -> StateTrial:
     """One trial in a process of its own (its own Spark session and JVM)."""
     os.makedirs(log_dir, exist_ok=True)
-    log_path = os.path.join(log_dir, f"state-{keys}.log")
+    log_path = os.path.join(log_dir, f"state-{pipeline_name}-{keys}.log")
     limit = seconds + 2 * STARTUP_LIMIT_SECONDS + prefill_ticks(keys) * TICK_SECONDS * 4
     with tempfile.TemporaryDirectory(prefix="bench-state-trial-") as directory:
         output = os.path.join(directory, "trial.json")
@@ -328,13 +349,14 @@ def run_in_subprocess(keys: int, rate: int, seconds: float, log_dir: str) -> Sta
             "-m",
             "benchmarks.state",
             f"--trial={keys}",
+            f"--trial-pipeline={pipeline_name}",
             f"--rate={rate}",
             f"--seconds={seconds}",
             f"--trial-output={output}",
         ]
         error = run_trial_process(command, log_path, limit)
         if not os.path.exists(output):
-            return StateTrial(keys, rate, [], error=error)
+            return StateTrial(keys, rate, [], pipeline=pipeline_name, error=error)
         with open(output) as saved:
             data = json.load(saved)
     data["batches"] = [(int(r), float(d), int(w)) for r, d, w in data["batches"]]
@@ -345,6 +367,7 @@ def markdown_table(trials: list[StateTrial]) -> str:
     """The trials as a Markdown table."""
     rows = [t.summary() for t in trials]
     columns = [
+        "pipeline",
         "keys",
         "rate",
         "batches",
@@ -365,11 +388,17 @@ def main(argv: list[str] | None = None) -> int:
     """Runs one trial per ``--keys``, prints and saves the table."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--keys", default="1000,2000000", help="keys in state, comma-separated")
+    parser.add_argument(
+        "--sessions",
+        default="1000000",
+        help="then the sessions pipeline with these open sessions, comma-separated ('' for none)",
+    )
     parser.add_argument("--rate", type=int, default=5000, help="elements/s after the prefill")
     parser.add_argument("--seconds", type=float, default=120, help="measured seconds")
     parser.add_argument("--output", default="benchmarks/results/state.json")
     parser.add_argument("--trial", type=int, help=argparse.SUPPRESS)  # KEYS: one trial
     parser.add_argument("--trial-output", help=argparse.SUPPRESS)
+    parser.add_argument("--trial-pipeline", default="global", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s bench-state %(message)s"))
@@ -377,15 +406,17 @@ def main(argv: list[str] | None = None) -> int:
     _LOGGER.setLevel(logging.INFO)
     _LOGGER.propagate = False
     if args.trial is not None:
-        trial = run_here(args.trial, args.rate, args.seconds)
+        trial = run_here(args.trial, args.rate, args.seconds, args.trial_pipeline)
         with open(args.trial_output, "w") as out:
             json.dump(dataclasses.asdict(trial), out)
         return 0
     os.makedirs(os.path.dirname(args.output) or ".", exist_ok=True)
     log_dir = os.path.join(os.path.dirname(args.output) or ".", "logs", "state")
     trials = []
-    for keys in (int(k) for k in args.keys.split(",")):
-        trial = run_in_subprocess(keys, args.rate, args.seconds, log_dir)
+    runs = [("global", int(k)) for k in args.keys.split(",") if k]
+    runs += [("sessions", int(k)) for k in args.sessions.split(",") if k]
+    for name, keys in runs:
+        trial = run_in_subprocess(keys, args.rate, args.seconds, log_dir, name)
         trials.append(trial)
         _LOGGER.info("%s", json.dumps(trial.summary()))
         with open(args.output, "w") as out:

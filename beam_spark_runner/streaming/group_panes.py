@@ -44,6 +44,8 @@ from beam_spark_runner.streaming.grouping import (
     dumps,
     encode_shard_state,
     release_shard_state,
+    replay_changes,
+    shard_changes,
 )
 from beam_spark_runner.streaming.rows import (
     ELEMENT,
@@ -239,16 +241,13 @@ class StreamingGrouper:
             state = key_state.state
             if isinstance(state, DefaultTriggerState):
                 driver = self.driver_of(key_state)
-                shard.visits[key_bytes] = driver.next_visit(state, lateness)
+                shard.set_visit(key_bytes, driver.next_visit(state, lateness))
                 hold = driver.earliest_hold(state)
             else:
                 due = bi.trigger_state_next_work(state, lateness)
-                shard.visits[key_bytes] = ALWAYS if due is None else min(due, MAX_MICROS)
+                shard.set_visit(key_bytes, ALWAYS if due is None else min(due, MAX_MICROS))
                 hold = state.get_earliest_hold().micros
-            if hold < MAX_MICROS:  # Beam's MAX_TIMESTAMP
-                shard.holds[key_bytes] = hold
-            else:
-                shard.holds.pop(key_bytes, None)
+            shard.set_hold(key_bytes, hold if hold < MAX_MICROS else None)  # Beam's MAX_TIMESTAMP
 
     def hold(self, shard: ShardState) -> int:
         """The earliest watermark hold of the shard's keys (microseconds).
@@ -256,7 +255,7 @@ class StreamingGrouper:
         A buffered window's holds as its keys' would be (Beam's earliest hold is a
         microsecond before the earliest element hold).
         """
-        held = min(shard.holds.values(), default=MAX_MICROS)
+        held = shard.earliest_hold(MAX_MICROS)
         if shard.buffered:
             earliest = min(hold for _, hold in shard.buffered.values())
             if earliest < MAX_MICROS:
@@ -293,6 +292,14 @@ class GroupShard(ShardRun[ShardState, Fired]):
 
     def release(self, state: ShardState) -> None:
         release_shard_state(state)
+
+    def changes(self, state: ShardState) -> bytes:
+        """The batch's changes, for ``state_cache``'s log."""
+        return shard_changes(state)
+
+    def replay(self, state: ShardState, changes: bytes) -> None:
+        """A batch's changes applied (``state_cache``'s reload)."""
+        replay_changes(state, changes)
 
     def storing(self) -> Any:
         """The collector paused: keys' states are decoded, kept and encoded (no user code)."""

@@ -1,12 +1,14 @@
 """A GroupByKey shard's state between micro-batches: its keys, their trigger state, its layout.
 
-The shard's keys, their trigger-driver state and its watermarks are one value in Spark's
-state store, read once and written once per batch: two state calls per shard and batch,
-none per key or element (see docs/architecture.md). Inside that value each key's state is
-its own pickle (``ShardState.blobs``), with the watermark at which the key next has work
-and its earliest hold kept beside it: a micro-batch decodes and re-encodes only the keys
-it has elements for or work due, not every key the shard holds. Under the runner's
-default-trigger driver a window that has not fired is not in that value either: each
+The shard's keys, their trigger-driver state and its watermarks are one encoded value
+(``encode_shard_state``), kept between batches by ``state_cache``: cached decoded in the
+worker, in the state store as a base of that value and a log of each batch's changes
+(``shard_changes``: the keys it decoded, added or removed), never a state call per key or
+element (see docs/architecture.md). Each key's state is its own pickle
+(``ShardState.blobs``), with the watermark at which the key next has work and its earliest
+hold kept beside it: a micro-batch decodes and re-encodes only the keys it has elements
+for or work due, not every key the shard holds. Under the runner's default-trigger driver
+a window that has not fired is not in the state either: each
 batch appends its keys' new values and holds to the level's list state (``chunk_lists``),
 a chunk per window, and the batch that fires the window reads them back (one more state
 call in a batch with new values, three in a batch that fires buffered windows).
@@ -47,6 +49,8 @@ class KeyState:
 # Each key's state is its own pickle inside the shard's value; the value is a tuple tagged
 # with this layout (an untagged pair is the layout before it: every key in one pickle).
 _LAYOUT = "beam-spark-gbk-keys-v2"
+# What a micro-batch changed (``state_cache``'s log), tagged likewise.
+_CHANGES = "beam-spark-gbk-changes-v1"
 # The visit time of a key with work every micro-batch (a processing-time timer, or a key
 # of an older checkpoint until its first batch settles it).
 ALWAYS = MIN_MICROS
@@ -75,6 +79,14 @@ class ShardState:
     # and holds with them: the window's tag (``group_panes._window_tag``) -> (its end, the earliest
     # hold of its keys; micros). See ``group_panes.StreamingGrouper.process``.
     buffered: dict[bytes, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    # Keys whose blob, visit or hold this micro-batch may change, in the order a replay
+    # must put them (``shard_changes``), and keys it removed: not encoded.
+    dirty: dict[bytes, None] = dataclasses.field(default_factory=dict)
+    removed: set[bytes] = dataclasses.field(default_factory=set)
+    # At most every key's visit (None: not known), so a batch before it looks at none.
+    earliest_visit: int | None = None
+    # The least of ``holds`` (None: not known), kept as holds change.
+    least_hold: int | None = None
 
     def key_state(self, key_bytes: bytes) -> KeyState | None:
         """The key's state, decoded on first use; None for a key the shard does not hold."""
@@ -84,31 +96,67 @@ class ShardState:
             if blob is None:
                 return None
             loaded = self.keys[key_bytes] = _decode_key(blob)
+            self.dirty[key_bytes] = None
         return loaded
 
     def add(self, key_bytes: bytes, key_state: KeyState) -> None:
         """A key new to the shard."""
         self.keys[key_bytes] = key_state
         self.blobs[key_bytes] = b""  # its place in the order; encoded with the shard
+        self.dirty.pop(key_bytes, None)  # a key removed and added again goes last
+        self.dirty[key_bytes] = None
 
     def remove(self, key_bytes: bytes) -> None:
         """Forgets a key with nothing left."""
         del self.keys[key_bytes]
         del self.blobs[key_bytes]
         self.visits.pop(key_bytes, None)
-        self.holds.pop(key_bytes, None)
+        self.set_hold(key_bytes, None)
+        self.dirty.pop(key_bytes, None)
+        self.removed.add(key_bytes)
+
+    def set_visit(self, key_bytes: bytes, visit: int) -> None:
+        """The input watermark at which the key next has work."""
+        self.visits[key_bytes] = visit
+        if self.earliest_visit is not None and visit < self.earliest_visit:
+            self.earliest_visit = visit
+
+    def set_hold(self, key_bytes: bytes, hold: int | None) -> None:
+        """The key's earliest watermark hold (micros), or None for none."""
+        old = self.holds.pop(key_bytes, None) if hold is None else self.holds.get(key_bytes)
+        if hold is not None:
+            self.holds[key_bytes] = hold
+        least = self.least_hold
+        if least is None:
+            return
+        if old == least and (hold is None or hold > least):
+            self.least_hold = None  # another key may hold as early: looked up when asked
+        elif hold is not None and hold < least:
+            self.least_hold = hold
+
+    def earliest_hold(self, default: int) -> int:
+        """The least of the keys' holds; ``default`` if none holds."""
+        if self.least_hold is None:
+            self.least_hold = min(self.holds.values(), default=default)
+        return min(self.least_hold, default)
 
     def load_due(self, watermark: int) -> None:
         """Decodes every key with work once the input watermark is ``watermark``."""
-        for key_bytes in [k for k, due in self.visits.items() if due <= watermark]:
+        if self.earliest_visit is not None and watermark < self.earliest_visit:
+            return
+        visits = self.visits
+        for key_bytes in [k for k, due in visits.items() if due <= watermark]:
             self.key_state(key_bytes)
+        # The keys decoded here are visited again at the end of the batch (``set_visit``).
+        self.earliest_visit = min((v for v in visits.values() if v > watermark), default=None)
 
     def loaded(self) -> list[tuple[bytes, KeyState]]:
-        """The decoded keys, in the order keys first came to the shard."""
-        keys = self.keys
-        if len(keys) == len(self.blobs):
-            return [(k, keys[k]) for k in self.blobs]
-        return [(k, keys[k]) for k in self.blobs if k in keys]
+        """The decoded keys, in the order this batch decoded or added them.
+
+        Not the order of ``blobs``: finding the few decoded keys among every key the shard
+        holds would cost a look at each.
+        """
+        return list(self.keys.items())
 
 
 def _plain(state: Any) -> tuple[dict, dict, dict]:
@@ -170,10 +218,57 @@ def encode_shard_state(shard: ShardState) -> bytes:
     """
     for key_bytes, key_state in shard.keys.items():
         shard.blobs[key_bytes] = _encode_key(key_state)
+    shard.dirty.clear()
+    shard.removed.clear()
     return pickle.dumps(
         (_LAYOUT, shard.watermarks, shard.blobs, shard.visits, shard.holds, shard.buffered),
         protocol=pickle.HIGHEST_PROTOCOL,
     )
+
+
+def shard_changes(shard: ShardState) -> bytes:
+    """What the micro-batch changed, for ``replay_changes``.
+
+    The shard's watermarks and buffered windows, its removed keys, and each changed key's
+    blob, visit and hold. The changed keys' blobs are brought up to date, as
+    ``encode_shard_state`` does.
+    """
+    blobs, keys, visits, holds = shard.blobs, shard.keys, shard.visits, shard.holds
+    changed = []
+    for key_bytes in shard.dirty:
+        blob = blobs[key_bytes] = _encode_key(keys[key_bytes])
+        changed.append((key_bytes, blob, visits.get(key_bytes), holds.get(key_bytes)))
+    data = pickle.dumps(
+        (_CHANGES, shard.watermarks, shard.buffered, list(shard.removed), changed),
+        protocol=pickle.HIGHEST_PROTOCOL,
+    )
+    shard.dirty.clear()
+    shard.removed.clear()
+    return data
+
+
+def replay_changes(shard: ShardState, data: bytes) -> None:
+    """Applies what ``shard_changes`` wrote to the shard as it was before that batch.
+
+    Removed keys go first, then the changed keys in order: a key the batch kept stays in
+    its place, one it added (or removed and added again) goes last, as in the batch.
+    """
+    layout, watermarks, buffered, removed, changed = pickle.loads(data)
+    assert layout == _CHANGES, f"expected a GroupByKey shard's changes, found {layout!r}"
+    blobs, visits = shard.blobs, shard.visits
+    for key_bytes in removed:
+        blobs.pop(key_bytes, None)
+        visits.pop(key_bytes, None)
+        shard.set_hold(key_bytes, None)
+    for key_bytes, blob, visit, hold in changed:
+        blobs[key_bytes] = blob
+        if visit is None:
+            visits.pop(key_bytes, None)
+        else:
+            shard.set_visit(key_bytes, visit)
+        shard.set_hold(key_bytes, hold)
+    shard.watermarks = watermarks
+    shard.buffered = buffered
 
 
 def release_shard_state(shard: ShardState) -> None:

@@ -21,21 +21,26 @@ from beam_spark_runner.streaming.driver_processes import quiet_pre_init
 
 # The state variables of a shard: its encoded state (one value), and, in a level with a
 # GroupByKey or a stage with side inputs, what the shard buffers for a later batch (values
-# waiting for their window, main elements waiting for side inputs: chunk_lists).
+# waiting for their window, main elements waiting for side inputs: chunk_lists), and in a
+# level with a GroupByKey its state's base and change log (``state_cache``).
 SHARD_STATE = "shard"
 WAITING_STATE = "waiting"
+# A logged shard's base and change log (``state_cache``); its value then holds a token.
+LOG_STATE = "log"
 
 
 class LevelShell(StatefulProcessor):  # type: ignore[misc]
     """The ``transformWithState`` processor of one stateful level, its level pickled."""
 
-    def __init__(self, level: bytes, waiting: bool) -> None:
+    def __init__(self, level: bytes, waiting: bool, logged: bool = False) -> None:
         # ``levels.Level``, pickled (cloudpickle: it may hold functions by value).
         self.level = level
         # Whether the level keeps waiting elements (it has GroupByKeys or stages with side
         # inputs).
         self.waiting = waiting
-        self._states: tuple[Any, Any] = (None, None)
+        # Whether some of its shards keep a change log (``state_cache``).
+        self.logged = logged
+        self._states: tuple[Any, Any, Any] = (None, None, None)
         self._level: Any = None
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -55,7 +60,10 @@ class LevelShell(StatefulProcessor):  # type: ignore[misc]
         if self.waiting:
             fields = [StructField("needs", BinaryType()), StructField("chunk", BinaryType())]
             waiting = handle.getListState(WAITING_STATE, StructType(fields))
-        self._states = (shard, waiting)
+        log = None
+        if self.logged:
+            log = handle.getListState(LOG_STATE, StructType([StructField("entry", BinaryType())]))
+        self._states = (shard, waiting, log)
 
     def handleInputRows(  # noqa: N802 - PySpark's name
         self,

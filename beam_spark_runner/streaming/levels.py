@@ -8,7 +8,8 @@ splittable DoFn's ``splittable.SplittableShard`` (``SplittableSideInputShard`` w
 reads streamed side inputs), a stage with side inputs' ``side_inputs.SideInputShard``, a
 stateful DoFn's with streamed side inputs ``stateful_side_inputs.StatefulSideInputShard``,
 each with its state as one value in the state store (one read and one write per shard and
-batch, compressed: ``compression``). What a
+batch, compressed: ``compression``), but a GroupByKey's, cached in the worker with its
+changes logged beside it (``state_cache``). What a
 shard buffers for a later batch (a GroupByKey's values until their window's on-time pane,
 a stage's main elements until its side inputs are ready) is appended to a list beside it
 (``chunk_lists``), read only in the batch it is due. Its rows out are packed (``rows.packed``).
@@ -16,12 +17,14 @@ a stage's main elements until its side inputs are ready) is appended to a list b
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 from beam_spark_runner.execution.grouping import GroupSpec
 from beam_spark_runner.execution.stage_worker import StageSpec, TaskSinks, recording
 from beam_spark_runner.spark.internals import pickle_by_value
+from beam_spark_runner.streaming import state_cache
 from beam_spark_runner.streaming.chunk_lists import ListStateChunks
 from beam_spark_runner.streaming.compression import pack, unpack
 from beam_spark_runner.streaming.group_panes import GroupShard, streaming_grouper
@@ -62,22 +65,27 @@ class Level:
         self.with_side_inputs = with_side_inputs
         self.sinks = sinks
         self._runs = {*groups, *stages, *splittable, *with_side_inputs}
+        # This run of the level, naming its shards in a worker's cache (``state_cache``).
+        self.run_id = uuid.uuid4().hex
         self._state: Any = None
+        self._log: Any = None
         self._waiting: ListStateWaitingStore | None = None
         self._chunks: ListStateChunks | None = None
 
     def processor(self) -> LevelShell:
         """What ``transformWithState`` takes: a shell with this level pickled."""
         waiting = bool(self.with_side_inputs or self.groups)
-        return LevelShell(pickle_by_value(self), waiting=waiting)
+        return LevelShell(pickle_by_value(self), waiting=waiting, logged=bool(self.groups))
 
-    def bind(self, shard: Any, waiting: Any) -> None:
+    def bind(self, shard: Any, waiting: Any, log: Any = None) -> None:
         """Takes the state variables ``LevelShell.init`` declared.
 
         A shard's encoded state, and, where the level has GroupByKeys or stages with side
-        inputs, the list of what its shards buffer (each (node, shard) has its own).
+        inputs, the list of what its shards buffer (each (node, shard) has its own), and
+        where it has GroupByKeys, their shards' base and change log (``state_cache``).
         """
         self._state = shard
+        self._log = log
         if self.with_side_inputs or self.groups:
             assert waiting is not None, "a level that buffers elements needs its waiting list"
             self._waiting = ListStateWaitingStore(waiting)
@@ -97,6 +105,20 @@ class Level:
 
     def _run_shard(self, target: int, shard: int, rows: Iterator[Any]) -> list[Row]:
         """One stateful (node, shard) for one micro-batch: its rows out; its state updated."""
+        if target in self.groups:
+            assert self._log is not None, "a level with GroupByKeys needs its log state"
+            run = self._shard_run(target)
+            assert isinstance(run, GroupShard)
+            return state_cache.run_logged(
+                run,
+                run,
+                self._state,
+                self._log,
+                (self.run_id, target, shard),
+                self.topology,
+                self.topology.nodes[target],
+                rows,
+            )
         previous = self._state.get() if self._state.exists() else None
         encoded, out = self._shard_run(target).run_encoded(
             self.topology,

@@ -53,5 +53,5 @@ def test_the_table_reports_medians_and_memory() -> None:
     summary = trial.summary()
     assert summary["median_batch_s"] == 0.6 and summary["median_checkpoint_kib"] == 2.0
     table = markdown_table([trial, StateTrial(2_000_000, 5000, [], error="boom")])
-    assert "| 1000 | 5000 | 3 | 0.6 | 2.0 | None | 700 | 301 | 0 | None |" in table
+    assert "| global | 1000 | 5000 | 3 | 0.6 | 2.0 | None | 700 | 301 | 0 | None |" in table
     assert "boom" in table

@@ -115,13 +115,7 @@ class _Shard:
                 PORT: 0,
             }
         )
-        if self.store and self.state is not None:
-            # As ``streaming.levels`` does: encoded, its decoded keys released, then decoded.
-            encoded = grouping.encode_shard_state(self.state)
-            grouping.release_shard_state(self.state)
-            self.state = grouping.decode_shard_state(encoded)
-        run = group_panes.GroupShard(group_panes.streaming_grouper(self.spec), self.chunks)
-        self.state, out = run.run(self.topology, self.node, 0, self.state, rows)
+        out = self.run(rows)
         panes = [
             pane
             for row in out
@@ -133,6 +127,17 @@ class _Shard:
         assert sorted(m[0] for m in markers) == sorted([self.node.all_targets[0], SINK])
         assert len({m[5] for m in markers}) == 1
         return panes, markers[0][5]
+
+    def run(self, rows: list[dict[str, Any]]) -> list[Any]:
+        """The shard's micro-batch over ``rows``: its rows out."""
+        if self.store and self.state is not None:
+            # As ``streaming.levels`` did: encoded, its decoded keys released, then decoded.
+            encoded = grouping.encode_shard_state(self.state)
+            grouping.release_shard_state(self.state)
+            self.state = grouping.decode_shard_state(encoded)
+        run = group_panes.GroupShard(group_panes.streaming_grouper(self.spec), self.chunks)
+        self.state, out = run.run(self.topology, self.node, 0, self.state, rows)
+        return out
 
 
 def _values(panes: list[WindowedValue]) -> list[tuple[Any, list[Any], Any]]:
@@ -484,3 +489,60 @@ def test_a_shard_written_before_the_chunk_store_is_read() -> None:
     assert shard.chunks.chunks  # type: ignore[attr-defined]
     panes, _ = shard.batch([(3, 3, w)], watermark=12)
     assert [list(p.value[1]) for p in panes] == [[1, 2, 3]]
+
+
+class _Unscanned(dict):  # type: ignore[type-arg]
+    """Visits that must not be looked through."""
+
+    def items(self) -> Any:
+        raise AssertionError("every key's visit was looked at")
+
+
+def test_a_batch_before_every_keys_visit_looks_at_no_key() -> None:
+    from beam_spark_runner.execution.default_trigger import DefaultTriggerState
+    from beam_spark_runner.streaming.watermarks import WatermarkState
+
+    shard = grouping.ShardState(WatermarkState(expected=frozenset()))
+    for name, visit in (("a", 100), ("b", 200)):
+        key_bytes = name.encode()
+        shard.blobs[key_bytes] = grouping._encode_key(
+            grouping.KeyState(name, DefaultTriggerState())
+        )
+        shard.visits[key_bytes] = visit
+    shard.load_due(50)  # decoded from the store: its earliest visit not known yet
+    assert shard.keys == {} and shard.earliest_visit == 100
+    shard.visits = _Unscanned(shard.visits)
+    shard.load_due(99)
+    shard.visits = dict(shard.visits)
+    shard.load_due(150)
+    assert list(shard.keys) == [b"a"] and shard.earliest_visit == 200
+    shard.set_visit(b"a", 120)  # settled at the end of the batch
+    assert shard.earliest_visit == 120
+
+
+def test_the_least_hold_is_kept_as_holds_change_and_looked_up_only_when_it_left() -> None:
+    from beam_spark_runner.streaming.watermarks import WatermarkState
+
+    shard = grouping.ShardState(WatermarkState(expected=frozenset()))
+    shard.holds = {b"a": 30, b"b": 10, b"c": 20}  # decoded: its least not known yet
+    assert shard.earliest_hold(99) == 10
+    shard.holds = _NoLookup(shard.holds)
+    shard.set_hold(b"c", 5)
+    assert shard.earliest_hold(99) == 5
+    shard.set_hold(b"a", 40)
+    assert shard.earliest_hold(99) == 5
+    shard.set_hold(b"c", None)  # the least left: looked up again
+    shard.holds = dict(shard.holds)
+    assert shard.earliest_hold(99) == 10
+    shard.set_hold(b"b", 50)
+    shard.set_hold(b"a", None)
+    assert shard.earliest_hold(99) == 50
+    shard.set_hold(b"b", None)
+    assert shard.earliest_hold(99) == 99
+
+
+class _NoLookup(dict):  # type: ignore[type-arg]
+    """Holds whose least must not be looked up."""
+
+    def values(self) -> Any:
+        raise AssertionError("every key's hold was looked at")

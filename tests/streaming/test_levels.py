@@ -20,6 +20,7 @@ if pyspark_version() < STREAMING_SPARK:
     pytest.skip("transformWithState needs PySpark 4.0+", allow_module_level=True)
 
 from beam_spark_runner.streaming.level_shell import (  # noqa: E402
+    LOG_STATE,
     SHARD_STATE,
     WAITING_STATE,
     LevelShell,
@@ -58,22 +59,22 @@ class _Level:
     unpickled = 0
 
     def __init__(self) -> None:
-        self.bound: tuple[Any, Any] | None = None
+        self.bound: tuple[Any, ...] | None = None
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         type(self).unpickled += 1
         self.__dict__.update(state)
 
-    def bind(self, shard: Any, waiting: Any) -> None:
-        self.bound = (shard, waiting)
+    def bind(self, shard: Any, waiting: Any, log: Any = None) -> None:
+        self.bound = (shard, waiting) if log is None else (shard, waiting, log)
 
     def run(self, key: Any, rows: Iterator[Any]) -> Iterator[Any]:
         for row in rows:
             yield key, row, self.bound
 
 
-def _shell_after_pickling(waiting: bool) -> LevelShell:
-    shell = LevelShell(cloudpickle.dumps(_Level()), waiting=waiting)
+def _shell_after_pickling(waiting: bool, logged: bool = False) -> LevelShell:
+    shell = LevelShell(cloudpickle.dumps(_Level()), waiting=waiting, logged=logged)
     restored = pickle.loads(cloudpickle.dumps(shell))
     assert isinstance(restored, LevelShell)
     return restored
@@ -96,6 +97,15 @@ def test_the_shell_declares_the_state_variables_and_unpickles_the_level_once() -
     ]
     assert list(shell.handleInputRows((2, 1), iter(["c"]), None)) == [((2, 1), "c", bound)]
     assert _Level.unpickled == 1
+
+
+def test_a_level_with_logged_shards_declares_their_log() -> None:
+    shell = _shell_after_pickling(waiting=True, logged=True)
+    handle = _Handle()
+    shell.init(handle)
+    assert handle.declared[-1] == ("list", LOG_STATE, ["entry"])
+    bound = (f"value:{SHARD_STATE}", f"list:{WAITING_STATE}", f"list:{LOG_STATE}")
+    assert list(shell.handleInputRows((1, 0), iter(["a"]), None)) == [((1, 0), "a", bound)]
 
 
 def test_a_level_without_side_inputs_has_no_waiting_list() -> None:
