@@ -17,8 +17,19 @@ def pyspark_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
-# transformWithState, on rows or (4.0) on pandas: the PySpark the streaming levels build on.
+# transformWithState, on rows or (4.0) on pandas: the PySpark that streams every pipeline
+# the runner streams, one stateful operator per level.
 STREAMING_SPARK = (4, 0)
+
+# The oldest PySpark that streams at all: 3.5 has applyInPandasWithState, one per query
+# (a second is refused at analysis), so it streams pipelines of one stateful level.
+ONE_LEVEL_STREAMING_SPARK = (3, 5)
+
+
+def has_state_processor() -> bool:
+    """Whether this PySpark has ``StatefulProcessor`` (4.0+), beyond 3.5's operator."""
+    return pyspark_version() >= STREAMING_SPARK
+
 
 # PySpark's setting for its workers' sockets to the executor's JVM: Unix domain sockets
 # instead of TCP over loopback (SPARK-51688, Spark 4.1).
