@@ -14,7 +14,6 @@ from beam_spark_runner.planning import SPARK_STREAM_URN, TEST_STREAM_URN, Plan, 
 from beam_spark_runner.spark.compat import (
     ONE_LEVEL_STREAMING_SPARK,
     STREAMING_SPARK,
-    has_state_processor,
     require_spark,
     require_state_protocol,
 )
@@ -75,10 +74,6 @@ def check_streaming_plan(plan: Plan) -> None:
 
     broadcasts = plan_broadcasts(plan)
     broadcast_readers = broadcasts.readers
-    if not has_state_processor():
-        from beam_spark_runner.streaming.query import plan_topology
-
-        check_one_level(plan, plan_topology(plan, 1, broadcasts))
     for stage in plan.stages:
         if (
             stage.side_inputs
