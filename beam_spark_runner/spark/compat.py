@@ -17,13 +17,13 @@ def pyspark_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
-# transformWithState, on rows or (4.0) on pandas: the PySpark that streams every pipeline
-# the runner streams, one stateful operator per level.
+# transformWithState, on rows or (4.0) on pandas: the PySpark whose queries chain one
+# stateful operator per level.
 STREAMING_SPARK = (4, 0)
 
-# The oldest PySpark that streams at all: 3.5 has applyInPandasWithState, one per query
-# (a second is refused at analysis), so it streams pipelines of one stateful level.
-ONE_LEVEL_STREAMING_SPARK = (3, 5)
+# The oldest PySpark that streams: 3.5's applyInPandasWithState is allowed once per query
+# (a second is refused at analysis), so there all levels share it (``group_state``).
+OLDEST_STREAMING_SPARK = (3, 5)
 
 
 def has_state_processor() -> bool:

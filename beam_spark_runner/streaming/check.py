@@ -12,12 +12,10 @@ from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.errors import UnsupportedFeatureError
 from beam_spark_runner.planning import SPARK_STREAM_URN, TEST_STREAM_URN, Plan, PlannedStage
 from beam_spark_runner.spark.compat import (
-    ONE_LEVEL_STREAMING_SPARK,
-    STREAMING_SPARK,
+    OLDEST_STREAMING_SPARK,
     require_spark,
     require_state_protocol,
 )
-from beam_spark_runner.streaming.topology import Topology
 
 _UNBOUNDED = bi.beam_runner_api_pb2.IsBounded.UNBOUNDED
 SDF_PROCESS_URN: str = bi.common_urns.sdf_components.PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS.urn
@@ -38,7 +36,7 @@ def is_unbounded_splittable(stage: PlannedStage) -> bool:
 def check_streaming_pipeline(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
     """Refuses sources a streaming run cannot read yet (on the unfused pipeline)."""
     feature = "Streaming (Structured Streaming with a stateful operator)"
-    require_spark(feature, ONE_LEVEL_STREAMING_SPARK)
+    require_spark(feature, OLDEST_STREAMING_SPARK)
     require_state_protocol(feature)
     components = proto.components
     for transform in components.transforms.values():
@@ -72,8 +70,7 @@ def check_streaming_plan(plan: Plan) -> None:
     """
     from beam_spark_runner.streaming.bounded_side_inputs import plan_broadcasts
 
-    broadcasts = plan_broadcasts(plan)
-    broadcast_readers = broadcasts.readers
+    broadcast_readers = plan_broadcasts(plan).readers
     for stage in plan.stages:
         if (
             stage.side_inputs
@@ -90,39 +87,3 @@ def check_streaming_plan(plan: Plan) -> None:
                 "Make the side input bounded (a Create or bounded read used only as that "
                 "side input), or read it in a DoFn after the splittable one."
             )
-
-
-def check_one_level(plan: Plan, topology: Topology) -> None:
-    """Refuses, on PySpark 3.5, a pipeline whose stateful nodes take more than one level.
-
-    PySpark 3.5's one stateful operator, ``applyInPandasWithState``, is allowed once per
-    query, and a node reading another's output runs a level after it.
-    """
-    if topology.levels <= 1:
-        return
-    import pyspark
-
-    needed = ".".join(str(part) for part in STREAMING_SPARK)
-    steps = "; ".join(
-        f"level {level}: "
-        + ", ".join(_node_name(plan, node.name) for node in topology.stateful_in(level))
-        for level in range(1, topology.levels + 1)
-    )
-    raise UnsupportedFeatureError(
-        f"This streaming pipeline needs {topology.levels} stateful steps one after the other "
-        f"({steps}), but PySpark {pyspark.__version__} allows one stateful operator "
-        "(applyInPandasWithState) per streaming query (Spark 3.5 refuses a second at "
-        "analysis), so SparkStructuredRunner streams pipelines of one stateful level there. "
-        f"Install pyspark>={needed} (and run on a Spark {needed}+ cluster), which streams "
-        "this pipeline, or keep one GroupByKey, stateful DoFn, unbounded splittable DoFn or "
-        "stage with streamed side inputs on any path from a source to a sink."
-    )
-
-
-def _node_name(plan: Plan, name: str) -> str:
-    """A node as the user named it: a stage's transforms, or a GroupByKey's transform."""
-    if name in {stage.name for stage in plan.stages}:
-        return f"'{plan.stage(name).display_name}'"
-    buffer_name = plan.buffers[name.encode()].name
-    transform = plan.components.transforms.get(buffer_name)
-    return f"'{transform.unique_name if transform is not None else buffer_name}'"
