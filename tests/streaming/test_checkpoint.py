@@ -91,6 +91,27 @@ def test_a_checkpoint_of_the_other_stateful_operator_form_is_refused(
     assert "the PySpark line that wrote it" in str(error.value)
 
 
+def test_a_pyspark_3_5_checkpoint_records_its_operator_and_refuses_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """3.5's levels run on applyInPandasWithState, whose state no other line resumes."""
+    from beam_spark_runner.streaming import checkpoint
+
+    monkeypatch.setattr(checkpoint, "has_row_state", lambda: False)
+    monkeypatch.setattr(checkpoint, "has_state_processor", lambda: False)
+    on_3_5 = fingerprint(_topology())
+    assert on_3_5["state"] == "group-state"
+    monkeypatch.setattr(checkpoint, "has_state_processor", lambda: True)
+    on_4_0 = fingerprint(_topology())
+    assert on_4_0["state"] == "pandas"
+    (difference,) = differences(on_3_5, on_4_0)
+    assert "applyInPandasWithState (PySpark 3.5)" in difference, difference
+    assert "transformWithStateInPandas (PySpark 4.0)" in difference, difference
+    on_rows = {key: value for key, value in on_4_0.items() if key != "state"}
+    (difference,) = differences(on_rows, on_3_5)
+    assert "applyInPandasWithState (PySpark 3.5)" in difference, difference
+
+
 needs_query_module = pytest.mark.skipif(
     pyspark_version() < STREAMING_SPARK, reason="the query module needs PySpark 4.0+"
 )
