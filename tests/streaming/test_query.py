@@ -34,6 +34,12 @@ SPARK_PROXY_ERROR = re.compile(
     r"((.|\r\n|\r|\n)*)(java\.lang\.InterruptedException|java\.io\.InterruptedIOException|"
     r"java\.nio\.channels\.ClosedByInterruptException)"
 )
+# Spark 3.5's: the exception's name after a line break and ": ".
+SPARK_3_5_PROXY_ERROR = re.compile(
+    r"py4j\.protocol\.Py4JJavaError: An error occurred while calling"
+    r".+(\r\n|\r|\n): (java\.lang\.InterruptedException|java\.io\.InterruptedIOException|"
+    r"java\.nio\.channels\.ClosedByInterruptException)"
+)
 
 
 class Py4JJavaError(Exception):  # noqa: N818 - Py4J's name, which is_interruption reads
@@ -83,6 +89,7 @@ def test_the_error_it_raises_instead_is_short_and_reads_as_an_interruption_to_sp
     message = str(QueryInterrupted(7))
     assert len(message) < 300 and "micro-batch 7" in message
     assert SPARK_PROXY_ERROR.search(message)
+    assert SPARK_3_5_PROXY_ERROR.search(message)
 
 
 @pytest.mark.parametrize("logger_name", ["py4j.clientserver", "py4j.java_gateway"])
