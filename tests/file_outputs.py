@@ -49,17 +49,17 @@ def group_state_operator(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     Returns the grouping columns of each such operator built, as they are built.
     """
     from beam_spark_runner.run import streaming as run_streaming
-    from beam_spark_runner.spark import group_state, stateful_rows
+    from beam_spark_runner.spark import stateful_operator
     from beam_spark_runner.streaming import checkpoint, query
 
     built: list[str] = []
-    original = group_state.apply_in_pandas_with_state
+    original = stateful_operator.apply_in_pandas_with_state
 
     def recording(frame: Any, keys: list[Any], processor: Any, output_type: Any) -> Any:
         built.append(",".join(keys))
         return original(frame, keys, processor, output_type)
 
-    monkeypatch.setattr(group_state, "apply_in_pandas_with_state", recording)
-    for module in (stateful_rows, query, checkpoint, run_streaming):
+    monkeypatch.setattr(stateful_operator, "apply_in_pandas_with_state", recording)
+    for module in (stateful_operator, query, checkpoint, run_streaming):
         monkeypatch.setattr(module, "has_state_processor", lambda: False)
     return built

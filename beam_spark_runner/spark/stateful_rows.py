@@ -54,12 +54,8 @@ def transform_with_state(
 
     Append output mode, time mode none (no timers, no Spark watermark). PySpark 4.1+ runs
     ``processor`` itself; 4.0 (or any line, with ``pandas``) runs it inside
-    :class:`RowsOverPandas`; 3.5 on ``applyInPandasWithState`` (``group_state``).
+    :class:`RowsOverPandas`. (PySpark 3.5 has neither: ``stateful_operator``.)
     """
-    if not has_state_processor():
-        from beam_spark_runner.spark.group_state import apply_in_pandas_with_state
-
-        return apply_in_pandas_with_state(frame, keys, processor, output_type)
     if pandas is None:
         pandas = not has_row_state()
     if not pandas:

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from beam_spark_runner.spark.stateful_rows import StatefulProcessor, transform_with_state
+from beam_spark_runner.spark.stateful_operator import stateful_operator
+from beam_spark_runner.spark.stateful_rows import StatefulProcessor
 from beam_spark_runner.streaming.rows import routed_row, routed_type, to_batch
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ def chained_frame(
     """``frame`` through ``levels``, ``routers[i]`` after level i + 1, in one group."""
     from pyspark.sql import functions as F  # noqa: N812 - PySpark's convention
 
-    return transform_with_state(
+    return stateful_operator(
         frame.withColumn(CHAIN, F.lit(0)), [CHAIN], LevelChain(levels, routers), routed_type()
     )
 

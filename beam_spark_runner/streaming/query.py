@@ -20,7 +20,7 @@ from beam_spark_runner.planning import (
 )
 from beam_spark_runner.spark.compat import has_state_processor, named_function
 from beam_spark_runner.spark.map_in_arrow import map_in_arrow
-from beam_spark_runner.spark.stateful_rows import transform_with_state
+from beam_spark_runner.spark.stateful_operator import stateful_operator
 from beam_spark_runner.streaming import rows as routed
 from beam_spark_runner.streaming.bounded_side_inputs import BroadcastPlan
 from beam_spark_runner.streaming.check import is_unbounded_splittable
@@ -318,7 +318,7 @@ def build_frame(
             if chain:
                 chained.append(processor)
             else:
-                frame = transform_with_state(
+                frame = stateful_operator(
                     frame, [routed.TARGET, routed.SHARD], processor, routed.routed_type()
                 )
         body = _router_body(context, topology, step, side_input_state, reads)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
+from beam_spark_runner.spark.compat import OLDEST_STREAMING_SPARK, pyspark_version
 from beam_spark_runner.streaming.checkpoint import (
     PLAN_FILE,
     CheckpointMismatchError,
@@ -113,7 +113,7 @@ def test_a_pyspark_3_5_checkpoint_records_its_operator_and_refuses_the_others(
 
 
 needs_query_module = pytest.mark.skipif(
-    pyspark_version() < STREAMING_SPARK, reason="the query module needs PySpark 4.0+"
+    pyspark_version() < OLDEST_STREAMING_SPARK, reason="the query module needs PySpark 3.5+"
 )
 
 

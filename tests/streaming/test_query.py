@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
+from beam_spark_runner.spark.compat import OLDEST_STREAMING_SPARK, pyspark_version
 from beam_spark_runner.spark.session import SIMPLIFIED_TRACEBACK, settings_within
 
-if pyspark_version() < STREAMING_SPARK:
-    pytest.skip("the query module needs PySpark 4.0+", allow_module_level=True)
+if pyspark_version() < OLDEST_STREAMING_SPARK:
+    pytest.skip("the query module needs PySpark 3.5+", allow_module_level=True)
 
 from beam_spark_runner.streaming.query import (
     ROCKSDB_PROVIDER,

@@ -18,12 +18,12 @@ from apache_beam.utils.windowed_value import (
 )
 
 from beam_spark_runner.beam_internals import WindowedHeaders
-from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
+from beam_spark_runner.spark.compat import OLDEST_STREAMING_SPARK, pyspark_version
 from tests.list_states import ListState
 
-if pyspark_version() < STREAMING_SPARK:
+if pyspark_version() < OLDEST_STREAMING_SPARK:
     pytest.skip(
-        "streaming runs need PySpark 4.0+ (transformWithState); this is older",
+        "streaming runs need PySpark 3.5+; this is older",
         allow_module_level=True,
     )
 

@@ -25,7 +25,7 @@ from beam_spark_runner.execution.bundle_outputs import BundleOutputs
 from beam_spark_runner.execution.stage_spec import OutputSpec
 from beam_spark_runner.execution.stage_worker import NO_SINKS
 from beam_spark_runner.planning import build_plan
-from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
+from beam_spark_runner.spark.compat import OLDEST_STREAMING_SPARK, pyspark_version
 from beam_spark_runner.streaming.compression import pack
 from beam_spark_runner.streaming.rows import (
     ELEMENT,
@@ -42,9 +42,9 @@ from beam_spark_runner.streaming.topology import STAGE, Node, Topology
 from tests import slowly_updating
 from tests.stage_specs import stage_spec
 
-if pyspark_version() < STREAMING_SPARK:
+if pyspark_version() < OLDEST_STREAMING_SPARK:
     pytest.skip(
-        "streaming runs need PySpark 4.0+; this is older",
+        "streaming runs need PySpark 3.5+; this is older",
         allow_module_level=True,
     )
 
