@@ -76,19 +76,26 @@ def test_a_checkpoint_of_an_earlier_runner_version_is_refused(
 def test_a_checkpoint_of_the_other_stateful_operator_form_is_refused(
     spark_session: Any, tmp_path: Path
 ) -> None:
-    """PySpark 4.0's levels run on transformWithStateInPandas, 4.1+'s on rows: Spark resumes
-    neither's state as the other, so a checkpoint moved between them is refused, naming both."""
+    """PySpark 4.0's levels run on transformWithStateInPandas, 4.1+'s on rows, 3.5's on
+    applyInPandasWithState: Spark resumes none's state as another's, so a checkpoint moved
+    between them is refused, naming both."""
     check_checkpoint(spark_session, str(tmp_path), _topology())
     recorded = json.loads((tmp_path / PLAN_FILE).read_text())
     other = dict(recorded)
-    if other.pop("state", None) is None:
+    this_line = other.pop("state", None)
+    if this_line is None:
         other["state"] = "pandas"
     (tmp_path / PLAN_FILE).write_text(json.dumps(other))
     (tmp_path / f".{PLAN_FILE}.crc").unlink()
-    with pytest.raises(CheckpointMismatchError, match="transformWithStateInPandas") as error:
+    with pytest.raises(CheckpointMismatchError, match="the PySpark line that wrote it") as error:
         check_checkpoint(spark_session, str(tmp_path), _topology())
-    assert "transformWithState on rows" in str(error.value)
-    assert "the PySpark line that wrote it" in str(error.value)
+    operators = {
+        None: "transformWithState on rows",
+        "pandas": "transformWithStateInPandas",
+        "group-state": "applyInPandasWithState",
+    }
+    assert operators[this_line] in str(error.value)
+    assert operators[other.get("state")] in str(error.value)
 
 
 def test_a_pyspark_3_5_checkpoint_records_its_operator_and_refuses_the_others(
