@@ -9,8 +9,8 @@ pickled dict, loaded from the group's ``GroupState`` before the group's rows and
 back after its last row out (PySpark reads the ``GroupState`` only once the function's
 output is exhausted). A list state is thus rewritten whole every call. A processor that
 runs several stateful steps in one group gives each its own cells through
-:meth:`CellsHandle.scoped`. This module imports PySpark, pandas and the standard library
-only.
+:meth:`CellsHandle.scoped`. This module imports no Beam (PySpark, pandas, the standard
+library and ``stateful_rows``' pandas conversions).
 """
 
 from __future__ import annotations
