@@ -15,6 +15,7 @@ chained query's, a level's markers reaching the next level in the same micro-bat
 from __future__ import annotations
 
 import collections
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,8 @@ from beam_spark_runner.streaming.rows import routed_row, routed_type, to_batch
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+
+_LOGGER = logging.getLogger(__name__)
 
 # A router's body: routed Arrow batches in, routed Arrow batches out.
 RouterBody = Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]
@@ -39,6 +42,12 @@ def chained_frame(
     """``frame`` through ``levels``, ``routers[i]`` after level i + 1, in one group."""
     from pyspark.sql import functions as F  # noqa: N812 - PySpark's convention
 
+    _LOGGER.warning(
+        "The pipeline's %d stateful levels run in one task per micro-batch: this PySpark "
+        "allows one applyInPandasWithState per streaming query. PySpark 4.0 or newer runs "
+        "each level as its own operator, in parallel.",
+        len(levels),
+    )
     return stateful_operator(
         frame.withColumn(CHAIN, F.lit(0)), [CHAIN], LevelChain(levels, routers), routed_type()
     )

@@ -118,7 +118,7 @@ def _windowed_sums(pipeline: beam.Pipeline) -> Any:
 
 @pytest.mark.spark
 def test_a_windowed_combine_over_periodic_impulse_streams_in_one_group(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Two stateful levels (the splittable DoFn's, the combine's), and assert_that's third."""
     with beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner", "--streaming"])) as p:
@@ -136,3 +136,4 @@ def test_a_windowed_combine_over_periodic_impulse_streams_in_one_group(
     assert pipeline.run().wait_until_finish() == PipelineState.DONE
     assert written(tmp_path / "spark") == expected
     assert operators == ["chain"]
+    assert "stateful levels run in one task per micro-batch" in caplog.text
