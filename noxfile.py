@@ -6,9 +6,9 @@
 * ``smoke-<line>``: one per other line (PySpark 3.5.x and 4.0.x with the newest Beam; the
   oldest Beam we support with the newest PySpark): the unit tests but the end-to-end runs
   marked ``slow``, the pipeline tests that exercise GroupByKey, side inputs, text IO and
-  metrics, and a slice of Beam's FnApiRunner suite (``validates_runner``). On the lines
-  that stream (PySpark 4.0 and newer) the unit tests include the streaming tests not marked
-  ``slow``: the line's streaming slice. Tagged
+  metrics, and a slice of Beam's FnApiRunner suite (``validates_runner``). Every line
+  streams (PySpark 3.5 on ``applyInPandasWithState``), so the unit tests include the
+  streaming tests not marked ``slow`` that the line runs: the line's streaming slice. Tagged
   ``smoke``: ``nox -t smoke`` runs them all, and so does ``ci/matrix.sh`` (after ``make
   test`` in CI).
 * ``nox -s smoke-<line> -- full``: the full suite (``tests -m "not cluster and not

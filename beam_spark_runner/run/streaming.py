@@ -22,6 +22,7 @@ from beam_spark_runner.monitoring.metrics import element_counts
 from beam_spark_runner.run import cleanup
 from beam_spark_runner.run.lifecycle import OpenRun
 from beam_spark_runner.run.prepare import PreparedRun
+from beam_spark_runner.spark.compat import has_state_processor
 from beam_spark_runner.spark.session import settings_within
 from beam_spark_runner.streaming import jvm_warmup, pre_init_server
 from beam_spark_runner.streaming.bounded_side_inputs import plan_broadcasts
@@ -64,8 +65,9 @@ def run_streaming(prepared: PreparedRun) -> StreamingPipelineResult:
             # Refused before any of the query's Spark work starts.
             check_checkpoint(spark, checkpoint, topology)
         if topology.levels:
-            # Up by the first micro-batch's planning, which runs each level's pre-init.
-            pre_init_server.start(spark)
+            if has_state_processor():
+                # Up by the first micro-batch's planning, which runs each level's pre-init.
+                pre_init_server.start(spark)
             jvm_warmup.start(spark.sparkContext)
         ensure_state_store(spark)
         if broadcasts.readers:

@@ -17,8 +17,19 @@ def pyspark_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
-# transformWithState, on rows or (4.0) on pandas: the PySpark the streaming levels build on.
+# transformWithState, on rows or (4.0) on pandas: the PySpark whose queries chain one
+# stateful operator per level.
 STREAMING_SPARK = (4, 0)
+
+# The oldest PySpark that streams: 3.5's applyInPandasWithState is allowed once per query
+# (a second is refused at analysis), so there all levels share it (``group_state``).
+OLDEST_STREAMING_SPARK = (3, 5)
+
+
+def has_state_processor() -> bool:
+    """Whether this PySpark has ``StatefulProcessor`` (4.0+), beyond 3.5's operator."""
+    return pyspark_version() >= STREAMING_SPARK
+
 
 # PySpark's setting for its workers' sockets to the executor's JVM: Unix domain sockets
 # instead of TCP over loopback (SPARK-51688, Spark 4.1).

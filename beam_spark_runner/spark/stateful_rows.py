@@ -21,9 +21,16 @@ import math
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+from beam_spark_runner.spark.compat import has_row_state, has_state_processor
 
-from beam_spark_runner.spark.compat import has_row_state
+if TYPE_CHECKING or has_state_processor():
+    from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+else:  # PySpark 3.5: processors run on applyInPandasWithState (``group_state``)
+
+    class StatefulProcessor:
+        """What a processor subclasses where PySpark has no ``StatefulProcessor``."""
+
+    StatefulProcessorHandle = Any
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -47,26 +54,33 @@ def transform_with_state(
 
     Append output mode, time mode none (no timers, no Spark watermark). PySpark 4.1+ runs
     ``processor`` itself; 4.0 (or any line, with ``pandas``) runs it inside
-    :class:`RowsOverPandas`.
+    :class:`RowsOverPandas`. (PySpark 3.5 has neither: ``stateful_operator``.)
     """
     if pandas is None:
         pandas = not has_row_state()
     if not pandas:
         return frame.groupBy(*keys).transformWithState(processor, output_type, "Append", "None")
+    adapter = RowsOverPandas(processor, frame.schema, output_type)
+    return (
+        exact_longs_frame(frame)
+        .groupBy(*keys)
+        .transformWithStateInPandas(adapter, output_type, "Append", "None")
+    )
+
+
+def exact_longs_frame(frame: DataFrame) -> DataFrame:
+    """``frame`` with its nullable long columns as ``decimal(20,0)``, for pandas to hold."""
     from pyspark.sql import functions as F  # noqa: N812 - PySpark's convention
     from pyspark.sql.types import LongType
 
-    schema = frame.schema
-    exact = frame.select(
+    return frame.select(
         *(
             F.col(field.name).cast(_EXACT_LONG).alias(field.name)
             if isinstance(field.dataType, LongType) and field.nullable
             else F.col(field.name)
-            for field in schema.fields
+            for field in frame.schema.fields
         )
     )
-    adapter = RowsOverPandas(processor, schema, output_type)
-    return exact.groupBy(*keys).transformWithStateInPandas(adapter, output_type, "Append", "None")
 
 
 class RowsOverPandas(StatefulProcessor):  # type: ignore[misc]
@@ -76,10 +90,8 @@ class RowsOverPandas(StatefulProcessor):  # type: ignore[misc]
         self, processor: StatefulProcessor, input_type: StructType, output_type: StructType
     ) -> None:
         self.processor = processor
-        self.input_names = tuple(input_type.names)
+        self.input_type = input_type
         self.output_names = tuple(output_type.names)
-        # Per input column, what makes its pandas values the rows' Python values.
-        self.readers = tuple(_column_reader(field.dataType) for field in input_type.fields)
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         """The processor declares its state variables on 4.0's handle, as on 4.1's."""
@@ -92,22 +104,25 @@ class RowsOverPandas(StatefulProcessor):  # type: ignore[misc]
         timerValues: Any,  # noqa: N803
     ) -> Iterator[pd.DataFrame]:
         """The processor's rows out for one group, as DataFrames."""
-        out = self.processor.handleInputRows(key, self._rows(rows), timerValues)
+        out = self.processor.handleInputRows(key, rows_of(rows, self.input_type), timerValues)
         return frames_of(out, self.output_names)
 
     def close(self) -> None:
         self.processor.close()
 
-    def _rows(self, frames: Iterator[pd.DataFrame]) -> Iterator[Any]:
-        from pyspark.sql import Row
 
-        make_row = Row(*self.input_names)
-        for frame in frames:
-            columns = [
-                read(frame[name]) for name, read in zip(self.input_names, self.readers, strict=True)
-            ]
-            for values in zip(*columns, strict=True):
-                yield make_row(*values)
+def rows_of(frames: Iterator[pd.DataFrame], input_type: StructType) -> Iterator[Any]:
+    """The Spark ``Row``s of ``frames``, whose columns are ``input_type``'s as the JVM sent them."""
+    from pyspark.sql import Row
+
+    names = tuple(input_type.names)
+    # Per input column, what makes its pandas values the rows' Python values.
+    readers = tuple(_column_reader(field.dataType) for field in input_type.fields)
+    make_row = Row(*names)
+    for frame in frames:
+        columns = [read(frame[name]) for name, read in zip(names, readers, strict=True)]
+        for values in zip(*columns, strict=True):
+            yield make_row(*values)
 
 
 def frames_of(rows: Iterator[Any], names: tuple[str, ...]) -> Iterator[pd.DataFrame]:

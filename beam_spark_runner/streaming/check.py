@@ -11,7 +11,11 @@ from __future__ import annotations
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.errors import UnsupportedFeatureError
 from beam_spark_runner.planning import SPARK_STREAM_URN, TEST_STREAM_URN, PlannedStage
-from beam_spark_runner.spark.compat import STREAMING_SPARK, require_spark, require_state_protocol
+from beam_spark_runner.spark.compat import (
+    OLDEST_STREAMING_SPARK,
+    require_spark,
+    require_state_protocol,
+)
 
 _UNBOUNDED = bi.beam_runner_api_pb2.IsBounded.UNBOUNDED
 SDF_PROCESS_URN: str = bi.common_urns.sdf_components.PROCESS_SIZED_ELEMENTS_AND_RESTRICTIONS.urn
@@ -31,8 +35,8 @@ def is_unbounded_splittable(stage: PlannedStage) -> bool:
 
 def check_streaming_pipeline(proto: bi.beam_runner_api_pb2.Pipeline) -> None:
     """Refuses sources a streaming run cannot read yet (on the unfused pipeline)."""
-    feature = "Streaming (Structured Streaming with transformWithState)"
-    require_spark(feature, STREAMING_SPARK)
+    feature = "Streaming (Structured Streaming with a stateful operator)"
+    require_spark(feature, OLDEST_STREAMING_SPARK)
     require_state_protocol(feature)
     components = proto.components
     for transform in components.transforms.values():

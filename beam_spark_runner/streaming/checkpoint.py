@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from beam_spark_runner.errors import SparkRunnerError
 from beam_spark_runner.spark import internals as spark_internals
-from beam_spark_runner.spark.compat import has_row_state
+from beam_spark_runner.spark.compat import has_row_state, has_state_processor
 from beam_spark_runner.streaming.topology import Topology
 
 if TYPE_CHECKING:
@@ -35,6 +35,9 @@ _FORMAT = 3
 # ``transformWithStateInPandas``: Spark resumes a stateful operator only as the one that
 # wrote it, so such a checkpoint and one on rows (4.1+, no entry) do not restore each other.
 PANDAS_STATE = "pandas"
+# The ``state`` entry of a checkpoint whose levels ran on PySpark 3.5's
+# ``applyInPandasWithState`` (``spark.group_state``).
+GROUP_STATE = "group-state"
 
 
 class CheckpointMismatchError(SparkRunnerError, ValueError):
@@ -46,9 +49,9 @@ def fingerprint(topology: Topology) -> dict[str, Any]:
 
     And the form of Spark's stateful operator the levels run on, where it is not rows.
     """
-    state = {} if has_row_state() else {"state": PANDAS_STATE}
+    state = operator_state()
     return {
-        **state,
+        **({} if state is None else {"state": state}),
         "format": _FORMAT,
         "shards": topology.shards,
         "levels": topology.levels,
@@ -186,9 +189,18 @@ def differences(found: dict[str, Any], expected: dict[str, Any]) -> list[str]:
     return out
 
 
+def operator_state() -> str | None:
+    """The ``state`` entry this PySpark's levels record (``None``: on rows, none)."""
+    if has_row_state():
+        return None
+    return PANDAS_STATE if has_state_processor() else GROUP_STATE
+
+
 def _operator(recorded: dict[str, Any]) -> str:
     if recorded.get("state") == PANDAS_STATE:
         return "transformWithStateInPandas (PySpark 4.0)"
+    if recorded.get("state") == GROUP_STATE:
+        return "applyInPandasWithState (PySpark 3.5)"
     return "transformWithState on rows (PySpark 4.1 or newer)"
 
 

@@ -15,8 +15,7 @@ import pickle
 from collections.abc import Iterator
 from typing import Any
 
-from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
-
+from beam_spark_runner.spark.stateful_rows import StatefulProcessor, StatefulProcessorHandle
 from beam_spark_runner.streaming.driver_processes import quiet_pre_init
 
 # The state variables of a shard: its encoded state (one value), and, in a level with a

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.planning import (
@@ -18,12 +18,13 @@ from beam_spark_runner.planning import (
     Plan,
     PlannedStage,
 )
-from beam_spark_runner.spark.compat import named_function
+from beam_spark_runner.spark.compat import has_state_processor, named_function
 from beam_spark_runner.spark.map_in_arrow import map_in_arrow
-from beam_spark_runner.spark.stateful_rows import transform_with_state
+from beam_spark_runner.spark.stateful_operator import stateful_operator
 from beam_spark_runner.streaming import rows as routed
 from beam_spark_runner.streaming.bounded_side_inputs import BroadcastPlan
 from beam_spark_runner.streaming.check import is_unbounded_splittable
+from beam_spark_runner.streaming.level_chain import chained_frame
 from beam_spark_runner.streaming.levels import Level
 from beam_spark_runner.streaming.router import RouterSpec, run_router
 from beam_spark_runner.streaming.side_inputs import SideInputSpec, SideInputStageSpec
@@ -219,6 +220,76 @@ def _source_plan(plan: Plan, topology: Topology) -> SourcePlan:
     )
 
 
+def _level(
+    context: TranslationContext,
+    topology: Topology,
+    step: int,
+    side_input_state: dict[str, Any],
+    broadcast_readers: frozenset[str],
+) -> Any:
+    """The stateful processor of level ``step``: its nodes' specs in a ``levels.Level``."""
+    plan = context.plan
+    level = topology.stateful_in(step)
+    groups = {
+        node.index: group_spec(plan.buffers[node.name.encode()], context)
+        for node in level
+        if node.kind == GROUP
+    }
+    level_stages = [plan.stage(node.name) for node in level if node.kind == STAGE]
+    stateful = {
+        topology.node_of(stage.name).index: stage_spec(
+            stage, context, side_input_state.get(stage.name)
+        )
+        for stage in level_stages
+        if stage.stateful
+    }
+    with_side_inputs = {
+        topology.node_of(stage.name).index: side_input_stage_spec(stage, context)
+        for stage in level_stages
+        if stage.side_inputs and stage.name not in broadcast_readers
+    }
+    splittable = {
+        topology.node_of(stage.name).index: stage_spec(
+            stage, context, side_input_state.get(stage.name)
+        )
+        for stage in level_stages
+        if is_unbounded_splittable(stage)
+    }
+    return Level(
+        topology, groups, stateful, splittable, with_side_inputs, context.sinks
+    ).processor()
+
+
+def _router_body(
+    context: TranslationContext,
+    topology: Topology,
+    step: int,
+    side_input_state: dict[str, Any],
+    reads: dict[str, Any],
+) -> Any:
+    """Router ``step``'s ``mapInArrow`` function, or None if no stateless stage runs there."""
+    plan = context.plan
+    stages = {
+        node.index: stage_spec(plan.stage(node.name), context, side_input_state.get(node.name))
+        for node in topology.stateless_in(step)
+    }
+    if not stages:
+        return None
+    names = " + ".join(plan.stage(topology.nodes[i].name).display_name for i in stages)
+    body = functools.partial(
+        run_router,
+        RouterSpec(
+            step,
+            topology,
+            stages,
+            # Only the reads this router's stages read (their coders ship per task).
+            {p: c for p, c in reads.items() if stages.keys() & set(topology.roots[p])},
+        ),
+        sinks=context.sinks,
+    )
+    return named_function(body, spark_function_name(names))
+
+
 def build_frame(
     context: TranslationContext, topology: Topology, broadcast_readers: frozenset[str] = frozenset()
 ) -> DataFrame:
@@ -237,58 +308,25 @@ def build_frame(
     frame = source_frame(spark, _source_plan(plan, topology))
     frame = union_spark_streams(frame, spark, plan, topology)
     reads = stream_columns(plan, topology)
+    # PySpark 3.5 allows one stateful operator per query: several levels run in one group.
+    chain = not has_state_processor() and topology.levels > 1
+    chained: list[Any] = []
+    chained_routers: list[Any] = []
     for step in range(topology.levels + 1):
         if step > 0:
-            level = topology.stateful_in(step)
-            groups = {
-                node.index: group_spec(plan.buffers[node.name.encode()], context)
-                for node in level
-                if node.kind == GROUP
-            }
-            level_stages = [plan.stage(node.name) for node in level if node.kind == STAGE]
-            stateful = {
-                topology.node_of(stage.name).index: stage_spec(
-                    stage, context, side_input_state.get(stage.name)
+            processor = _level(context, topology, step, side_input_state, broadcast_readers)
+            if chain:
+                chained.append(processor)
+            else:
+                frame = stateful_operator(
+                    frame, [routed.TARGET, routed.SHARD], processor, routed.routed_type()
                 )
-                for stage in level_stages
-                if stage.stateful
-            }
-            with_side_inputs = {
-                topology.node_of(stage.name).index: side_input_stage_spec(stage, context)
-                for stage in level_stages
-                if stage.side_inputs and stage.name not in broadcast_readers
-            }
-            splittable = {
-                topology.node_of(stage.name).index: stage_spec(
-                    stage, context, side_input_state.get(stage.name)
-                )
-                for stage in level_stages
-                if is_unbounded_splittable(stage)
-            }
-            processor = Level(
-                topology, groups, stateful, splittable, with_side_inputs, context.sinks
-            ).processor()
-            frame = transform_with_state(
-                frame, [routed.TARGET, routed.SHARD], processor, routed.routed_type()
-            )
-        stages = {
-            node.index: stage_spec(plan.stage(node.name), context, side_input_state.get(node.name))
-            for node in topology.stateless_in(step)
-        }
-        if stages:
-            names = " + ".join(plan.stage(topology.nodes[i].name).display_name for i in stages)
-            body = functools.partial(
-                run_router,
-                RouterSpec(
-                    step,
-                    topology,
-                    stages,
-                    # Only the reads this router's stages read (their coders ship per task).
-                    {p: c for p, c in reads.items() if stages.keys() & set(topology.roots[p])},
-                ),
-                sinks=context.sinks,
-            )
-            frame = map_in_arrow(
-                frame, named_function(body, spark_function_name(names)), routed.routed_type()
-            )
+        body = _router_body(context, topology, step, side_input_state, reads)
+        if chain and 0 < step < topology.levels:
+            chained_routers.append(body)
+            continue
+        if chain and step == topology.levels:
+            frame = chained_frame(frame, chained, chained_routers)
+        if body is not None:
+            frame = map_in_arrow(frame, body, routed.routed_type())
     return frame.filter(frame[routed.TARGET] == SINK)

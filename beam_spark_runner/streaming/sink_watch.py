@@ -51,7 +51,8 @@ class QueryInterrupted(RuntimeError):
     """A micro-batch's action interrupted because the query is stopping.
 
     Its message is short and in the form Spark recognises as an interruption by ``stop()``
-    (``StreamExecution.PROXY_ERROR``): Spark matches that pattern against the
+    (``StreamExecution.PROXY_ERROR``; Spark 3.5's wants the exception's name on a line of
+    its own after ": ", as Py4J writes it): Spark matches that pattern against the
     ``foreachBatch`` error's whole text, and on Py4J's text (a Java stack trace) the match
     overflowed the stream thread's stack, logging a ``StackOverflowError`` on every cancel.
     """
@@ -59,7 +60,7 @@ class QueryInterrupted(RuntimeError):
     def __init__(self, batch_id: int) -> None:
         super().__init__(
             "py4j.protocol.Py4JJavaError: An error occurred while calling collectToPython "
-            f"for micro-batch {batch_id}: {_INTERRUPTIONS[0]} (the query was stopped)"
+            f"for micro-batch {batch_id}.\n: {_INTERRUPTIONS[0]} (the query was stopped)"
         )
 
 

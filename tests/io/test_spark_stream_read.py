@@ -30,7 +30,7 @@ from beam_spark_runner.io.spark_stream import (
 )
 from beam_spark_runner.planning import SPARK_STREAM_URN, Plan, build_plan
 from beam_spark_runner.planning.capabilities import check_pipeline
-from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
+from beam_spark_runner.spark.compat import OLDEST_STREAMING_SPARK, pyspark_version
 from beam_spark_runner.streaming.watermarks import MIN_MICROS
 
 T0 = 1_767_225_600_000_000  # 2026-01-01T00:00:00Z in microseconds
@@ -183,8 +183,8 @@ def test_on_another_runner_the_read_is_no_runner_primitive() -> None:
 
 
 needs_streaming = pytest.mark.skipif(
-    pyspark_version() < STREAMING_SPARK,
-    reason="the streaming modules need PySpark 4.0+ (transformWithState)",
+    pyspark_version() < OLDEST_STREAMING_SPARK,
+    reason="the streaming modules need PySpark 3.5+ (transformWithState)",
 )
 
 

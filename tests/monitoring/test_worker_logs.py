@@ -10,10 +10,10 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_spark_runner.monitoring import worker_logs
-from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
+from beam_spark_runner.spark.compat import OLDEST_STREAMING_SPARK, pyspark_version
 
 needs_streaming = pytest.mark.skipif(
-    pyspark_version() < STREAMING_SPARK, reason="streaming needs PySpark 4.0 or newer"
+    pyspark_version() < OLDEST_STREAMING_SPARK, reason="streaming needs PySpark 3.5 or newer"
 )
 
 LOGGER = "tests.user_dofn"

@@ -19,13 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
+from beam_spark_runner.spark.compat import OLDEST_STREAMING_SPARK, pyspark_version
 from tests.conftest import SPARK_TEST_MASTER
 
 pytestmark = [
     pytest.mark.spark,
     pytest.mark.slow,
-    pytest.mark.skipif(pyspark_version() < STREAMING_SPARK, reason="streaming needs PySpark 4.0+"),
+    pytest.mark.skipif(
+        pyspark_version() < OLDEST_STREAMING_SPARK, reason="streaming needs PySpark 3.5+"
+    ),
 ]
 
 _DRIVER = """

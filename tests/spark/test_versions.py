@@ -132,14 +132,15 @@ def test_require_state_protocol_accepts_the_installed_protobuf():
 
 @pytest.mark.spark
 def test_a_streaming_run_on_a_pyspark_without_it_is_refused_naming_the_version(run_python):
-    """On PySpark 3.5 (no ``pyspark.sql.datasource``, no transformWithState) a streaming
-    run is refused before Spark starts, naming Spark 4.0, not failed by an import. Run
-    in a fresh interpreter with 3.5's missing module and version stood in on newer lines."""
+    """On a PySpark older than 3.5 (no ``pyspark.sql.datasource``, no transformWithState)
+    a streaming run is refused before Spark starts, naming Spark 3.5 (which streams on
+    applyInPandasWithState), not failed by an import. Run in a fresh interpreter with the
+    missing module and the version stood in on newer lines."""
     code = (
         "import sys\n"
         "sys.modules['pyspark.sql.datasource'] = None\n"
         "import pyspark\n"
-        "pyspark.__version__ = '3.5.3'\n"
+        "pyspark.__version__ = '3.4.3'\n"
         "import apache_beam as beam\n"
         "from apache_beam.options.pipeline_options import PipelineOptions\n"
         "from apache_beam.testing.test_stream import TestStream\n"
@@ -160,6 +161,6 @@ def test_a_streaming_run_on_a_pyspark_without_it_is_refused_naming_the_version(r
     completed = run_python(["-c", code])
     out = completed.stdout
     assert completed.returncode == 0, completed.stderr
-    assert "needs Spark 4.0" in out, out
-    assert "3.5.3" in out, out
+    assert "needs Spark 3.5" in out, out
+    assert "3.4.3" in out, out
     assert out.strip().endswith("no spark"), out

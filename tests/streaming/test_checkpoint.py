@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
+from beam_spark_runner.spark.compat import OLDEST_STREAMING_SPARK, pyspark_version
 from beam_spark_runner.streaming.checkpoint import (
     PLAN_FILE,
     CheckpointMismatchError,
@@ -76,23 +76,51 @@ def test_a_checkpoint_of_an_earlier_runner_version_is_refused(
 def test_a_checkpoint_of_the_other_stateful_operator_form_is_refused(
     spark_session: Any, tmp_path: Path
 ) -> None:
-    """PySpark 4.0's levels run on transformWithStateInPandas, 4.1+'s on rows: Spark resumes
-    neither's state as the other, so a checkpoint moved between them is refused, naming both."""
+    """PySpark 4.0's levels run on transformWithStateInPandas, 4.1+'s on rows, 3.5's on
+    applyInPandasWithState: Spark resumes none's state as another's, so a checkpoint moved
+    between them is refused, naming both."""
     check_checkpoint(spark_session, str(tmp_path), _topology())
     recorded = json.loads((tmp_path / PLAN_FILE).read_text())
     other = dict(recorded)
-    if other.pop("state", None) is None:
+    this_line = other.pop("state", None)
+    if this_line is None:
         other["state"] = "pandas"
     (tmp_path / PLAN_FILE).write_text(json.dumps(other))
     (tmp_path / f".{PLAN_FILE}.crc").unlink()
-    with pytest.raises(CheckpointMismatchError, match="transformWithStateInPandas") as error:
+    with pytest.raises(CheckpointMismatchError, match="the PySpark line that wrote it") as error:
         check_checkpoint(spark_session, str(tmp_path), _topology())
-    assert "transformWithState on rows" in str(error.value)
-    assert "the PySpark line that wrote it" in str(error.value)
+    operators = {
+        None: "transformWithState on rows",
+        "pandas": "transformWithStateInPandas",
+        "group-state": "applyInPandasWithState",
+    }
+    assert operators[this_line] in str(error.value)
+    assert operators[other.get("state")] in str(error.value)
+
+
+def test_a_pyspark_3_5_checkpoint_records_its_operator_and_refuses_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """3.5's levels run on applyInPandasWithState, whose state no other line resumes."""
+    from beam_spark_runner.streaming import checkpoint
+
+    monkeypatch.setattr(checkpoint, "has_row_state", lambda: False)
+    monkeypatch.setattr(checkpoint, "has_state_processor", lambda: False)
+    on_3_5 = fingerprint(_topology())
+    assert on_3_5["state"] == "group-state"
+    monkeypatch.setattr(checkpoint, "has_state_processor", lambda: True)
+    on_4_0 = fingerprint(_topology())
+    assert on_4_0["state"] == "pandas"
+    (difference,) = differences(on_3_5, on_4_0)
+    assert "applyInPandasWithState (PySpark 3.5)" in difference, difference
+    assert "transformWithStateInPandas (PySpark 4.0)" in difference, difference
+    on_rows = {key: value for key, value in on_4_0.items() if key != "state"}
+    (difference,) = differences(on_rows, on_3_5)
+    assert "applyInPandasWithState (PySpark 3.5)" in difference, difference
 
 
 needs_query_module = pytest.mark.skipif(
-    pyspark_version() < STREAMING_SPARK, reason="the query module needs PySpark 4.0+"
+    pyspark_version() < OLDEST_STREAMING_SPARK, reason="the query module needs PySpark 3.5+"
 )
 
 

@@ -12,11 +12,11 @@ from apache_beam.transforms.window import IntervalWindow
 from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
+from beam_spark_runner.spark.compat import OLDEST_STREAMING_SPARK, pyspark_version
 from tests.list_states import ListState
 
-if pyspark_version() < STREAMING_SPARK:
-    pytest.skip("transformWithState needs PySpark 4.0+", allow_module_level=True)
+if pyspark_version() < OLDEST_STREAMING_SPARK:
+    pytest.skip("streaming needs PySpark 3.5+", allow_module_level=True)
 
 from beam_spark_runner.streaming import compression, levels  # noqa: E402
 from beam_spark_runner.streaming.chunk_lists import ListStateChunks  # noqa: E402

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from pyspark import cloudpickle
 
-from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
+from beam_spark_runner.spark.compat import OLDEST_STREAMING_SPARK, pyspark_version
 
-if pyspark_version() < STREAMING_SPARK:
-    pytest.skip("transformWithState needs PySpark 4.0+", allow_module_level=True)
+if pyspark_version() < OLDEST_STREAMING_SPARK:
+    pytest.skip("streaming needs PySpark 3.5+", allow_module_level=True)
 
 from beam_spark_runner.streaming.level_shell import (  # noqa: E402
     LOG_STATE,

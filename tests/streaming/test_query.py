@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
+from beam_spark_runner.spark.compat import OLDEST_STREAMING_SPARK, pyspark_version
 from beam_spark_runner.spark.session import SIMPLIFIED_TRACEBACK, settings_within
 
-if pyspark_version() < STREAMING_SPARK:
-    pytest.skip("the query module needs PySpark 4.0+", allow_module_level=True)
+if pyspark_version() < OLDEST_STREAMING_SPARK:
+    pytest.skip("the query module needs PySpark 3.5+", allow_module_level=True)
 
 from beam_spark_runner.streaming.query import (
     ROCKSDB_PROVIDER,
@@ -32,6 +32,12 @@ CHANGELOG_CHECKPOINTING_CONF = (
 SPARK_PROXY_ERROR = re.compile(
     r"py4j\.protocol\.Py4JJavaError: An error occurred while calling"
     r"((.|\r\n|\r|\n)*)(java\.lang\.InterruptedException|java\.io\.InterruptedIOException|"
+    r"java\.nio\.channels\.ClosedByInterruptException)"
+)
+# Spark 3.5's: the exception's name after a line break and ": ".
+SPARK_3_5_PROXY_ERROR = re.compile(
+    r"py4j\.protocol\.Py4JJavaError: An error occurred while calling"
+    r".+(\r\n|\r|\n): (java\.lang\.InterruptedException|java\.io\.InterruptedIOException|"
     r"java\.nio\.channels\.ClosedByInterruptException)"
 )
 
@@ -83,6 +89,7 @@ def test_the_error_it_raises_instead_is_short_and_reads_as_an_interruption_to_sp
     message = str(QueryInterrupted(7))
     assert len(message) < 300 and "micro-batch 7" in message
     assert SPARK_PROXY_ERROR.search(message)
+    assert SPARK_3_5_PROXY_ERROR.search(message)
 
 
 @pytest.mark.parametrize("logger_name", ["py4j.clientserver", "py4j.java_gateway"])

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
+from beam_spark_runner.spark.compat import OLDEST_STREAMING_SPARK, pyspark_version
 from tests.cluster.restarts import (
     AFTER_COMMIT,
     MID_BATCH,
@@ -30,7 +30,9 @@ from tests.cluster.restarts import (
 
 pytestmark = [
     pytest.mark.restart,
-    pytest.mark.skipif(pyspark_version() < STREAMING_SPARK, reason="streaming needs PySpark 4.0+"),
+    pytest.mark.skipif(
+        pyspark_version() < OLDEST_STREAMING_SPARK, reason="streaming needs PySpark 3.5+"
+    ),
 ]
 
 # Long enough that the query still runs at each kill point: a driver's start and first

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
+from beam_spark_runner.spark.compat import OLDEST_STREAMING_SPARK, pyspark_version
 from beam_spark_runner.streaming import rows as routed
 from beam_spark_runner.streaming.source import BATCH, WALL_CLOCK, batch_rows, source_frame
 from beam_spark_runner.streaming.source_plan import SourcePlan, SourceStep
@@ -52,7 +52,7 @@ def test_each_tick_becomes_its_batchs_rows() -> None:
 
 
 @pytest.mark.skipif(
-    pyspark_version() < STREAMING_SPARK, reason="streaming needs PySpark 4.0 or newer"
+    pyspark_version() < OLDEST_STREAMING_SPARK, reason="streaming needs PySpark 3.5 or newer"
 )
 def test_a_batchs_processing_time_is_the_one_spark_records_in_its_offsets(
     spark_session: Any, tmp_path: Path

@@ -24,7 +24,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution.stage_worker import NO_SINKS, StageSpec
 from beam_spark_runner.planning import build_plan
-from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
+from beam_spark_runner.spark.compat import OLDEST_STREAMING_SPARK, pyspark_version
 from beam_spark_runner.streaming.compression import pack
 from beam_spark_runner.streaming.rows import ELEMENT, PRODUCER, PTIME, WATERMARK
 from beam_spark_runner.streaming.stateful import StatefulShard, StatefulShardState
@@ -282,7 +282,9 @@ def _collect(element: Any) -> None:
 
 
 @pytest.mark.spark
-@pytest.mark.skipif(pyspark_version() < STREAMING_SPARK, reason="streaming runs need PySpark 4.0+")
+@pytest.mark.skipif(
+    pyspark_version() < OLDEST_STREAMING_SPARK, reason="streaming runs need PySpark 3.5+"
+)
 def test_a_stateful_dofn_over_expiring_windows_gives_direct_runners_output() -> None:
     options = PipelineOptions(["--runner=DirectRunner", "--streaming"])
     _COLLECTED.clear()
@@ -334,7 +336,9 @@ class _StoppedClock:
 
 
 @pytest.mark.spark
-@pytest.mark.skipif(pyspark_version() < STREAMING_SPARK, reason="streaming runs need PySpark 4.0+")
+@pytest.mark.skipif(
+    pyspark_version() < OLDEST_STREAMING_SPARK, reason="streaming runs need PySpark 3.5+"
+)
 def test_batch_elements_with_a_buffering_timer_gives_direct_runners_batches() -> None:
     # Beam keys the batches by process; Spark's tasks run in pooled processes, so the
     # batches followed whichever process ran each micro-batch's keying.
