@@ -4,7 +4,8 @@ One layout for elements and watermark markers alike, so a step passes on what is
 addressed to it without looking inside:
 
 * ``target``, ``shard``, ``key``: the node (``topology.SINK`` for markers leaving the
-  graph); a stateful target's shard (a stable hash of the key), else 0; the key;
+  graph); a stateful target's shard (a stable hash of the key; unkeyed elements a stage
+  outputs go in equal contiguous parts, ``addressed_column``), else 0; the key;
 * ``element``: Beam-encoded elements, packed per target, shard and port (``packed``) and
   compressed (read them through ``cell``); null for a marker;
 * ``producer``, ``watermark``, ``ptime``: a marker's sender, its output watermark and the
@@ -217,6 +218,50 @@ def addressed_rows(
     return [_row((target, shard, port), run) for shard in range(shards) for run in cuts[shard]]
 
 
+def addressed_column(topology: Topology, target: int, column: pa.Array) -> list[Row]:
+    """Unkeyed elements (an Arrow column) addressed to ``target``, in runs, made in Arrow.
+
+    A stateless target gets the runs ``addressed_rows`` makes. A stateful one (a splittable
+    DoFn's or a stage with side inputs' shards, which may process any element) gets the
+    column in equal contiguous parts, the first to shard 0: no element is hashed or turned
+    into a Python value, and a batch's shards are as busy as each other. Each part is
+    framed for a stage with side inputs (which reads each element's length) and cut into
+    runs where ``_runs`` cuts. Not for a GroupByKey, whose elements have keys.
+    """
+    node = topology.nodes[target]
+    if node.kind == GROUP:
+        raise ValueError(f"expected a target without keys; found GroupByKey node {target}")
+    column = column.cast(pa.binary())
+    if not node.stateful:
+        return [_row((target, 0, 0), run) for run in _runs(column)]
+    port = FRAMED_RUN if node.side_expected else 0
+    if port == FRAMED_RUN:
+        column = _framed(column)
+    shards = topology.shards
+    each, more = divmod(len(column), shards)
+    rows: list[Row] = []
+    start = 0
+    for shard in range(shards):
+        count = each + (shard < more)
+        if count:
+            part = column.slice(start, count)
+            rows.extend(_row((target, shard, port), run) for run in _runs(part))
+        start += count
+    return rows
+
+
+def _framed(elements: pa.BinaryArray) -> pa.BinaryArray:
+    """Each element with its length before it (``_LENGTH``), as one column."""
+    offsets = np.frombuffer(elements.buffers()[1], dtype=np.int32)[
+        elements.offset : elements.offset + len(elements) + 1
+    ]
+    lengths = np.diff(offsets).astype(">u4")  # _LENGTH's layout
+    headers = pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(_LENGTH.size), len(elements), [None, pa.py_buffer(lengths.tobytes())]
+    )
+    return pc.binary_join_element_wise(headers.cast(pa.binary()), elements, b"")
+
+
 def _cut(elements: list[bytes]) -> list[list[bytes]]:
     """``elements`` in runs, each cut after the element that reaches ``PACKED_CELL_BYTES``."""
     runs: list[list[bytes]] = []
@@ -256,7 +301,8 @@ def stage_output_rows(
     """A stage's output batch addressed to the readers of its output.
 
     The batch is in the stage output layout (``arrow_columns``: tag, key, element). Rows
-    go in runs per reader (``addressed_rows``), a side input's per element and shard.
+    go in runs per reader (``addressed_rows``; unkeyed elements for any but a GroupByKey
+    from their column, ``addressed_column``), a side input's per element and shard.
     Readers in ``local`` (a router's own stages) get the elements in ``data`` instead.
     """
     tags = output.column(stage_columns.TAG)
@@ -264,20 +310,29 @@ def stage_output_rows(
     rows: list[Row] = []
     for tag in distinct:
         part = output if len(distinct) == 1 else output.filter(pc.equal(tags, tag))
-        elements = part.column(stage_columns.ELEMENT).to_pylist()
+        column = part.column(stage_columns.ELEMENT)
+        unkeyed = part.column(stage_columns.KEY).null_count == part.num_rows
+        values: list[bytes] | None = None
         keys: list[bytes | None] | None = None
         for target in node.targets[tag]:
+            if unkeyed and target not in local and topology.nodes[target].kind != GROUP:
+                rows.extend(addressed_column(topology, target, column))
+                continue
+            if values is None:
+                values = column.to_pylist()
             if target in local:
                 assert data is not None, "a router's own stages read their elements in data"
-                data[target].extend(elements)
+                data[target].extend(values)
                 continue
             if keys is None:
                 keys = part.column(stage_columns.KEY).to_pylist()
-            rows.extend(addressed_rows(topology, target, keys, elements))
+            rows.extend(addressed_rows(topology, target, keys, values))
         if node.side_targets:
             for target, port in node.side_targets[tag]:
                 if target not in local:
-                    for element in elements:
+                    if values is None:
+                        values = column.to_pylist()
+                    for element in values:
                         rows.extend(side_element_rows(topology, target, port, element))
     return rows
 

@@ -115,6 +115,34 @@ def test_the_event_step_records_a_bundles_latest_event_time_and_when_it_read_it(
     assert _pairs(str(tmp_path)) == [(12.0, 52.0)]
 
 
+def test_the_event_step_reads_the_time_of_rows_stamped_alike_once(tmp_path: object) -> None:
+    """Ours gives the rows of a run of equal event times one ``Timestamp``: its
+    microseconds (a property computed on each read) are read once, not once a row."""
+    from types import SimpleNamespace
+
+    from benchmarks.streaming import _Events, _pairs
+
+    class Counted:
+        reads = 0
+
+        def __init__(self, micros: int) -> None:
+            self._micros = micros
+
+        @property
+        def micros(self) -> int:
+            Counted.reads += 1
+            return self._micros
+
+    shared, later = Counted(12_000_000), Counted(13_000_000)
+    events = _Events(str(tmp_path))
+    events.start_bundle()
+    for n, stamp in enumerate([shared] * 5 + [later] * 3):
+        list(events.process(SimpleNamespace(value=n, timestamp=stamp)))
+    events.finish_bundle()
+    assert Counted.reads == 2
+    assert [latest for latest, _ in _pairs(str(tmp_path))] == [13.0]
+
+
 def test_pyspark_watermark_passes_are_each_batchs_latest_event_time_at_its_end() -> None:
     from types import SimpleNamespace
 

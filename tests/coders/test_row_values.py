@@ -56,6 +56,20 @@ def test_instants_with_and_without_nulls() -> None:
     assert _micros_instants(holes) == [None, Timestamp(micros=-7)]
 
 
+@pytest.mark.parametrize(
+    "micros",
+    [[], [5], [5, 5], [1, 2, 2, 2, 3], [7, 7, 7, 7, 1, 1], [1, 2, 3], [3, 3, 2, 3], [1_000] * 300],
+)
+def test_rows_stamped_alike_share_one_instant_equal_to_beams(micros: list[int]) -> None:
+    """A run of equal times (Spark's ``rate`` source stamps rows in milliseconds) gets one
+    ``Timestamp``, made once; every row's equals the one Beam makes, in order."""
+    made = _micros_instants(pa.array(micros, pa.timestamp("us", tz="UTC")))
+    assert made == [Timestamp(micros=m) for m in micros]
+    runs = [i for i in range(len(micros)) if i == 0 or micros[i] != micros[i - 1]]
+    if 2 * len(runs) <= len(micros):
+        assert len({id(t) for t in made}) == len(runs)
+
+
 def test_a_batch_and_its_event_times_must_be_as_many() -> None:
     maker = RowValues(["a", "b"], [_plain, _plain], [False, True])
     batch = pa.RecordBatch.from_arrays(

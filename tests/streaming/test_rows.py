@@ -201,3 +201,69 @@ def test_the_outputs_a_stage_with_side_inputs_reads_are_the_framed_ones() -> Non
     feeding = Node(5, "feeding", STAGE, True, 1, ((1, 3), (2, 4), (4,), ()))
     assert routed.framed_outputs(topology, feeding) == frozenset({1, 2})
     assert routed.framed_outputs(topology, topology.nodes[0]) == frozenset()
+
+
+@pytest.mark.parametrize("cell_bytes", [routed.PACKED_CELL_BYTES, 9, 1])
+@pytest.mark.parametrize("offset", [0, 5])
+def test_a_column_for_a_stateless_stage_is_addressed_as_element_by_element(
+    monkeypatch: pytest.MonkeyPatch, cell_bytes: int, offset: int
+) -> None:
+    """The same rows, byte for byte and in order, as ``addressed_rows``: runs cut or not,
+    empty elements, a sliced column."""
+    monkeypatch.setattr(routed, "PACKED_CELL_BYTES", cell_bytes)
+    topology = _topology()
+    elements = [_element(i) * (i % 4) for i in range(60)][offset:]
+    column = pa.array([b"x"] * offset + elements, pa.binary()).slice(offset)
+    expected = routed.addressed_rows(topology, 2, [None] * len(elements), elements)
+    assert routed.addressed_column(topology, 2, column) == expected
+    assert routed.addressed_column(topology, 2, column.slice(0, 0)) == []
+
+
+@pytest.mark.parametrize("target", [1, 4])
+@pytest.mark.parametrize("cell_bytes", [routed.PACKED_CELL_BYTES, 9, 1])
+@pytest.mark.parametrize(("count", "offset"), [(61, 0), (61, 5), (2, 0), (0, 0)])
+def test_a_column_for_a_stateful_stage_goes_to_its_shards_in_equal_contiguous_parts(
+    monkeypatch: pytest.MonkeyPatch, target: int, cell_bytes: int, count: int, offset: int
+) -> None:
+    """A splittable DoFn's (1) or a stage with side inputs' (4) unkeyed elements: each
+    shard a contiguous part (sizes differing by one at most, the larger first), in order,
+    framed for the stage with side inputs, cut into runs as ``_runs`` cuts; packed, they
+    read back as the elements."""
+    monkeypatch.setattr(routed, "PACKED_CELL_BYTES", cell_bytes)
+    topology = _topology()
+    elements = [_element(i) * (i % 4) for i in range(count + offset)][offset:]
+    column = pa.array([b"x"] * offset + elements, pa.binary()).slice(offset)
+    rows = routed.addressed_column(topology, target, column)
+    framed = target == 4
+    assert {r[7] for r in rows} <= {routed.FRAMED_RUN if framed else 0}
+    assert all(r[0] == target and r[2] is None for r in rows)
+    parts: dict[int, list[bytes]] = {}
+    for row in rows:
+        parts.setdefault(row[1], []).append(row[3] or b"")
+    shards = sorted(parts)
+    assert shards == list(range(len(shards)))  # the first parts, in shard order
+    read_back: list[bytes] = []
+    sizes = []
+    for shard in shards:
+        data = b"".join(parts[shard])
+        part = list(routed.framed_run_elements(data)) if framed else None
+        if part is None:  # plain runs: the elements of the part, concatenated
+            size = count // SHARDS + (shard < count % SHARDS)
+            start = sum(sizes)
+            part = elements[start : start + size]
+            assert data == b"".join(part)
+        sizes.append(len(part))
+        read_back.extend(part)
+    assert read_back == elements
+    assert sizes == [count // SHARDS + (s < count % SHARDS) for s in range(len(sizes))]
+    assert len(sizes) == min(count, SHARDS)
+    if cell_bytes == 1 and framed:  # every framed element a run of its own
+        assert len(rows) == count
+    # Packed as a level reads them: the same elements per address.
+    packed = routed.packed(rows, topology)
+    assert _runs(packed) == _runs(rows)
+
+
+def test_a_groupbykeys_elements_are_not_addressed_from_a_column_without_keys() -> None:
+    with pytest.raises(ValueError, match="GroupByKey node 3"):
+        routed.addressed_column(_topology(), 3, pa.array([b"a"], pa.binary()))
