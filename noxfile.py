@@ -197,8 +197,13 @@ def report_versions(session: nox.Session) -> None:
 
 def pytest(session: nox.Session, *args: str) -> None:
     """Runs pytest in the session (with the session's pytest arguments), timing it."""
+    timed_pytest(session, *args, *pytest_args(session))
+
+
+def timed_pytest(session: nox.Session, *args: str) -> None:
+    """Runs pytest with exactly ``args``, timing it."""
     started = time.monotonic()
-    session.run("python", "-m", "pytest", "-p", "no:cacheprovider", *args, *pytest_args(session))
+    session.run("python", "-m", "pytest", "-p", "no:cacheprovider", *args)
     session.log(f"pytest {' '.join(args)}: {time.monotonic() - started:.0f} s")
 
 
@@ -285,9 +290,9 @@ def streaming_checks(session: nox.Session, line: Line) -> None:
         session.run("python", "-m", "validates_runner.teststream", "--out-dir", str(out_dir))
         session.log(f"teststream check: {time.monotonic() - started:.0f} s")
     if "streaming" in parts:
-        pytest(session, "tests/streaming", "-m", "not cluster and not restart")
+        timed_pytest(session, "tests/streaming", "-m", "not cluster and not restart")
     if "restart" in parts:
-        pytest(session, "tests", "-m", "restart")
+        timed_pytest(session, "tests", "-m", "restart")
 
 
 def _register(line: Line) -> None:
