@@ -17,7 +17,8 @@
 * ``streaming-<line>``: on the lines that stream but are not the default (PySpark 4.0),
   the streaming checks the default line runs outside ``make test``: Beam's streaming test
   modules on the runner (``validates_runner.teststream``, ``make teststream-check``), every
-  test of ``tests/streaming/`` (those marked ``slow`` too) and the restart tests
+  test of ``tests/streaming/`` and of ``tests/*/test_*stream*.py`` (those marked ``slow``
+  and the standalone cluster's too) and the restart tests
   (``-m restart``). Not tagged ``smoke``: CI's matrix does not run it (over an hour on 2
   cores); ``make teststream-check-matrix`` does. ``-- teststream``, ``-- streaming`` or
   ``-- restart`` runs only those parts.
@@ -278,6 +279,16 @@ def streaming_parts(session: nox.Session) -> list[str]:
     return [part for part in STREAMING_PARTS if part in session.posargs] or list(STREAMING_PARTS)
 
 
+def streaming_test_paths() -> list[str]:
+    """tests/streaming/ and the streaming test modules elsewhere (planning, run, io, cluster)."""
+    elsewhere = sorted(
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "tests").glob("*/test_*stream*.py")
+        if path.parent.name != "streaming"
+    )
+    return ["tests/streaming", *elsewhere]
+
+
 def streaming_checks(session: nox.Session, line: Line) -> None:
     """Beam's streaming test modules, tests/streaming/ and the restart tests on ``line``."""
     install(session, line)
@@ -290,7 +301,7 @@ def streaming_checks(session: nox.Session, line: Line) -> None:
         session.run("python", "-m", "validates_runner.teststream", "--out-dir", str(out_dir))
         session.log(f"teststream check: {time.monotonic() - started:.0f} s")
     if "streaming" in parts:
-        timed_pytest(session, "tests/streaming", "-m", "not cluster and not restart")
+        timed_pytest(session, *streaming_test_paths(), "-m", "not restart")
     if "restart" in parts:
         timed_pytest(session, "tests", "-m", "restart")
 
