@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: install jar demo quick test unit-test cluster-test restart-test validates-runner teststream-check dataframe-check matrix lint typecheck bench bench-nexmark bench-streaming clean help
+.PHONY: install jar demo quick test unit-test cluster-test restart-test validates-runner teststream-check teststream-check-matrix dataframe-check matrix lint typecheck bench bench-nexmark bench-streaming clean help
 
 help:
 	@echo "make demo              run the demo pipeline on an embedded local[*] Spark"
@@ -19,6 +19,8 @@ help:
 	@echo "make validates-runner  Beam's own runner suites against SparkStructuredRunner, as a table"
 	@echo "make capabilities      regenerate docs/capabilities.md from the last validates-runner run"
 	@echo "make teststream-check  Beam's streaming test modules on this runner, in streaming (long)"
+	@echo "make teststream-check-matrix  the same, all of tests/streaming/ and the restart tests on"
+	@echo "                       another line's venv (LINE=spark4.0; PARTS=teststream|streaming|restart; 2-3 h)"
 	@echo "make dataframe-check   Beam's DataFrame API tests on this runner next to DirectRunner (~5-7 min)"
 	@echo "make matrix            smoke tests on the other Spark/Beam lines (nox; see noxfile.py)"
 	@echo "make bench-streaming   streaming Nexmark: ours, PySpark Structured Streaming (and a Python-per-event floor), DirectRunner; then state with 1 000 and 2 000 000 keys (~2 h)"
@@ -92,6 +94,17 @@ validates-runner: $(STAMP)
 # per TestStream event), so this is long: not part of `make test`.
 teststream-check: $(STAMP)
 	$(PY) -m validates_runner.teststream
+
+# teststream-check, every test of tests/streaming/ (slow ones too) and the restart tests on
+# another streaming line (nox session streaming-$(LINE), in that line's venv under
+# $(NOX_ENVDIR)). PARTS picks some of teststream, streaming, restart (default: all). Run it
+# before changing what a line streams; CI's matrix runs only each line's streaming slice.
+LINE ?= spark4.0
+PARTS ?=
+NOX_ENVDIR ?= .nox
+teststream-check-matrix: $(STAMP)
+	$(PY) -c "import nox, uv" 2>/dev/null || $(PY) -m pip install --quiet "nox>=2024.4.15" "uv>=0.4"
+	$(PY) -m nox --no-color --envdir $(NOX_ENVDIR) -s streaming-$(LINE) -- $(PARTS)
 
 # Beam's DataFrame API tests (transforms_test, io_test) on DirectRunner and with every
 # pipeline forced onto this runner: a test passing on DirectRunner must pass here too.

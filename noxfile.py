@@ -14,6 +14,14 @@
 * ``nox -s smoke-<line> -- full``: the full suite (``tests -m "not cluster and not
   restart"``) in that line's venv, for when a smoke session fails. Other arguments after
   ``--`` go to pytest.
+* ``streaming-<line>``: on the lines that stream but are not the default (PySpark 4.0),
+  the streaming checks the default line runs outside ``make test``: Beam's streaming test
+  modules on the runner (``validates_runner.teststream``, ``make teststream-check``), every
+  test of ``tests/streaming/`` and of ``tests/*/test_*stream*.py`` (those marked ``slow``
+  and the standalone cluster's too) and the restart tests
+  (``-m restart``). Not tagged ``smoke``: CI's matrix does not run it (over an hour on 2
+  cores); ``make teststream-check-matrix`` does. ``-- teststream``, ``-- streaming`` or
+  ``-- restart`` runs only those parts.
 
 Every session installs this checkout (editable, without its dependencies) beside the
 dependencies of ``pyproject.toml``, with apache-beam and pyspark pinned to the line's
@@ -76,6 +84,7 @@ OTHER_LINES = (
     # with which every feature works on every line.
     Line("beam2.69", spark=NEWEST_SPARK, beam="2.69.0"),
 )
+STREAMING_LINES = tuple(line for line in OTHER_LINES if line.name == "spark4.0")
 
 # The smoke subset of the pipeline tests: GroupByKey (windows, merging, triggers), side
 # inputs, text IO, metrics, combiners, Flatten, Reshuffle, and a failing DoFn's message.
@@ -189,8 +198,13 @@ def report_versions(session: nox.Session) -> None:
 
 def pytest(session: nox.Session, *args: str) -> None:
     """Runs pytest in the session (with the session's pytest arguments), timing it."""
+    timed_pytest(session, *args, *pytest_args(session))
+
+
+def timed_pytest(session: nox.Session, *args: str) -> None:
+    """Runs pytest with exactly ``args``, timing it."""
     started = time.monotonic()
-    session.run("python", "-m", "pytest", "-p", "no:cacheprovider", *args, *pytest_args(session))
+    session.run("python", "-m", "pytest", "-p", "no:cacheprovider", *args)
     session.log(f"pytest {' '.join(args)}: {time.monotonic() - started:.0f} s")
 
 
@@ -250,6 +264,48 @@ def tests(session: nox.Session) -> None:
     full_suite(session, DEFAULT)
 
 
+# The parts of a streaming session, in the order they run.
+STREAMING_PARTS = ("teststream", "streaming", "restart")
+
+
+def streaming_parts(session: nox.Session) -> list[str]:
+    """The parts named after ``--`` (all of them when none is)."""
+    unknown = [part for part in session.posargs if part not in STREAMING_PARTS]
+    if unknown:
+        session.error(
+            f"Unknown part(s) {' '.join(unknown)}: expected any of {' '.join(STREAMING_PARTS)} "
+            "(none runs them all)."
+        )
+    return [part for part in STREAMING_PARTS if part in session.posargs] or list(STREAMING_PARTS)
+
+
+def streaming_test_paths() -> list[str]:
+    """tests/streaming/ and the streaming test modules elsewhere (planning, run, io, cluster)."""
+    elsewhere = sorted(
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "tests").glob("*/test_*stream*.py")
+        if path.parent.name != "streaming"
+    )
+    return ["tests/streaming", *elsewhere]
+
+
+def streaming_checks(session: nox.Session, line: Line) -> None:
+    """Beam's streaming test modules, tests/streaming/ and the restart tests on ``line``."""
+    install(session, line)
+    report_versions(session)
+    parts = streaming_parts(session)
+    if "teststream" in parts:
+        started = time.monotonic()
+        # Logs and junitxml, overwritten by the next run: <session venv>/tmp/teststream-<line>.
+        out_dir = Path(session.create_tmp()) / f"teststream-{line.name}"
+        session.run("python", "-m", "validates_runner.teststream", "--out-dir", str(out_dir))
+        session.log(f"teststream check: {time.monotonic() - started:.0f} s")
+    if "streaming" in parts:
+        timed_pytest(session, *streaming_test_paths(), "-m", "not restart")
+    if "restart" in parts:
+        timed_pytest(session, "tests", "-m", "restart")
+
+
 def _register(line: Line) -> None:
     def smoke_session(session: nox.Session) -> None:
         _environment(session, line)
@@ -265,5 +321,20 @@ def _register(line: Line) -> None:
     nox.session(name=f"smoke-{line.name}", tags=["smoke"])(smoke_session)
 
 
+def _register_streaming(line: Line) -> None:
+    def streaming_session(session: nox.Session) -> None:
+        _environment(session, line)
+        streaming_checks(session, line)
+
+    streaming_session.__doc__ = (
+        f"PySpark {line.spark}, apache-beam {line.beam}: Beam's streaming test modules, "
+        "tests/streaming/ and the restart tests (`-- teststream|streaming|restart`: those)."
+    )
+    nox.session(name=f"streaming-{line.name}")(streaming_session)
+
+
 for _line in OTHER_LINES:
     _register(_line)
+# The non-default lines that stream (PySpark 4.0 and newer).
+for _line in STREAMING_LINES:
+    _register_streaming(_line)
