@@ -19,7 +19,7 @@ from apache_beam.transforms.window import FixedWindows
 from apache_beam.utils.timestamp import Timestamp
 
 from beam_spark_runner.errors import UnsupportedFeatureError
-from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
+from beam_spark_runner.spark.compat import OLDEST_STREAMING_SPARK, pyspark_version
 from beam_spark_runner.spark.session import SIMPLIFIED_TRACEBACK, worker_environment
 from beam_spark_runner.streaming import jvm_warmup
 from beam_spark_runner.workers import warmup as worker_warmup
@@ -180,7 +180,7 @@ def test_batch_and_streaming_pipelines_share_the_sessions_one_worker_daemon(
             pipeline | beam.Create([1, 2]) | beam.ParDo(_RecordDaemon(batch)), equal_to([1, 2])
         )
     events = [(Timestamp(i), i) for i in (1, 2, 7)]
-    if pyspark_version() < STREAMING_SPARK:
+    if pyspark_version() < OLDEST_STREAMING_SPARK:
         # This PySpark cannot stream, and no batch run is proven to give a PeriodicImpulse's
         # streaming result: refused before Spark starts.
         with pytest.raises(UnsupportedFeatureError, match="needs Spark"):
