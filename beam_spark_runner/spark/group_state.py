@@ -83,8 +83,8 @@ class CellsHandle:
         return pickle.dumps(self.cells, protocol=pickle.HIGHEST_PROTOCOL) if self.cells else None
 
 
-class CellValueState:
-    """A value state, one cell of its handle's current scope."""
+class _Cell:
+    """A named state variable: one cell of its handle's current scope."""
 
     def __init__(self, handle: CellsHandle, name: str) -> None:
         self._handle = handle
@@ -92,6 +92,10 @@ class CellValueState:
 
     def _key(self) -> tuple[Any, str]:
         return (self._handle.scope, self._name)
+
+
+class CellValueState(_Cell):
+    """A value state, one cell of its handle's current scope."""
 
     def exists(self) -> bool:
         return self._key() in self._handle.cells
@@ -106,15 +110,8 @@ class CellValueState:
         self._handle.cells.pop(self._key(), None)
 
 
-class CellListState:
+class CellListState(_Cell):
     """A list state, one cell (a list of rows) of its handle's current scope."""
-
-    def __init__(self, handle: CellsHandle, name: str) -> None:
-        self._handle = handle
-        self._name = name
-
-    def _key(self) -> tuple[Any, str]:
-        return (self._handle.scope, self._name)
 
     def exists(self) -> bool:
         return bool(self._handle.cells.get(self._key()))
