@@ -163,7 +163,8 @@ def run_logged(
     # Taken out while it runs: a failed batch must not leave a half-run state under a
     # token the store still holds.
     cached = _CACHE.pop(key, None)
-    stored = value_state.get()
+    # Asked first: Spark warns on reading a value state that holds none.
+    stored = value_state.get() if value_state.exists() else None
     data = bytes(stored[0]) if stored is not None else None
     header, state = _Header(), None
     if data is not None and data.startswith(_HEADER):

@@ -40,7 +40,12 @@ class _Value:
     def __init__(self) -> None:
         self.value: tuple[bytes] | None = None
 
+    def exists(self) -> bool:
+        return self.value is not None
+
     def get(self) -> tuple[bytes] | None:
+        # Spark's state server logs a WARN for this (a user sees it): exists() comes first.
+        assert self.value is not None, "read of a value state that holds none"
         return self.value
 
     def update(self, value: tuple[bytes]) -> None:
