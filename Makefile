@@ -20,7 +20,7 @@ help:
 	@echo "make capabilities      regenerate docs/capabilities.md from the last validates-runner run"
 	@echo "make teststream-check  Beam's streaming test modules on this runner, in streaming (long)"
 	@echo "make teststream-check-matrix  the same, all of tests/streaming/ and the restart tests on"
-	@echo "                       another line's venv (LINE=spark4.0; PARTS=teststream|streaming|restart; 2-3 h)"
+	@echo "                       another line's venv (LINE=spark4.0 or spark3.5; PARTS=teststream|streaming|restart; 2-3 h)"
 	@echo "make dataframe-check   Beam's DataFrame API tests on this runner next to DirectRunner (~5-7 min)"
 	@echo "make matrix            smoke tests on the other Spark/Beam lines (nox; see noxfile.py)"
 	@echo "make bench-streaming   streaming Nexmark: ours, PySpark Structured Streaming (and a Python-per-event floor), DirectRunner; then state with 1 000 and 2 000 000 keys (~2 h)"

@@ -14,7 +14,7 @@
 * ``nox -s smoke-<line> -- full``: the full suite (``tests -m "not cluster and not
   restart"``) in that line's venv, for when a smoke session fails. Other arguments after
   ``--`` go to pytest.
-* ``streaming-<line>``: on the lines that stream but are not the default (PySpark 4.0),
+* ``streaming-<line>``: on the lines that stream but are not the default (PySpark 3.5, 4.0),
   the streaming checks the default line runs outside ``make test``: Beam's streaming test
   modules on the runner (``validates_runner.teststream``, ``make teststream-check``), every
   test of ``tests/streaming/`` and of ``tests/*/test_*stream*.py`` (those marked ``slow``
@@ -84,7 +84,7 @@ OTHER_LINES = (
     # with which every feature works on every line.
     Line("beam2.69", spark=NEWEST_SPARK, beam="2.69.0"),
 )
-STREAMING_LINES = tuple(line for line in OTHER_LINES if line.name == "spark4.0")
+STREAMING_LINES = tuple(line for line in OTHER_LINES if line.name in ("spark3.5", "spark4.0"))
 
 # The smoke subset of the pipeline tests: GroupByKey (windows, merging, triggers), side
 # inputs, text IO, metrics, combiners, Flatten, Reshuffle, and a failing DoFn's message.
