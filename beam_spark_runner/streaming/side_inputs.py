@@ -28,7 +28,7 @@ import operator
 import pickle
 import struct
 from collections.abc import Hashable, Iterable, Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from apache_beam.transforms.window import GlobalWindow
 
@@ -123,6 +123,9 @@ _GLOBAL_END = GlobalWindow().max_timestamp().micros
 Fired = dict[bytes, list[Any]]
 
 
+_State = TypeVar("_State", bound="SideInputShardState")
+
+
 @dataclasses.dataclass
 class SideInputShardState:
     """One shard's side-input elements and what its waiting main elements wait for.
@@ -150,16 +153,16 @@ class SideInputShardState:
         """One state-store value."""
         return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
 
-    @staticmethod
-    def decode(data: bytes) -> SideInputShardState:
-        """The state ``encode`` wrote (or an earlier runner version did).
+    @classmethod
+    def decode(cls: type[_State], data: bytes) -> _State:
+        """The state ``encode`` wrote (or an earlier runner version did), of this class.
 
         Buckets written before the waiting store hold their elements themselves (and no
         count): they move to the store at the end of the batch. Chunks written before their
         window ends were kept are kept for good.
         """
         state = pickle.loads(data)
-        assert isinstance(state, SideInputShardState)
+        assert isinstance(state, cls), f"expected a {cls.__name__}, found {type(state).__name__}"
         state.__dict__.setdefault("buckets", {})
         if not state.__dict__.get("ends"):
             state.ends = [[MAX_MICROS] * len(chunks) for chunks in state.sides]

@@ -143,13 +143,6 @@ class SplittableSideInputShardState(SideInputShardState):
 
     residuals: list[Residual] = dataclasses.field(default_factory=list)
 
-    @staticmethod
-    def decode(data: bytes) -> SplittableSideInputShardState:
-        """The state ``encode`` wrote."""
-        state = SideInputShardState.decode(data)
-        assert isinstance(state, SplittableSideInputShardState)
-        return state
-
 
 class SplittableSideInputShard(SideInputShard):
     """One micro-batch of an unbounded splittable DoFn reading streamed side inputs.

@@ -48,13 +48,6 @@ class StatefulSideInputShardState(SideInputShardState):
     user_state: Any = None
     timers: dict[TimerFamilyId, bytes] = dataclasses.field(default_factory=dict)
 
-    @staticmethod
-    def decode(data: bytes) -> StatefulSideInputShardState:
-        """The state ``encode`` wrote."""
-        state = SideInputShardState.decode(data)
-        assert isinstance(state, StatefulSideInputShardState)
-        return state
-
 
 class StatefulSideInputShard(StatefulShard):
     """One micro-batch of a stateful stage with streamed side inputs: ready elements, timers."""
