@@ -60,8 +60,8 @@ demo: $(STAMP)
 	$(PY) -m beam_spark_runner demo --output demo-output/wordcount
 
 lint: $(STAMP)
-	$(PY) -m ruff check beam_spark_runner tests validates_runner scripts noxfile.py
-	$(PY) -m ruff format --check beam_spark_runner tests validates_runner scripts noxfile.py
+	$(PY) -m ruff check beam_spark_runner benchmarks tests validates_runner scripts noxfile.py
+	$(PY) -m ruff format --check beam_spark_runner benchmarks tests validates_runner scripts noxfile.py
 
 typecheck: $(STAMP)
 	$(PY) -m mypy
