@@ -52,16 +52,65 @@ class WindowedHeaders:
         """One encoded element's timestamp (microseconds) and its windows' bytes."""
         last = self._last
         if not (last and element.startswith(last, 8)):
-            stream = create_InputStream(element)
-            stream.read(8)
-            self._windows.decode_from_stream(stream, True)
-            last = self._last = element[8 : len(element) - stream.size()]
-        millis = self._unpack(element)[0] - self._TIME_SHIFT
+            last = self._last = self._windows_bytes(element)
+        return self._micros(self._unpack(element)[0] - self._TIME_SHIFT), last
+
+    def framed_groups(
+        self, run: bytes, frame: struct.Struct, group_of: Callable[[bytes], Any]
+    ) -> list[tuple[bytes, int, Any]]:
+        """A run of elements, each after its length (``frame``), in pieces of one group.
+
+        ``group_of`` gives the group of an element's windows' bytes (asked again only
+        where the windows change); neighbours of one group make a piece: its elements
+        concatenated, their earliest timestamp (microseconds, as ``header``) and the group.
+        One loop, without a bytes object or a call per element for its header.
+        """
+        length_of, framing = frame.unpack_from, frame.size
+        millis_of, shift = self._unpack, self._TIME_SHIFT
+        last = self._last
+        pieces: list[tuple[bytes, int, Any]] = []
+        elements: list[bytes] = []
+        group: Any = None
+        changed = True
+        earliest = self._MAX_MILLIS
+        position, end = 0, len(run)
+        while position < end:
+            (length,) = length_of(run, position)
+            start = position + framing
+            position = start + length
+            if not (last and run.startswith(last, start + 8, position)):
+                last = self._windows_bytes(run[start:position])
+                changed = True
+            if changed:
+                changed = False
+                new = group_of(last)
+                if elements and new != group:
+                    pieces.append((b"".join(elements), self._micros(earliest), group))
+                    elements, earliest = [], self._MAX_MILLIS
+                group = new
+            millis = millis_of(run, start)[0] - shift
+            if millis < earliest:
+                earliest = millis
+            elements.append(run[start:position])
+        if elements:
+            pieces.append((b"".join(elements), self._micros(earliest), group))
+        self._last = last
+        return pieces
+
+    def _windows_bytes(self, element: bytes) -> bytes:
+        """The bytes of an encoded element's windows."""
+        stream = create_InputStream(element)
+        stream.read(8)
+        self._windows.decode_from_stream(stream, True)
+        return element[8 : len(element) - stream.size()]
+
+    def _micros(self, millis: int) -> int:
+        """An encoded timestamp's milliseconds as Beam's decoding gives it, in microseconds."""
         if millis <= self._MIN_MILLIS:
-            return MIN_TIMESTAMP.micros, last
+            return MIN_TIMESTAMP.micros
         if millis >= self._MAX_MILLIS:
-            return MAX_TIMESTAMP.micros, last
-        return millis * 1000, last
+            return MAX_TIMESTAMP.micros
+        return millis * 1000
 
     def windows(self, windows_bytes: bytes) -> tuple[Any, ...]:
         """The windows ``header`` gave the bytes of."""

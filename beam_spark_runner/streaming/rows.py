@@ -75,6 +75,8 @@ COLUMNS = -2
 # length (``_LENGTH``), then the element.
 FRAMED_RUN = -3
 _LENGTH = struct.Struct(">I")
+# A framed run's element length, for its readers.
+FRAMED_LENGTH = _LENGTH
 
 
 @functools.cache

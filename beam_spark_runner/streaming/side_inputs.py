@@ -44,6 +44,7 @@ from beam_spark_runner.monitoring.metrics import task_metrics
 from beam_spark_runner.streaming.chunk_lists import ListStateChunks
 from beam_spark_runner.streaming.rows import (
     ELEMENT,
+    FRAMED_LENGTH,
     FRAMED_RUN,
     PORT,
     Row,
@@ -355,20 +356,16 @@ class _Coders:
         windows' bytes; its value is not decoded (it is, once, when the element runs).
         """
         headers = self.headers
-        elements_needs: Iterator[tuple[bytes, int, tuple[int, ...]]]
-        if headers is None:
-            decode = self.input_impl.decode_nested
-            elements_needs = (
-                (element, value.timestamp.micros, self.needs(value.windows))
-                for element in framed_run_elements(run)
-                for value in (decode(element),)
-            )
-        else:
-            elements_needs = self._header_needs(headers, run)
+        if headers is not None:
+            yield from headers.framed_groups(run, FRAMED_LENGTH, self._needs_of)
+            return
+        decode = self.input_impl.decode_nested
         elements: list[bytes] = []
         run_needs: tuple[int, ...] | None = None
         earliest = MAX_MICROS
-        for element, timestamp, needs in elements_needs:
+        for element in framed_run_elements(run):
+            value = decode(element)
+            timestamp, needs = value.timestamp.micros, self.needs(value.windows)
             if needs != run_needs:
                 if run_needs is not None:
                     yield b"".join(elements), earliest, run_needs
@@ -379,18 +376,13 @@ class _Coders:
         if run_needs is not None:
             yield b"".join(elements), earliest, run_needs
 
-    def _header_needs(
-        self, headers: bi.WindowedHeaders, run: bytes
-    ) -> Iterator[tuple[bytes, int, tuple[int, ...]]]:
-        """Each element of a framed run, its timestamp and its needs, from its header."""
-        cached = self._needs
-        header = headers.header
-        for element in framed_run_elements(run):
-            timestamp, windows = header(element)
-            needs = cached.get(windows)
-            if needs is None:
-                needs = self.needs(headers.windows(windows), key=windows)
-            yield element, timestamp, needs
+    def _needs_of(self, windows: bytes) -> tuple[int, ...]:
+        """The needs of the windows whose bytes a header gave."""
+        needs = self._needs.get(windows)
+        if needs is None:
+            assert self.headers is not None, "windows' bytes come from a header"
+            needs = self.needs(self.headers.windows(windows), key=windows)
+        return needs
 
 
 _NEEDS_CACHED = 4096

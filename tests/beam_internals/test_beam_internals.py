@@ -109,6 +109,47 @@ def test_windowed_headers_are_what_beams_decoding_gives_without_the_value(
         assert headers.windows(windows_bytes) == tuple(decoded.windows)
 
 
+def test_framed_groups_cut_a_framed_run_where_the_group_of_its_windows_changes() -> None:
+    """One loop over a framed run gives what ``header`` gives element by element: pieces
+    of neighbours whose windows map to one group (asked once per change of windows), each
+    with its elements and their earliest timestamp, Beam's bounds included."""
+    import struct
+
+    coder = coders.WindowedValueCoder(coders.PickleCoder(), coders.IntervalWindowCoder())
+    impl = coder.get_impl()
+    a, a2, b = IntervalWindow(0, 10), IntervalWindow(5, 10), IntervalWindow(10, 20)
+    elements = [
+        (Timestamp(7), a),
+        (MIN_TIMESTAMP, a),
+        (Timestamp(3), a2),  # other windows, the same group: the piece goes on
+        (Timestamp(12), b),
+        (MAX_TIMESTAMP, b),
+        (Timestamp(4), a),
+    ]
+    encoded = [impl.encode_nested(WindowedValue(i, t, [w])) for i, (t, w) in enumerate(elements)]
+    frame = struct.Struct(">I")
+    run = b"".join(frame.pack(len(e)) + e for e in encoded)
+    headers = bi.WindowedHeaders.of(coder)
+    assert headers is not None
+    asked: list[tuple[Any, ...]] = []
+
+    def group_of(windows: bytes) -> int:
+        (window_,) = headers.windows(windows)
+        asked.append((window_,))
+        return int(window_.end)
+
+    assert headers.framed_groups(run, frame, group_of) == [
+        (b"".join(encoded[:3]), MIN_TIMESTAMP.micros, 10),
+        (b"".join(encoded[3:5]), 12_000_000, 20),
+        (encoded[5], 4_000_000, 10),
+    ]
+    assert asked == [(a,), (a2,), (b,), (a,)]
+    assert [headers.header(e)[0] for e in encoded[1:5:3]] == [
+        MIN_TIMESTAMP.micros,
+        MAX_TIMESTAMP.micros,
+    ]
+
+
 def test_a_parameterized_windowed_coder_has_no_header() -> None:
     coder = coders.ParamWindowedValueCoder(
         bi.global_window_param_payload(), [coders.BytesCoder(), coders.GlobalWindowCoder()]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+from apache_beam.transforms import core
 from apache_beam.transforms.window import GlobalWindow, IntervalWindow
 
 from beam_spark_runner import beam_internals as bi
@@ -81,3 +83,59 @@ def test_is_simple_callable_reads_the_process_method_as_beams_signature_does() -
             else not defaults
         )
         assert batched_policy.is_simple_callable(dofn) is beams is expected, name
+
+
+class _RecordingSum(core.CombineFn):  # type: ignore[misc]
+    """A CombineFn summing, recording the runs ``add_inputs`` is given."""
+
+    def __init__(self) -> None:
+        self.runs: list[list[int]] = []
+
+    def create_accumulator(self) -> int:
+        return 0
+
+    def add_input(self, accumulator: int, element: int) -> int:
+        return accumulator + element
+
+    def add_inputs(self, accumulator: int, elements: Any) -> int:
+        self.runs.append(list(elements))
+        return accumulator + sum(elements)
+
+    def merge_accumulators(self, accumulators: Any) -> int:
+        return sum(accumulators)
+
+    def extract_output(self, accumulator: int) -> int:
+        return accumulator
+
+
+@pytest.mark.parametrize("default_windowing", [True, False])
+def test_a_precombine_adds_each_run_of_one_window_and_key_at_once(
+    default_windowing: bool,
+) -> None:
+    """Neighbours of one (window, key) reach the CombineFn's ``add_inputs`` together, in
+    order; keys equal but not the same object join the run, ones equal across types start
+    another; the accumulators are Beam's element-by-element ones."""
+    from apache_beam.utils.windowed_value import WindowedValue
+
+    combine_fn = _RecordingSum()
+    precombine = batched_dofns._PrecombineDoFn(combine_fn, default_windowing, None, 1000)
+    one, other = IntervalWindow(0, 10), IntervalWindow(10, 20)
+    windows = [(GlobalWindow(),)] * 7 if default_windowing else [(one,)] * 4 + [(other,)] * 3
+    # "ab" made anew is equal to, not the same object as, the first; 1.0 equals 1.
+    keys = ["a", "a", "".join(["a", "b"]), "ab", 1, 1.0, 1.0]
+    values = [
+        WindowedValue((key, n), 5, w)
+        for n, (key, w) in enumerate(zip(keys, windows, strict=True), start=1)
+    ]
+    precombine.start_bundle()
+    assert precombine.add_all(values) == []
+    assert combine_fn.runs == [[1, 2], [3, 4], [5], [6, 7]]
+    if default_windowing:
+        expected = {"a": 3, "ab": 7, 1: 18}
+    else:
+        expected = {(one, "a"): 3, (one, "ab"): 7, (other, 1): 18}
+    out = {
+        (wv.value[0] if default_windowing else (wv.windows[0], wv.value[0])): wv.value[1]
+        for wv in precombine.finish_bundle()
+    }
+    assert out == expected
