@@ -22,6 +22,11 @@ written at most about 1 + 1 / ``COMPACT_FRACTION`` times over, and a reload read
 
 A shard of a value written before this layout (its whole state in the value) is read from
 the value and written back as a base.
+
+A worker keeps the shards it ran most recently, at most ``CACHE_BYTES`` of them by their
+size in the store (base and log, compressed), and forgets the least recently run beyond:
+a shard's batches rotate over a few workers, each of which would otherwise hold a copy of
+every shard's state. A shard forgotten is read back at its next batch in that worker.
 """
 
 from __future__ import annotations
@@ -60,6 +65,9 @@ RECENT_SHARE = 0.25
 # Level runs whose shards stay cached in a worker process, the most recently used: each
 # stateful level of a query is a run of its own; an ended query's would only take memory.
 _RUNS_KEPT = 16
+# The shards a worker keeps cached, by their compressed size in the store (decoded, they
+# take several times more).
+CACHE_BYTES = 256 << 20
 
 S = TypeVar("S", bound=HasWatermarks, contravariant=True)
 
@@ -80,6 +88,8 @@ class _Cached:
 
     token: bytes
     state: Any
+    # Its base and log in the store, compressed.
+    stored_bytes: int = 0
 
 
 @dataclasses.dataclass
@@ -115,8 +125,9 @@ class _Header:
         )
 
 
-# (level run, node, shard) -> the shard's state; runs most recently used last.
-_CACHE: dict[tuple[str, int, int], _Cached] = {}
+# (level run, node, shard) -> the shard's state, the most recently run last; runs most
+# recently used last.
+_CACHE: collections.OrderedDict[tuple[str, int, int], _Cached] = collections.OrderedDict()
 _RUNS: collections.OrderedDict[str, None] = collections.OrderedDict()
 
 
@@ -128,6 +139,7 @@ class CacheStats:
     caught_up: int = 0
     reloads: int = 0
     compactions: int = 0
+    evictions: int = 0
 
 
 STATS = CacheStats()
@@ -210,8 +222,20 @@ def run_logged(
             header = _Header(token, recent, len(base))
         value_state.update((header.encode(),))
         shard_run.release(state)
-    _CACHE[key] = _Cached(token, state)
+    _CACHE[key] = _Cached(token, state, header.base_bytes + header.log_bytes)
+    _evict(key)
     return out
+
+
+def _evict(kept: tuple[str, int, int]) -> None:
+    """Forgets the least recently run shards while the cache holds over ``CACHE_BYTES``."""
+    total = sum(cached.stored_bytes for cached in _CACHE.values())
+    while total > CACHE_BYTES:
+        key = next(iter(_CACHE))
+        if key == kept:
+            return
+        total -= _CACHE.pop(key).stored_bytes
+        STATS.evictions += 1
 
 
 def _kept(recent: list[tuple[bytes, bytes, bytes]], cap: float) -> list[tuple[bytes, bytes, bytes]]:

@@ -269,3 +269,24 @@ def test_the_header_keeps_recent_changes_only_while_small_beside_the_base() -> N
     header = large.value.value
     assert header is not None
     assert len(state_cache._Header.decode(header[0]).recent) == state_cache.RECENT_CHANGES
+
+
+def test_a_worker_forgets_the_shards_it_ran_least_recently_beyond_its_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    state_cache.clear()
+    g = window.GlobalWindow()
+    first, second = _Logged(_global(2)), _Logged(_global(2))
+    first.batch([(f"k{i}", i, 1, g) for i in range(200)], watermark=0)
+    size = state_cache._CACHE[first.key].stored_bytes
+    assert size > 0
+    # Room for one of the shards, not both.
+    monkeypatch.setattr(state_cache, "CACHE_BYTES", size + size // 2)
+    second.batch([(f"k{i}", i, 1, g) for i in range(200)], watermark=0)
+    assert first.key not in state_cache._CACHE and second.key in state_cache._CACHE
+    first.caches = [None]  # this worker's cache, as it is now
+    reloads = state_cache.STATS.reloads
+    panes, _ = first.batch([("k3", 3, 2, g)], watermark=0)
+    assert state_cache.STATS.reloads == reloads + 1
+    assert [p.value for p in panes] == [("k3", [3, 3])]
+    assert second.key not in state_cache._CACHE
