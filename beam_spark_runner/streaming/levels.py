@@ -8,8 +8,8 @@ splittable DoFn's ``splittable.SplittableShard`` (``SplittableSideInputShard`` w
 reads streamed side inputs), a stage with side inputs' ``side_inputs.SideInputShard``, a
 stateful DoFn's with streamed side inputs ``stateful_side_inputs.StatefulSideInputShard``,
 each with its state as one value in the state store (one read and one write per shard and
-batch, compressed: ``compression``), but a GroupByKey's and a stateful DoFn's (without
-streamed side inputs), cached in the worker with their changes logged beside them
+batch, compressed: ``compression``), but a GroupByKey's and a stateful DoFn's (with
+streamed side inputs or not), cached in the worker with their changes logged beside them
 (``state_cache``). What a
 shard buffers for a later batch (a GroupByKey's values until their window's on-time pane,
 a stage's main elements until its side inputs are ready) is appended to a list beside it
@@ -67,7 +67,7 @@ class Level:
         self.sinks = sinks
         self._runs = {*groups, *stages, *splittable, *with_side_inputs}
         # The nodes whose shards keep a change log (``state_cache``).
-        self._logged = {*groups, *(n for n in stages if n not in with_side_inputs)}
+        self._logged = {*groups, *stages}
         # This run of the level, naming its shards in a worker's cache (``state_cache``).
         self.run_id = uuid.uuid4().hex
         self._state: Any = None

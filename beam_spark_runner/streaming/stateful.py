@@ -106,6 +106,16 @@ class StatefulShard(ShardRun[StatefulShardState, BundleOutputs]):
 
     def changes(self, state: StatefulShardState) -> bytes:
         """What the batch changed: its cells used or expired, watermarks, timers if changed."""
+        return pickle.dumps((_CHANGES, self.user_changes(state)), protocol=pickle.HIGHEST_PROTOCOL)
+
+    def replay(self, state: StatefulShardState, changes: bytes) -> None:
+        """Applies what ``changes`` wrote to the state as it was before that batch."""
+        layout, user = pickle.loads(changes)
+        assert layout == _CHANGES, f"expected a stateful DoFn shard's changes, found {layout!r}"
+        self.replay_user(state, user)
+
+    def user_changes(self, state: Any) -> tuple[Any, ...]:
+        """The changes to what every stateful shard keeps (``changes``), not encoded."""
         empty: tuple[dict[bytes, list[bytes]], dict[bytes, Any]] = ({}, {})
         cells, ordered = state.user_state or empty
         whole: tuple[dict[bytes, list[bytes]], dict[bytes, Any]] | None = None
@@ -116,15 +126,11 @@ class StatefulShard(ShardRun[StatefulShardState, BundleOutputs]):
             used = self.touched | self.expired
             changed = [(key, cells.get(key), ordered.get(key)) for key in used]
         timers = None if state.timers == self.timers_before else state.timers
-        return pickle.dumps(
-            (_CHANGES, state.watermarks, timers, state.next_expiry, whole, changed),
-            protocol=pickle.HIGHEST_PROTOCOL,
-        )
+        return (state.watermarks, timers, state.next_expiry, whole, changed)
 
-    def replay(self, state: StatefulShardState, changes: bytes) -> None:
-        """Applies what ``changes`` wrote to the state as it was before that batch."""
-        layout, watermarks, timers, next_expiry, whole, changed = pickle.loads(changes)
-        assert layout == _CHANGES, f"expected a stateful DoFn shard's changes, found {layout!r}"
+    def replay_user(self, state: Any, user: tuple[Any, ...]) -> None:
+        """Applies what ``user_changes`` returned to the state as it was before that batch."""
+        watermarks, timers, next_expiry, whole, changed = user
         if whole is not None:
             state.user_state = (collections.defaultdict(list, whole[0]), whole[1])
         else:

@@ -35,7 +35,8 @@ from beam_spark_runner.streaming.watermarks import MAX_MICROS
 from beam_spark_runner.streaming.window_expiry import WindowExpiry, window_expiry
 from tests.conftest import SPARK_TEST_MASTER
 from tests.stage_specs import stage_spec
-from tests.streaming.test_state_cache import _List, _Value
+from tests.streaming.memory_state import MemoryList as _List
+from tests.streaming.memory_state import MemoryValue as _Value
 
 _SOURCE = "source"
 _FIRED: list[tuple[str, int, int]] = []
