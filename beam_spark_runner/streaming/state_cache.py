@@ -24,9 +24,9 @@ A shard of a value written before this layout (its whole state in the value) is 
 the value and written back as a base.
 
 A worker keeps the shards it ran most recently, at most ``CACHE_BYTES`` of them by their
-size in the store (base and log, compressed), and forgets the least recently run beyond:
-a shard's batches rotate over a few workers, each of which would otherwise hold a copy of
-every shard's state. A shard forgotten is read back at its next batch in that worker.
+size in the store (base and log, before compression), and forgets the least recently run
+beyond: a shard's batches rotate over a few workers, each of which would otherwise hold a
+copy of every shard's state. A shard forgotten is read back at its next batch there.
 """
 
 from __future__ import annotations
@@ -65,9 +65,9 @@ RECENT_SHARE = 0.25
 # Level runs whose shards stay cached in a worker process, the most recently used: each
 # stateful level of a query is a run of its own; an ended query's would only take memory.
 _RUNS_KEPT = 16
-# The shards a worker keeps cached, by their compressed size in the store (decoded, they
-# take several times more).
-CACHE_BYTES = 256 << 20
+# The shards a worker keeps cached, by their size in the store before compression (decoded,
+# they take up to a few times more).
+CACHE_BYTES = 512 << 20
 
 S = TypeVar("S", bound=HasWatermarks, contravariant=True)
 
@@ -88,7 +88,7 @@ class _Cached:
 
     token: bytes
     state: Any
-    # Its base and log in the store, compressed.
+    # Its base and log in the store, before compression.
     stored_bytes: int = 0
 
 
@@ -102,9 +102,18 @@ class _Header:
     base_bytes: int = 0
     log_bytes: int = 0
     log_entries: int = 0
+    # Base and log before compression (0 in a header written before it was kept).
+    raw_bytes: int = 0
 
     def encode(self) -> bytes:
-        fields = (self.token, self.recent, self.base_bytes, self.log_bytes, self.log_entries)
+        fields = (
+            self.token,
+            self.recent,
+            self.base_bytes,
+            self.log_bytes,
+            self.log_entries,
+            self.raw_bytes,
+        )
         return _HEADER + pickle.dumps(fields, protocol=pickle.HIGHEST_PROTOCOL)
 
     @staticmethod
@@ -200,7 +209,8 @@ def run_logged(
     with shard_run.storing():
         state, out = shard_run.run(topology, node, key[2], state, rows)
         token = os.urandom(_TOKEN_BYTES)
-        change = pack(logged.changes(state))
+        raw_change = logged.changes(state)
+        change = pack(raw_change)
         recent = header.recent
         if header.token:
             cap = min(RECENT_BYTES, RECENT_SHARE * header.base_bytes)
@@ -213,16 +223,18 @@ def run_logged(
                 header.base_bytes,
                 header.log_bytes + len(change),
                 header.log_entries + 1,
+                header.raw_bytes + len(raw_change),
             )
         else:
-            base = pack(shard_run.encode(state))
+            raw_base = shard_run.encode(state)
+            base = pack(raw_base)
             rows_out = range(0, len(base), BASE_ROW_BYTES)
             log_state.put([(_BASE + base[i : i + BASE_ROW_BYTES],) for i in rows_out] or [(_BASE,)])
             STATS.compactions += 1
-            header = _Header(token, recent, len(base))
+            header = _Header(token, recent, len(base), raw_bytes=len(raw_base))
         value_state.update((header.encode(),))
         shard_run.release(state)
-    _CACHE[key] = _Cached(token, state, header.base_bytes + header.log_bytes)
+    _CACHE[key] = _Cached(token, state, header.raw_bytes)
     _evict(key)
     return out
 
