@@ -95,6 +95,9 @@ class InMemoryStateBackend(StateBackend):
         self.load_side_inputs(side_input_entries)
         self._user = bi.StateServicer()
         self._user_cells: set[bytes] = set()
+        # Cells the last import brought (not copied into ``_user_cells``: a streaming shard
+        # may hold millions, and a batch uses a few).
+        self._imported_cells = 0
         # User-state cells read, appended to or cleared since the last import (None: an
         # ordered list's, whose cells the servicer keys by interval: any may have changed).
         self._touched: set[bytes] | None = set()
@@ -176,14 +179,18 @@ class InMemoryStateBackend(StateBackend):
 
     def release_user_state(self) -> None:
         """Drops every user-state cell at once."""
-        if self._user_cells:
+        if self._user_cells or self._imported_cells:
             self._user = bi.StateServicer()
             self._user_cells.clear()
+            self._imported_cells = 0
         self._touched = set()
 
     def user_state_size(self) -> int:
-        """The number of user-state cells written since the last release."""
-        return len(self._user_cells)
+        """The user-state cells written since the last release, and those imported.
+
+        A cell imported and written again counts twice.
+        """
+        return len(self._user_cells) + self._imported_cells
 
     def export_user_state(self) -> Any:
         """The user state held, as plain data; the backend releases it.
@@ -193,6 +200,7 @@ class InMemoryStateBackend(StateBackend):
         contents = bi.servicer_contents(self._user, self._touched)
         self._user = bi.StateServicer()
         self._user_cells.clear()
+        self._imported_cells = 0
         return contents
 
     def import_user_state(self, contents: Any) -> None:
@@ -202,5 +210,6 @@ class InMemoryStateBackend(StateBackend):
         caller hands them over.
         """
         self._user = bi.servicer_with(contents)
-        self._user_cells = set(contents[0]) if contents else set()
+        self._user_cells = set()
+        self._imported_cells = len(contents[0]) if contents else 0
         self._touched = set()
