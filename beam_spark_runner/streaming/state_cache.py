@@ -57,8 +57,9 @@ BASE_ROW_BYTES = 4 << 20
 COMPACT_FRACTION = 0.5
 COMPACT_ENTRIES = 256
 # Changes the header keeps for caches a few batches behind, and at most these bytes of them,
-# nor more than this share of the base's (where a batch changes much of a small state, a
-# read-back costs little more than a catch-up, and the header is rewritten every batch).
+# nor more than this share of the base and log's before compression, what a read-back
+# decodes (where a batch changes much of a small state, a read-back costs little more than
+# a catch-up, and the header is rewritten every batch).
 RECENT_CHANGES = 4
 RECENT_BYTES = 4 << 20
 RECENT_SHARE = 0.25
@@ -213,7 +214,7 @@ def run_logged(
         change = pack(raw_change)
         recent = header.recent
         if header.token:
-            cap = min(RECENT_BYTES, RECENT_SHARE * header.base_bytes)
+            cap = min(RECENT_BYTES, RECENT_SHARE * (header.raw_bytes or header.base_bytes))
             recent = _kept([*recent, (header.token, token, change)], cap)
         if header.token and not header.compaction_due():
             log_state.appendList([(_CHANGES + change,)])
