@@ -154,9 +154,9 @@ def servicer_with(contents: tuple[dict[bytes, list[bytes]], dict[bytes, Any]] | 
     servicer = StateServicer()
     if contents:
         cells, ordered = contents
-        if not (isinstance(cells, collections.defaultdict) and cells.default_factory is list):
-            cells = collections.defaultdict(list, cells)
-        servicer._state = cells  # noqa: SLF001
+        adopted = isinstance(cells, collections.defaultdict) and cells.default_factory is list
+        state: Any = cells if adopted else collections.defaultdict(list, cells)
+        servicer._state = state  # noqa: SLF001
         servicer._ordered_list_keys.update(ordered)  # noqa: SLF001
     return servicer
 
