@@ -1,7 +1,7 @@
 """State at scale: a GroupByKey's micro-batches with few and with many keys in state.
 
     .venv/bin/python -m benchmarks.state [--keys 1000,2000000] [--sessions 1000000]
-        [--rate 5000] [--seconds 120]
+        [--stateful 1000,2000000] [--rate 5000] [--seconds 120]
 
 The same pipeline at the same input rate, once per ``--keys`` (each in a process of its own,
 so each starts its own Spark session): ``PeriodicImpulse`` ticking every ``TICK_SECONDS``
@@ -9,7 +9,9 @@ feeds a ``GroupByKey`` in the global window under ``Repeatedly(AfterCount(COUNT)
 discarding, and a count per pane. Beam's trigger driver keeps every key it has seen (its
 count and end-of-window timer), so the keys stay in state for the whole run. With
 ``--sessions``, the same ticks feed a ``GroupByKey`` over ``Sessions(SESSION_GAP_SECONDS)``
-under the default trigger: each key one session that stays open for the whole run. The first
+under the default trigger: each key one session that stays open for the whole run. With
+``--stateful``, the same ticks feed a stateful DoFn keeping a ``ReadModifyWriteState``
+counter per key (in the global window: every key stays in state). The first
 ticks put every key in state once, ``PREFILL_RATE`` keys a second; after them each tick
 emits ``rate × TICK_SECONDS`` elements of keys drawn at random from all keys. So after the
 prefill a micro-batch brings the same number of elements whatever the keys held, and its
@@ -69,7 +71,7 @@ WATCH_SECONDS = 0.5
 STARTUP_LIMIT_SECONDS = 300.0
 # How long the micro-batch that first puts a key in state may take per key: the prefill's
 # keys land in one or two micro-batches, whose cost is not the steady state measured.
-FIRST_FILL_SECONDS_PER_KEY = 300e-6
+FIRST_FILL_SECONDS_PER_KEY = 1e-3
 
 
 @dataclasses.dataclass
@@ -80,7 +82,7 @@ class StateTrial:
     rate: int
     # Measured micro-batches: (input rows, seconds, checkpoint bytes written).
     batches: list[tuple[int, float, int]]
-    # "global" (AfterCount in the global window) or "sessions".
+    # "global" (AfterCount in the global window), "sessions" or "stateful".
     pipeline: str = "global"
     state_rows: int | None = None
     jvm_peak_rss_mib: float = 0.0
@@ -135,6 +137,20 @@ class _Elements(beam.DoFn):  # type: ignore[misc]
             yield draw(self.keys), 1
 
 
+class _Counter(beam.DoFn):  # type: ignore[misc]
+    """A stateful DoFn: a count per key in a ``ReadModifyWriteState``; emits nothing."""
+
+    COUNT = beam.transforms.userstate.ReadModifyWriteStateSpec("count", beam.coders.VarIntCoder())
+
+    def process(
+        self,
+        element: tuple[int, int],
+        count: Any = beam.DoFn.StateParam(COUNT),  # noqa: B008 - Beam's idiom
+    ) -> Iterator[int]:
+        count.write((count.read() or 0) + element[1])
+        return iter(())
+
+
 def prefill_ticks(keys: int) -> int:
     """The ticks that put every key in state once."""
     return max(1, -(-keys // round(PREFILL_RATE * TICK_SECONDS)))
@@ -146,7 +162,7 @@ def build(
     stop: float,
     keys: int,
     rate: int,
-    sessions: bool = False,
+    pipeline_name: str = "global",
 ) -> None:
     """The benchmark's pipeline, ticking from ``start`` to ``stop`` (seconds since the epoch)."""
     from apache_beam.transforms import trigger, window
@@ -154,16 +170,7 @@ def build(
     from apache_beam.utils.timestamp import Timestamp
 
     per_tick = max(1, round(rate * TICK_SECONDS))
-    windowing = (
-        beam.WindowInto(window.Sessions(SESSION_GAP_SECONDS))
-        if sessions
-        else beam.WindowInto(
-            window.GlobalWindows(),
-            trigger=trigger.Repeatedly(trigger.AfterCount(COUNT)),
-            accumulation_mode=trigger.AccumulationMode.DISCARDING,
-        )
-    )
-    _ = (
+    elements = (
         pipeline
         | "Ticks"
         >> PeriodicImpulse(
@@ -172,6 +179,25 @@ def build(
             fire_interval=TICK_SECONDS,
         )
         | "Elements" >> beam.ParDo(_Elements(start, keys, per_tick))
+    )
+    if pipeline_name == "stateful":
+        _ = (
+            elements
+            | "Window" >> beam.WindowInto(window.GlobalWindows())
+            | "Count" >> beam.ParDo(_Counter())
+        )
+        return
+    windowing = (
+        beam.WindowInto(window.Sessions(SESSION_GAP_SECONDS))
+        if pipeline_name == "sessions"
+        else beam.WindowInto(
+            window.GlobalWindows(),
+            trigger=trigger.Repeatedly(trigger.AfterCount(COUNT)),
+            accumulation_mode=trigger.AccumulationMode.DISCARDING,
+        )
+    )
+    _ = (
+        elements
         | "Window" >> windowing
         | "Group" >> beam.GroupByKey()
         | "Count" >> beam.Map(lambda kv: (kv[0], len(list(kv[1]))))
@@ -289,7 +315,7 @@ def run_here(keys: int, rate: int, seconds: float, pipeline_name: str = "global"
     prefill_end = start + prefill_ticks(keys) * TICK_SECONDS
     stop = prefill_end + SETTLE_SECONDS + seconds + STARTUP_LIMIT_SECONDS
     pipeline = beam.Pipeline(options=options)
-    build(pipeline, start, stop, keys, rate, sessions=pipeline_name == "sessions")
+    build(pipeline, start, stop, keys, rate, pipeline_name)
     trial = StateTrial(keys, rate, [], pipeline=pipeline_name, prefill_seconds=prefill_end - start)
     mem = _Memory()
     result = pipeline.run()
@@ -407,6 +433,12 @@ def main(argv: list[str] | None = None) -> int:
         default="1000000",
         help="then the sessions pipeline with these open sessions, comma-separated ('' for none)",
     )
+    parser.add_argument(
+        "--stateful",
+        default="1000,2000000",
+        help="then the stateful DoFn pipeline with these keys in state, comma-separated "
+        "('' for none)",
+    )
     parser.add_argument("--rate", type=int, default=5000, help="elements/s after the prefill")
     parser.add_argument("--seconds", type=float, default=120, help="measured seconds")
     parser.add_argument("--output", default="benchmarks/results/state.json")
@@ -429,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     trials = []
     runs = [("global", int(k)) for k in args.keys.split(",") if k]
     runs += [("sessions", int(k)) for k in args.sessions.split(",") if k]
+    runs += [("stateful", int(k)) for k in args.stateful.split(",") if k]
     for name, keys in runs:
         trial = run_in_subprocess(keys, args.rate, args.seconds, log_dir, name)
         trials.append(trial)

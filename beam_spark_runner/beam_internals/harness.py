@@ -123,28 +123,40 @@ def current_step_name() -> str | None:
     return getattr(name_context, "step_name", None) if name_context is not None else None
 
 
-def servicer_contents(servicer: Any) -> tuple[dict[bytes, list[bytes]], dict[bytes, Any]]:
+def servicer_contents(
+    servicer: Any, touched: set[bytes] | None = None
+) -> tuple[dict[bytes, list[bytes]], dict[bytes, Any]]:
     """A ``StateServicer``'s cells (state key -> values) and ordered-list indexes, as dicts.
 
     The value lists are the servicer's own, not copies: the caller drops the servicer
     (``InMemoryStateBackend.export_user_state`` does), so nothing appends to them again.
+    With ``touched`` (the cells used since the servicer took its cells, which held no
+    empty one), its dict of cells itself, the empty cells among ``touched`` taken out: what
+    it costs follows the cells used, not the cells held.
     """
-    return (
-        {key: values for key, values in servicer._state.items() if values},  # noqa: SLF001
-        dict(servicer._ordered_list_keys),  # noqa: SLF001
-    )
+    cells = servicer._state  # noqa: SLF001
+    if touched is None:
+        cells = {key: values for key, values in cells.items() if values}
+    else:
+        for key in touched:
+            if not cells.get(key, True):
+                del cells[key]
+    return cells, dict(servicer._ordered_list_keys)  # noqa: SLF001
 
 
 def servicer_with(contents: tuple[dict[bytes, list[bytes]], dict[bytes, Any]] | None) -> Any:
     """A ``StateServicer`` holding what :func:`servicer_contents` returned.
 
     It takes the value lists as they are (the caller hands over a decoded copy it does not
-    read again), in a dict of its own.
+    read again), and the dict of cells itself where it is a ``defaultdict(list)`` (as
+    ``servicer_contents`` hands it over), or else in a dict of its own.
     """
     servicer = StateServicer()
     if contents:
         cells, ordered = contents
-        servicer._state = collections.defaultdict(list, cells)  # noqa: SLF001
+        adopted = isinstance(cells, collections.defaultdict) and cells.default_factory is list
+        state: Any = cells if adopted else collections.defaultdict(list, cells)
+        servicer._state = state  # noqa: SLF001
         servicer._ordered_list_keys.update(ordered)  # noqa: SLF001
     return servicer
 

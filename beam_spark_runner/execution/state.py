@@ -75,6 +75,10 @@ class StateBackend(bi.StateHandler):  # type: ignore[misc]
     def import_user_state(self, contents: Any) -> None:
         """Replaces the user state by what :meth:`export_user_state` returned."""
 
+    @abc.abstractmethod
+    def touched_user_state(self) -> set[bytes] | None:
+        """The user-state cells used since the last import (None: any may have changed)."""
+
     @contextlib.contextmanager
     def process_instruction_id(self, unused_instruction_id: Any) -> Iterator[None]:
         """Beam's state handler enters this around each bundle; nothing to do."""
@@ -91,6 +95,12 @@ class InMemoryStateBackend(StateBackend):
         self.load_side_inputs(side_input_entries)
         self._user = bi.StateServicer()
         self._user_cells: set[bytes] = set()
+        # Cells the last import brought (not copied into ``_user_cells``: a streaming shard
+        # may hold millions, and a batch uses a few).
+        self._imported_cells = 0
+        # User-state cells read, appended to or cleared since the last import (None: an
+        # ordered list's, whose cells the servicer keys by interval: any may have changed).
+        self._touched: set[bytes] | None = set()
         self._iterables = bi.StateServicer()
         self._iterable_count = 0
 
@@ -131,40 +141,75 @@ class InMemoryStateBackend(StateBackend):
         self, state_key: Any, continuation_token: bytes | None = None
     ) -> tuple[bytes, bytes | None]:
         """Reads from the side-input or the user-state store, by the key's type."""
-        return self._servicer(state_key).get_raw(state_key, continuation_token)  # type: ignore[no-any-return]
+        servicer = self._servicer(state_key)
+        if servicer is self._user:
+            self._touch(state_key)
+        return servicer.get_raw(state_key, continuation_token)  # type: ignore[no-any-return]
 
     def append_raw(self, state_key: Any, data: bytes) -> Any:
         """Appends to the user-state store (side inputs are loaded once, up front)."""
         servicer = self._servicer(state_key)
         if servicer is self._user:
-            self._user_cells.add(state_key.SerializeToString())
+            self._user_cells.add(self._touch(state_key))
         return servicer.append_raw(state_key, data)
 
     def clear(self, state_key: Any) -> Any:
         """Clears a user-state cell."""
-        return self._servicer(state_key).clear(state_key)
+        servicer = self._servicer(state_key)
+        if servicer is self._user:
+            self._touch(state_key)
+        return servicer.clear(state_key)
+
+    def _touch(self, state_key: Any) -> bytes:
+        key: bytes = state_key.SerializeToString()
+        if self._touched is not None:
+            if state_key.WhichOneof("type") == "ordered_list_user_state":
+                self._touched = None
+            else:
+                self._touched.add(key)
+        return key
+
+    def touched_user_state(self) -> set[bytes] | None:
+        """The user-state cells read, appended to or cleared since the last import.
+
+        None where they cannot be told (an ordered list's cells were): any cell may have
+        changed.
+        """
+        return self._touched
 
     def release_user_state(self) -> None:
         """Drops every user-state cell at once."""
-        if self._user_cells:
+        if self._user_cells or self._imported_cells:
             self._user = bi.StateServicer()
             self._user_cells.clear()
+            self._imported_cells = 0
+        self._touched = set()
 
     def user_state_size(self) -> int:
-        """The number of user-state cells written since the last release."""
-        return len(self._user_cells)
+        """The user-state cells written since the last release, and those imported.
+
+        A cell imported and written again counts twice.
+        """
+        return len(self._user_cells) + self._imported_cells
 
     def export_user_state(self) -> Any:
         """The user state held, as plain data; the backend releases it.
 
         The export shares the servicer's value lists, so nothing may append to them again.
         """
-        contents = bi.servicer_contents(self._user)
+        contents = bi.servicer_contents(self._user, self._touched)
         self._user = bi.StateServicer()
         self._user_cells.clear()
+        self._imported_cells = 0
         return contents
 
     def import_user_state(self, contents: Any) -> None:
-        """Replaces the user state by what :meth:`export_user_state` returned."""
+        """Replaces the user state by what :meth:`export_user_state` returned.
+
+        The servicer takes ``contents``'s cells as they are (not a copy) where it can: the
+        caller hands them over.
+        """
         self._user = bi.servicer_with(contents)
-        self._user_cells = set(contents[0]) if contents else set()
+        self._user_cells = set()
+        self._imported_cells = len(contents[0]) if contents else 0
+        self._touched = set()

@@ -8,8 +8,9 @@ splittable DoFn's ``splittable.SplittableShard`` (``SplittableSideInputShard`` w
 reads streamed side inputs), a stage with side inputs' ``side_inputs.SideInputShard``, a
 stateful DoFn's with streamed side inputs ``stateful_side_inputs.StatefulSideInputShard``,
 each with its state as one value in the state store (one read and one write per shard and
-batch, compressed: ``compression``), but a GroupByKey's, cached in the worker with its
-changes logged beside it (``state_cache``). What a
+batch, compressed: ``compression``), but a GroupByKey's and a stateful DoFn's (with
+streamed side inputs or not), cached in the worker with their changes logged beside them
+(``state_cache``). What a
 shard buffers for a later batch (a GroupByKey's values until their window's on-time pane,
 a stage's main elements until its side inputs are ready) is appended to a list beside it
 (``chunk_lists``), read only in the batch it is due. Its rows out are packed (``rows.packed``).
@@ -65,6 +66,8 @@ class Level:
         self.with_side_inputs = with_side_inputs
         self.sinks = sinks
         self._runs = {*groups, *stages, *splittable, *with_side_inputs}
+        # The nodes whose shards keep a change log (``state_cache``).
+        self._logged = {*groups, *stages}
         # This run of the level, naming its shards in a worker's cache (``state_cache``).
         self.run_id = uuid.uuid4().hex
         self._state: Any = None
@@ -75,14 +78,15 @@ class Level:
     def processor(self) -> LevelShell:
         """What ``transformWithState`` takes: a shell with this level pickled."""
         waiting = bool(self.with_side_inputs or self.groups)
-        return LevelShell(pickle_by_value(self), waiting=waiting, logged=bool(self.groups))
+        return LevelShell(pickle_by_value(self), waiting=waiting, logged=bool(self._logged))
 
     def bind(self, shard: Any, waiting: Any, log: Any = None) -> None:
         """Takes the state variables ``LevelShell.init`` declared.
 
         A shard's encoded state, and, where the level has GroupByKeys or stages with side
         inputs, the list of what its shards buffer (each (node, shard) has its own), and
-        where it has GroupByKeys, their shards' base and change log (``state_cache``).
+        where it has logged shards (GroupByKeys, stateful DoFns), their base and change log
+        (``state_cache``).
         """
         self._state = shard
         self._log = log
@@ -105,10 +109,10 @@ class Level:
 
     def _run_shard(self, target: int, shard: int, rows: Iterator[Any]) -> list[Row]:
         """One stateful (node, shard) for one micro-batch: its rows out; its state updated."""
-        if target in self.groups:
-            assert self._log is not None, "a level with GroupByKeys needs its log state"
+        if target in self._logged:
+            assert self._log is not None, "a level with logged shards needs its log state"
             run = self._shard_run(target)
-            assert isinstance(run, GroupShard)
+            assert isinstance(run, (GroupShard, StatefulShard))
             return state_cache.run_logged(
                 run,
                 run,

@@ -22,6 +22,11 @@ written at most about 1 + 1 / ``COMPACT_FRACTION`` times over, and a reload read
 
 A shard of a value written before this layout (its whole state in the value) is read from
 the value and written back as a base.
+
+A worker keeps the shards it ran most recently, at most ``CACHE_BYTES`` of them by their
+size in the store (base and log, before compression), and forgets the least recently run
+beyond: a shard's batches rotate over a few workers, each of which would otherwise hold a
+copy of every shard's state. A shard forgotten is read back at its next batch there.
 """
 
 from __future__ import annotations
@@ -52,14 +57,18 @@ BASE_ROW_BYTES = 4 << 20
 COMPACT_FRACTION = 0.5
 COMPACT_ENTRIES = 256
 # Changes the header keeps for caches a few batches behind, and at most these bytes of them,
-# nor more than this share of the base's (where a batch changes much of a small state, a
-# read-back costs little more than a catch-up, and the header is rewritten every batch).
+# nor more than this share of the base and log's before compression, what a read-back
+# decodes (where a batch changes much of a small state, a read-back costs little more than
+# a catch-up, and the header is rewritten every batch).
 RECENT_CHANGES = 4
 RECENT_BYTES = 4 << 20
 RECENT_SHARE = 0.25
 # Level runs whose shards stay cached in a worker process, the most recently used: each
 # stateful level of a query is a run of its own; an ended query's would only take memory.
 _RUNS_KEPT = 16
+# The shards a worker keeps cached, by their size in the store before compression (decoded,
+# they take up to a few times more).
+CACHE_BYTES = 512 << 20
 
 S = TypeVar("S", bound=HasWatermarks, contravariant=True)
 
@@ -80,6 +89,8 @@ class _Cached:
 
     token: bytes
     state: Any
+    # Its base and log in the store, before compression.
+    stored_bytes: int = 0
 
 
 @dataclasses.dataclass
@@ -92,9 +103,18 @@ class _Header:
     base_bytes: int = 0
     log_bytes: int = 0
     log_entries: int = 0
+    # Base and log before compression (0 in a header written before it was kept).
+    raw_bytes: int = 0
 
     def encode(self) -> bytes:
-        fields = (self.token, self.recent, self.base_bytes, self.log_bytes, self.log_entries)
+        fields = (
+            self.token,
+            self.recent,
+            self.base_bytes,
+            self.log_bytes,
+            self.log_entries,
+            self.raw_bytes,
+        )
         return _HEADER + pickle.dumps(fields, protocol=pickle.HIGHEST_PROTOCOL)
 
     @staticmethod
@@ -115,8 +135,9 @@ class _Header:
         )
 
 
-# (level run, node, shard) -> the shard's state; runs most recently used last.
-_CACHE: dict[tuple[str, int, int], _Cached] = {}
+# (level run, node, shard) -> the shard's state, the most recently run last; runs most
+# recently used last.
+_CACHE: collections.OrderedDict[tuple[str, int, int], _Cached] = collections.OrderedDict()
 _RUNS: collections.OrderedDict[str, None] = collections.OrderedDict()
 
 
@@ -128,6 +149,7 @@ class CacheStats:
     caught_up: int = 0
     reloads: int = 0
     compactions: int = 0
+    evictions: int = 0
 
 
 STATS = CacheStats()
@@ -188,10 +210,11 @@ def run_logged(
     with shard_run.storing():
         state, out = shard_run.run(topology, node, key[2], state, rows)
         token = os.urandom(_TOKEN_BYTES)
-        change = pack(logged.changes(state))
+        raw_change = logged.changes(state)
+        change = pack(raw_change)
         recent = header.recent
         if header.token:
-            cap = min(RECENT_BYTES, RECENT_SHARE * header.base_bytes)
+            cap = min(RECENT_BYTES, RECENT_SHARE * (header.raw_bytes or header.base_bytes))
             recent = _kept([*recent, (header.token, token, change)], cap)
         if header.token and not header.compaction_due():
             log_state.appendList([(_CHANGES + change,)])
@@ -201,17 +224,31 @@ def run_logged(
                 header.base_bytes,
                 header.log_bytes + len(change),
                 header.log_entries + 1,
+                header.raw_bytes + len(raw_change),
             )
         else:
-            base = pack(shard_run.encode(state))
+            raw_base = shard_run.encode(state)
+            base = pack(raw_base)
             rows_out = range(0, len(base), BASE_ROW_BYTES)
             log_state.put([(_BASE + base[i : i + BASE_ROW_BYTES],) for i in rows_out] or [(_BASE,)])
             STATS.compactions += 1
-            header = _Header(token, recent, len(base))
+            header = _Header(token, recent, len(base), raw_bytes=len(raw_base))
         value_state.update((header.encode(),))
         shard_run.release(state)
-    _CACHE[key] = _Cached(token, state)
+    _CACHE[key] = _Cached(token, state, header.raw_bytes)
+    _evict(key)
     return out
+
+
+def _evict(kept: tuple[str, int, int]) -> None:
+    """Forgets the least recently run shards while the cache holds over ``CACHE_BYTES``."""
+    total = sum(cached.stored_bytes for cached in _CACHE.values())
+    while total > CACHE_BYTES:
+        key = next(iter(_CACHE))
+        if key == kept:
+            return
+        total -= _CACHE.pop(key).stored_bytes
+        STATS.evictions += 1
 
 
 def _kept(recent: list[tuple[bytes, bytes, bytes]], cap: float) -> list[tuple[bytes, bytes, bytes]]:

@@ -7,12 +7,17 @@ new elements; advances its input watermark and fires the timers due, round by ro
 key's earliest first (``execution.timers``; all of them once the input is at +inf); emits
 the outputs and its output watermark, the minimum of its input watermark and its timers'
 holds; drops the user state and pending timers of the windows that expired, and the
-elements that arrive in them (``window_expiry``); and stores state and timers as one value
-in the state store.
+elements that arrive in them (``window_expiry``, looked for only once the watermark passes
+the earliest expiry of the shard's cells, ``StatefulShardState.next_expiry``). Its state
+stays cached in the worker between batches, its changes logged in the state store
+(``state_cache``): what a batch writes is the cells it read or wrote (the servicer tells
+them: ``InMemoryStateBackend.touched_user_state``) and those that expired, its watermarks,
+and its pending timers where they changed (``changes``, ``replay``).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import pickle
@@ -33,8 +38,11 @@ from beam_spark_runner.monitoring.metrics import task_metrics
 from beam_spark_runner.streaming.rows import Row, elements_and_markers
 from beam_spark_runner.streaming.shard_run import ShardRun, routed_outputs, run_user_code
 from beam_spark_runner.streaming.topology import Node, Topology
-from beam_spark_runner.streaming.watermarks import MAX_MICROS, Marker, WatermarkState
-from beam_spark_runner.streaming.window_expiry import collect_expired, window_expiry
+from beam_spark_runner.streaming.watermarks import MAX_MICROS, MIN_MICROS, Marker, WatermarkState
+from beam_spark_runner.streaming.window_expiry import WindowExpiry, window_expiry
+
+# What a batch changed (``StatefulShard.changes``), tagged.
+_CHANGES = "beam-spark-stateful-changes-v1"
 
 
 @dataclasses.dataclass
@@ -44,6 +52,9 @@ class StatefulShardState:
     watermarks: WatermarkState
     user_state: Any = None
     timers: dict[TimerFamilyId, bytes] = dataclasses.field(default_factory=dict)
+    # At most the watermark past which a cell of ``user_state`` expires (None: not known;
+    # a state pickled before it has none), so a batch before it looks at no cell.
+    next_expiry: int | None = None
 
     def encode(self) -> bytes:
         """One state-store value."""
@@ -69,6 +80,11 @@ class StatefulShard(ShardRun[StatefulShardState, BundleOutputs]):
         self.metrics: Any = None
         # The input watermark before this batch's markers.
         self.previous_watermark = MAX_MICROS
+        # The user-state cells this batch used (None: any may have changed), those that
+        # expired, and the pending timers as it found them: what ``changes`` writes.
+        self.touched: set[bytes] | None = set()
+        self.expired: set[bytes] = set()
+        self.timers_before: dict[TimerFamilyId, bytes] = {}
 
     def new_state(self, watermarks: WatermarkState) -> StatefulShardState:
         return StatefulShardState(watermarks)
@@ -82,10 +98,58 @@ class StatefulShard(ShardRun[StatefulShardState, BundleOutputs]):
     def read(self, node: Node, state: StatefulShardState, rows: Iterable[Any]) -> list[Marker]:
         self.cells, markers = elements_and_markers(rows)
         self.previous_watermark = state.watermarks.input_watermark
+        self.timers_before = state.timers
         for family_key, encoded in state.timers.items():
             self.pending.add_written(family_key, encoded)
         self.worker.state.import_user_state(state.user_state)
         return markers
+
+    def changes(self, state: StatefulShardState) -> bytes:
+        """What the batch changed: its cells used or expired, watermarks, timers if changed."""
+        return pickle.dumps((_CHANGES, self.user_changes(state)), protocol=pickle.HIGHEST_PROTOCOL)
+
+    def replay(self, state: StatefulShardState, changes: bytes) -> None:
+        """Applies what ``changes`` wrote to the state as it was before that batch."""
+        layout, user = pickle.loads(changes)
+        assert layout == _CHANGES, f"expected a stateful DoFn shard's changes, found {layout!r}"
+        self.replay_user(state, user)
+
+    def user_changes(self, state: Any) -> tuple[Any, ...]:
+        """The changes to what every stateful shard keeps (``changes``), not encoded."""
+        empty: tuple[dict[bytes, list[bytes]], dict[bytes, Any]] = ({}, {})
+        cells, ordered = state.user_state or empty
+        whole: tuple[dict[bytes, list[bytes]], dict[bytes, Any]] | None = None
+        changed: list[tuple[bytes, Any, Any]] | None = None
+        if self.touched is None:
+            whole = (dict(cells), ordered)
+        else:
+            used = self.touched | self.expired
+            changed = [(key, cells.get(key), ordered.get(key)) for key in used]
+        timers = None if state.timers == self.timers_before else state.timers
+        return (state.watermarks, timers, state.next_expiry, whole, changed)
+
+    def replay_user(self, state: Any, user: tuple[Any, ...]) -> None:
+        """Applies what ``user_changes`` returned to the state as it was before that batch."""
+        watermarks, timers, next_expiry, whole, changed = user
+        if whole is not None:
+            state.user_state = (collections.defaultdict(list, whole[0]), whole[1])
+        else:
+            if state.user_state is None:
+                state.user_state = (collections.defaultdict(list), {})
+            cells, ordered = state.user_state
+            for key, values, index in changed:
+                if values:
+                    cells[key] = values
+                else:
+                    cells.pop(key, None)
+                if index is None:
+                    ordered.pop(key, None)
+                else:
+                    ordered[key] = index
+        state.watermarks = watermarks
+        if timers is not None:
+            state.timers = timers
+        state.next_expiry = next_expiry
 
     @contextlib.contextmanager
     def running(self, state: StatefulShardState) -> Iterator[None]:
@@ -94,6 +158,7 @@ class StatefulShard(ShardRun[StatefulShardState, BundleOutputs]):
             with task_metrics(self.sinks.metrics, self.spec.name) as self.metrics:
                 yield
             self.worker.finalize_bundles()
+            self.touched = self.worker.state.touched_user_state()
             state.user_state = self.worker.state.export_user_state()
         finally:
             self.worker.state.release_user_state()
@@ -135,8 +200,26 @@ class StatefulShard(ShardRun[StatefulShardState, BundleOutputs]):
         if self.cells or self.pending.fired or watermark > self.previous_watermark:
             # After the timer rounds: a window's timers due by its expiry have fired.
             expiry = window_expiry(self.spec.descriptor, self.spec.input_transform_id)
-            state.user_state = collect_expired(expiry, state.user_state, self.pending, watermark)
+            expiry.forget_expired_timers(self.pending, watermark)
+            self._forget_expired_cells(expiry, state, watermark)
         state.timers = self.pending.encoded()
+
+    def _forget_expired_cells(
+        self, expiry: WindowExpiry, state: StatefulShardState, watermark: int
+    ) -> None:
+        """Drops the cells of expired windows, looking at them only if one may have."""
+        if not state.user_state:
+            return
+        cells, ordered = state.user_state
+        if state.next_expiry is not None and self.touched is not None:
+            used = [key for key in self.touched if key in cells or key in ordered]
+            state.next_expiry = min(state.next_expiry, expiry.scan(used, MIN_MICROS)[1])
+            if watermark <= state.next_expiry:
+                return
+        self.expired, state.next_expiry = expiry.scan([*cells, *ordered], watermark)
+        for key in self.expired:
+            cells.pop(key, None)
+            ordered.pop(key, None)
 
     def hold(self, state: StatefulShardState) -> int:
         hold = self.pending.earliest_hold()

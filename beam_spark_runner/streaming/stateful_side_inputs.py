@@ -16,6 +16,7 @@ it. The output watermark is held by both the timers and the waiting elements.
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -40,6 +41,9 @@ from beam_spark_runner.streaming.watermarks import (
     input_watermark,
 )
 
+# What a batch changed (``StatefulSideInputShard.changes``), tagged.
+_CHANGES = "beam-spark-stateful-side-input-changes-v1"
+
 
 @dataclasses.dataclass
 class StatefulSideInputShardState(SideInputShardState):
@@ -47,6 +51,8 @@ class StatefulSideInputShardState(SideInputShardState):
 
     user_state: Any = None
     timers: dict[TimerFamilyId, bytes] = dataclasses.field(default_factory=dict)
+    # As ``StatefulShardState.next_expiry``.
+    next_expiry: int | None = None
 
 
 class StatefulSideInputShard(StatefulShard):
@@ -76,10 +82,25 @@ class StatefulSideInputShard(StatefulShard):
         self.cells = []
         # As ``StatefulShard.read`` keeps it: the input watermark before this batch's markers.
         self.previous_watermark = state.watermarks.input_watermark
+        self.timers_before = state.timers
         for family_key, encoded in state.timers.items():
             self.pending.add_written(family_key, encoded)
         self.worker.state.import_user_state(state.user_state)
         return markers
+
+    def changes(self, state: Any) -> bytes:
+        """What the batch changed: side inputs and buckets whole, the rest as a stateful DoFn's."""
+        side = (state.sides, state.buckets, state.waiting, state.fired, state.ends)
+        return pickle.dumps(
+            (_CHANGES, side, self.user_changes(state)), protocol=pickle.HIGHEST_PROTOCOL
+        )
+
+    def replay(self, state: Any, changes: bytes) -> None:
+        """Applies what ``changes`` wrote to the state as it was before that batch."""
+        layout, side, user = pickle.loads(changes)
+        assert layout == _CHANGES, f"expected a stateful side-input shard's changes: {layout!r}"
+        state.sides, state.buckets, state.waiting, state.fired, state.ends = side
+        self.replay_user(state, user)
 
     def before_watermark(self, state: Any, markers: list[Marker]) -> Iterator[BundleOutputs]:
         yield from ()

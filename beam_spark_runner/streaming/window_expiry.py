@@ -2,9 +2,10 @@
 
 Beam's runners garbage-collect a window's state once the input watermark passes the end of
 the window plus the allowed lateness (Java's ``StatefulDoFnRunner`` arms a cleanup timer
-there); the user's timers due by then fire first. A stateful shard (``stateful``) calls
-:func:`collect_expired` after its timer rounds, so every timer the watermark made due has
-fired. Expiry is Beam's test for late data (``window.end + allowed_lateness`` before the
+there); the user's timers due by then fire first. A stateful shard (``stateful``) drops
+expired timers (:meth:`WindowExpiry.forget_expired_timers`) and cells
+(:meth:`WindowExpiry.scan`) after its timer rounds, so every timer the watermark made due
+has fired. Expiry is Beam's test for late data (``window.end + allowed_lateness`` before the
 input watermark), the one the GroupByKey shards use; at +inf every window has expired.
 An element arriving in a window already expired is dropped (:meth:`WindowExpiry.on_time`),
 as Beam's ``StatefulDoFnRunner`` drops it: its window's state is gone.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from beam_spark_runner import beam_internals as bi
@@ -23,10 +25,6 @@ from beam_spark_runner.execution.timers import PendingTimers
 from beam_spark_runner.streaming.watermarks import MAX_MICROS
 
 _LOGGER = logging.getLogger(__name__)
-
-# User state as ``InMemoryStateBackend.export_user_state`` hands it over: cells by state
-# key, and the ordered-list indexes by state key.
-UserState = tuple[dict[bytes, list[bytes]], dict[bytes, Any]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,23 +102,15 @@ class WindowExpiry:
         lateness = self._windowing[transform_id].lateness_micros
         return int(min(window.end.micros + lateness, MAX_MICROS - 1))
 
-    def expired_state(self, contents: UserState | None, watermark: int) -> UserState | None:
-        """``contents`` without the cells of windows expired at ``watermark``."""
-        if not contents:
-            return contents
-        cells, ordered = contents
-        expired = self._expired_keys([*cells, *ordered], watermark)
-        if not expired:
-            return contents
-        return (
-            {key: values for key, values in cells.items() if key not in expired},
-            {key: index for key, index in ordered.items() if key not in expired},
-        )
+    def scan(self, keys: Iterable[bytes], watermark: int) -> tuple[set[bytes], int]:
+        """The keys among ``keys`` expired at ``watermark``; when the next of the others will.
 
-    def _expired_keys(self, keys: list[bytes], watermark: int) -> set[bytes]:
-        """The state keys among ``keys`` whose window is expired at ``watermark``."""
+        The second is the earliest watermark past which one of the others expires
+        (``MAX_MICROS`` for none).
+        """
         expires: dict[tuple[str, bytes], int] = {}
         expired: set[bytes] = set()
+        earliest = MAX_MICROS
         for key in keys:
             state_key = bi.beam_fn_api_pb2.StateKey.FromString(key)
             kind = state_key.WhichOneof("type")
@@ -138,7 +128,9 @@ class WindowExpiry:
                 )
             if at < watermark:
                 expired.add(key)
-        return expired
+            elif at < earliest:
+                earliest = at
+        return expired, earliest
 
     def forget_expired_timers(self, pending: PendingTimers, watermark: int) -> int:
         """Drops the pending timers whose windows are all expired; how many were."""
@@ -156,11 +148,3 @@ def window_expiry(descriptor: bytes, input_transform_id: str) -> WindowExpiry:
     """The ``WindowExpiry`` of a serialized process bundle descriptor (made once per process)."""
     proto = bi.beam_fn_api_pb2.ProcessBundleDescriptor.FromString(descriptor)
     return WindowExpiry(proto, input_transform_id)
-
-
-def collect_expired(
-    expiry: WindowExpiry, user_state: UserState | None, pending: PendingTimers, watermark: int
-) -> UserState | None:
-    """The user state without expired windows' cells; their pending timers are dropped."""
-    expiry.forget_expired_timers(pending, watermark)
-    return expiry.expired_state(user_state, watermark)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import apache_beam as beam
+
 from benchmarks.state import (
     PREFILL_RATE,
     TICK_SECONDS,
     StateTrial,
     _Elements,
     _measured,
+    build,
     markdown_table,
     prefill_ticks,
 )
@@ -55,3 +58,13 @@ def test_the_table_reports_medians_and_memory() -> None:
     table = markdown_table([trial, StateTrial(2_000_000, 5000, [], error="boom")])
     assert "| global | 1000 | 5000 | 3 | 0.6 | 2.0 | None | 700 | 301 | 0 | None |" in table
     assert "boom" in table
+
+
+def test_the_stateful_pipeline_counts_per_key_in_user_state_without_a_group() -> None:
+    pipeline = beam.Pipeline()
+    build(pipeline, 1000.0, 1010.0, keys=10, rate=100, pipeline_name="stateful")
+    transforms = pipeline.to_runner_api().components.transforms.values()
+    (count,) = [t for t in transforms if t.unique_name == "Count"]
+    payload = beam.portability.api.beam_runner_api_pb2.ParDoPayload.FromString(count.spec.payload)
+    assert list(payload.state_specs) == ["count"]
+    assert not [t for t in transforms if "GroupByKey" in t.unique_name]

@@ -168,6 +168,44 @@ def test_exported_user_state_survives_the_release_and_the_next_batch() -> None:
     assert backend.get_raw(a) == (b"", None) and backend.user_state_size() == 0
 
 
+def test_the_backend_tells_the_cells_used_since_the_import_and_keeps_their_dict() -> None:
+    """What a streaming shard logs: the cells a batch read, wrote or cleared, not all.
+
+    The export hands back the imported dict itself, without the cells left empty: what it
+    costs follows the cells used.
+    """
+    key = bi.beam_fn_api_pb2.StateKey
+    a, b, c, d = (
+        key(bag_user_state=key.BagUserState(transform_id="t", user_state_id="u", key=k))
+        for k in (b"a", b"b", b"c", b"d")
+    )
+    backend = InMemoryStateBackend()
+    backend.import_user_state(
+        pickle.loads(
+            pickle.dumps(({a.SerializeToString(): [b"a1"], b.SerializeToString(): [b"b1"]}, {}))
+        )
+    )
+    backend.get_raw(c)  # read, empty
+    backend.clear(b)
+    backend.append_raw(d, b"d1")
+    assert backend.touched_user_state() == {k.SerializeToString() for k in (b, c, d)}
+    cells = backend.export_user_state()[0]
+    assert cells == {a.SerializeToString(): [b"a1"], d.SerializeToString(): [b"d1"]}
+    backend.import_user_state((cells, {}))
+    assert backend.touched_user_state() == set()
+    backend.append_raw(a, b"a2")
+    assert backend.export_user_state()[0] is cells
+    assert cells[a.SerializeToString()] == [b"a1", b"a2"]
+    ordered = key(
+        ordered_list_user_state=key.OrderedListUserState(
+            transform_id="t", user_state_id="o", key=b"a"
+        )
+    )
+    backend.import_user_state((cells, {}))
+    backend.get_raw(ordered)
+    assert backend.touched_user_state() is None  # an ordered list's cells: any may change
+
+
 def test_state_backed_iterables_live_for_one_bundle() -> None:
     backend = InMemoryStateBackend()
     impl = coders.VarIntCoder().get_impl()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import random
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import apache_beam as beam
@@ -25,6 +24,8 @@ if pyspark_version() < STREAMING_SPARK:
 
 from beam_spark_runner.streaming import state_cache  # noqa: E402
 from beam_spark_runner.streaming.compression import pack  # noqa: E402
+from tests.streaming.memory_state import MemoryList as _List  # noqa: E402
+from tests.streaming.memory_state import MemoryValue as _Value  # noqa: E402
 from tests.streaming.test_grouping import MemoryChunks, _Shard  # noqa: E402
 
 
@@ -32,44 +33,6 @@ from tests.streaming.test_grouping import MemoryChunks, _Shard  # noqa: E402
 def _runs_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each shard here is a run of its own, several at a time."""
     monkeypatch.setattr(state_cache, "_RUNS_KEPT", 100)
-
-
-class _Value:
-    """A value state in memory."""
-
-    def __init__(self) -> None:
-        self.value: tuple[bytes] | None = None
-
-    def exists(self) -> bool:
-        return self.value is not None
-
-    def get(self) -> tuple[bytes] | None:
-        # Spark's state server logs a WARN for this (a user sees it): exists() comes first.
-        assert self.value is not None, "read of a value state that holds none"
-        return self.value
-
-    def update(self, value: tuple[bytes]) -> None:
-        self.value = value
-
-
-class _List:
-    """A list state in memory, counting its calls."""
-
-    def __init__(self) -> None:
-        self.rows: list[tuple[bytes]] = []
-        self.reads = self.puts = self.appends = 0
-
-    def get(self) -> Iterator[tuple[bytes]]:
-        self.reads += 1
-        return iter(list(self.rows))
-
-    def put(self, rows: list[tuple[bytes]]) -> None:
-        self.puts += 1
-        self.rows = list(rows)
-
-    def appendList(self, rows: list[tuple[bytes]]) -> None:  # noqa: N802 - PySpark's name
-        self.appends += 1
-        self.rows.extend(rows)
 
 
 class _Logged(_Shard):
@@ -269,3 +232,24 @@ def test_the_header_keeps_recent_changes_only_while_small_beside_the_base() -> N
     header = large.value.value
     assert header is not None
     assert len(state_cache._Header.decode(header[0]).recent) == state_cache.RECENT_CHANGES
+
+
+def test_a_worker_forgets_the_shards_it_ran_least_recently_beyond_its_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    state_cache.clear()
+    g = window.GlobalWindow()
+    first, second = _Logged(_global(2)), _Logged(_global(2))
+    first.batch([(f"k{i}", i, 1, g) for i in range(200)], watermark=0)
+    size = state_cache._CACHE[first.key].stored_bytes
+    assert size > 0
+    # Room for one of the shards, not both.
+    monkeypatch.setattr(state_cache, "CACHE_BYTES", size + size // 2)
+    second.batch([(f"k{i}", i, 1, g) for i in range(200)], watermark=0)
+    assert first.key not in state_cache._CACHE and second.key in state_cache._CACHE
+    first.caches = [None]  # this worker's cache, as it is now
+    reloads = state_cache.STATS.reloads
+    panes, _ = first.batch([("k3", 3, 2, g)], watermark=0)
+    assert state_cache.STATS.reloads == reloads + 1
+    assert [p.value for p in panes] == [("k3", [3, 3])]
+    assert second.key not in state_cache._CACHE

@@ -7,6 +7,7 @@ after the timers due by then have fired.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import apache_beam as beam
@@ -25,14 +26,17 @@ from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution.stage_worker import NO_SINKS, StageSpec
 from beam_spark_runner.planning import build_plan
 from beam_spark_runner.spark.compat import OLDEST_STREAMING_SPARK, pyspark_version
+from beam_spark_runner.streaming import state_cache
 from beam_spark_runner.streaming.compression import pack
 from beam_spark_runner.streaming.rows import ELEMENT, PRODUCER, PTIME, WATERMARK
 from beam_spark_runner.streaming.stateful import StatefulShard, StatefulShardState
 from beam_spark_runner.streaming.topology import STAGE, Node, Topology
 from beam_spark_runner.streaming.watermarks import MAX_MICROS
-from beam_spark_runner.streaming.window_expiry import window_expiry
+from beam_spark_runner.streaming.window_expiry import WindowExpiry, window_expiry
 from tests.conftest import SPARK_TEST_MASTER
 from tests.stage_specs import stage_spec
+from tests.streaming.memory_state import MemoryList as _List
+from tests.streaming.memory_state import MemoryValue as _Value
 
 _SOURCE = "source"
 _FIRED: list[tuple[str, int, int]] = []
@@ -119,8 +123,7 @@ class _Run:
         self.encoder = _encoder(self.spec)
         self.value: bytes | None = None
 
-    def batch(self, elements: list[tuple[str, int, int]], watermark: int) -> int:
-        """Runs one batch: (key, value, timestamp in s) elements, then the watermark (s)."""
+    def _rows(self, elements: list[tuple[str, int, int]], watermark: int) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
         for key, value, at in elements:
             start = at - at % 10
@@ -132,9 +135,13 @@ class _Run:
             rows.append({ELEMENT: pack(encoded)})
         micros = MAX_MICROS if watermark >= MAX_MICROS else watermark * 1_000_000
         rows.append({ELEMENT: None, PRODUCER: _SOURCE, WATERMARK: micros, PTIME: 0})
+        return rows
+
+    def batch(self, elements: list[tuple[str, int, int]], watermark: int) -> int:
+        """Runs one batch: (key, value, timestamp in s) elements, then the watermark (s)."""
         shard = StatefulShard(self.spec, NO_SINKS)
         self.value, _ = shard.run_encoded(
-            self.topology, self.topology.nodes[0], 0, self.value, rows
+            self.topology, self.topology.nodes[0], 0, self.value, self._rows(elements, watermark)
         )
         return len(self.value)
 
@@ -353,3 +360,161 @@ def test_batch_elements_with_a_buffering_timer_gives_direct_runners_batches() ->
     pipeline = beam.Pipeline(options=options)
     assert_that(_batch_sizes(pipeline), equal_to([9, 1]))
     assert pipeline.run().wait_until_finish() == PipelineState.DONE
+
+
+class _LoggedRun(_Run):
+    """The shard's micro-batches through ``state_cache.run_logged``, as a level runs them.
+
+    Its batches go round ``workers`` worker processes, each with its own cache, as Spark
+    hands a task whichever idle worker comes first.
+    """
+
+    def __init__(self, allowed_lateness: int = 0, workers: int = 1) -> None:
+        super().__init__(allowed_lateness)
+        self.store, self.log = _Value(), _List()
+        self.key = (uuid.uuid4().hex, 0, 0)
+        self.caches: list[Any] = [None] * workers
+        self.batches = 0
+
+    def batch(self, elements: list[tuple[str, int, int]], watermark: int) -> int:
+        worker = self.batches % len(self.caches)
+        self.batches += 1
+        state_cache._CACHE.pop(self.key, None)
+        if self.caches[worker] is not None:
+            state_cache._CACHE[self.key] = self.caches[worker]
+        shard = StatefulShard(self.spec, NO_SINKS)
+        state_cache.run_logged(
+            shard,
+            shard,
+            self.store,
+            self.log,
+            self.key,
+            self.topology,
+            self.topology.nodes[0],
+            self._rows(elements, watermark),
+        )
+        self.caches[worker] = state_cache._CACHE[self.key]
+        return sum(len(row[0]) for row in self.log.rows)
+
+    def read_back(self) -> StatefulShardState:
+        """The state as a new worker reads it from the store (base and log)."""
+        shard = StatefulShard(self.spec, NO_SINKS)
+        state = state_cache._reload(shard, shard, self.log, self.key)
+        assert isinstance(state, StatefulShardState)
+        return state
+
+    @property
+    def state(self) -> StatefulShardState:
+        return self.caches[(self.batches - 1) % len(self.caches)].state  # type: ignore[no-any-return]
+
+
+def _kept(state: StatefulShardState, spec: StageSpec) -> tuple[Any, ...]:
+    """What a shard keeps: its cells, its pending timers, its watermarks."""
+    pending = StatefulShard(spec, NO_SINKS).pending
+    for family, encoded in state.timers.items():
+        pending.add_written(family, encoded)
+    cells, ordered = state.user_state or ({}, {})
+    return (
+        dict(cells),
+        dict(ordered),
+        sorted((k, t.fire_timestamp) for k, t in pending._pending.items()),
+        state.watermarks.input_watermark,
+        state.watermarks.output_watermark,
+    )
+
+
+def _script() -> list[tuple[list[tuple[str, int, int]], int]]:
+    """Batches of elements over windows that fire and expire, keys coming and going."""
+    batches = []
+    for batch in range(12):
+        at = batch * 5
+        keys = "abcde"[batch % 3 : batch % 3 + 3]
+        batches.append(([(key, batch, at + 1) for key in keys], at))
+    return [*batches, ([], MAX_MICROS)]
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_logged_shard_gives_the_outputs_and_state_of_the_whole_value(workers: int) -> None:
+    _FIRED.clear()
+    whole = _Run(allowed_lateness=3)
+    states = []
+    for elements, watermark in _script():
+        whole.batch(elements, watermark)
+        states.append(_kept(whole.state, whole.spec))
+    expected, _FIRED[:] = list(_FIRED), []
+    logged = _LoggedRun(allowed_lateness=3, workers=workers)
+    for (elements, watermark), state in zip(_script(), states, strict=True):
+        logged.batch(elements, watermark)
+        assert _kept(logged.state, logged.spec) == state
+        assert _kept(logged.read_back(), logged.spec) == state
+    assert _FIRED == expected
+
+
+def test_a_logged_batch_run_again_after_a_failed_attempt_reads_the_store() -> None:
+    _FIRED.clear()
+    run = _LoggedRun()
+    run.batch([("a", 1, 1)], watermark=0)
+    committed = (run.store.value, list(run.log.rows))
+    run.batch([("a", 2, 2)], watermark=20)
+    first = list(_FIRED)
+    # Spark discards the attempt's writes; this process's cache holds the state after it.
+    run.store.value, run.log.rows = committed
+    reloads = state_cache.STATS.reloads
+    run.batch([("a", 2, 2)], watermark=20)
+    assert state_cache.STATS.reloads == reloads + 1
+    assert _FIRED == first + first[-1:] == [("a", 0, 3), ("a", 0, 3)]
+
+
+def test_a_logged_batch_writes_the_cells_it_used_not_every_key() -> None:
+    run = _LoggedRun()
+    run.batch([(f"k{i}", i, 1) for i in range(2000)], watermark=0)
+    assert run.log.puts == 1 and run.log.appends == 0
+    (base,) = run.log.rows
+    hits = state_cache.STATS.hits
+    for n in range(3):
+        # At the timestamp it came with: its timers are set again as they were.
+        run.batch([(f"k{n}", 1, 1)], watermark=0)
+    assert state_cache.STATS.hits == hits + 3
+    assert run.log.reads == 0 and run.log.puts == 1 and run.log.appends == 3
+    # One key's cell each; the timers, unchanged, not written.
+    assert max(len(row[0]) for row in run.log.rows[1:]) * 20 < len(base[0])
+    header = run.store.value
+    assert header is not None and len(header[0]) * 5 < len(base[0])
+
+
+def test_a_value_written_whole_is_read_and_written_as_a_base() -> None:
+    _FIRED.clear()
+    whole = _Run()
+    whole.batch([("a", 1, 1)], watermark=0)
+    assert whole.value is not None
+    run = _LoggedRun()
+    run.store.value = (pack(whole.value),)
+    run.batch([("a", 2, 2)], watermark=20)
+    assert _FIRED == [("a", 0, 3)]
+    assert run.log.puts == 1
+    header = run.store.value
+    assert header is not None and header[0].startswith(state_cache._HEADER)
+
+
+def test_expiry_looks_at_the_cells_only_once_one_may_have_expired(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run = _LoggedRun()
+    looked: list[int] = []
+    scan = WindowExpiry.scan
+
+    def counted(self: WindowExpiry, keys: Any, watermark: int) -> Any:
+        keys = list(keys)
+        looked.append(len(keys))
+        return scan(self, keys, watermark)
+
+    monkeypatch.setattr(WindowExpiry, "scan", counted)
+    # 500 keys in window [100, 110), which expires past 110 s.
+    run.batch([(f"k{i}", 1, 101) for i in range(500)], watermark=0)
+    looked.clear()
+    for watermark in range(10, 100, 10):
+        run.batch([("k1", 1, 102)], watermark=watermark)
+    assert max(looked) <= 1, looked  # the batch's own cell, not the shard's 500
+    _FIRED.clear()
+    run.batch([], watermark=120)
+    assert len(_FIRED) == 500 and run.state.user_state == ({}, {})

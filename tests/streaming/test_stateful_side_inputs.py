@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import uuid
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -35,7 +36,10 @@ if pyspark_version() < OLDEST_STREAMING_SPARK:
         allow_module_level=True,
     )
 
+from beam_spark_runner.streaming import state_cache  # noqa: E402
 from beam_spark_runner.streaming.stateful_side_inputs import StatefulSideInputShard  # noqa: E402
+from tests.streaming.memory_state import MemoryList as _List  # noqa: E402
+from tests.streaming.memory_state import MemoryValue as _Value  # noqa: E402
 from tests.streaming.test_side_inputs import MemoryWaitingStore, side_rows, side_stage  # noqa: E402
 
 
@@ -133,6 +137,44 @@ def test_elements_wait_for_their_side_window_and_timers_wait_behind_them() -> No
     state, output = batch(state, [], [5], {"main": 20, "side": 10})
     assert _SEEN == [("element", 5.0, 5.0), ("timer", 2.0, 0.0), ("timer", 1.0, 0.0)]
     assert output == 20_000_000
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_logged_shard_runs_as_on_the_whole_value(workers: int) -> None:
+    """Through ``state_cache`` (each batch in the next of ``workers`` caches), then read back."""
+    spec, node, topology, main, side, _ = _shard_and_coders()
+    store, value, log = MemoryWaitingStore(), _Value(), _List()
+    key = (uuid.uuid4().hex, node.index, 0)
+    caches: list[Any] = [None] * workers
+    script = [
+        ([1, 3], [], {"main": 20, "side": 2}),
+        ([5], [0], {"main": 20, "side": 5}),
+        ([], [5], {"main": 20, "side": 10}),
+    ]
+    outputs = []
+    _SEEN.clear()
+    for number, args in enumerate(script):
+        state_cache._CACHE.pop(key, None)
+        if caches[number % workers] is not None:
+            state_cache._CACHE[key] = caches[number % workers]
+        shard = StatefulSideInputShard(spec, NO_SINKS, store)
+        rows = state_cache.run_logged(
+            shard, shard, value, log, key, topology, node, side_rows(main, side, *args)
+        )
+        caches[number % workers] = state_cache._CACHE[key]
+        outputs.append(next(r[5] for r in rows if r[5] is not None))
+    assert outputs == [1_000_000, 4_999_999, 20_000_000]
+    assert _SEEN == [
+        ("element", 1.0, 0.0),
+        ("element", 3.0, 0.0),
+        ("element", 5.0, 5.0),
+        ("timer", 2.0, 0.0),
+        ("timer", 1.0, 0.0),
+    ]
+    shard = StatefulSideInputShard(spec, NO_SINKS, store)
+    read_back = state_cache._reload(shard, shard, log, key)
+    cached = state_cache._CACHE[key].state
+    assert read_back.encode() == cached.encode()
 
 
 class _KeyingWorker:
