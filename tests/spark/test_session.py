@@ -361,7 +361,9 @@ def test_a_streaming_pipelines_query_runs_spark_operators_interpreted(
         )
         assert_that(counted, equal_to([[1, 2], [3]]))
     plans = _sql_plans(spark, "beam-")[before:]
-    micro_batches = [plan for plan in plans if "TransformWithState" in plan]
+    # transformWithState (its pandas form on 4.0), applyInPandasWithState on 3.5.
+    operators = ("TransformWithState", "FlatMapGroupsInPandasWithState")
+    micro_batches = [plan for plan in plans if any(name in plan for name in operators)]
     assert micro_batches and all("Sort" in plan for plan in micro_batches), plans
     assert not any("codegen id" in plan for plan in plans), plans
     assert spark.conf.get(session.CODEGEN_FACTORY_MODE, None) is None
