@@ -33,7 +33,7 @@ def preload(streaming: bool, group_state: bool = False) -> None:
     """
     import importlib
 
-    modules = BATCH_MODULES
+    modules: tuple[str, ...] = BATCH_MODULES
     if streaming:
         modules += STREAMING_MODULES + (GROUP_STATE_MODULES if group_state else ())
     for module in modules:
