@@ -46,6 +46,8 @@ _PROGRESS_SECONDS = 5.0
 # How often a query that has fired everything checks whether Spark has committed its last
 # micro-batch before stopping it (the commit comes a few ms after the batch's action).
 _COMMIT_POLL_SECONDS = 0.01
+# How long the watcher waits for a stopped query's last micro-batch to end.
+_END_SECONDS = 30.0
 
 
 def run_streaming(prepared: PreparedRun) -> StreamingPipelineResult:
@@ -178,6 +180,9 @@ def _watch(query: Any, watch: SinkWatch, report: ProgressReport, run: OpenRun) -
     last_log = time.monotonic()
     while not watch.finished.wait(0.2):
         if not query.isActive:
+            # Inactive as soon as stop() begins; the run's quiet callback logs must outlast
+            # the interrupted micro-batch's callback.
+            _await_end(query)
             break
         if time.monotonic() - last_log > _PROGRESS_SECONDS:
             last_log = time.monotonic()
@@ -192,3 +197,11 @@ def _watch(query: Any, watch: SinkWatch, report: ProgressReport, run: OpenRun) -
             poll=_COMMIT_POLL_SECONDS,
         )
         query.stop()
+
+
+def _await_end(query: Any) -> None:
+    """Until a stopped query's thread has ended (its last callback returned), or a while."""
+    try:
+        query.awaitTermination(_END_SECONDS)
+    except Exception:  # noqa: BLE001 - a failed query: its watcher reads query.exception()
+        _LOGGER.debug("The stopped query ended with an error", exc_info=True)

@@ -33,12 +33,18 @@ logging.getLogger().addFilter(_DropDriverWarnings())
 import pyspark.daemon  # noqa: E402
 
 from beam_spark_runner import beam_internals  # noqa: E402
-from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version  # noqa: E402
+from beam_spark_runner.spark.compat import (  # noqa: E402
+    OLDEST_STREAMING_SPARK,
+    has_state_processor,
+    pyspark_version,
+)
 from beam_spark_runner.workers import preload  # noqa: E402
 from beam_spark_runner.workers.closed_socket import quiet_on_closed_socket  # noqa: E402
 from beam_spark_runner.workers.zip_directories import remember_zip_directories  # noqa: E402
 
-preload.preload(streaming=pyspark_version() >= STREAMING_SPARK)
+preload.preload(
+    streaming=pyspark_version() >= OLDEST_STREAMING_SPARK, group_state=not has_state_processor()
+)
 
 
 def serve() -> None:

@@ -14,17 +14,27 @@ BATCH_MODULES = (
     "beam_spark_runner.execution.grouping",
     "beam_spark_runner.execution.stage_worker",
 )
-# What a streaming query's levels and routers run, where PySpark has transformWithState.
+# What a streaming query's levels and routers run, on every PySpark that streams.
 STREAMING_MODULES = (
     "beam_spark_runner.streaming.levels",
     "beam_spark_runner.streaming.router",
 )
+# What runs them on PySpark 3.5's one applyInPandasWithState: the levels, chained or not.
+GROUP_STATE_MODULES = (
+    "beam_spark_runner.spark.group_state",
+    "beam_spark_runner.streaming.level_chain",
+)
 
 
-def preload(streaming: bool) -> None:
-    """Imports the modules every forked worker should start with (``streaming``: its too)."""
+def preload(streaming: bool, group_state: bool = False) -> None:
+    """Imports the modules every forked worker should start with.
+
+    ``streaming``: a streaming query's too; ``group_state``: those of 3.5's stateful operator.
+    """
     import importlib
 
-    modules = BATCH_MODULES + STREAMING_MODULES if streaming else BATCH_MODULES
+    modules: tuple[str, ...] = BATCH_MODULES
+    if streaming:
+        modules += STREAMING_MODULES + (GROUP_STATE_MODULES if group_state else ())
     for module in modules:
         importlib.import_module(module)

@@ -444,10 +444,6 @@ def test_a_trials_process_hands_its_trial_back_as_json(tmp_path: object) -> None
 def test_the_hand_written_queries_session_has_the_runners_settings_and_sparks_jit(
     monkeypatch: object,
 ) -> None:
-    from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
-
-    if pyspark_version() < STREAMING_SPARK:
-        pytest.skip("the streaming benchmark's queries need a PySpark that streams")
     from beam_spark_runner.spark.session import JAVA_OPTIONS
     from benchmarks import peers, streaming
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from beam_spark_runner.execution import main_session
-from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
+from beam_spark_runner.spark.compat import OLDEST_STREAMING_SPARK, pyspark_version
 
 needs_streaming = pytest.mark.skipif(
-    pyspark_version() < STREAMING_SPARK, reason="streaming needs PySpark 4.0 or newer"
+    pyspark_version() < OLDEST_STREAMING_SPARK, reason="streaming needs PySpark 3.5 or newer"
 )
 
 # A main script whose dataclass and NamedTuple go between steps and through a GroupByKey.

@@ -14,7 +14,6 @@ from apache_beam.transforms.window import GlobalWindows
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.errors import PipelineExecutionError
 from beam_spark_runner.planning import RESHUFFLE_BUFFER_KIND, build_plan
-from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 from tests.conftest import SPARK_TEST_MASTER
 
 # The last Beam release whose Reshuffle expansion pickles its elements.
@@ -98,8 +97,6 @@ def _options(streaming: bool, *extra: str) -> PipelineOptions:
 @pytest.mark.spark
 @pytest.mark.parametrize("streaming", [False, True], ids=["batch", "streaming"])
 def test_unpicklable_elements_fail_a_reshuffle_where_beams_fails(streaming: bool) -> None:
-    if streaming and pyspark_version() < STREAMING_SPARK:
-        pytest.skip("streaming runs need PySpark 4.0+")
     # Beam's own runners raise a RuntimeError naming the pickling step (util_test's
     # test_reshuffle_unpicklable_in_global_window).
     older = _options(streaming, f"--update_compatibility_version={_PICKLING_RELEASE}")

@@ -178,3 +178,25 @@ def test_a_failing_dofn_in_a_streaming_query_shows_its_traceback_once_with_the_s
     assert "[while running 'ToInt']" in output
     assert "at org.apache.spark" not in output  # no JVM frames
     assert "Python Proxy" not in output, output  # Py4J's log of the callback's error
+
+
+def test_the_watcher_outlasts_a_stopped_querys_last_micro_batch() -> None:
+    """A query is inactive from the moment stop() begins; the watcher, which then releases
+    the run's quiet log of the interrupted callback, first awaits the query's end."""
+    import threading
+    from types import SimpleNamespace
+
+    from beam_spark_runner.run import streaming as run_streaming
+
+    awaited: list[float] = []
+
+    class StoppingQuery:
+        isActive = False  # noqa: N815 - PySpark's name
+
+        def awaitTermination(self, timeout: float) -> bool:  # noqa: N802 - PySpark's name
+            awaited.append(timeout)
+            return True
+
+    watch = SimpleNamespace(finished=threading.Event())
+    run_streaming._watch(StoppingQuery(), watch, None, None)  # type: ignore[arg-type]
+    assert awaited == [run_streaming._END_SECONDS]

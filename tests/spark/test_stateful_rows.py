@@ -22,10 +22,15 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from beam_spark_runner.spark.compat import ROW_STATE_SPARK, STREAMING_SPARK, pyspark_version
+from beam_spark_runner.spark.compat import has_row_state, has_state_processor
 
-if pyspark_version() < STREAMING_SPARK:
-    pytest.skip("transformWithState needs PySpark 4.0+", allow_module_level=True)
+if not has_state_processor():
+    pytest.skip(
+        "runs processors on transformWithState (rows, PySpark 4.1+) or transformWithStateInPandas "
+        "(4.0); this PySpark has neither (its levels run on applyInPandasWithState: "
+        "tests/spark/test_group_state.py)",
+        allow_module_level=True,
+    )
 
 from beam_spark_runner.spark import stateful_rows  # noqa: E402
 from beam_spark_runner.spark.stateful_rows import (  # noqa: E402
@@ -183,10 +188,9 @@ class _Count:
         """Nothing to release."""
 
 
-_MODES = [True] + ([False] if pyspark_version() >= ROW_STATE_SPARK else [])
+_MODES = [True] + ([False] if has_row_state() else [])
 
 
-@pytest.mark.skipif(pyspark_version() < STREAMING_SPARK, reason="needs PySpark 4.0+")
 @pytest.mark.parametrize("pandas", _MODES, ids=lambda p: "pandas" if p else "rows")
 def test_two_chained_processors_keep_their_state_and_exact_longs(
     spark_session: Any, tmp_path: Path, pandas: bool

@@ -8,7 +8,6 @@ from apache_beam.testing.test_stream import TestStream as ScriptedStream
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.planning import Plan, build_plan
-from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 from beam_spark_runner.streaming.bounded_side_inputs import plan_broadcasts
 
 
@@ -40,13 +39,12 @@ def test_a_side_input_only_a_side_input_needs_is_computed_in_batch() -> None:
     computed = " ".join(_display(plan, broadcasts.computed_in_batch))
     assert "Table" in computed and "Swap" in computed
     assert "Join" not in computed and "Upper" not in computed
-    if pyspark_version() >= STREAMING_SPARK:  # the query module needs transformWithState
-        from beam_spark_runner.streaming.query import plan_topology
+    from beam_spark_runner.streaming.query import plan_topology
 
-        topology = plan_topology(plan, 2, broadcasts)
-        assert {node.name for node in topology.nodes}.isdisjoint(broadcasts.computed_in_batch)
-        join = topology.node_of(reader)
-        assert not join.stateful and join.side_expected == ()
+    topology = plan_topology(plan, 2, broadcasts)
+    assert {node.name for node in topology.nodes}.isdisjoint(broadcasts.computed_in_batch)
+    join = topology.node_of(reader)
+    assert not join.stateful and join.side_expected == ()
 
 
 def test_a_side_input_whose_source_also_feeds_the_stream_keeps_streaming() -> None:

@@ -8,14 +8,10 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.errors import UnsupportedFeatureError
-from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 from beam_spark_runner.streaming.check import check_streaming_pipeline
 from tests.unbounded_side_reader import UnboundedPrimitive
 
 
-@pytest.mark.skipif(
-    pyspark_version() < STREAMING_SPARK, reason="streaming runs need PySpark 4.0+ (refused first)"
-)
 def test_an_unbounded_source_that_is_no_splittable_dofn_is_refused_naming_it() -> None:
     pipeline = beam.Pipeline(options=PipelineOptions(["--streaming"]))
     _ = pipeline | beam.Create([1]) | "Unbounded" >> UnboundedPrimitive()

@@ -11,7 +11,6 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 from beam_spark_runner.spark.jars import LOCAL_FILE_SYSTEM
 from beam_spark_runner.spark.session import settings_within
 from beam_spark_runner.streaming.checkpoint_files import (
@@ -106,9 +105,6 @@ def test_the_file_system_sets_permissions_and_leaves_no_stale_checksums(
 
 
 @pytest.mark.spark
-@pytest.mark.skipif(
-    pyspark_version() < STREAMING_SPARK, reason="streaming queries need PySpark 4.0+"
-)
 def test_a_streaming_querys_checkpoint_is_written_through_the_runners_file_system(
     tmp_path: Path,
 ) -> None:
@@ -138,9 +134,6 @@ def test_a_streaming_querys_checkpoint_is_written_through_the_runners_file_syste
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    pyspark_version() < STREAMING_SPARK, reason="the runner's streaming settings need PySpark 4.0+"
-)
 def test_either_file_system_resumes_the_others_checkpoint(
     spark_session: Any, tmp_path: Path
 ) -> None:

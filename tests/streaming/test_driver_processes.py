@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 from beam_spark_runner.streaming import driver_processes
 from beam_spark_runner.streaming.driver_processes import (
     PLAIN_DAEMON_MODULE,
@@ -165,9 +164,6 @@ STREAMING_SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    pyspark_version() < STREAMING_SPARK, reason="streaming needs PySpark 4.0 or newer"
-)
 def test_a_streaming_pipeline_prints_no_noise(
     run_python: Callable[..., subprocess.CompletedProcess[str]],
     tmp_path: Path,

@@ -22,20 +22,12 @@ from apache_beam.utils.windowed_value import PaneInfoTiming, WindowedValue
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution.beam_globals import TaskEnvironment
 from beam_spark_runner.planning import GROUP_BY_KEY_URN, build_plan
-from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 from beam_spark_runner.streaming import group_panes, grouping
 from beam_spark_runner.streaming import rows as routed
 from beam_spark_runner.streaming.chunk_lists import ChunkStore
 from beam_spark_runner.streaming.rows import ELEMENT, KEY, PORT, PRODUCER, PTIME, WATERMARK
 from beam_spark_runner.streaming.topology import SINK, Node, Topology
 from beam_spark_runner.translators.group_by_key import group_spec
-
-if pyspark_version() < STREAMING_SPARK:
-    pytest.skip(
-        "streaming runs need PySpark 4.0+ (transformWithState); this is older",
-        allow_module_level=True,
-    )
-
 
 SECOND = 1_000_000
 
@@ -49,7 +41,7 @@ class _Shard:
         store: bool = False,
         chunks: ChunkStore | None = None,
     ) -> None:
-        from beam_spark_runner.streaming.query import plan_topology  # needs PySpark 4.0+
+        from beam_spark_runner.streaming.query import plan_topology
 
         # Unsafe triggers too (AfterWatermark without a late trigger finishes).
         options = PipelineOptions(["--streaming", "--allow_unsafe_triggers"])

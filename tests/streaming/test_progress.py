@@ -14,7 +14,6 @@ from apache_beam.transforms.periodicsequence import PeriodicImpulse
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.planning import build_plan
-from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 from beam_spark_runner.streaming.progress import (
     BEHIND_AFTER,
     Counts,
@@ -96,8 +95,6 @@ def test_a_watermark_at_infinity_says_done() -> None:
 
 
 def _plan_of(pipeline: beam.Pipeline) -> ProgressPlan:
-    if pyspark_version() < STREAMING_SPARK:
-        pytest.skip("the query module (plan_topology) needs PySpark 4.0+")
     from beam_spark_runner.streaming.query import plan_topology
 
     pipeline.visit(bi.group_by_key_input_visitor(True))

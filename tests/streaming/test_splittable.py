@@ -17,18 +17,8 @@ from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
 
 from beam_spark_runner.execution.stage_worker import NO_SINKS
-from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
-from tests.conftest import SPARK_TEST_MASTER
-from tests.unbounded_side_reader import OFFSETS, READ, UnboundedWithSide
-
-if pyspark_version() < STREAMING_SPARK:
-    pytest.skip(
-        "streaming runs need PySpark 4.0+ (transformWithState); this is older",
-        allow_module_level=True,
-    )
-
-from beam_spark_runner.streaming.compression import pack  # noqa: E402
-from beam_spark_runner.streaming.rows import (  # noqa: E402
+from beam_spark_runner.streaming.compression import pack
+from beam_spark_runner.streaming.rows import (
     ELEMENT,
     FRAMED_RUN,
     PORT,
@@ -36,12 +26,14 @@ from beam_spark_runner.streaming.rows import (  # noqa: E402
     PTIME,
     WATERMARK,
 )
-from beam_spark_runner.streaming.splittable import SplittableSideInputShard  # noqa: E402
-from tests.streaming.test_side_inputs import (  # noqa: E402
+from beam_spark_runner.streaming.splittable import SplittableSideInputShard
+from tests.conftest import SPARK_TEST_MASTER
+from tests.streaming.test_side_inputs import (
     MemoryWaitingStore,
     side_rows,
     side_stage,
 )
+from tests.unbounded_side_reader import OFFSETS, READ, UnboundedWithSide
 
 # The marker's watermark in a shard's output row (``rows.Row``).
 WATERMARK_COLUMN = 5

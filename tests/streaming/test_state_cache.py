@@ -16,17 +16,11 @@ import pytest
 from apache_beam.transforms import trigger, window
 from apache_beam.utils.windowed_value import WindowedValue
 
-from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
-from beam_spark_runner.streaming import group_panes, grouping
-
-if pyspark_version() < STREAMING_SPARK:
-    pytest.skip("streaming runs need PySpark 4.0+", allow_module_level=True)
-
-from beam_spark_runner.streaming import state_cache  # noqa: E402
-from beam_spark_runner.streaming.compression import pack  # noqa: E402
-from tests.streaming.memory_state import MemoryList as _List  # noqa: E402
-from tests.streaming.memory_state import MemoryValue as _Value  # noqa: E402
-from tests.streaming.test_grouping import MemoryChunks, _Shard  # noqa: E402
+from beam_spark_runner.streaming import group_panes, grouping, state_cache
+from beam_spark_runner.streaming.compression import pack
+from tests.streaming.memory_state import MemoryList as _List
+from tests.streaming.memory_state import MemoryValue as _Value
+from tests.streaming.test_grouping import MemoryChunks, _Shard
 
 
 @pytest.fixture(autouse=True)

@@ -22,7 +22,6 @@ from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedV
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.errors import UnsupportedFeatureError
 from beam_spark_runner.planning import TEST_STREAM_URN
-from beam_spark_runner.spark.compat import STREAMING_SPARK, pyspark_version
 from beam_spark_runner.streaming.check import check_streaming_pipeline
 from beam_spark_runner.streaming.test_stream import (
     TestStreamServiceError,
@@ -191,8 +190,7 @@ def test_held_interval_windows_travel_in_an_interval_window_coder() -> None:
     # Nothing to carry: the proto as it was; a streaming run no longer refuses the holders.
     plain = _pipeline_proto(_scripted())
     assert carry_held_windows(plain) is plain
-    if pyspark_version() >= STREAMING_SPARK:
-        check_streaming_pipeline(carried)
+    check_streaming_pipeline(carried)
 
 
 def test_a_windowing_after_the_stream_keeps_its_own_window_coder() -> None:
@@ -225,8 +223,6 @@ def _record(element: Any) -> None:
 
 @pytest.mark.spark
 def test_held_windows_stream_as_direct_runner_emits_them() -> None:
-    if pyspark_version() < STREAMING_SPARK:
-        pytest.skip("streaming runs need PySpark 4.0+")
     direct = PipelineOptions(["--runner=DirectRunner", "--streaming"])
     _RECORDED.clear()
     with beam.Pipeline(options=direct) as pipeline:

@@ -248,11 +248,17 @@ def test_the_worker_daemon_imports_what_a_streaming_levels_and_routers_tasks_run
         """
         import sys
         import beam_spark_runner.spark.worker_daemon
-        from beam_spark_runner.spark.compat import pyspark_version
-        from beam_spark_runner.spark.compat import STREAMING_SPARK
-        names = ["beam_spark_runner.execution.stage_worker"]
-        if pyspark_version() >= STREAMING_SPARK:
-            names += ["beam_spark_runner.streaming.levels", "beam_spark_runner.streaming.router"]
+        from beam_spark_runner.spark.compat import has_state_processor
+        names = [
+            "beam_spark_runner.execution.stage_worker",
+            "beam_spark_runner.streaming.levels",
+            "beam_spark_runner.streaming.router",
+        ]
+        if not has_state_processor():  # PySpark 3.5's applyInPandasWithState runs the levels
+            names += [
+                "beam_spark_runner.spark.group_state",
+                "beam_spark_runner.streaming.level_chain",
+            ]
         for name in names:
             assert name in sys.modules, name
         """
