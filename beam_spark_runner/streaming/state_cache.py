@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import gc
 import logging
 import os
 import pickle
@@ -69,6 +70,8 @@ _RUNS_KEPT = 16
 # The shards a worker keeps cached, by their size in the store before compression (decoded,
 # they take up to a few times more).
 CACHE_BYTES = 512 << 20
+# Batches between two full collections of the worker's frozen objects (below).
+FULL_COLLECT_BATCHES = 64
 
 S = TypeVar("S", bound=HasWatermarks, contravariant=True)
 
@@ -159,6 +162,33 @@ def clear() -> None:
     """Forgets every cached shard (the next batch of each reloads from the store)."""
     _CACHE.clear()
     _RUNS.clear()
+    _GC.batches = 0
+    gc.unfreeze()
+
+
+@dataclasses.dataclass
+class _Collector:
+    """Keeps the cached states out of Python's cyclic garbage collector.
+
+    A cached shard holds millions of objects (a cell's values, a key's pickle), all
+    long-lived. Python's full collections traverse every tracked object, and a batch's
+    allocations set one off often enough that at millions of keys it cost most of a batch.
+    So after each batch the worker's objects are frozen (``gc.freeze``: collections skip
+    them; reference counting still frees them); every ``FULL_COLLECT_BATCHES`` batches they
+    are unfrozen and collected once, so cyclic garbage among them is freed in the end.
+    """
+
+    batches: int = 0
+
+    def after_batch(self) -> None:
+        self.batches += 1
+        if self.batches % FULL_COLLECT_BATCHES == 0:
+            gc.unfreeze()
+            gc.collect()
+        gc.freeze()
+
+
+_GC = _Collector()
 
 
 def _use_run(run: str) -> None:
@@ -237,6 +267,7 @@ def run_logged(
         shard_run.release(state)
     _CACHE[key] = _Cached(token, state, header.raw_bytes)
     _evict(key)
+    _GC.after_batch()
     return out
 
 

@@ -7,8 +7,10 @@ level's value and list state, without Spark.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import random
 import uuid
+import weakref
 from typing import Any
 
 import apache_beam as beam
@@ -247,3 +249,36 @@ def test_a_worker_forgets_the_shards_it_ran_least_recently_beyond_its_cap(
     assert state_cache.STATS.reloads == reloads + 1
     assert [p.value for p in panes] == [("k3", [3, 3])]
     assert second.key not in state_cache._CACHE
+
+
+def test_a_batch_leaves_the_cached_state_out_of_the_collector_and_collects_it_now_and_then(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a batch the worker's objects are frozen (full collections skip them); every
+    ``FULL_COLLECT_BATCHES`` batches they are collected, so cyclic garbage does not stay."""
+    monkeypatch.setattr(state_cache, "FULL_COLLECT_BATCHES", 3)
+    state_cache.clear()
+    shard = _Logged(_global(100))
+    g = window.GlobalWindow()
+    try:
+        shard.batch([(f"k{i}", i, 1, g) for i in range(100)], watermark=0)
+        assert gc.get_freeze_count() > 0
+        cyclic = _Cyclic()
+        ref = weakref.ref(cyclic)
+        shard.batch([("k1", 2, 2, g)], watermark=0)  # frozen with the batch's objects
+        del cyclic  # garbage now, in a cycle: only a collection frees it
+        gc.collect()
+        assert ref() is not None
+        shard.batch([("k2", 3, 3, g)], watermark=0)  # the third: collected, frozen again
+        assert ref() is None
+        assert gc.get_freeze_count() > 0
+    finally:
+        state_cache.clear()
+    assert gc.get_freeze_count() == 0
+
+
+class _Cyclic:
+    """An object only a reference cycle keeps alive once its creator drops it."""
+
+    def __init__(self) -> None:
+        self.me = self
