@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import subprocess
 import sys
 import time
 
@@ -14,14 +14,39 @@ from benchmarks.streaming_cpu import _fixed_batches, session_cpu
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_sessions_cpu_time_grows_with_the_work_of_its_processes() -> None:
-    session = os.getsid(0)
-    _, before = session_cpu(session)
-    began = time.process_time()
-    while time.process_time() - began < 0.3:  # this process is in the session
-        sum(range(10_000))
-    _, after = session_cpu(session)
+    # A session of its own: other processes of the test's session may end meanwhile.
+    burner = subprocess.Popen(
+        [sys.executable, "-c", _BURN],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert burner.stdout is not None and burner.stdin is not None
+        assert burner.stdout.readline() == b"ready\n"
+        _, before = session_cpu(burner.pid)
+        burner.stdin.write(b"go\n")
+        burner.stdin.flush()
+        assert burner.stdout.readline() == b"done\n"  # it burnt 0.3 s of CPU, and lives on
+        _, after = session_cpu(burner.pid)
+    finally:
+        burner.kill()
+        burner.wait()
     assert after - before >= 0.2
     assert session_cpu(-1) == (0.0, 0.0)  # no process leads a session -1
+
+
+# Says ready, waits for a line, burns 0.3 s of CPU, says done, waits to be killed.
+_BURN = """
+import sys, time
+print("ready", flush=True)
+sys.stdin.readline()
+began = time.process_time()
+while time.process_time() - began < 0.3:
+    sum(range(10_000))
+print("done", flush=True)
+sys.stdin.readline()
+"""
 
 
 def test_every_micro_batch_holds_the_same_rows_at_the_triggers_pace() -> None:
