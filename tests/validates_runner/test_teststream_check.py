@@ -192,3 +192,11 @@ def test_the_report_names_listed_tests_missing_only_from_the_modules_that_ran(
     assert missing == [
         f"  listed but not collected (left out by -k or gone from Beam): ['{MODULE}gone']"
     ]
+
+
+def test_a_listed_failure_may_show_in_several_ways_and_no_other() -> None:
+    listed = Listed(teststream.TEST_PROCESS_MEMORY, "no attribute 'all'", "memory", also=("!= []",))
+    assert listed.matches("AttributeError: type object 'T' has no attribute 'all'")
+    assert listed.matches("AssertionError: Lists differ: [1, 2] != []")
+    assert not listed.matches("AssertionError: Lists differ: [1, 2] != [1]")
+    assert not Listed(teststream.TEST_PROCESS_MEMORY, "x", "memory").matches("!= []")
