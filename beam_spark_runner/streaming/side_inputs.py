@@ -351,9 +351,10 @@ class _Coders:
         """A framed run's main elements (``rows.FRAMED_RUN``) as runs of equal needs.
 
         Neighbours with the same needs make one run. Yields each run's elements (encoded,
-        concatenated), its earliest timestamp (microseconds) and its needs. Each element's
-        timestamp and windows are read from its header, the needs looked up by its
-        windows' bytes; its value is not decoded (it is, once, when the element runs).
+        concatenated), its earliest timestamp (microseconds) and its needs. Where the
+        windows' coder allows (``headers``), each element's timestamp and windows are read
+        from its header, the needs looked up by its windows' bytes, and its value is not
+        decoded (it is, once, when the element runs); otherwise each element is decoded.
         """
         headers = self.headers
         if headers is not None:

@@ -158,14 +158,6 @@ class CacheStats:
 STATS = CacheStats()
 
 
-def clear() -> None:
-    """Forgets every cached shard (the next batch of each reloads from the store)."""
-    _CACHE.clear()
-    _RUNS.clear()
-    _GC.batches = 0
-    gc.unfreeze()
-
-
 @dataclasses.dataclass
 class _Collector:
     """Keeps the cached states out of Python's cyclic garbage collector.
@@ -189,6 +181,14 @@ class _Collector:
 
 
 _GC = _Collector()
+
+
+def clear() -> None:
+    """Forgets every cached shard (the next batch of each reloads from the store)."""
+    _CACHE.clear()
+    _RUNS.clear()
+    _GC.batches = 0
+    gc.unfreeze()
 
 
 def _use_run(run: str) -> None:

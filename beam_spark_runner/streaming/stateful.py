@@ -97,12 +97,16 @@ class StatefulShard(ShardRun[StatefulShardState, BundleOutputs]):
 
     def read(self, node: Node, state: StatefulShardState, rows: Iterable[Any]) -> list[Marker]:
         self.cells, markers = elements_and_markers(rows)
+        self.take_state(state)
+        return markers
+
+    def take_state(self, state: Any) -> None:
+        """Starts the batch on ``state``'s timers and user state, its watermark noted."""
         self.previous_watermark = state.watermarks.input_watermark
         self.timers_before = state.timers
         for family_key, encoded in state.timers.items():
             self.pending.add_written(family_key, encoded)
         self.worker.state.import_user_state(state.user_state)
-        return markers
 
     def changes(self, state: StatefulShardState) -> bytes:
         """What the batch changed: its cells used or expired, watermarks, timers if changed."""

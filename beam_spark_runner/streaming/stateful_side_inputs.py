@@ -80,12 +80,7 @@ class StatefulSideInputShard(StatefulShard):
         self.side_expected = node.side_expected
         self.main_expected = node.main_expected
         self.cells = []
-        # As ``StatefulShard.read`` keeps it: the input watermark before this batch's markers.
-        self.previous_watermark = state.watermarks.input_watermark
-        self.timers_before = state.timers
-        for family_key, encoded in state.timers.items():
-            self.pending.add_written(family_key, encoded)
-        self.worker.state.import_user_state(state.user_state)
+        self.take_state(state)
         return markers
 
     def changes(self, state: Any) -> bytes:
