@@ -41,6 +41,7 @@ from beam_spark_runner.translators.base import spark_function_name
 
 _LOGGER = logging.getLogger(__name__)
 
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 # How often the driver logs a running query's progress.
 _PROGRESS_SECONDS = 5.0
 # How often a query that has fired everything checks whether Spark has committed its last
@@ -62,10 +63,12 @@ def run_streaming(prepared: PreparedRun) -> StreamingPipelineResult:
     checkpoint = settings.checkpoint_location or cleanup.temporary_checkpoint()
     watch = SinkWatch(topology, run.context.sinks.logs)
     release_callback_logs = quiet_callback_errors()
+    # The levels' shards spread over the query's shuffle partitions (streaming.placement).
+    partitions: int | None = int(spark.conf.get(SHUFFLE_PARTITIONS, "200") or 200)
     try:
         if not owned_checkpoint:
             # Refused before any of the query's Spark work starts.
-            check_checkpoint(spark, checkpoint, topology)
+            partitions = check_checkpoint(spark, checkpoint, topology, partitions)
         if topology.levels:
             if has_state_processor():
                 # Up by the first micro-batch's planning, which runs each level's pre-init.
@@ -82,7 +85,7 @@ def run_streaming(prepared: PreparedRun) -> StreamingPipelineResult:
         # Sinks' temporary files made since then are this query's, its killed attempts' too.
         started = None if owned_checkpoint else cleanup.checkpoint_started(spark, checkpoint)
         started = started or time.time()
-        frame = build_frame(run.context, topology, broadcasts.readers)
+        frame = build_frame(run.context, topology, broadcasts.readers, partitions)
         query_name = f"beam-{spark_function_name(job_name)[5:]}-{run.run_id}"
         _LOGGER.info(
             "Beam pipeline %s runs in streaming: one Spark query (%s) of %d stateful "

@@ -38,20 +38,25 @@ PANDAS_STATE = "pandas"
 # The ``state`` entry of a checkpoint whose levels ran on PySpark 3.5's
 # ``applyInPandasWithState`` (``spark.group_state``).
 GROUP_STATE = "group-state"
+# The entry naming the shuffle partitions the levels' shards were placed over: absent in a
+# checkpoint written before placement, whose shards resume each in its own slot.
+PLACED_OVER = "placed_over_partitions"
 
 
 class CheckpointMismatchError(SparkRunnerError, ValueError):
     """The checkpoint was written by a different pipeline graph than the one starting."""
 
 
-def fingerprint(topology: Topology) -> dict[str, Any]:
+def fingerprint(topology: Topology, partitions: int | None = None) -> dict[str, Any]:
     """What a restart must find unchanged: the nodes in order, the shards, the roots.
 
-    And the form of Spark's stateful operator the levels run on, where it is not rows.
+    And the form of Spark's stateful operator the levels run on, where it is not rows, and
+    the shuffle partitions the levels' shards were placed over (``placement``), if they were.
     """
     state = operator_state()
     return {
         **({} if state is None else {"state": state}),
+        **({} if partitions is None else {PLACED_OVER: partitions}),
         "format": _FORMAT,
         "shards": topology.shards,
         "levels": topology.levels,
@@ -204,9 +209,16 @@ def _operator(recorded: dict[str, Any]) -> str:
     return "transformWithState on rows (PySpark 4.1 or newer)"
 
 
-def check_checkpoint(spark: SparkSession, location: str, topology: Topology) -> None:
-    """Refuses ``location`` if another graph wrote it; records this graph if it is new."""
-    expected = fingerprint(topology)
+def check_checkpoint(
+    spark: SparkSession, location: str, topology: Topology, partitions: int | None = None
+) -> int | None:
+    """Refuses ``location`` if another graph wrote it; records this graph if it is new.
+
+    Returns the shuffle partitions to place the levels' shards over: ``partitions`` for a
+    new checkpoint (recorded with the graph), the recorded ones on a restart (None for a
+    checkpoint written before placement: every shard in its own slot).
+    """
+    expected = fingerprint(topology, partitions)
     jvm = spark_internals.session_jvm(spark)
     assert jvm is not None
     path = jvm.org.apache.hadoop.fs.Path(location, PLAN_FILE)
@@ -229,7 +241,8 @@ def check_checkpoint(spark: SparkSession, location: str, topology: Topology) -> 
                 "beginning)."
             )
         _LOGGER.info("Resuming the streaming query from its checkpoint at %s", location)
-        return
+        placed_over = found.get(PLACED_OVER)
+        return None if placed_over is None else int(placed_over)
     if fs.exists(jvm.org.apache.hadoop.fs.Path(location, "offsets")):
         _LOGGER.warning(
             "The streaming checkpoint at %s has no %s (written by an older runner): resuming "
@@ -237,8 +250,12 @@ def check_checkpoint(spark: SparkSession, location: str, topology: Topology) -> 
             location,
             PLAN_FILE,
         )
+        # Its state is keyed as before placement.
+        expected.pop(PLACED_OVER, None)
+        partitions = None
     out = fs.create(path, True)
     try:
         out.write(bytearray(json.dumps(expected, indent=1).encode("utf-8")))
     finally:
         out.close()
+    return partitions

@@ -96,8 +96,12 @@ class Level:
             self._chunks = ListStateChunks(waiting)
 
     def run(self, key: Any, rows: Iterator[Any]) -> Iterator[Any]:
-        """Runs one (node, shard) for one micro-batch, or passes its rows on."""
-        target, shard = int(key[0]), int(key[1])
+        """Runs one (node, shard) for one micro-batch, or passes its rows on.
+
+        ``key`` is the group's (target, slot): the slot is the shard, or the shard plus a
+        multiple of the shards where ``placement`` moved it to another partition.
+        """
+        target, shard = int(key[0]), int(key[1]) % self.topology.shards
         if target not in self._runs:
             yield from rows  # addressed to a later step
             return

@@ -26,6 +26,7 @@ from beam_spark_runner.streaming.bounded_side_inputs import BroadcastPlan
 from beam_spark_runner.streaming.check import is_unbounded_splittable
 from beam_spark_runner.streaming.level_chain import chained_frame
 from beam_spark_runner.streaming.levels import Level
+from beam_spark_runner.streaming.placement import level_slots, placed
 from beam_spark_runner.streaming.router import RouterSpec, run_router
 from beam_spark_runner.streaming.side_inputs import SideInputSpec, SideInputStageSpec
 from beam_spark_runner.streaming.source import source_frame
@@ -291,12 +292,17 @@ def _router_body(
 
 
 def build_frame(
-    context: TranslationContext, topology: Topology, broadcast_readers: frozenset[str] = frozenset()
+    context: TranslationContext,
+    topology: Topology,
+    broadcast_readers: frozenset[str] = frozenset(),
+    partitions: int | None = None,
 ) -> DataFrame:
     """The query's DataFrame: source, routers and levels, ending in the sink's markers.
 
     The stages in ``broadcast_readers`` get their (bounded) side inputs computed now, one
-    Spark job each, and broadcast.
+    Spark job each, and broadcast. With ``partitions`` (the query's shuffle partitions),
+    each level's shards are spread over them (``placement``); without, each shard is its
+    own slot, as checkpoints written before placement expect.
     """
     plan = context.plan
     spark = context.spark
@@ -318,6 +324,8 @@ def build_frame(
             if chain:
                 chained.append(processor)
             else:
+                if partitions is not None:
+                    frame = placed(frame, level_slots(topology, step, partitions))
                 frame = stateful_operator(
                     frame, [routed.TARGET, routed.SHARD], processor, routed.routed_type()
                 )

@@ -13,6 +13,7 @@ import pytest
 
 from beam_spark_runner.spark.compat import OLDEST_STREAMING_SPARK, pyspark_version
 from beam_spark_runner.streaming.checkpoint import (
+    PLACED_OVER,
     PLAN_FILE,
     CheckpointMismatchError,
     check_checkpoint,
@@ -44,6 +45,19 @@ def test_the_first_start_records_the_graph_and_a_restart_with_it_resumes(
     assert [node[1] for node in recorded["nodes"]] == ["read", "g", "count"]
     assert recorded["shards"] == 2
     check_checkpoint(spark_session, str(tmp_path), _topology())  # the same graph: no error
+
+
+def test_a_restart_places_shards_over_the_partitions_its_first_start_recorded(
+    spark_session: Any, tmp_path: Path
+) -> None:
+    """Spark keys a level's state by (target, slot): a restart places as the first start
+    did, and one of a checkpoint written before placement keeps every shard in its slot."""
+    assert check_checkpoint(spark_session, str(tmp_path / "new"), _topology(), 2) == 2
+    assert json.loads((tmp_path / "new" / PLAN_FILE).read_text())[PLACED_OVER] == 2
+    assert check_checkpoint(spark_session, str(tmp_path / "new"), _topology(), 5) == 2
+    check_checkpoint(spark_session, str(tmp_path / "old"), _topology())
+    assert PLACED_OVER not in json.loads((tmp_path / "old" / PLAN_FILE).read_text())
+    assert check_checkpoint(spark_session, str(tmp_path / "old"), _topology(), 2) is None
 
 
 def test_a_changed_stage_is_refused_naming_it(spark_session: Any, tmp_path: Path) -> None:
