@@ -17,9 +17,8 @@ import time
 from typing import Any
 
 import pyspark.worker
-from pyspark.daemon import manager
 
-import beam_spark_runner.spark.worker_daemon  # noqa: F401 - Beam and the runner pre-imported
+from beam_spark_runner.spark import worker_daemon  # Beam and the runner pre-imported
 
 _ORIGINAL_MAIN = pyspark.worker.main
 _TASKS = itertools.count()
@@ -42,4 +41,6 @@ def profiled_main(infile: Any, outfile: Any) -> Any:
 pyspark.worker.main = profiled_main
 
 if __name__ == "__main__":
-    manager()
+    # As the runner's daemon serves (zip directories remembered, objects frozen), so that the
+    # profiles hold what a task costs there.
+    worker_daemon.serve()
