@@ -116,3 +116,31 @@ def test_a_level_without_side_inputs_has_no_waiting_list() -> None:
     assert list(shell.handleInputRows((1, 0), iter(["a"]), None)) == [
         ((1, 0), "a", (f"value:{SHARD_STATE}", None))
     ]
+
+
+def test_a_level_reads_the_shard_back_from_its_groups_slot(monkeypatch: Any) -> None:
+    """``placement`` may give a shard's rows the slot shard + k * shards: the level runs
+    that shard, and passes on the rows of a target it does not run, untouched."""
+    from beam_spark_runner.execution.stage_worker import NO_SINKS
+    from beam_spark_runner.streaming.levels import Level
+    from beam_spark_runner.streaming.topology import GROUP, STAGE, NodeSpec, build_topology
+
+    topology = build_topology(
+        [
+            NodeSpec("read", STAGE, False, (("root", "impulse"),), (((GROUP, "g"),),)),
+            NodeSpec("g", GROUP, True, ((STAGE, "read"),), (((STAGE, "count"),),)),
+            NodeSpec("count", STAGE, False, ((GROUP, "g"),), ()),
+        ],
+        shards=3,
+    )
+    group = topology.node_of("g", GROUP).index
+    level = Level(topology, {group: None}, {}, {}, {}, NO_SINKS)  # type: ignore[dict-item]
+    ran: list[tuple[int, int]] = []
+    monkeypatch.setattr(
+        level, "_run_shard", lambda target, shard, rows: ran.append((target, shard)) or []
+    )
+    for slot in (1, 4, 7, 2):
+        assert list(level.run((group, slot), iter([]))) == []
+    assert ran == [(group, 1), (group, 1), (group, 1), (group, 2)]
+    passing = [("row",)]
+    assert list(level.run((topology.node_of("count").index, 5), iter(passing))) == passing
