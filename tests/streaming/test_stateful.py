@@ -410,14 +410,13 @@ class _LoggedRun(_Run):
 
 def _kept(state: StatefulShardState, spec: StageSpec) -> tuple[Any, ...]:
     """What a shard keeps: its cells, its pending timers, its watermarks."""
-    pending = StatefulShard(spec, NO_SINKS).pending
-    for family, encoded in state.timers.items():
-        pending.add_written(family, encoded)
+    pending = StatefulShard(spec, NO_SINKS).timers_of(state).held
     cells, ordered = state.user_state or ({}, {})
     return (
         dict(cells),
         dict(ordered),
-        sorted((k, t.fire_timestamp) for k, t in pending._pending.items()),
+        # Each family's in its order (what fires first among equals).
+        sorted(((k, t.fire_timestamp) for k, t in pending.items()), key=lambda kt: kt[0][:2]),
         state.watermarks.input_watermark,
         state.watermarks.output_watermark,
     )
