@@ -37,7 +37,11 @@ from beam_spark_runner.streaming.side_inputs import (
     SideInputShard,
     SideInputStageSpec,
 )
-from beam_spark_runner.streaming.splittable import SplittableShard, SplittableSideInputShard
+from beam_spark_runner.streaming.splittable import (
+    PACKED_SHARE,
+    SplittableShard,
+    SplittableSideInputShard,
+)
 from beam_spark_runner.streaming.stateful import StatefulShard
 from beam_spark_runner.streaming.stateful_side_inputs import StatefulSideInputShard
 from beam_spark_runner.streaming.topology import Topology
@@ -122,6 +126,7 @@ class Level:
                 self.topology,
                 self.topology.nodes[target],
                 rows,
+                PACKED_SHARE if isinstance(run, SplittableShard) else None,
             )
         previous = self._state.get() if self._state.exists() else None
         encoded, out = self._shard_run(target).run_encoded(

@@ -52,6 +52,10 @@ from beam_spark_runner.streaming.watermarks import (
 
 # What a batch changed (``SplittableShard.changes``), tagged.
 _CHANGES = "beam-spark-splittable-changes-v1"
+# A change reaching this share of the base, both compressed, is written as a new base
+# (``state_cache.run_logged``): where every residual resumes each batch, a change holds
+# them all, and logging it, kept in the header too, would write more than the whole value.
+PACKED_SHARE = 0.25
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,7 +26,11 @@ from beam_spark_runner.streaming import state_cache
 from beam_spark_runner.streaming.check import is_unbounded_splittable
 from beam_spark_runner.streaming.compression import pack, unpack
 from beam_spark_runner.streaming.rows import ELEMENT, PRODUCER, PTIME, WATERMARK
-from beam_spark_runner.streaming.splittable import SplittableShard, SplittableShardState
+from beam_spark_runner.streaming.splittable import (
+    PACKED_SHARE,
+    SplittableShard,
+    SplittableShardState,
+)
 from beam_spark_runner.streaming.topology import STAGE, Node, Topology
 from beam_spark_runner.streaming.watermarks import MAX_MICROS
 from tests.stage_specs import stage_spec
@@ -141,7 +145,15 @@ class _Shard:
             if self.caches[worker] is not None:
                 state_cache._CACHE[self.key] = self.caches[worker]
             out = state_cache.run_logged(
-                shard, shard, self.value, self.log, self.key, self.topology, node, rows
+                shard,
+                shard,
+                self.value,
+                self.log,
+                self.key,
+                self.topology,
+                node,
+                rows,
+                PACKED_SHARE,
             )
             self.caches[worker] = state_cache._CACHE[self.key]
         self.batches += 1
@@ -251,3 +263,20 @@ def test_a_value_written_whole_is_read_and_written_as_a_base(spec: StageSpec) ->
     for now in range(3, 13):
         assert shard.batch([], now) == whole.batch([], now)
     assert shard.state.residuals == whole.state.residuals == []
+
+
+def test_a_batch_that_resumes_every_residual_writes_a_base_not_a_change(spec: StageSpec) -> None:
+    """Its change holds every residual: logged, and kept in the header for a few batches,
+    it would write more than the whole value does."""
+    whole, shard = _Shard(spec, logged=False), _Shard(spec, logged=True)
+    elements = [(f"e{i}", 0, 10**6) for i in range(300)]
+    whole.batch(elements, now=1)
+    shard.batch(elements, now=1)
+    for now in range(2, 6):
+        whole.batch([], now)
+        shard.batch([], now)
+        assert shard.log.puts == now and shard.log.appends == 0
+        header = shard.value.value
+        assert header is not None and state_cache._Header.decode(header[0]).recent == []
+        assert whole.whole is not None
+        assert len(shard.log.rows[0][0]) < 1.1 * len(pack(whole.whole))
