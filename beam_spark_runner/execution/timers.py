@@ -3,7 +3,9 @@
 A bundle writes the timers its DoFn sets (or clears) to one output stream per timer family,
 encoded with the family's timer coder. :class:`PendingTimers` keeps the latest setting per
 (transform, family, user key, dynamic tag, windows), exactly as FnApiRunner does: a later
-setting replaces an earlier one and a clear removes it.
+setting replaces an earlier one and a clear removes it. It also notes which timers were set,
+cleared or fired since it was made (``changes``): a streaming shard keeps its pending timers
+between micro-batches and logs only those.
 
 Batch semantics: once a key's input is complete the input watermark moves from -inf to
 +inf, so every event-time timer is due, and processing time may also advance to +inf. Each
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -64,16 +67,31 @@ def timer_families(descriptor: Any) -> dict[TimerFamilyId, TimerFamily]:
 
 
 # (transform id, family id, encoded user key, dynamic timer tag, windows)
-_TimerId = tuple[str, str, bytes, str, tuple[Any, ...]]
+TimerId = tuple[str, str, bytes, str, tuple[Any, ...]]
 
 
 class PendingTimers:
-    """The timers set and not yet fired, for the keys of one key group."""
+    """The timers set and not yet fired, for the keys of one key group.
 
-    def __init__(self, families: dict[TimerFamilyId, TimerFamily]) -> None:
+    ``pending``, where given, is the dictionary of timers it holds (not a copy: a streaming
+    shard keeps it in its state between micro-batches).
+    """
+
+    def __init__(
+        self, families: dict[TimerFamilyId, TimerFamily], pending: dict[TimerId, Any] | None = None
+    ) -> None:
         self._families = families
-        self._pending: dict[_TimerId, Any] = {}
+        self._pending: dict[TimerId, Any] = {} if pending is None else pending
+        # Since it was made: the timers set, in the order of their last entry into
+        # ``_pending``; and those removed (cleared, fired, forgotten), as they were.
+        self._set: dict[TimerId, None] = {}
+        self._removed: dict[TimerId, Any] = {}
         self.fired = 0
+
+    @property
+    def held(self) -> dict[TimerId, Any]:
+        """The pending timers by id (the dictionary itself)."""
+        return self._pending
 
     def __bool__(self) -> bool:
         return bool(self._pending)
@@ -85,7 +103,7 @@ class PendingTimers:
         """Takes the timers a bundle wrote for one family: sets replace, clears remove."""
         family = self._families[family_key]
         for timer in family.timer_coder_impl.decode_all(data):
-            timer_id: _TimerId = (
+            timer_id: TimerId = (
                 family.transform_id,
                 family.family_id,
                 family.key_coder_impl.encode_nested(timer.user_key),
@@ -93,15 +111,20 @@ class PendingTimers:
                 tuple(timer.windows),
             )
             if timer.clear_bit:
-                self._pending.pop(timer_id, None)
+                gone = self._pending.pop(timer_id, None)
+                if gone is not None:
+                    self._removed[timer_id] = gone
             else:
+                if timer_id not in self._pending:
+                    self._set.pop(timer_id, None)
                 self._pending[timer_id] = timer
+                self._set[timer_id] = None
 
-    def _order(self, timer_id: _TimerId) -> tuple[int, Any]:
+    def _order(self, timer_id: TimerId) -> tuple[int, Any]:
         family = self._families[(timer_id[0], timer_id[1])]
         return (_DOMAIN_RANK.get(family.time_domain, 2), self._pending[timer_id].fire_timestamp)
 
-    def _due(self, timer_id: _TimerId, watermark: Any, processing_time: Any) -> bool:
+    def _due(self, timer_id: TimerId, watermark: Any, processing_time: Any) -> bool:
         domain = self._families[(timer_id[0], timer_id[1])].time_domain
         bound = watermark if domain == _EVENT_TIME else processing_time
         return bound is None or self._pending[timer_id].fire_timestamp <= bound
@@ -115,32 +138,50 @@ class PendingTimers:
         event-time timers at or before the watermark, processing-time ones at or before the
         processing time (a streaming run); without, every timer is due (batch).
         """
-        by_key: dict[bytes, list[_TimerId]] = collections.defaultdict(list)
-        for timer_id in self._pending:
-            if self._due(timer_id, watermark, processing_time):
-                by_key[timer_id[2]].append(timer_id)
-        due: list[_TimerId] = []
+        candidates = [t for t in self._pending if self._due(t, watermark, processing_time)]
+        by_key: dict[bytes, list[TimerId]] = collections.defaultdict(list)
+        for timer_id in candidates:
+            by_key[timer_id[2]].append(timer_id)
+        chosen: set[TimerId] = set()
         for timer_ids in by_key.values():
             earliest = min(self._order(t) for t in timer_ids)
-            due.extend(t for t in timer_ids if self._order(t) == earliest)
-        return self._encode(due)
+            chosen.update(t for t in timer_ids if self._order(t) == earliest)
+        # In the pending order of each family: the order ``encoded`` keeps, whatever the
+        # order between families.
+        return self._encode(t for t in candidates if t in chosen)
 
-    def _encode(self, due: Iterable[_TimerId]) -> dict[TimerFamilyId, bytes]:
+    def _encode(self, due: Iterable[TimerId]) -> dict[TimerFamilyId, bytes]:
+        """Removes the ``due`` timers; encodes them per family, the families in order."""
         streams: dict[TimerFamilyId, Any] = {}
         for timer_id in due:
             family_key = (timer_id[0], timer_id[1])
             stream = streams.get(family_key)
             if stream is None:
                 stream = streams[family_key] = bi.create_OutputStream()
-            timer = self._pending.pop(timer_id)
+            timer = self._removed[timer_id] = self._pending.pop(timer_id)
             self._families[family_key].timer_coder_impl.encode_to_stream(timer, stream, True)
             self.fired += 1
-        return {family_key: stream.get() for family_key, stream in streams.items()}
+        return {family_key: streams[family_key].get() for family_key in sorted(streams)}
 
     def encoded(self) -> dict[TimerFamilyId, bytes]:
         """Every pending timer, encoded per family (``add_written`` restores them)."""
+        return self._streams(self._pending.items())
+
+    def changes(self) -> dict[TimerFamilyId, bytes]:
+        """The timers set, cleared or fired since it was made, encoded per family.
+
+        Those removed written cleared, then those set and still pending, in their order:
+        ``add_written`` of them on the pending timers as they were then gives the pending
+        timers now, each family's in the same order.
+        """
+        pending = self._pending
+        cleared = ((timer_id, _cleared(timer)) for timer_id, timer in self._removed.items())
+        kept = ((timer_id, pending[timer_id]) for timer_id in self._set if timer_id in pending)
+        return self._streams(itertools.chain(cleared, kept))
+
+    def _streams(self, timers: Iterable[tuple[TimerId, Any]]) -> dict[TimerFamilyId, bytes]:
         streams: dict[TimerFamilyId, Any] = {}
-        for timer_id, timer in self._pending.items():
+        for timer_id, timer in timers:
             family_key = (timer_id[0], timer_id[1])
             stream = streams.get(family_key)
             if stream is None:
@@ -152,10 +193,15 @@ class PendingTimers:
         """Drops the pending timers ``done`` says are (by transform id and windows); how many."""
         gone = [timer_id for timer_id in self._pending if done(timer_id[0], timer_id[4])]
         for timer_id in gone:
-            del self._pending[timer_id]
+            self._removed[timer_id] = self._pending.pop(timer_id)
         return len(gone)
 
     def earliest_hold(self) -> Any:
         """The earliest output timestamp of the pending timers (their watermark hold)."""
         holds = [t.hold_timestamp for t in self._pending.values() if t.hold_timestamp is not None]
         return min(holds, default=None)
+
+
+def _cleared(timer: Any) -> Any:
+    """The clearing of ``timer`` (its key, tag and windows; the timer coder writes no more)."""
+    return timer._replace(clear_bit=True, fire_timestamp=None, hold_timestamp=None, paneinfo=None)

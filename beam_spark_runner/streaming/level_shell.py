@@ -21,7 +21,8 @@ from beam_spark_runner.streaming.driver_processes import quiet_pre_init
 # The state variables of a shard: its encoded state (one value), and, in a level with a
 # GroupByKey or a stage with side inputs, what the shard buffers for a later batch (values
 # waiting for their window, main elements waiting for side inputs: chunk_lists), and in a
-# level with a GroupByKey or a stateful DoFn its state's base and change log (``state_cache``).
+# level with a GroupByKey, a stateful DoFn or a splittable DoFn its state's base and change
+# log (``state_cache``).
 SHARD_STATE = "shard"
 WAITING_STATE = "waiting"
 # A logged shard's base and change log (``state_cache``); its value then holds a token.

@@ -8,9 +8,9 @@ splittable DoFn's ``splittable.SplittableShard`` (``SplittableSideInputShard`` w
 reads streamed side inputs), a stage with side inputs' ``side_inputs.SideInputShard``, a
 stateful DoFn's with streamed side inputs ``stateful_side_inputs.StatefulSideInputShard``,
 each with its state as one value in the state store (one read and one write per shard and
-batch, compressed: ``compression``), but a GroupByKey's and a stateful DoFn's (with
-streamed side inputs or not), cached in the worker with their changes logged beside them
-(``state_cache``). What a
+batch, compressed: ``compression``), but a GroupByKey's, a stateful DoFn's (with streamed
+side inputs or not) and a splittable DoFn's without side inputs, cached in the worker with
+their changes logged beside them (``state_cache``). What a
 shard buffers for a later batch (a GroupByKey's values until their window's on-time pane,
 a stage's main elements until its side inputs are ready) is appended to a list beside it
 (``chunk_lists``), read only in the batch it is due. Its rows out are packed (``rows.packed``).
@@ -37,7 +37,11 @@ from beam_spark_runner.streaming.side_inputs import (
     SideInputShard,
     SideInputStageSpec,
 )
-from beam_spark_runner.streaming.splittable import SplittableShard, SplittableSideInputShard
+from beam_spark_runner.streaming.splittable import (
+    PACKED_SHARE,
+    SplittableShard,
+    SplittableSideInputShard,
+)
 from beam_spark_runner.streaming.stateful import StatefulShard
 from beam_spark_runner.streaming.stateful_side_inputs import StatefulSideInputShard
 from beam_spark_runner.streaming.topology import Topology
@@ -67,7 +71,7 @@ class Level:
         self.sinks = sinks
         self._runs = {*groups, *stages, *splittable, *with_side_inputs}
         # The nodes whose shards keep a change log (``state_cache``).
-        self._logged = {*groups, *stages}
+        self._logged = {*groups, *stages, *(t for t in splittable if t not in with_side_inputs)}
         # This run of the level, naming its shards in a worker's cache (``state_cache``).
         self.run_id = uuid.uuid4().hex
         self._state: Any = None
@@ -85,8 +89,8 @@ class Level:
 
         A shard's encoded state, and, where the level has GroupByKeys or stages with side
         inputs, the list of what its shards buffer (each (node, shard) has its own), and
-        where it has logged shards (GroupByKeys, stateful DoFns), their base and change log
-        (``state_cache``).
+        where it has logged shards (GroupByKeys, stateful and splittable DoFns), their base
+        and change log (``state_cache``).
         """
         self._state = shard
         self._log = log
@@ -116,7 +120,7 @@ class Level:
         if target in self._logged:
             assert self._log is not None, "a level with logged shards needs its log state"
             run = self._shard_run(target)
-            assert isinstance(run, (GroupShard, StatefulShard))
+            assert isinstance(run, (GroupShard, StatefulShard, SplittableShard))
             return state_cache.run_logged(
                 run,
                 run,
@@ -126,6 +130,7 @@ class Level:
                 self.topology,
                 self.topology.nodes[target],
                 rows,
+                PACKED_SHARE if isinstance(run, SplittableShard) else None,
             )
         previous = self._state.get() if self._state.exists() else None
         encoded, out = self._shard_run(target).run_encoded(

@@ -9,7 +9,10 @@ watermark-estimator state, as the SDK encoded it), with the time to resume each 
 output watermark each reported. Its output watermark is the minimum of its input watermark
 and its residuals' reported watermarks, -inf for a residual that reports none (as Beam's
 Prism runner does); once no residual is left and its input is at +inf, it is +inf. Spark's
-checkpoint then covers the source's position too.
+checkpoint then covers the source's position too. Its state stays cached in the worker
+between batches, its changes logged in the state store (``state_cache``): what a batch
+writes is its watermarks, which residuals it resumed (by position) and those it added
+(``changes``, ``replay``), not the residuals still waiting.
 """
 
 from __future__ import annotations
@@ -46,6 +49,13 @@ from beam_spark_runner.streaming.watermarks import (
     Marker,
     WatermarkState,
 )
+
+# What a batch changed (``SplittableShard.changes``), tagged.
+_CHANGES = "beam-spark-splittable-changes-v1"
+# A change reaching this share of the base, both compressed, is written as a new base
+# (``state_cache.run_logged``): where every residual resumes each batch, a change holds
+# them all, and logging it, kept in the header too, would write more than the whole value.
+PACKED_SHARE = 0.25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,10 +106,29 @@ class SplittableShard(ShardRun[SplittableShardState, BundleOutputs]):
         self.sinks = sinks
         self.cells: list[bytes] = []
         self.worker: Any = None
-        self.waiting: list[Residual] = []
+        self.waiting: list[Residual] | None = None
+        # What ``changes`` writes: the positions of the residuals the batch resumed, in the
+        # state as it found it, and the residuals its bundle returned.
+        self.resumed: list[int] = []
+        self.added: list[Residual] = []
 
     def new_state(self, watermarks: WatermarkState) -> SplittableShardState:
         return SplittableShardState(watermarks)
+
+    def changes(self, state: SplittableShardState) -> bytes:
+        """What the batch changed: its watermarks, the residuals it resumed and added."""
+        change = (_CHANGES, state.watermarks, self.resumed, self.added)
+        return pickle.dumps(change, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def replay(self, state: SplittableShardState, changes: bytes) -> None:
+        """Applies what ``changes`` wrote to the state as it was before that batch."""
+        layout, watermarks, resumed, added = pickle.loads(changes)
+        assert layout == _CHANGES, f"expected a splittable DoFn shard's changes, found {layout!r}"
+        state.watermarks = watermarks
+        if resumed:
+            gone = set(resumed)
+            state.residuals = [r for i, r in enumerate(state.residuals) if i not in gone]
+        state.residuals.extend(added)
 
     def decode(self, data: bytes) -> SplittableShardState:
         return SplittableShardState.decode(data)
@@ -114,9 +143,8 @@ class SplittableShard(ShardRun[SplittableShardState, BundleOutputs]):
     def after_watermark(self, state: SplittableShardState) -> Iterator[BundleOutputs]:
         """One bundle over the new elements and the residuals whose resume time has come."""
         now = state.watermarks.processing_time
-        due = [r for r in state.residuals if r.resume_at <= now]
-        self.waiting = [r for r in state.residuals if r.resume_at > now]
-        data = b"".join([*self.cells, *(r.element for r in due)])
+        self.resumed = [i for i, r in enumerate(state.residuals) if r.resume_at <= now]
+        data = b"".join([*self.cells, *(state.residuals[i].element for i in self.resumed)])
         if data:
             worker = self.worker = stage_worker(self.spec)
             with task_metrics(self.sinks.metrics, self.spec.name) as metrics:
@@ -124,11 +152,14 @@ class SplittableShard(ShardRun[SplittableShardState, BundleOutputs]):
                     self.spec, lambda: worker.run_bundle(data, metrics)
                 )
             worker.finalize_bundles()
-            self.waiting.extend(_residual(root, now) for root in residuals)
+            self.added = [_residual(root, now) for root in residuals]
+            self.waiting = [r for r in state.residuals if r.resume_at > now]
+            self.waiting.extend(self.added)
             yield bundle
 
     def finish(self, state: SplittableShardState) -> None:
-        state.residuals = self.waiting
+        if self.waiting is not None:
+            state.residuals = self.waiting
 
     def hold(self, state: SplittableShardState) -> int:
         return state.hold()

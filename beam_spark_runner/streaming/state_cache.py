@@ -209,8 +209,14 @@ def run_logged(
     topology: Topology,
     node: Node,
     rows: Iterable[Any],
+    packed_share: float | None = None,
 ) -> list[Row]:
-    """One micro-batch of a logged shard: its rows out; its changes in the store."""
+    """One micro-batch of a logged shard: its rows out; its changes in the store.
+
+    ``packed_share``, for a kind whose batches may change much of a state that compresses
+    well: a change reaching that share of the base, both compressed, is written as a new
+    base, and the header keeps at most that share of it in recent changes.
+    """
     _use_run(key[0])
     # Taken out while it runs: a failed batch must not leave a half-run state under a
     # token the store still holds.
@@ -242,11 +248,15 @@ def run_logged(
         token = os.urandom(_TOKEN_BYTES)
         raw_change = logged.changes(state)
         change = pack(raw_change)
-        recent = header.recent
-        if header.token:
+        share = packed_share * header.base_bytes if packed_share is not None else None
+        rewrite = share is not None and len(change) >= share
+        recent = [] if rewrite else header.recent
+        if header.token and not rewrite:
             cap = min(RECENT_BYTES, RECENT_SHARE * (header.raw_bytes or header.base_bytes))
+            if share is not None:
+                cap = min(cap, share)
             recent = _kept([*recent, (header.token, token, change)], cap)
-        if header.token and not header.compaction_due():
+        if header.token and not rewrite and not header.compaction_due():
             log_state.appendList([(_CHANGES + change,)])
             header = _Header(
                 token,

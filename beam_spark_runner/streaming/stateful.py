@@ -12,13 +12,16 @@ the earliest expiry of the shard's cells, ``StatefulShardState.next_expiry``). I
 stays cached in the worker between batches, its changes logged in the state store
 (``state_cache``): what a batch writes is the cells it read or wrote (the servicer tells
 them: ``InMemoryStateBackend.touched_user_state``) and those that expired, its watermarks,
-and its pending timers where they changed (``changes``, ``replay``).
+and the timers it set, cleared or fired (``PendingTimers.changes``; ``changes``,
+``replay``). Its pending timers stay decoded in the cached state (``pending``), encoded per
+family only where the whole state is written.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import dataclasses
 import pickle
 from collections.abc import Generator, Iterable, Iterator
@@ -33,7 +36,7 @@ from beam_spark_runner.execution.stage_worker import (
     TaskSinks,
     stage_worker,
 )
-from beam_spark_runner.execution.timers import PendingTimers, TimerFamilyId
+from beam_spark_runner.execution.timers import PendingTimers, TimerFamilyId, TimerId
 from beam_spark_runner.monitoring.metrics import task_metrics
 from beam_spark_runner.streaming.rows import Row, elements_and_markers
 from beam_spark_runner.streaming.shard_run import ShardRun, routed_outputs, run_user_code
@@ -41,8 +44,10 @@ from beam_spark_runner.streaming.topology import Node, Topology
 from beam_spark_runner.streaming.watermarks import MAX_MICROS, MIN_MICROS, Marker, WatermarkState
 from beam_spark_runner.streaming.window_expiry import WindowExpiry, window_expiry
 
-# What a batch changed (``StatefulShard.changes``), tagged.
-_CHANGES = "beam-spark-stateful-changes-v1"
+# What a batch changed (``StatefulShard.changes``), tagged; and the changes of the layout
+# that wrote every pending timer in a batch that changed one (still replayed).
+_CHANGES = "beam-spark-stateful-changes-v2"
+_CHANGES_TIMERS_WHOLE = "beam-spark-stateful-changes-v1"
 
 
 @dataclasses.dataclass
@@ -51,10 +56,14 @@ class StatefulShardState:
 
     watermarks: WatermarkState
     user_state: Any = None
+    # The pending timers encoded per family, as the state store holds them; decoded into
+    # ``pending`` at the shard's first use of them.
     timers: dict[TimerFamilyId, bytes] = dataclasses.field(default_factory=dict)
     # At most the watermark past which a cell of ``user_state`` expires (None: not known;
     # a state pickled before it has none), so a batch before it looks at no cell.
     next_expiry: int | None = None
+    # The pending timers decoded, by id (None: still in ``timers``); never stored.
+    pending: dict[TimerId, Any] | None = None
 
     def encode(self) -> bytes:
         """One state-store value."""
@@ -80,11 +89,10 @@ class StatefulShard(ShardRun[StatefulShardState, BundleOutputs]):
         self.metrics: Any = None
         # The input watermark before this batch's markers.
         self.previous_watermark = MAX_MICROS
-        # The user-state cells this batch used (None: any may have changed), those that
-        # expired, and the pending timers as it found them: what ``changes`` writes.
+        # The user-state cells this batch used (None: any may have changed) and those that
+        # expired: what ``changes`` writes, with the timers ``pending`` set, cleared or fired.
         self.touched: set[bytes] | None = set()
         self.expired: set[bytes] = set()
-        self.timers_before: dict[TimerFamilyId, bytes] = {}
 
     def new_state(self, watermarks: WatermarkState) -> StatefulShardState:
         return StatefulShardState(watermarks)
@@ -93,7 +101,19 @@ class StatefulShard(ShardRun[StatefulShardState, BundleOutputs]):
         return StatefulShardState.decode(data)
 
     def encode(self, state: StatefulShardState) -> bytes:
-        return state.encode()
+        stored = copy.copy(state)
+        stored.timers, stored.pending = self.timers_of(state).encoded(), None
+        return stored.encode()
+
+    def timers_of(self, state: Any) -> PendingTimers:
+        """``state``'s pending timers, decoded from their stored form at the first call."""
+        families = self.worker.timer_families
+        if state.pending is None:
+            pending = PendingTimers(families)
+            for family_key, encoded in state.timers.items():
+                pending.add_written(family_key, encoded)
+            state.pending, state.timers = pending.held, {}
+        return PendingTimers(families, state.pending)
 
     def read(self, node: Node, state: StatefulShardState, rows: Iterable[Any]) -> list[Marker]:
         self.cells, markers = elements_and_markers(rows)
@@ -103,20 +123,20 @@ class StatefulShard(ShardRun[StatefulShardState, BundleOutputs]):
     def take_state(self, state: Any) -> None:
         """Starts the batch on ``state``'s timers and user state, its watermark noted."""
         self.previous_watermark = state.watermarks.input_watermark
-        self.timers_before = state.timers
-        for family_key, encoded in state.timers.items():
-            self.pending.add_written(family_key, encoded)
+        self.pending = self.timers_of(state)
         self.worker.state.import_user_state(state.user_state)
 
     def changes(self, state: StatefulShardState) -> bytes:
-        """What the batch changed: its cells used or expired, watermarks, timers if changed."""
+        """What the batch changed: its cells used or expired, watermarks, timers it touched."""
         return pickle.dumps((_CHANGES, self.user_changes(state)), protocol=pickle.HIGHEST_PROTOCOL)
 
     def replay(self, state: StatefulShardState, changes: bytes) -> None:
         """Applies what ``changes`` wrote to the state as it was before that batch."""
         layout, user = pickle.loads(changes)
-        assert layout == _CHANGES, f"expected a stateful DoFn shard's changes, found {layout!r}"
-        self.replay_user(state, user)
+        assert layout in (_CHANGES, _CHANGES_TIMERS_WHOLE), (
+            f"expected a stateful DoFn shard's changes, found {layout!r}"
+        )
+        self.replay_user(state, user, timers_whole=layout == _CHANGES_TIMERS_WHOLE)
 
     def user_changes(self, state: Any) -> tuple[Any, ...]:
         """The changes to what every stateful shard keeps (``changes``), not encoded."""
@@ -129,11 +149,14 @@ class StatefulShard(ShardRun[StatefulShardState, BundleOutputs]):
         else:
             used = self.touched | self.expired
             changed = [(key, cells.get(key), ordered.get(key)) for key in used]
-        timers = None if state.timers == self.timers_before else state.timers
-        return (state.watermarks, timers, state.next_expiry, whole, changed)
+        return (state.watermarks, self.pending.changes(), state.next_expiry, whole, changed)
 
-    def replay_user(self, state: Any, user: tuple[Any, ...]) -> None:
-        """Applies what ``user_changes`` returned to the state as it was before that batch."""
+    def replay_user(self, state: Any, user: tuple[Any, ...], timers_whole: bool = False) -> None:
+        """Applies what ``user_changes`` returned to the state as it was before that batch.
+
+        ``timers_whole``: its timers are every pending timer (None: unchanged), not those
+        the batch set, cleared or fired.
+        """
         watermarks, timers, next_expiry, whole, changed = user
         if whole is not None:
             state.user_state = (collections.defaultdict(list, whole[0]), whole[1])
@@ -151,8 +174,12 @@ class StatefulShard(ShardRun[StatefulShardState, BundleOutputs]):
                 else:
                     ordered[key] = index
         state.watermarks = watermarks
-        if timers is not None:
-            state.timers = timers
+        if not timers_whole:
+            pending = self.timers_of(state)
+            for family_key, encoded in timers.items():
+                pending.add_written(family_key, encoded)
+        elif timers is not None:
+            state.timers, state.pending = timers, None
         state.next_expiry = next_expiry
 
     @contextlib.contextmanager
@@ -206,7 +233,6 @@ class StatefulShard(ShardRun[StatefulShardState, BundleOutputs]):
             expiry = window_expiry(self.spec.descriptor, self.spec.input_transform_id)
             expiry.forget_expired_timers(self.pending, watermark)
             self._forget_expired_cells(expiry, state, watermark)
-        state.timers = self.pending.encoded()
 
     def _forget_expired_cells(
         self, expiry: WindowExpiry, state: StatefulShardState, watermark: int

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from beam_spark_runner.execution.stage_worker import BundleOutputs, TaskSinks
-from beam_spark_runner.execution.timers import TimerFamilyId
+from beam_spark_runner.execution.timers import TimerFamilyId, TimerId
 from beam_spark_runner.streaming.side_inputs import (
     SideInputShardState,
     SideInputStageSpec,
@@ -41,8 +41,10 @@ from beam_spark_runner.streaming.watermarks import (
     input_watermark,
 )
 
-# What a batch changed (``StatefulSideInputShard.changes``), tagged.
-_CHANGES = "beam-spark-stateful-side-input-changes-v1"
+# What a batch changed (``StatefulSideInputShard.changes``), tagged; and the changes of the
+# layout that wrote every pending timer in a batch that changed one (still replayed).
+_CHANGES = "beam-spark-stateful-side-input-changes-v2"
+_CHANGES_TIMERS_WHOLE = "beam-spark-stateful-side-input-changes-v1"
 
 
 @dataclasses.dataclass
@@ -51,8 +53,9 @@ class StatefulSideInputShardState(SideInputShardState):
 
     user_state: Any = None
     timers: dict[TimerFamilyId, bytes] = dataclasses.field(default_factory=dict)
-    # As ``StatefulShardState.next_expiry``.
+    # As ``StatefulShardState``'s.
     next_expiry: int | None = None
+    pending: dict[TimerId, Any] | None = None
 
 
 class StatefulSideInputShard(StatefulShard):
@@ -93,9 +96,11 @@ class StatefulSideInputShard(StatefulShard):
     def replay(self, state: Any, changes: bytes) -> None:
         """Applies what ``changes`` wrote to the state as it was before that batch."""
         layout, side, user = pickle.loads(changes)
-        assert layout == _CHANGES, f"expected a stateful side-input shard's changes: {layout!r}"
+        assert layout in (_CHANGES, _CHANGES_TIMERS_WHOLE), (
+            f"expected a stateful side-input shard's changes, found {layout!r}"
+        )
         state.sides, state.buckets, state.waiting, state.fired, state.ends = side
-        self.replay_user(state, user)
+        self.replay_user(state, user, timers_whole=layout == _CHANGES_TIMERS_WHOLE)
 
     def before_watermark(self, state: Any, markers: list[Marker]) -> Iterator[BundleOutputs]:
         yield from ()

@@ -7,6 +7,9 @@ after the timers due by then have fired.
 
 from __future__ import annotations
 
+import itertools
+import os
+import pickle
 import uuid
 from typing import Any
 
@@ -410,14 +413,13 @@ class _LoggedRun(_Run):
 
 def _kept(state: StatefulShardState, spec: StageSpec) -> tuple[Any, ...]:
     """What a shard keeps: its cells, its pending timers, its watermarks."""
-    pending = StatefulShard(spec, NO_SINKS).pending
-    for family, encoded in state.timers.items():
-        pending.add_written(family, encoded)
+    pending = StatefulShard(spec, NO_SINKS).timers_of(state).held
     cells, ordered = state.user_state or ({}, {})
     return (
         dict(cells),
         dict(ordered),
-        sorted((k, t.fire_timestamp) for k, t in pending._pending.items()),
+        # Each family's in its order (what fires first among equals).
+        sorted(((k, t.fire_timestamp) for k, t in pending.items()), key=lambda kt: kt[0][:2]),
         state.watermarks.input_watermark,
         state.watermarks.output_watermark,
     )
@@ -518,3 +520,62 @@ def test_expiry_looks_at_the_cells_only_once_one_may_have_expired(
     _FIRED.clear()
     run.batch([], watermark=120)
     assert len(_FIRED) == 500 and run.state.user_state == ({}, {})
+
+
+def test_a_logged_batch_writes_the_timers_it_set_not_every_pending_timer() -> None:
+    run = _LoggedRun()
+    # Two pending timers a key: its window's end, and a processing-time one.
+    run.batch([(f"k{i}", i, 1) for i in range(2000)], watermark=0)
+    (base,) = run.log.rows
+    # A key's element in the next window: two new timers, the others as they were.
+    run.batch([("k7", 1, 11)], watermark=0)
+    assert run.log.appends == 1
+    assert len(run.log.rows[1][0]) * 20 < len(base[0])
+    assert _kept(run.read_back(), run.spec) == _kept(run.state, run.spec)
+    assert len(run.state.pending or {}) == 4002
+
+
+# The changes of the layout before, which wrote every pending timer where one changed.
+_TIMERS_WHOLE = "beam-spark-stateful-changes-v1"
+
+
+def _old_log(states: list[StatefulShardState]) -> tuple[tuple[bytes], list[tuple[bytes]]]:
+    """A header and log as the layout before wrote them: a base, then a change per state."""
+    base = pack(states[0].encode())
+    rows = [(state_cache._BASE + base,)]
+    for before, after in itertools.pairwise(states):
+        cells, ordered = after.user_state or ({}, {})
+        timers = None if after.timers == before.timers else after.timers
+        user = (after.watermarks, timers, after.next_expiry, (dict(cells), ordered), None)
+        rows.append((state_cache._CHANGES + pack(pickle.dumps((_TIMERS_WHOLE, user))),))
+    changes = sum(len(row[0]) - 1 for row in rows[1:])
+    header = state_cache._Header(os.urandom(16), [], len(base), changes, len(rows) - 1)
+    return (header.encode(),), rows
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_log_written_by_the_layout_before_replays(workers: int) -> None:
+    """A log whose changes hold every pending timer (or none, unchanged) is read back and
+    the batches after it give the outputs and state of the whole value."""
+    _FIRED.clear()
+    whole = _Run(allowed_lateness=3)
+    # A batch that changes no timer: its change held none.
+    script = _script()
+    script.insert(3, ([], script[2][1]))
+    states, fired, kept = [], [], []
+    for elements, watermark in script:
+        whole.batch(elements, watermark)
+        states.append(whole.state)
+        fired.append(list(_FIRED))
+        kept.append(_kept(whole.state, whole.spec))
+        _FIRED.clear()
+    assert any(a.timers == b.timers for a, b in itertools.pairwise(states[:6]))
+    run = _LoggedRun(allowed_lateness=3, workers=workers)
+    (run.store.value, run.log.rows), run.batches = _old_log(states[:6]), 6
+    reloads = state_cache.STATS.reloads
+    for step in range(6, len(script)):
+        run.batch(*script[step])
+        assert (_FIRED, _kept(run.state, run.spec)) == (fired[step], kept[step])
+        _FIRED.clear()
+    assert state_cache.STATS.reloads >= reloads + 1
+    assert _kept(run.read_back(), run.spec) == kept[-1]
