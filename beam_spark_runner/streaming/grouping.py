@@ -23,6 +23,11 @@ import pickle
 from typing import Any
 
 from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.execution.count_trigger import (
+    CountTriggerState,
+    plain_counts,
+    restored_counts,
+)
 from beam_spark_runner.execution.default_trigger import (
     DefaultTriggerState,
     plain_state,
@@ -191,13 +196,15 @@ def dumps(value: Any) -> bytes:
 
 
 # A key's blob says which driver's state it holds.
-_DEFAULT_DRIVER, _BEAM_DRIVER, _SESSIONS_DRIVER = 0, 1, 2
+_DEFAULT_DRIVER, _BEAM_DRIVER, _SESSIONS_DRIVER, _COUNT_DRIVER = 0, 1, 2, 3
 
 
 def _encode_key(key_state: KeyState) -> bytes:
     state = key_state.state
     if isinstance(state, SessionTriggerState):
         return dumps((key_state.key, _SESSIONS_DRIVER, plain_sessions(state)))
+    if isinstance(state, CountTriggerState):
+        return dumps((key_state.key, _COUNT_DRIVER, plain_counts(state)))
     if isinstance(state, DefaultTriggerState):
         return dumps((key_state.key, _DEFAULT_DRIVER, plain_state(state)))
     return dumps((key_state.key, _BEAM_DRIVER, _plain(state)))
@@ -207,6 +214,8 @@ def _decode_key(blob: bytes) -> KeyState:
     key, driver, plain = pickle.loads(blob)
     if driver == _SESSIONS_DRIVER:
         return KeyState(key, restored_sessions(plain))
+    if driver == _COUNT_DRIVER:
+        return KeyState(key, restored_counts(plain))
     return KeyState(key, restored_state(plain) if driver == _DEFAULT_DRIVER else _restored(plain))
 
 
