@@ -6,8 +6,9 @@
 The same pipeline at the same input rate, once per ``--keys`` (each in a process of its own,
 so each starts its own Spark session): ``PeriodicImpulse`` ticking every ``TICK_SECONDS``
 feeds a ``GroupByKey`` in the global window under ``Repeatedly(AfterCount(COUNT))``,
-discarding, and a count per pane. Beam's trigger driver keeps every key it has seen (its
-count and end-of-window timer), so the keys stay in state for the whole run. With
+discarding, and a count per pane. The trigger driver (the runner's ``CountDriver``) keeps
+every key it has seen (its count and pane index), so the keys stay in state for the whole
+run. With
 ``--sessions``, the same ticks feed a ``GroupByKey`` over ``Sessions(SESSION_GAP_SECONDS)``
 under the default trigger: each key one session that stays open for the whole run. With
 ``--stateful``, the same ticks feed a stateful DoFn keeping a ``ReadModifyWriteState``

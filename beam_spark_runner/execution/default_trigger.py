@@ -95,6 +95,9 @@ def applies(windowing: Any) -> bool:
 class DefaultTriggerDriver:
     """Beam's ``GeneralTriggerDriver`` for the default trigger over non-merging windows."""
 
+    # The trigger has an on-time pane: a pane before the window's end keeps its holds.
+    ontime_pane = True
+
     def __init__(self, windowing: Any) -> None:
         self.allowed_lateness = windowing.allowed_lateness
         combiner = TimestampCombiner.get_impl(windowing.timestamp_combiner, windowing.windowfn)
@@ -210,9 +213,8 @@ class DefaultTriggerDriver:
         else:  # the combiner's combine_all: the earliest, or the latest
             earliest = self.kind == "earliest"
             timestamp = Timestamp(micros=min(panes.holds) if earliest else max(panes.holds))
-            # Kept while the watermark is before the window's end: every trigger the
-            # runner's drivers take has an on-time pane.
-            if not output_watermark < window.end:
+            # Kept while the watermark is before the window's end, for the on-time pane.
+            if not (self.ontime_pane and output_watermark < window.end):
                 panes.holds = []
         return WindowedValue(values, timestamp, (window,), pane_info)
 

@@ -22,6 +22,8 @@ from apache_beam.utils.timestamp import Timestamp
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution import gc_pause
+from beam_spark_runner.execution.count_trigger import CountDriver
+from beam_spark_runner.execution.count_trigger import applies as count_applies
 from beam_spark_runner.execution.default_trigger import (
     DefaultTriggerDriver,
     DefaultTriggerState,
@@ -81,7 +83,8 @@ class StreamingGrouper:
 
     Under the default trigger the driver is the runner's (the same panes, a fraction of the
     Python): ``DefaultTriggerDriver`` over non-merging windows, ``SessionsDriver`` over
-    Beam's ``Sessions``; otherwise it is Beam's ``GeneralTriggerDriver``. ``beam_driver``
+    Beam's ``Sessions``, and under ``Repeatedly(AfterCount(n))`` over non-merging windows
+    ``CountDriver``; otherwise it is Beam's ``GeneralTriggerDriver``. ``beam_driver``
     forces Beam's (tests compare them).
     """
 
@@ -94,13 +97,16 @@ class StreamingGrouper:
         self.windowing = context.windowing_strategies[spec.windowing_strategy_id]
         self.clock = _Clock(0)
         self.driver = bi.create_trigger_driver(self.windowing, clock=self.clock)
-        # The runner's own driver (``SessionsDriver`` is a ``DefaultTriggerDriver``, its
-        # state a ``DefaultTriggerState``), where it takes the windowing.
+        # The runner's own driver (``SessionsDriver`` and ``CountDriver`` are
+        # ``DefaultTriggerDriver``s, their states ``DefaultTriggerState``s), where it takes
+        # the windowing.
         self.default: DefaultTriggerDriver | None = None
         if not beam_driver and default_trigger_applies(self.windowing):
             self.default = DefaultTriggerDriver(self.windowing)
         elif not beam_driver and sessions_applies(self.windowing):
             self.default = SessionsDriver(self.windowing)
+        elif not beam_driver and count_applies(self.windowing):
+            self.default = CountDriver(self.windowing)
         self.allowed_lateness = self.windowing.allowed_lateness
         # Whether values wait in the shard's chunk store (``process``): under the
         # default-trigger driver over windows that do not merge (sessions merge: theirs

@@ -23,6 +23,11 @@ import pickle
 from typing import Any
 
 from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.execution.count_trigger import (
+    CountTriggerState,
+    plain_counts,
+    restored_counts,
+)
 from beam_spark_runner.execution.default_trigger import (
     DefaultTriggerState,
     plain_state,
@@ -117,7 +122,7 @@ class ShardState:
 
     def set_visit(self, key_bytes: bytes, visit: int) -> None:
         """The input watermark at which the key next has work."""
-        self.visits[key_bytes] = visit
+        self.visits[key_bytes] = visit = _shared(visit)
         if self.earliest_visit is not None and visit < self.earliest_visit:
             self.earliest_visit = visit
 
@@ -125,7 +130,7 @@ class ShardState:
         """The key's earliest watermark hold (micros), or None for none."""
         old = self.holds.pop(key_bytes, None) if hold is None else self.holds.get(key_bytes)
         if hold is not None:
-            self.holds[key_bytes] = hold
+            self.holds[key_bytes] = hold = _shared(hold)
         least = self.least_hold
         if least is None:
             return
@@ -157,6 +162,27 @@ class ShardState:
         holds would cost a look at each.
         """
         return list(self.keys.items())
+
+
+# Visits and holds as one object per value (most keys of a shard share a few: a window's
+# end), not one per key: 32 bytes a key, millions of keys.
+_SHARED: dict[int, int] = {}
+_MAX_SHARED = 4096
+
+
+def _shared(value: int) -> int:
+    """``value``, the object an equal value set before is, where there was one."""
+    shared = _SHARED.get(value)
+    if shared is None:
+        if len(_SHARED) >= _MAX_SHARED:
+            _SHARED.clear()
+        shared = _SHARED[value] = value
+    return shared
+
+
+def _shared_values(values: dict[bytes, int]) -> dict[bytes, int]:
+    """``values`` with equal values one object (``_shared``)."""
+    return {key: _shared(value) for key, value in values.items()}
 
 
 def _plain(state: Any) -> tuple[dict, dict, dict]:
@@ -191,13 +217,15 @@ def dumps(value: Any) -> bytes:
 
 
 # A key's blob says which driver's state it holds.
-_DEFAULT_DRIVER, _BEAM_DRIVER, _SESSIONS_DRIVER = 0, 1, 2
+_DEFAULT_DRIVER, _BEAM_DRIVER, _SESSIONS_DRIVER, _COUNT_DRIVER = 0, 1, 2, 3
 
 
 def _encode_key(key_state: KeyState) -> bytes:
     state = key_state.state
     if isinstance(state, SessionTriggerState):
         return dumps((key_state.key, _SESSIONS_DRIVER, plain_sessions(state)))
+    if isinstance(state, CountTriggerState):
+        return dumps((key_state.key, _COUNT_DRIVER, plain_counts(state)))
     if isinstance(state, DefaultTriggerState):
         return dumps((key_state.key, _DEFAULT_DRIVER, plain_state(state)))
     return dumps((key_state.key, _BEAM_DRIVER, _plain(state)))
@@ -207,6 +235,8 @@ def _decode_key(blob: bytes) -> KeyState:
     key, driver, plain = pickle.loads(blob)
     if driver == _SESSIONS_DRIVER:
         return KeyState(key, restored_sessions(plain))
+    if driver == _COUNT_DRIVER:
+        return KeyState(key, restored_counts(plain))
     return KeyState(key, restored_state(plain) if driver == _DEFAULT_DRIVER else _restored(plain))
 
 
@@ -294,6 +324,7 @@ def decode_shard_state(data: bytes) -> ShardState:
     value = pickle.loads(data)
     if value[0] == _LAYOUT:
         _, watermarks, blobs, visits, holds, *buffered = value
+        visits, holds = _shared_values(visits), _shared_values(holds)
         return ShardState(watermarks, {}, blobs, visits, holds, *buffered)
     watermarks, keys = value
     shard = ShardState(watermarks)

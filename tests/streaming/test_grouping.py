@@ -538,3 +538,25 @@ class _NoLookup(dict):  # type: ignore[type-arg]
 
     def values(self) -> Any:
         raise AssertionError("every key's hold was looked at")
+
+
+def test_keys_with_the_same_visit_and_hold_share_one_object_of_each() -> None:
+    """Millions of keys in the global window share a visit and a hold: one int each, not
+    32 bytes a key for each, when settled and when read back from the store."""
+    shard = _Shard(
+        beam.WindowInto(
+            window.GlobalWindows(),
+            trigger=trigger.Repeatedly(trigger.AfterCount(100)),
+            accumulation_mode=trigger.AccumulationMode.DISCARDING,
+        )
+    )
+    g = window.GlobalWindow()
+    shard.batch([(f"k{i}", i, 1, g) for i in range(50)], watermark=0)
+    assert shard.state is not None
+    for state in (
+        shard.state,
+        grouping.decode_shard_state(grouping.encode_shard_state(shard.state)),
+    ):
+        assert len(state.visits) == len(state.holds) == 50
+        assert len({id(v) for v in state.visits.values()}) == 1
+        assert len({id(h) for h in state.holds.values()}) == 1

@@ -83,10 +83,18 @@ def _layout(state: grouping.ShardState) -> tuple[Any, ...]:
 WINDOWINGS = {
     "fixed, values in the chunk store": (lambda: beam.WindowInto(window.FixedWindows(10)), True),
     "sessions": (lambda: beam.WindowInto(window.Sessions(5)), False),
-    "global, Beam's driver": (
+    "global, count driver": (
         lambda: beam.WindowInto(
             window.GlobalWindows(),
             trigger=trigger.Repeatedly(trigger.AfterCount(3)),
+            accumulation_mode=trigger.AccumulationMode.DISCARDING,
+        ),
+        False,
+    ),
+    "sessions, Beam's driver": (
+        lambda: beam.WindowInto(
+            window.Sessions(5),
+            trigger=trigger.Repeatedly(trigger.AfterCount(2)),
             accumulation_mode=trigger.AccumulationMode.DISCARDING,
         ),
         False,

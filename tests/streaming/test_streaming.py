@@ -26,6 +26,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import combiners, trigger, userstate, window
 from apache_beam.transforms.periodicsequence import PeriodicImpulse
 from apache_beam.transforms.window import TimestampedValue
+from apache_beam.utils.windowed_value import PaneInfoTiming
 
 from beam_spark_runner.spark.compat import OLDEST_STREAMING_SPARK, pyspark_version
 from tests import slowly_updating
@@ -142,6 +143,29 @@ def _processing_time(pipeline: beam.Pipeline) -> Any:
     )
 
 
+def _after_count(pipeline: beam.Pipeline) -> Any:
+    stream = (
+        ScriptedStream()
+        .add_elements([TimestampedValue(kv, 1) for kv in [("a", 1), ("b", 2), ("a", 3)]])
+        .advance_watermark_to(2)
+        .add_elements([TimestampedValue(kv, 3) for kv in [("b", 4), ("a", 5)]])
+        .advance_watermark_to(4)
+        .add_elements([TimestampedValue(kv, 5) for kv in [("a", 6), ("a", 7), ("b", 8)]])
+        .advance_watermark_to_infinity()
+    )
+    return (
+        pipeline
+        | stream
+        | beam.WindowInto(
+            window.GlobalWindows(),
+            trigger=trigger.Repeatedly(trigger.AfterCount(2)),
+            accumulation_mode=trigger.AccumulationMode.DISCARDING,
+        )
+        | beam.GroupByKey()
+        | beam.MapTuple(lambda key, values: (key, sorted(values)))
+    )
+
+
 class _FlushOnProcessingTime(beam.DoFn):  # type: ignore[misc]
     """Buffers a key's values until a processing-time timer at 5 s (timers in processing
     time are set on absolute times; a TestStream's clock starts at 0)."""
@@ -228,6 +252,25 @@ def test_the_same_panes_as_direct_runner(build: Callable[[beam.Pipeline], Any]) 
     expected = _direct_output(build)
     assert expected, "DirectRunner gave no output: the pipeline tests nothing"
     _spark_run(build, expected)
+
+
+@pytest.mark.spark
+def test_a_count_trigger_fires_a_key_once_its_count_is_reached_in_a_batch() -> None:
+    """The runner's ``CountDriver`` (DirectRunner fails on this pipeline): a pane holds the
+    batch's values once a key's count is reached, the count and the pane index carry over
+    between batches, and what waits when the input ends is dropped, as under Beam's driver
+    (``Repeatedly(AfterCount)`` has no on-time pane)."""
+    g = window.GlobalWindow()
+    bounds, end = (float(g.start), float(g.end)), g.max_timestamp().micros // 1000
+    early = PaneInfoTiming.EARLY
+    _spark_run(
+        _after_count,
+        [
+            ("a", [1, 3], bounds, end, (True, False, early, 0)),
+            ("b", [2, 4], bounds, end, (True, False, early, 0)),
+            ("a", [5, 6, 7], bounds, end, (False, False, early, 1)),
+        ],
+    )
 
 
 def _two_groupings(pipeline: beam.Pipeline) -> Any:
