@@ -1,0 +1,216 @@
+"""Windowed values in pickled runs: one pickle per run of elements, not one per element.
+
+Between the runner's own steps (a router's stage and the stage with side inputs reading its
+output), the elements of a PCollection whose value coder pickles them (Beam's
+``FastPrimitivesCoder`` falling back to ``PickleCoder``: a PCollection without a type hint)
+may go as runs. A run holds elements of the same windows and pane: a header (``_MAGIC``,
+the windows' and the pane's bytes as Beam's windowed-value coder encodes them, then each
+element's timestamp as that coder encodes it) and the values, pickled together.
+``RunReader`` gives back what Beam's coder would decode for each element (timestamps in
+milliseconds, its windows, its pane, an equal value); only values that were one object in a
+run may come back as one object (Beam forbids mutating an element). A run's first byte
+(0xFF) starts no element Beam's windowed-value coder encodes: its timestamp (milliseconds,
+shifted by 2**63, big-endian) starts with 0x7F or 0x80.
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+from apache_beam.coders import coders
+from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP
+
+from beam_spark_runner import beam_internals as bi
+
+_MAGIC = b"\xff\x01"
+# After the magic: the windows' bytes' length, the pane's bytes' length, the element count.
+_HEADER = struct.Struct(">IBI")
+_PRIMITIVES = frozenset({type(None), int, float, bytes, str, bool})
+_CONTAINERS = frozenset({list, tuple, dict, set})
+_TIME_SHIFT = np.int64(-(1 << 63))  # the sign bit: Beam's timestamp shift, as an XOR
+_MIN_MICROS = MIN_TIMESTAMP.micros
+_MAX_MICROS = MAX_TIMESTAMP.micros
+_MIN_MILLIS = -(abs(_MIN_MICROS) // 1000)
+_MAX_MILLIS = _MAX_MICROS // 1000
+
+
+def is_run(data: bytes) -> bool:
+    """Whether ``data`` starts with a run (else with an element Beam's coder encoded)."""
+    return data[:1] == _MAGIC[:1]
+
+
+def pickles_in_runs(coder: Any) -> bool:
+    """Whether elements of ``coder`` (a windowed-value coder) may go in runs."""
+    return type(coder) is coders.WindowedValueCoder and bi.pickles_values(coder.wrapped_value_coder)
+
+
+class RunWriter:
+    """Collects an output's windowed values of one batch; makes its runs at the end."""
+
+    def __init__(self, coder: Any) -> None:
+        self._windows = bi.WindowsAndPane(coder.window_coder)
+        self.collected: list[Any] = []
+        # Value types a run may hold as they are (``_plain``), learnt as they come.
+        self._plain_types: set[type] = set(_PRIMITIVES)
+
+    def runs(self, parts: int) -> list[bytes] | None:
+        """The collected values in runs, each group of windows and pane in ``parts``.
+
+        A group's elements are cut into ``parts`` contiguous runs of equal sizes (the
+        readers' shards). None if a value may not go in a run (it holds one of Beam's
+        iterable-like types, which its coder decodes as a list); then nothing is made.
+        """
+        groups: dict[Any, tuple[list[Any], list[int]]] = {}
+        last_windows: Any = None
+        last_pane: Any = None
+        current: tuple[list[Any], list[int]] = ([], [])
+        for value in self.collected:
+            windows, pane = value.windows, value.pane_info
+            if not (windows is last_windows and pane is last_pane):
+                last_windows, last_pane = windows, pane
+                key = (tuple(windows), pane)
+                found = groups.get(key)
+                if found is None:
+                    found = groups[key] = ([], [])
+                current = found
+            current[0].append(value.value)
+            current[1].append(value.timestamp_micros)
+        runs: list[bytes] = []
+        for (windows, pane), (values, micros) in groups.items():
+            if not self._all_plain(values):
+                return None
+            head = self._windows.encode(windows, pane)
+            each, more = divmod(len(values), parts)
+            start = 0
+            for part in range(parts):
+                end = start + each + (part < more)
+                if end > start:
+                    runs.append(_run(head, values[start:end], micros[start:end]))
+                start = end
+        return runs
+
+    def _all_plain(self, values: list[Any]) -> bool:
+        types = set(map(type, values))
+        if types <= self._plain_types:
+            return True
+        for kind in types - self._plain_types:
+            if kind not in _CONTAINERS and not hasattr(kind, "__iter__"):
+                self._plain_types.add(kind)
+        return all(_plain(v, self._plain_types) for v in values)
+
+
+def _plain(value: Any, plain_types: set[type]) -> bool:
+    """Whether ``value`` pickles to what its coder decodes: it reaches, through the
+    containers the coder encodes itself, only types without ``__iter__`` or primitives."""
+    kind = type(value)
+    if kind in plain_types:
+        return True
+    if kind is dict:
+        return all(_plain(k, plain_types) and _plain(v, plain_types) for k, v in value.items())
+    if kind in _CONTAINERS:
+        return all(_plain(v, plain_types) for v in value)
+    return False
+
+
+def _run(head: tuple[bytes, bytes], values: list[Any], micros: list[int]) -> bytes:
+    """One run: the header, then the values pickled as Beam's ``PickleCoder`` pickles."""
+    windows, pane = head
+    times = np.maximum(np.array(micros, dtype=np.int64), _MIN_MICROS)
+    # Beam's encoding: milliseconds rounded toward zero, shifted, big-endian.
+    millis = np.where(times < 0, (times + 999) // 1000, times // 1000)
+    return b"".join(
+        (
+            _MAGIC,
+            _HEADER.pack(len(windows), len(pane), len(values)),
+            windows,
+            pane,
+            (millis ^ _TIME_SHIFT).astype(">i8").tobytes(),
+            pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL),
+        )
+    )
+
+
+def _parts(run: bytes) -> tuple[bytes, bytes, np.ndarray, int]:
+    """A run's windows' and pane's bytes, its elements' encoded times, its values' offset."""
+    if run[:2] != _MAGIC:
+        raise ValueError(f"expected a pickled run (starting {_MAGIC!r}), found {run[:2]!r}")
+    windows_length, pane_length, count = _HEADER.unpack_from(run, 2)
+    start = 2 + _HEADER.size
+    windows = run[start : start + windows_length]
+    start += windows_length
+    pane = run[start : start + pane_length]
+    start += pane_length
+    times = np.frombuffer(run, dtype=">i8", count=count, offset=start)
+    return windows, pane, times, start + 8 * count
+
+
+def _micros(times: np.ndarray) -> np.ndarray:
+    """Encoded times as Beam's decoding gives them, in microseconds."""
+    millis = times.astype(np.int64) ^ _TIME_SHIFT
+    return np.where(
+        millis <= _MIN_MILLIS,
+        _MIN_MICROS,
+        np.where(millis >= _MAX_MILLIS, _MAX_MICROS, millis * 1000),
+    )
+
+
+def run_header(run: bytes) -> tuple[bytes, int]:
+    """A run's windows' bytes (``WindowedHeaders.header``'s) and its earliest timestamp (µs)."""
+    windows, _, times, _ = _parts(run)
+    return windows, int(_micros(times).min())
+
+
+def framed_runs(data: bytes) -> Iterator[bytes]:
+    """The runs of ``data``: runs one after another, each after its length (``frame``)."""
+    position, end = 0, len(data)
+    while position < end:
+        (length,) = _LENGTH.unpack_from(data, position)
+        position += _LENGTH.size
+        yield data[position : position + length]
+        position += length
+
+
+_LENGTH = struct.Struct(">I")
+
+
+def frame(run: bytes) -> bytes:
+    """``run`` after its length, as ``framed_runs`` reads it."""
+    return _LENGTH.pack(len(run)) + run
+
+
+class RunReader:
+    """The windowed values of runs, as Beam's windowed-value coder ``coder`` decodes them."""
+
+    def __init__(self, coder: Any) -> None:
+        self._windows = bi.WindowsAndPane(coder.window_coder)
+        self._impl = coder.get_impl()
+        self._decoded: dict[tuple[bytes, bytes], tuple[Any, Any]] = {}
+
+    def values(self, run: bytes) -> list[Any]:
+        """The windowed values of one run, in order."""
+        windows_bytes, pane_bytes, times, start = _parts(run)
+        key = (windows_bytes, pane_bytes)
+        decoded = self._decoded.get(key)
+        if decoded is None:
+            if len(self._decoded) >= 1024:
+                self._decoded.clear()
+            decoded = self._decoded[key] = self._windows.decode(windows_bytes, pane_bytes)
+        windows, pane = decoded
+        values = pickle.loads(memoryview(run)[start:])
+        make = bi.create_windowed_value
+        return [
+            make(value, micros, windows, pane)
+            for value, micros in zip(values, _micros(times).tolist(), strict=True)
+        ]
+
+    def encoded(self, run: bytes) -> bytes:
+        """One run's elements encoded by Beam's coder, concatenated."""
+        out = bi.create_OutputStream()
+        encode = self._impl.encode_to_stream
+        for value in self.values(run):
+            encode(value, out, True)
+        return out.get()
