@@ -54,7 +54,7 @@ def ours_first_stage(query: int) -> Callable[[Any], list[Any]]:
     from beam_spark_runner.execution.stage_worker import NO_SINKS, OutputSpec, StageSpec
     from beam_spark_runner.io import ReadFromSparkStream
     from beam_spark_runner.planning import build_plan
-    from beam_spark_runner.streaming.query import plan_topology
+    from beam_spark_runner.streaming.query import plan_topology, run_readers
     from beam_spark_runner.streaming.router import RouterSpec, run_router
     from beam_spark_runner.streaming.spark_sources import (
         RowsToElements,
@@ -110,7 +110,9 @@ def ours_first_stage(query: int) -> Callable[[Any], list[Any]]:
         )
 
     stages = {node.index: spec(node) for node in topology.stateless_in(0)}
-    router = RouterSpec(0, topology, stages, stream_columns(plan, topology))
+    router = RouterSpec(
+        0, topology, stages, stream_columns(plan, topology), run_readers(plan, topology)
+    )
 
     def run(batch: Any) -> list[Any]:
         return list(run_router(router, list(read.convert([batch])), NO_SINKS))

@@ -15,9 +15,10 @@ shifted by 2**63, big-endian) starts with 0x7F or 0x80.
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -104,8 +105,11 @@ class RunWriter:
 
 
 def _plain(value: Any, plain_types: set[type]) -> bool:
-    """Whether ``value`` pickles to what its coder decodes: it reaches, through the
-    containers the coder encodes itself, only types without ``__iter__`` or primitives."""
+    """Whether ``value`` pickles to what its coder decodes.
+
+    It does if, through the containers the coder encodes itself, it reaches only
+    primitives and types without ``__iter__`` (which the coder pickles).
+    """
     kind = type(value)
     if kind in plain_types:
         return True
@@ -164,13 +168,13 @@ def run_header(run: bytes) -> tuple[bytes, int]:
     return windows, int(_micros(times).min())
 
 
-def framed_runs(data: bytes) -> Iterator[bytes]:
+def framed_runs(data: bytes | memoryview) -> Iterator[bytes]:
     """The runs of ``data``: runs one after another, each after its length (``frame``)."""
     position, end = 0, len(data)
     while position < end:
         (length,) = _LENGTH.unpack_from(data, position)
         position += _LENGTH.size
-        yield data[position : position + length]
+        yield bytes(data[position : position + length])
         position += length
 
 
@@ -188,6 +192,7 @@ class RunReader:
     def __init__(self, coder: Any) -> None:
         self._windows = bi.WindowsAndPane(coder.window_coder)
         self._impl = coder.get_impl()
+        self.decode_all = self._impl.decode_all
         self._decoded: dict[tuple[bytes, bytes], tuple[Any, Any]] = {}
 
     def values(self, run: bytes) -> list[Any]:
@@ -214,3 +219,47 @@ class RunReader:
         for value in self.values(run):
             encode(value, out, True)
         return out.get()
+
+
+# A stored chunk of pieces, some of them runs: each piece after its length (``frame``).
+_PIECES = b"\xff\x02"
+
+
+def stored(pieces: list[bytes]) -> bytes:
+    """Pieces (runs, or elements Beam's coder encoded) as one chunk ``pieces`` reads.
+
+    Without a run, the elements concatenated, as they were stored before runs.
+    """
+    if not any(map(is_run, pieces)):
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    return b"".join([_PIECES, *map(frame, pieces)])
+
+
+def pieces(chunk: bytes) -> list[bytes]:
+    """The pieces ``stored`` made a chunk of (a run or encoded elements: the chunk)."""
+    if chunk[:2] == _PIECES:
+        return list(framed_runs(memoryview(chunk)[2:]))
+    return [chunk]
+
+
+class RunsInput:
+    """A bundle's input of pieces: runs and encoded elements, in order.
+
+    Iterated, it gives them encoded (the bundle processor's data input reads them so); the
+    batched steps ask for the windowed values (``execution.batched_steps.ValuesInput``).
+    """
+
+    def __init__(self, pieces: list[bytes], reader: RunReader) -> None:
+        self.pieces = pieces
+        self.reader = reader
+
+    def __iter__(self) -> Iterator[bytes]:
+        for piece in self.pieces:
+            yield self.reader.encoded(piece) if is_run(piece) else piece
+
+    def windowed_values(self) -> Iterator[Any]:
+        """The values Beam's coder would decode from the encoded pieces, in order."""
+        return itertools.chain.from_iterable(map(self._values, self.pieces))
+
+    def _values(self, piece: bytes) -> Iterable[Any]:
+        return self.reader.values(piece) if is_run(piece) else self.reader.decode_all(piece)

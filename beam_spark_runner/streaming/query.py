@@ -172,6 +172,22 @@ def plan_topology(plan: Plan, shards: int, broadcasts: BroadcastPlan | None = No
     return build_topology(canonical_order(specs), shards)
 
 
+def run_readers(plan: Plan, topology: Topology) -> frozenset[int]:
+    """The nodes reading their main elements in pickled runs (``rows.run_outputs``).
+
+    Stages with streamed side inputs, neither stateful nor splittable: their shards
+    (``side_inputs.SideInputShard``) keep the runs as they come until they run.
+    """
+    return frozenset(
+        node.index
+        for node in topology.nodes
+        if node.kind == STAGE
+        and node.side_expected
+        and not plan.stage(node.name).stateful
+        and not is_unbounded_splittable(plan.stage(node.name))
+    )
+
+
 def stage_identity(stage: PlannedStage) -> str:
     """A fused stage's transforms, sorted: what it is, the same in every process.
 
@@ -284,6 +300,7 @@ def _router_body(
             stages,
             # Only the reads this router's stages read (their coders ship per task).
             {p: c for p, c in reads.items() if stages.keys() & set(topology.roots[p])},
+            run_readers(plan, topology),
         ),
         sinks=context.sinks,
     )

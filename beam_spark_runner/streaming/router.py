@@ -35,14 +35,16 @@ from beam_spark_runner.streaming.watermarks import Marker
 class RouterSpec:
     """What one router's tasks need.
 
-    The topology, the specs of its stages, and the Spark stream reads that may send it
-    their rows as columns (by producer id).
+    The topology, the specs of its stages, the Spark stream reads that may send it their
+    rows as columns (by producer id), and the nodes that read their main elements in
+    pickled runs (``rows.run_outputs``).
     """
 
     router: int
     topology: Topology
     stages: dict[int, StageSpec]
     reads: Mapping[str, StreamColumns] = dataclasses.field(default_factory=dict)
+    run_readers: frozenset[int] = frozenset()
 
 
 def _bundles(
@@ -86,7 +88,8 @@ def run_router(
         bundles = _bundles(spec, data.pop(index, []), columns.pop(index, []))
         if bundles:
             unpacked = routed.framed_outputs(topology, node)
-            for output in run_stage_bundles(stage, bundles, sinks, unpacked):
+            runs = routed.run_outputs(topology, node, spec.run_readers, spec.stages)
+            for output in run_stage_bundles(stage, bundles, sinks, unpacked, runs):
                 out.extend(routed.stage_output_rows(topology, node, output, spec.stages, data))
         for marker in markers.pop(index, []):
             for target in node.all_targets or (SINK,):
