@@ -28,6 +28,9 @@ from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP
 from beam_spark_runner import beam_internals as bi
 
 _MAGIC = b"\xff\x01"
+# The values of a run, at most (a group's are cut in runs once each part has as many):
+# pickle's memo of a longer run costs more per value.
+RUN_VALUES = 1000
 # After the magic: the windows' bytes' length, the pane's bytes' length, the element count.
 _HEADER = struct.Struct(">IBI")
 _PRIMITIVES = frozenset({type(None), int, float, bytes, str, bool})
@@ -50,73 +53,110 @@ def pickles_in_runs(coder: Any) -> bool:
 
 
 class RunWriter:
-    """Collects an output's windowed values of one batch; makes its runs at the end."""
+    """Makes one output's runs as its windowed values come, a batch's chunks in turn.
 
-    def __init__(self, coder: Any) -> None:
+    Values of one group (windows and pane) wait until they are ``RUN_VALUES`` per part,
+    then go as ``parts`` runs of equal sizes (the readers' shards, a run each in turn), so
+    few are alive at once; ``finish`` cuts what is left. A value that may not go in a run
+    (it holds one of Beam's iterable-like types, which its coder decodes as a list) stops
+    the runs: ``add`` says so, and ``give_up`` returns every value it took.
+    """
+
+    def __init__(self, coder: Any, parts: int) -> None:
+        self._coder = coder
         self._windows = bi.WindowsAndPane(coder.window_coder)
-        self.collected: list[Any] = []
-        # Value types a run may hold as they are (``_plain``), learnt as they come.
-        self._plain_types: set[type] = set(_PRIMITIVES)
+        self._parts = parts
+        self.made: list[bytes] = []
+        # (windows, pane) -> (windows' and pane's bytes, values, their timestamps in µs)
+        self._groups: dict[Any, tuple[tuple[bytes, bytes], list[Any], list[int]]] = {}
 
-    def runs(self, parts: int) -> list[bytes] | None:
-        """The collected values in runs, each group of windows and pane in ``parts``.
-
-        A group's elements are cut into ``parts`` contiguous runs of equal sizes (the
-        readers' shards). None if a value may not go in a run (it holds one of Beam's
-        iterable-like types, which its coder decodes as a list); then nothing is made.
-        """
-        groups: dict[Any, tuple[list[Any], list[int]]] = {}
+    def add(self, values: list[Any]) -> bool:
+        """Takes windowed values; False (taking none) if one may not go in a run."""
+        if not _all_plain([value.value for value in values]):
+            return False
+        groups = self._groups
         last_windows: Any = None
         last_pane: Any = None
-        current: tuple[list[Any], list[int]] = ([], [])
-        for value in self.collected:
+        group: Any = None
+        full = RUN_VALUES * self._parts
+        for value in values:
             windows, pane = value.windows, value.pane_info
-            if not (windows is last_windows and pane is last_pane):
+            # Neighbours mostly hold the same window objects (in a new list each).
+            if not (pane is last_pane and (windows is last_windows or windows == last_windows)):
                 last_windows, last_pane = windows, pane
                 key = (tuple(windows), pane)
-                found = groups.get(key)
-                if found is None:
-                    found = groups[key] = ([], [])
-                current = found
-            current[0].append(value.value)
-            current[1].append(value.timestamp_micros)
-        runs: list[bytes] = []
-        for (windows, pane), (values, micros) in groups.items():
-            if not self._all_plain(values):
-                return None
-            head = self._windows.encode(windows, pane)
-            each, more = divmod(len(values), parts)
-            start = 0
-            for part in range(parts):
-                end = start + each + (part < more)
-                if end > start:
-                    runs.append(_run(head, values[start:end], micros[start:end]))
-                start = end
-        return runs
+                group = groups.get(key)
+                if group is None:
+                    group = groups[key] = (self._windows.encode(*key), [], [])
+            group[1].append(value.value)
+            group[2].append(value.timestamp_micros)
+            if len(group[1]) >= full:
+                self._cut(group)
+        return True
 
-    def _all_plain(self, values: list[Any]) -> bool:
-        types = set(map(type, values))
-        if types <= self._plain_types:
-            return True
-        for kind in types - self._plain_types:
-            if kind not in _CONTAINERS and not hasattr(kind, "__iter__"):
-                self._plain_types.add(kind)
-        return all(_plain(v, self._plain_types) for v in values)
+    def finish(self) -> list[bytes]:
+        """The runs: those made, then the rest of each group's values."""
+        for group in self._groups.values():
+            self._cut(group)
+        self._groups = {}
+        return self.made
+
+    def give_up(self) -> list[Any]:
+        """Every windowed value taken (those in runs first), no run kept."""
+        reader = RunReader(self._coder)
+        taken = [value for run in self.made for value in reader.values(run)]
+        make = bi.create_windowed_value
+        for (windows, pane), (_, values, micros) in self._groups.items():
+            taken.extend(map(make, values, micros, [windows] * len(values), [pane] * len(values)))
+        self.made, self._groups = [], {}
+        return taken
+
+    def _cut(self, group: tuple[tuple[bytes, bytes], list[Any], list[int]]) -> None:
+        """A group's values in ``parts`` runs of equal sizes (fewer if fewer values)."""
+        head, values, micros = group
+        each, more = divmod(len(values), self._parts)
+        start = 0
+        for part in range(self._parts):
+            end = start + each + (part < more)
+            if end > start:
+                self.made.append(_run(head, values[start:end], micros[start:end]))
+            start = end
+        values.clear()
+        micros.clear()
 
 
-def _plain(value: Any, plain_types: set[type]) -> bool:
+# Types a run may hold as they are (``_plain``), learnt as they come.
+_plain_types: set[type] = set(_PRIMITIVES)
+
+
+def _all_plain(values: list[Any]) -> bool:
+    types = set(map(type, values))
+    if types <= _plain_types:
+        return True
+    for kind in types - _plain_types:
+        if kind not in _CONTAINERS and not hasattr(kind, "__iter__"):
+            _plain_types.add(kind)
+    if types <= _plain_types:
+        return True
+    return all(_plain(value) for value in values)
+
+
+def _plain(value: Any) -> bool:
     """Whether ``value`` pickles to what its coder decodes.
 
     It does if, through the containers the coder encodes itself, it reaches only
     primitives and types without ``__iter__`` (which the coder pickles).
     """
     kind = type(value)
-    if kind in plain_types:
+    if kind in _plain_types:
         return True
     if kind is dict:
-        return all(_plain(k, plain_types) and _plain(v, plain_types) for k, v in value.items())
+        return all(_plain(k) and _plain(v) for k, v in value.items())
     if kind in _CONTAINERS:
-        return all(_plain(v, plain_types) for v in value)
+        return all(map(_plain, value))
+    if not hasattr(kind, "__iter__"):
+        _plain_types.add(kind)
+        return True
     return False
 
 

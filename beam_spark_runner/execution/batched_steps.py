@@ -113,9 +113,9 @@ class _Batch:
             transform_id: (bi.create_OutputStream(), [])
             for transform_id in steps.plan.direct_outputs
         }
-        # The outputs that go in pickled runs: their values, and in how many parts.
-        self.runs: dict[str, tuple[RunWriter, int]] = {
-            transform_id: (RunWriter(steps.run_coders[transform_id]), parts)
+        # The outputs that go in pickled runs (until a value may not).
+        self.runs: dict[str, RunWriter] = {
+            transform_id: RunWriter(steps.run_coders[transform_id], parts)
             for transform_id, parts in runs.items()
             if transform_id in steps.run_coders
         }
@@ -131,13 +131,15 @@ class _Batch:
         if pcollection == steps.handoff_pcollection:
             self.handoff.extend(values)
         for transform_id in steps.outputs_of.get(pcollection, ()):
-            run = self.runs.get(transform_id)
-            if run is not None:
-                run[0].collected.extend(values)
-                continue
             stream, ends = self.outputs[transform_id]
             began = time.perf_counter_ns()
-            _encode_into(steps.outputs[transform_id][1], values, stream, ends)
+            writer = self.runs.get(transform_id)
+            if writer is None:
+                _encode_into(steps.outputs[transform_id][1], values, stream, ends)
+            elif not writer.add(values):  # then every element, one at a time
+                del self.runs[transform_id]
+                _encode_into(steps.outputs[transform_id][1], writer.give_up(), stream, ends)
+                _encode_into(steps.outputs[transform_id][1], values, stream, ends)
             self.io_nanos[transform_id] += time.perf_counter_ns() - began
         for step in steps.readers.get(pcollection, ()):
             step.process(values, functools.partial(self.emit, step.spec.output_pcollection))
@@ -190,16 +192,12 @@ class _Batch:
         if self._steps.pass_through is not None:
             data = self.passed[0] if len(self.passed) == 1 else b"".join(self.passed)
             return dict.fromkeys(self.outputs, (data, self.passed_ends))
-        for transform_id, (writer, parts) in self.runs.items():
+        for transform_id, writer in self.runs.items():
             began = time.perf_counter_ns()
             stream, ends = self.outputs[transform_id]
-            made = writer.runs(parts)
-            if made is None:  # a value its coder does not encode as pickle does
-                _encode_into(self._steps.outputs[transform_id][1], writer.collected, stream, ends)
-            else:
-                for run in made:
-                    stream.write(run)
-                    ends.append(stream.size())
+            for run in writer.finish():
+                stream.write(run)
+                ends.append(stream.size())
             self.io_nanos[transform_id] += time.perf_counter_ns() - began
         return {
             transform_id: (stream.get(), ends)
@@ -332,6 +330,7 @@ class BatchedSteps:
                         self._decode_and_emit(data, batch)
                     for step in self._steps:
                         batch.emit(step.spec.output_pcollection, step.finish())
+                    outputs = batch.encoded_outputs()
             except BaseException:
                 bi.record_failed_bundle_monitoring_infos(self._monitoring_infos(batch))
                 self._tear_down_locked("a batch failed")
@@ -342,7 +341,7 @@ class BatchedSteps:
             handoff = None
             if self.handoff_pcollection is not None:
                 handoff = bi.hand_off(self.plan.token, batch.handoff)
-            return BatchResult(batch.encoded_outputs(), handoff, self._monitoring_infos(batch))
+            return BatchResult(outputs, handoff, self._monitoring_infos(batch))
 
     def _decode_and_emit(self, data: bytes | Iterable[bytes], batch: _Batch) -> None:
         """The batch's input values, a chunk at a time, through the steps."""
