@@ -42,9 +42,11 @@ def rate_batch(first: int, rows: int) -> Any:
     )
 
 
-def ours_first_stage(query: int) -> Callable[[Any], list[Any]]:
+def ours_first_stage(query: int, runs: bool = True) -> Callable[[Any], list[Any]]:
     """Ours' first router for ``query`` (as ``streaming.run_ours`` builds the pipeline):
-    a function of a ``rate`` batch that runs it and gives the batches of rows it routes."""
+    a function of a ``rate`` batch that runs it and gives the batches of rows it routes.
+    ``runs=False``: a stage with side inputs gets its main elements one by one, not in
+    pickled runs."""
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
     from apache_beam.testing.benchmarks.nexmark import nexmark_util
@@ -111,7 +113,11 @@ def ours_first_stage(query: int) -> Callable[[Any], list[Any]]:
 
     stages = {node.index: spec(node) for node in topology.stateless_in(0)}
     router = RouterSpec(
-        0, topology, stages, stream_columns(plan, topology), run_readers(plan, topology)
+        0,
+        topology,
+        stages,
+        stream_columns(plan, topology),
+        run_readers(plan, topology) if runs else frozenset(),
     )
 
     def run(batch: Any) -> list[Any]:

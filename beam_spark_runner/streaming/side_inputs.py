@@ -394,7 +394,7 @@ class _Coders:
         if run_needs is not None:
             yield b"".join(elements), earliest, run_needs
 
-    def pickled_runs(self, cell: bytes) -> Iterator[tuple[bytes, int, tuple[int, ...]]]:
+    def runs_of(self, cell: bytes) -> Iterator[tuple[bytes, int, tuple[int, ...]]]:
         """A ``rows.PICKLED_RUN`` cell's runs, each with its earliest timestamp and needs."""
         if self.headers is None or self.run_reader is None:
             raise ValueError(
@@ -509,7 +509,7 @@ def read_rows(
             for elements, earliest, needs in coders.framed_runs(cell(row[ELEMENT])):
                 state.wait(elements, earliest, needs)
         elif row[PORT] == PICKLED_RUN:
-            for run, earliest, needs in coders.pickled_runs(cell(row[ELEMENT])):
+            for run, earliest, needs in coders.runs_of(cell(row[ELEMENT])):
                 state.wait(run, earliest, needs)
         elif row[PORT] > 0:
             state.add_side(row[PORT] - 1, cell(row[ELEMENT]), coders)
