@@ -34,7 +34,8 @@ def _described(value: Any) -> str:
 def _cells(table: pa.Table, port: int) -> list[tuple[int, bytes]]:
     part = table.filter(pc.equal(table.column(routed.PORT), port))
     shards = part.column(routed.SHARD).to_pylist()
-    return [(s, routed.cell(e)) for s, e in zip(shards, part.column(routed.ELEMENT).to_pylist())]
+    cells = part.column(routed.ELEMENT).to_pylist()
+    return [(s, routed.cell(e)) for s, e in zip(shards, cells, strict=True)]
 
 
 def test_the_bids_go_in_pickled_runs_that_decode_as_each_encoded_bid_does() -> None:
