@@ -303,3 +303,14 @@ class RunsInput:
 
     def _values(self, piece: bytes) -> Iterable[Any]:
         return self.reader.values(piece) if is_run(piece) else self.reader.decode_all(piece)
+
+
+def bundle_input(chunks: list[bytes], reader: RunReader | None) -> bytes | RunsInput:
+    """Chunks of runs and encoded elements (``stored``'s, or pieces) as a bundle's input.
+
+    ``reader``: the runs' reader, None where the input's coder takes no runs: only Beam's
+    windowed-value coder's encoded elements never start as a run does (``is_run``).
+    """
+    if reader is None or not any(map(is_run, chunks)):
+        return b"".join(chunks)
+    return RunsInput([piece for chunk in chunks for piece in pieces(chunk)], reader)

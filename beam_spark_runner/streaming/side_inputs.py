@@ -266,8 +266,8 @@ class SideInputShardState:
     def take_ready(self, ready: list[Needs], store: WaitingStore) -> list[bytes]:
         """The elements waiting for ``ready``, in the order they came; their buckets go.
 
-        In chunks: encoded elements, concatenated; with ``runs`` (``store_new``) also
-        pickled runs (``coders.pickled_runs``) and chunks of them (``_Coders.bundle_input``).
+        In chunks: encoded elements, concatenated, or (``store_new`` with ``runs``) pickled
+        runs and chunks of them (``pickled_runs.bundle_input`` reads both).
         """
         stored = {needs for needs in ready if self.buckets[needs][2]}
         taken = store.take(stored) if stored else {}
@@ -280,9 +280,8 @@ class SideInputShardState:
     def store_new(self, store: WaitingStore, runs: bool = False) -> None:
         """Moves this batch's waiting elements to the store, a chunk per bucket.
 
-        Encoded elements alone are stored concatenated; with ``runs`` (the main input's
-        elements may come in pickled runs), pieces holding runs as ``pickled_runs.stored``
-        stores them.
+        Encoded elements are stored concatenated; with ``runs`` (the main input's elements
+        may come in pickled runs), as ``pickled_runs.stored`` stores them.
         """
         chunks = []
         for needs, bucket in self.buckets.items():
@@ -396,26 +395,10 @@ class _Coders:
 
     def runs_of(self, cell: bytes) -> Iterator[tuple[bytes, int, tuple[int, ...]]]:
         """A ``rows.PICKLED_RUN`` cell's runs, each with its earliest timestamp and needs."""
-        if self.headers is None or self.run_reader is None:
-            raise ValueError(
-                "expected pickled runs only for a main input of Beam's windowed-value coder "
-                "with a pickling value coder; found them for another coder. This is a bug in "
-                "SparkStructuredRunner's routing; please report it with the pipeline."
-            )
+        assert self.headers is not None, "runs come only for Beam's windowed-value coder"
         for run in pickled_runs.framed_runs(cell):
             windows, earliest = pickled_runs.run_header(run)
             yield run, earliest, self._needs_of(windows)
-
-    def bundle_input(self, chunks: list[bytes]) -> bytes | pickled_runs.RunsInput:
-        """Waiting chunks (``SideInputShardState.take_ready``) as a bundle's input.
-
-        Only a main input of Beam's windowed-value coder may hold runs: its encoded
-        elements never start as a run does (``pickled_runs.is_run``).
-        """
-        if self.run_reader is None or not any(map(pickled_runs.is_run, chunks)):
-            return b"".join(chunks)
-        pieces = [piece for chunk in chunks for piece in pickled_runs.pieces(chunk)]
-        return pickled_runs.RunsInput(pieces, self.run_reader)
 
     def _needs_of(self, windows: bytes) -> tuple[int, ...]:
         """The needs of the windows whose bytes a header gave."""
@@ -587,7 +570,7 @@ class SideInputShard(ShardRun[SideInputShardState, BundleOutputs]):
         spec = self.spec
         worker = self.worker = stage_worker(spec.stage)
         load_side_inputs(worker, spec, state)
-        data = _coders(spec).bundle_input(ready)
+        data = pickled_runs.bundle_input(ready, _coders(spec).run_reader)
         with task_metrics(self.sinks.metrics, spec.stage.name) as metrics:
             outputs = run_user_code(spec.stage, lambda: list(worker.process(data, metrics)))
         worker.finalize_bundles()

@@ -303,7 +303,7 @@ def _runs_row(made: side_inputs._Coders, elements: list[WindowedValue]) -> dict[
 
 def _decoded(made: side_inputs._Coders, chunks: list[bytes]) -> list[Any]:
     """The windowed values a shard's bundle reads from ``chunks``, as (value, µs, windows)."""
-    data = made.bundle_input(chunks)
+    data = pickled_runs.bundle_input(chunks, made.run_reader)
     values = made.input_impl.decode_all(data) if isinstance(data, bytes) else data.windowed_values()
     return [(v.value, v.timestamp_micros, tuple(v.windows)) for v in values]
 
@@ -352,7 +352,8 @@ def test_without_runs_waiting_elements_are_stored_and_read_as_before() -> None:
         state.wait(element, 1, (9,))
     state.store_new(store, runs=True)
     assert store.chunks == [((9,), b"".join(encoded))]
-    assert made.bundle_input(state.take_ready([(9,)], store)) == b"".join(encoded)
+    ready = state.take_ready([(9,)], store)
+    assert pickled_runs.bundle_input(ready, made.run_reader) == b"".join(encoded)
 
 
 def _side_coders(multimap: bool = False) -> side_inputs._Coders:
