@@ -135,7 +135,12 @@ class StageWorker:
         ``runs``: output index -> parts, the outputs asked for in pickled runs.
         """
         assert self.batched is not None
-        by_id = {self.spec.outputs[index].transform_id: parts for index, parts in runs.items()}
+        outputs = self.spec.outputs
+        by_id = {  # a keyed output's elements each carry their key: never in runs
+            outputs[index].transform_id: parts
+            for index, parts in runs.items()
+            if not outputs[index].key_coder_id
+        }
         if not self.batched.reads_side_inputs:
             return self.batched.run(data, by_id)
         with self.state_handler.process_instruction_id(
