@@ -56,7 +56,7 @@ def ours_first_stage(query: int, runs: bool = True) -> Callable[[Any], list[Any]
     from beam_spark_runner.execution.stage_worker import NO_SINKS, OutputSpec, StageSpec
     from beam_spark_runner.io import ReadFromSparkStream
     from beam_spark_runner.planning import build_plan
-    from beam_spark_runner.streaming.query import plan_topology, run_readers
+    from beam_spark_runner.streaming.query import pickled_outputs, plan_topology
     from beam_spark_runner.streaming.router import RouterSpec, run_router
     from beam_spark_runner.streaming.spark_sources import (
         RowsToElements,
@@ -117,7 +117,7 @@ def ours_first_stage(query: int, runs: bool = True) -> Callable[[Any], list[Any]
         topology,
         stages,
         stream_columns(plan, topology),
-        run_readers(plan, topology) if runs else frozenset(),
+        pickled_outputs(plan, topology, stages) if runs else {},
     )
 
     def run(batch: Any) -> list[Any]:

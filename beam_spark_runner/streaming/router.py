@@ -36,15 +36,15 @@ class RouterSpec:
     """What one router's tasks need.
 
     The topology, the specs of its stages, the Spark stream reads that may send it their
-    rows as columns (by producer id), and the nodes that read their main elements in
-    pickled runs (``rows.run_outputs``).
+    rows as columns (by producer id), and per stage the outputs it sends in pickled runs,
+    with their parts (``query.pickled_outputs``).
     """
 
     router: int
     topology: Topology
     stages: dict[int, StageSpec]
     reads: Mapping[str, StreamColumns] = dataclasses.field(default_factory=dict)
-    run_readers: frozenset[int] = frozenset()
+    runs: Mapping[int, Mapping[int, int]] = dataclasses.field(default_factory=dict)
 
 
 def _bundles(
@@ -88,9 +88,11 @@ def run_router(
         bundles = _bundles(spec, data.pop(index, []), columns.pop(index, []))
         if bundles:
             unpacked = routed.framed_outputs(topology, node)
-            runs = routed.run_outputs(topology, node, spec.run_readers, spec.stages)
+            runs = spec.runs.get(index, {})
             for output in run_stage_bundles(stage, bundles, sinks, unpacked, runs):
-                out.extend(routed.stage_output_rows(topology, node, output, spec.stages, data))
+                out.extend(
+                    routed.stage_output_rows(topology, node, output, spec.stages, data, runs)
+                )
         for marker in markers.pop(index, []):
             for target in node.all_targets or (SINK,):
                 if target in spec.stages:

@@ -316,7 +316,10 @@ def run_outputs(
 
 
 def _holds_runs(column: pa.BinaryArray) -> bool:
-    """Whether a stage output's column holds pickled runs (else encoded elements)."""
+    """Whether a stage output's column holds pickled runs.
+
+    Else it holds elements Beam's windowed-value coder encoded, which never start as a run.
+    """
     if not len(column) or column.null_count:
         return False
     first = column.slice(0, 1).cast(pa.binary())
@@ -340,11 +343,13 @@ def stage_output_rows(
     output: pa.RecordBatch,
     local: Collection[int] = (),
     data: dict[int, list[bytes]] | None = None,
+    runs: Collection[int] = (),
 ) -> list[Row]:
     """A stage's output batch addressed to the readers of its output.
 
-    The batch is in the stage output layout (``arrow_columns``: tag, key, element). Pickled
-    runs go as they are (``run_rows``). Rows go in runs per reader (``addressed_rows``;
+    The batch is in the stage output layout (``arrow_columns``: tag, key, element). The
+    outputs in ``runs`` may hold pickled runs: those go as they are (``run_rows``). Rows go
+    in runs per reader (``addressed_rows``;
     unkeyed elements for any but a GroupByKey from their column, ``addressed_column``), a
     side input's per element and shard.
     Readers in ``local`` (a router's own stages) get the elements in ``data`` instead.
@@ -355,7 +360,7 @@ def stage_output_rows(
     for tag in distinct:
         part = output if len(distinct) == 1 else output.filter(pc.equal(tags, tag))
         column = part.column(stage_columns.ELEMENT)
-        if _holds_runs(column):  # for readers in ``run_outputs`` only
+        if tag in runs and _holds_runs(column):
             for target in node.targets[tag]:
                 rows.extend(run_rows(topology, target, column))
             continue

@@ -230,7 +230,10 @@ def test_a_stage_outputs_runs_go_round_the_shards_as_they_are() -> None:
         [pa.array([0] * 4, pa.int32()), pa.nulls(4, pa.binary()), pa.array(runs, pa.binary())],
         ["tag", "key", "element"],
     )
+    # Only an output asked for in runs is read as runs.
     rows = routed.stage_output_rows(topology, feeding, output)
+    assert {r[7] for r in rows} == {routed.FRAMED_RUN}
+    rows = routed.stage_output_rows(topology, feeding, output, runs={0})
     assert [(r[0], r[1], r[7]) for r in rows] == [
         (4, i % SHARDS, routed.PICKLED_RUN) for i in range(4)
     ]
