@@ -42,9 +42,11 @@ def rate_batch(first: int, rows: int) -> Any:
     )
 
 
-def ours_first_stage(query: int) -> Callable[[Any], list[Any]]:
+def ours_first_stage(query: int, runs: bool = True) -> Callable[[Any], list[Any]]:
     """Ours' first router for ``query`` (as ``streaming.run_ours`` builds the pipeline):
-    a function of a ``rate`` batch that runs it and gives the batches of rows it routes."""
+    a function of a ``rate`` batch that runs it and gives the batches of rows it routes.
+    ``runs=False``: a stage with side inputs gets its main elements one by one, not in
+    pickled runs."""
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
     from apache_beam.testing.benchmarks.nexmark import nexmark_util
@@ -54,7 +56,7 @@ def ours_first_stage(query: int) -> Callable[[Any], list[Any]]:
     from beam_spark_runner.execution.stage_worker import NO_SINKS, OutputSpec, StageSpec
     from beam_spark_runner.io import ReadFromSparkStream
     from beam_spark_runner.planning import build_plan
-    from beam_spark_runner.streaming.query import plan_topology
+    from beam_spark_runner.streaming.query import pickled_outputs, plan_topology
     from beam_spark_runner.streaming.router import RouterSpec, run_router
     from beam_spark_runner.streaming.spark_sources import (
         RowsToElements,
@@ -110,7 +112,13 @@ def ours_first_stage(query: int) -> Callable[[Any], list[Any]]:
         )
 
     stages = {node.index: spec(node) for node in topology.stateless_in(0)}
-    router = RouterSpec(0, topology, stages, stream_columns(plan, topology))
+    router = RouterSpec(
+        0,
+        topology,
+        stages,
+        stream_columns(plan, topology),
+        pickled_outputs(plan, topology, stages) if runs else {},
+    )
 
     def run(batch: Any) -> list[Any]:
         return list(run_router(router, list(read.convert([batch])), NO_SINKS))

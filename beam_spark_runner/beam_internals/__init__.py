@@ -143,6 +143,7 @@ from beam_spark_runner.beam_internals.pickling import (
     cloudpickle_loads,
     dump_main_session,
     load_main_session,
+    pickles_values,
     set_pickle_library,
     type_pickle_caches,
 )
@@ -176,6 +177,7 @@ from beam_spark_runner.beam_internals.triggers import (
 )
 from beam_spark_runner.beam_internals.windows import (
     WindowedHeaders,
+    WindowsAndPane,
     interval_bounds,
     micros_of_timestamp,
     timestamp_of_micros,
@@ -267,6 +269,7 @@ __all__ = [
     "FILE_SINK_TEMP_DIR_PREFIX",
     "file_sink_temp_prefixes",
     "pickled_dofn_info",
+    "pickles_values",
     "PipelineContext",
     "plain_text_source",
     "PRECOMBINE_URN",
@@ -324,6 +327,7 @@ __all__ = [
     "window_mapping_fn",
     "WINDOWED_VALUE_CODER_URN",
     "WindowedHeaders",
+    "WindowsAndPane",
     "WindowedValue",
     "WindowGroupingBuffer",
     "windowing_from_proto",

@@ -9,7 +9,7 @@ import os
 from typing import Any, NamedTuple
 
 from apache_beam.coders import coder_impl
-from apache_beam.coders.coders import PickleCoder
+from apache_beam.coders.coders import FastPrimitivesCoder, LengthPrefixCoder, PickleCoder
 from apache_beam.internal import cloudpickle_pickler, pickler
 
 _LOGGER = logging.getLogger(__name__)
@@ -113,3 +113,21 @@ def type_pickle_caches() -> tuple[dict[Any, bytes], dict[bytes, Any]] | None:
     if len(unpickled_found) != 1:
         return None
     return pickled_found[0], unpickled_found[0]
+
+
+def pickles_values(value_coder: Any) -> bool:
+    """Whether ``value_coder`` encodes a value as ``pickle`` does, but for Beam's types.
+
+    Beam's ``PickleCoder``, and its ``FastPrimitivesCoder`` falling back to it (what a
+    PCollection without a type hint gets): that one encodes Python's primitives and their
+    containers itself, which decode to equal values, and pickles anything else; only its
+    iterable-like types (Beam's lazy iterables, which all define ``__iter__``) decode to
+    another type (a list). Also either behind a ``LengthPrefixCoder`` (as Beam's runners
+    send a coder of the SDK's own over the data plane).
+    """
+    if type(value_coder) is LengthPrefixCoder:
+        value_coder = value_coder.value_coder()
+    kind = type(value_coder)
+    if kind is PickleCoder:
+        return True
+    return kind is FastPrimitivesCoder and type(value_coder._fallback_coder) is PickleCoder

@@ -202,3 +202,22 @@ def window_key(window: Any) -> Any:
     (``MIN_TIMESTAMP``'s and ``MAX_TIMESTAMP``'s); any other window is its own key.
     """
     return interval_bounds(window) if type(window) is _INTERVAL_WINDOW else window
+
+
+class WindowsAndPane:
+    """Windows and a pane in the encodings Beam's windowed-value coder gives them."""
+
+    def __init__(self, window_coder: Any) -> None:
+        self._windows = coder_impl.TupleSequenceCoderImpl(window_coder.get_impl())
+        self._pane = coder_impl.PaneInfoCoderImpl()
+
+    def encode(self, windows: Any, pane: Any) -> tuple[bytes, bytes]:
+        """The bytes of ``windows`` (a count, then each window) and of ``pane``."""
+        return self._windows.encode_nested(windows), self._pane.encode_nested(pane)
+
+    def decode(self, windows: bytes, pane: bytes) -> tuple[tuple[Any, ...], Any]:
+        """The windows and pane ``encode`` gave the bytes of."""
+        return (
+            tuple(self._windows.decode_from_stream(create_InputStream(windows), True)),
+            self._pane.decode_nested(pane),
+        )

@@ -22,10 +22,11 @@ import random
 import threading
 import time
 import typing
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.coders.pickled_runs import RunWriter, pickles_in_runs
 from beam_spark_runner.execution import gc_pause
 from beam_spark_runner.execution.batched_calls import CHUNK
 from beam_spark_runner.execution.batched_direct_steps import (
@@ -95,7 +96,7 @@ class SizeSampler:
 class _Batch:
     """One batch on its way through the steps: counts, sizes, outputs, the hand-off."""
 
-    def __init__(self, steps: BatchedSteps) -> None:
+    def __init__(self, steps: BatchedSteps, runs: Mapping[str, int]) -> None:
         # A pass-through's input, as it came (pieces of encoded elements), and the end of
         # each element in their concatenation.
         self.passed: list[bytes] = []
@@ -112,6 +113,12 @@ class _Batch:
             transform_id: (bi.create_OutputStream(), [])
             for transform_id in steps.plan.direct_outputs
         }
+        # The outputs that go in pickled runs (until a value may not).
+        self.runs: dict[str, RunWriter] = {
+            transform_id: RunWriter(steps.run_coders[transform_id], parts)
+            for transform_id, parts in runs.items()
+            if transform_id in steps.run_coders
+        }
 
     def emit(self, pcollection: str, values: list[Any]) -> None:
         """Hands ``values`` of ``pcollection`` to its readers, counted and size-sampled."""
@@ -126,7 +133,13 @@ class _Batch:
         for transform_id in steps.outputs_of.get(pcollection, ()):
             stream, ends = self.outputs[transform_id]
             began = time.perf_counter_ns()
-            _encode_into(steps.outputs[transform_id][1], values, stream, ends)
+            writer = self.runs.get(transform_id)
+            if writer is None:
+                _encode_into(steps.outputs[transform_id][1], values, stream, ends)
+            elif not writer.add(values):  # then every element, one at a time
+                del self.runs[transform_id]
+                _encode_into(steps.outputs[transform_id][1], writer.give_up(), stream, ends)
+                _encode_into(steps.outputs[transform_id][1], values, stream, ends)
             self.io_nanos[transform_id] += time.perf_counter_ns() - began
         for step in steps.readers.get(pcollection, ()):
             step.process(values, functools.partial(self.emit, step.spec.output_pcollection))
@@ -175,10 +188,17 @@ class _Batch:
             offset += size
 
     def encoded_outputs(self) -> dict[str, tuple[bytes, list[int]]]:
-        """Per data output, its encoded elements and each one's end."""
+        """Per data output, its encoded elements (or pickled runs) and each one's end."""
         if self._steps.pass_through is not None:
             data = self.passed[0] if len(self.passed) == 1 else b"".join(self.passed)
             return dict.fromkeys(self.outputs, (data, self.passed_ends))
+        for transform_id, writer in self.runs.items():
+            began = time.perf_counter_ns()
+            stream, ends = self.outputs[transform_id]
+            for run in writer.finish():
+                stream.write(run)
+                ends.append(stream.size())
+            self.io_nanos[transform_id] += time.perf_counter_ns() - began
         return {
             transform_id: (stream.get(), ends)
             for transform_id, (stream, ends) in self.outputs.items()
@@ -244,6 +264,12 @@ class BatchedSteps:
             coders[plan.pass_through_coder_id].get_impl() if plan.pass_through_coder_id else None
         )
         self.sizes = {p: coders[c].get_impl() for p, c in plan.coder_ids.items()}
+        # The outputs whose elements may go in pickled runs (``coders.pickled_runs``).
+        self.run_coders = {
+            transform_id: coders[coder_id]
+            for transform_id, (_, coder_id) in plan.direct_outputs.items()
+            if pickles_in_runs(coders[coder_id])
+        }
         self.samplers = {p: SizeSampler() for p in plan.coder_ids}
         self._sampler = bi.state_sampler(display_name)
         self._steps = [
@@ -265,12 +291,16 @@ class BatchedSteps:
         """The batched steps' names, in the order they run."""
         return [spec.step_name for spec in self.plan.steps]
 
-    def run(self, data: bytes | Iterable[bytes]) -> BatchResult:
+    def run(
+        self, data: bytes | Iterable[bytes], runs: Mapping[str, int] | None = None
+    ) -> BatchResult:
         """Runs the batched steps over one batch of encoded elements (one bundle).
 
         ``data`` is the batch's elements, or pieces of them decoded as the steps need them
         (a native text read's blocks, ``execution.text_read.TextInput``), or a
-        ``ValuesInput`` that makes the windowed values itself.
+        ``ValuesInput`` that makes the windowed values itself. The data outputs in ``runs``
+        whose coder allows it give pickled runs (``coders.pickled_runs``), each group of
+        windows and pane in the given number of parts, instead of one element at a time.
 
         The batch goes through the steps a chunk at a time (``CHUNK`` elements, outputs
         included), so few windowed values are alive at once, with Python's cyclic garbage
@@ -279,7 +309,7 @@ class BatchedSteps:
         """
         with self._lock:
             previous = bi.get_current_tracker()
-            batch = _Batch(self)
+            batch = _Batch(self, runs or {})
             try:
                 with gc_pause.paused():
                     if not self._set_up:
@@ -300,6 +330,7 @@ class BatchedSteps:
                         self._decode_and_emit(data, batch)
                     for step in self._steps:
                         batch.emit(step.spec.output_pcollection, step.finish())
+                    outputs = batch.encoded_outputs()
             except BaseException:
                 bi.record_failed_bundle_monitoring_infos(self._monitoring_infos(batch))
                 self._tear_down_locked("a batch failed")
@@ -310,7 +341,7 @@ class BatchedSteps:
             handoff = None
             if self.handoff_pcollection is not None:
                 handoff = bi.hand_off(self.plan.token, batch.handoff)
-            return BatchResult(batch.encoded_outputs(), handoff, self._monitoring_infos(batch))
+            return BatchResult(outputs, handoff, self._monitoring_infos(batch))
 
     def _decode_and_emit(self, data: bytes | Iterable[bytes], batch: _Batch) -> None:
         """The batch's input values, a chunk at a time, through the steps."""

@@ -12,7 +12,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from beam_spark_runner import beam_internals as bi
@@ -129,15 +129,24 @@ class StageWorker:
         self.processor_cache.side_inputs_change = True
         self.cache_tokens = _side_input_cache_tokens(self._side_inputs, token)
 
-    def _run_batched(self, data: Bundle) -> Any:
-        """The batched steps over ``data``; a step with side inputs reads them from state."""
+    def _run_batched(self, data: Bundle, runs: Mapping[int, int]) -> Any:
+        """The batched steps over ``data``; a step with side inputs reads them from state.
+
+        ``runs``: output index -> parts, the outputs asked for in pickled runs.
+        """
         assert self.batched is not None
+        outputs = self.spec.outputs
+        by_id = {  # a keyed output's elements each carry their key: never in runs
+            outputs[index].transform_id: parts
+            for index, parts in runs.items()
+            if not outputs[index].key_coder_id
+        }
         if not self.batched.reads_side_inputs:
-            return self.batched.run(data)
+            return self.batched.run(data, by_id)
         with self.state_handler.process_instruction_id(
             f"{self._instruction_id()}-batched", self.cache_tokens
         ):
-            return self.batched.run(data)
+            return self.batched.run(data, by_id)
 
     def _with_state_backed_iterables(self, data: Bundle) -> Bundle:
         """Re-encodes input elements so their iterables' values are read from state."""
@@ -162,16 +171,19 @@ class StageWorker:
         timers: dict[TimerFamilyId, bytes] | None = None,
         pending: PendingTimers | None = None,
         batched: bool = False,
+        runs: Mapping[int, int] | None = None,
     ) -> list[Any]:
         """Runs one bundle over ``data`` and ``timers``; returns its SDF residuals.
 
         Timers the bundle sets go into ``pending`` (stateful stages only). With
         ``batched`` (a bundle of the stage's input, not of residuals or timers), the
-        stage's batched steps run first and hand their output to the bundle processor.
+        stage's batched steps run first and hand their output to the bundle processor;
+        the outputs in ``runs`` (index -> parts) may come from them as pickled runs
+        (``execution.batched_steps.BatchedSteps.run``).
         """
         handed_off = False
         if batched and self.batched is not None and not timers:
-            result = self._run_batched(data)
+            result = self._run_batched(data, runs or {})
             for transform_id, chunk in result.outputs.items():
                 outputs.data[self.output_index[transform_id]].append(chunk)
             metrics.extend(result.monitoring_infos)
@@ -255,6 +267,7 @@ class StageWorker:
         metrics: TaskMetrics,
         timers: dict[TimerFamilyId, bytes] | None = None,
         pending: PendingTimers | None = None,
+        runs: Mapping[int, int] | None = None,
     ) -> Iterator[BundleOutputs]:
         """Runs one bundle, then its SDF residuals until none remain, yielding each output.
 
@@ -263,7 +276,7 @@ class StageWorker:
         SDF sees its bundle finalized before its residual resumes.
         """
         outputs = BundleOutputs(len(self.spec.outputs))
-        residuals = self._run_once(data, outputs, metrics, timers, pending, batched=True)
+        residuals = self._run_once(data, outputs, metrics, timers, pending, True, runs)
         yield outputs
         while residuals:
             delay = max(
@@ -301,9 +314,15 @@ class StageWorker:
         """
         yield from self._bundles(data, metrics, timers, pending)
 
-    def process(self, data: Bundle, metrics: TaskMetrics) -> Iterator[BundleOutputs]:
-        """Runs one bundle over ``data``, then its SDF residuals; yields each's output."""
-        yield from self._bundles(data, metrics)
+    def process(
+        self, data: Bundle, metrics: TaskMetrics, runs: Mapping[int, int] | None = None
+    ) -> Iterator[BundleOutputs]:
+        """Runs one bundle over ``data``, then its SDF residuals; yields each's output.
+
+        ``runs``: output index -> parts, the outputs that may give pickled runs
+        (``coders.pickled_runs``), each group of windows and pane in that many parts.
+        """
+        yield from self._bundles(data, metrics, runs=runs)
 
     def process_keys(self, data: Bundle, metrics: TaskMetrics) -> Iterator[BundleOutputs]:
         """Runs complete key groups of a stateful stage: elements, then timers, then done.

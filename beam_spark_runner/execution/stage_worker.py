@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import traceback
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import pyarrow as pa
@@ -126,12 +126,14 @@ def run_stage_bundles(
     bundles: Iterable[Bundle],
     sinks: TaskSinks = NO_SINKS,
     unpacked: Collection[int] = (),
+    runs: Mapping[int, int] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Runs the stage over each bundle's input (see :func:`run_stage`); yields its outputs.
 
     A bundle's input is its encoded elements, or an iterable of pieces of them: a native
     text read's (``TextInput``), a Spark stream's columns (``ValuesInput``). The outputs
-    in ``unpacked`` keep one element a row (``BundleOutputs.record_batches``).
+    in ``unpacked`` keep one element a row (``BundleOutputs.record_batches``); those in
+    ``runs`` (index -> parts) may give pickled runs, a run a row (``coders.pickled_runs``).
     """
     worker: StageWorker | None = None
     with task_metrics(sinks.metrics, spec.name) as metrics:
@@ -144,8 +146,10 @@ def run_stage_bundles(
                 with recording(sinks):
                     worker = stage_worker(spec)
                 worker.drop_unfinalized()  # left over from a task of this worker that failed
-            process = worker.process_keys if spec.stateful else worker.process
-            outputs_of_bundle = process(data, metrics)
+            if spec.stateful:
+                outputs_of_bundle = worker.process_keys(data, metrics)
+            else:
+                outputs_of_bundle = worker.process(data, metrics, runs)
             while True:
                 try:
                     with recording(sinks):

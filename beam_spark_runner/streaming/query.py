@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.coders.pickled_runs import pickles_in_runs
 from beam_spark_runner.planning import (
     GROUP_BY_KEY_URN,
     BufferKind,
@@ -173,6 +175,46 @@ def plan_topology(plan: Plan, shards: int, broadcasts: BroadcastPlan | None = No
     return build_topology(canonical_order(specs), shards)
 
 
+def run_readers(plan: Plan, topology: Topology) -> frozenset[int]:
+    """The nodes reading their main elements in pickled runs (``rows.run_outputs``).
+
+    Stages with streamed side inputs, neither stateful nor splittable: their shards
+    (``side_inputs.SideInputShard``) keep the runs as they come until they run.
+    """
+    return frozenset(
+        node.index
+        for node in topology.nodes
+        if node.kind == STAGE
+        and node.side_expected
+        and not plan.stage(node.name).stateful
+        and not is_unbounded_splittable(plan.stage(node.name))
+    )
+
+
+def pickled_outputs(
+    plan: Plan, topology: Topology, stages: Collection[int]
+) -> dict[int, dict[int, int]]:
+    """Per stage of a router (``stages``), the outputs it sends in pickled runs, by parts.
+
+    Those ``rows.run_outputs`` allows whose coder is Beam's windowed-value coder of a
+    pickling value coder (``coders.pickled_runs.pickles_in_runs``).
+    """
+    readers = run_readers(plan, topology)
+    coders = bi.PipelineContext(plan.components).coders
+    pickled: dict[int, dict[int, int]] = {}
+    for index in stages:
+        node = topology.nodes[index]
+        outputs = plan.stage(node.name).outputs
+        runs = {
+            output: parts
+            for output, parts in routed.run_outputs(topology, node, readers, stages).items()
+            if pickles_in_runs(coders[outputs[output].coder_id])
+        }
+        if runs:
+            pickled[index] = runs
+    return pickled
+
+
 def stage_identity(stage: PlannedStage) -> str:
     """A fused stage's transforms, sorted: what it is, the same in every process.
 
@@ -285,6 +327,7 @@ def _router_body(
             stages,
             # Only the reads this router's stages read (their coders ship per task).
             {p: c for p, c in reads.items() if stages.keys() & set(topology.roots[p])},
+            pickled_outputs(plan, topology, stages),
         ),
         sinks=context.sinks,
     )

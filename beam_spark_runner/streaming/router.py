@@ -35,14 +35,16 @@ from beam_spark_runner.streaming.watermarks import Marker
 class RouterSpec:
     """What one router's tasks need.
 
-    The topology, the specs of its stages, and the Spark stream reads that may send it
-    their rows as columns (by producer id).
+    The topology, the specs of its stages, the Spark stream reads that may send it their
+    rows as columns (by producer id), and per stage the outputs it sends in pickled runs,
+    with their parts (``query.pickled_outputs``).
     """
 
     router: int
     topology: Topology
     stages: dict[int, StageSpec]
     reads: Mapping[str, StreamColumns] = dataclasses.field(default_factory=dict)
+    runs: Mapping[int, Mapping[int, int]] = dataclasses.field(default_factory=dict)
 
 
 def _bundles(
@@ -86,8 +88,11 @@ def run_router(
         bundles = _bundles(spec, data.pop(index, []), columns.pop(index, []))
         if bundles:
             unpacked = routed.framed_outputs(topology, node)
-            for output in run_stage_bundles(stage, bundles, sinks, unpacked):
-                out.extend(routed.stage_output_rows(topology, node, output, spec.stages, data))
+            runs = spec.runs.get(index, {})
+            for output in run_stage_bundles(stage, bundles, sinks, unpacked, runs):
+                out.extend(
+                    routed.stage_output_rows(topology, node, output, spec.stages, data, runs)
+                )
         for marker in markers.pop(index, []):
             for target in node.all_targets or (SINK,):
                 if target in spec.stages:

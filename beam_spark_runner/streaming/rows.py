@@ -13,7 +13,9 @@ addressed to it without looking inside:
 * ``port``: 0 main input; n the n-th side input (sent to every shard); ``KEYED_RUN``
   elements framed with their keys (a GroupByKey's); ``FRAMED_RUN`` framed with their lengths
   (a stage with side inputs reads their headers first); ``COLUMNS`` a ``ReadFromSparkStream``
-  batch as one Arrow IPC cell (``spark_sources.ColumnsInput``), ``producer`` naming the read.
+  batch as one Arrow IPC cell (``spark_sources.ColumnsInput``), ``producer`` naming the read;
+  ``PICKLED_RUN`` pickled runs of a stage with side inputs' main elements
+  (``coders.pickled_runs``), each framed with its length.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from beam_spark_runner.coders import arrow_columns as stage_columns
+from beam_spark_runner.coders import pickled_runs
 from beam_spark_runner.streaming.compression import pack, unpack
 from beam_spark_runner.streaming.topology import GROUP, SINK, Node, Topology
 from beam_spark_runner.streaming.watermarks import Marker, producer_id
@@ -77,6 +80,8 @@ FRAMED_RUN = -3
 _LENGTH = struct.Struct(">I")
 # A framed run's element length, for its readers.
 FRAMED_LENGTH = _LENGTH
+# The port of pickled runs (``coders.pickled_runs``), each framed (``pickled_runs.frame``).
+PICKLED_RUN = -4
 
 
 @functools.cache
@@ -293,18 +298,60 @@ def framed_outputs(topology: Topology, node: Node) -> frozenset[int]:
     )
 
 
+def run_outputs(
+    topology: Topology, node: Node, run_readers: Collection[int], local: Collection[int]
+) -> dict[int, int]:
+    """The outputs of ``node`` that may go in pickled runs, each with its number of parts.
+
+    Those whose every reader (none a side input, none in ``local``) is in ``run_readers``:
+    stages with side inputs that read their main elements in runs. A run per shard.
+    """
+    return {
+        index: topology.shards
+        for index, targets in enumerate(node.targets)
+        if targets
+        and all(t in run_readers and t not in local for t in targets)
+        and not (node.side_targets and node.side_targets[index])
+    }
+
+
+def _holds_runs(column: pa.BinaryArray) -> bool:
+    """Whether a stage output's column holds pickled runs.
+
+    Else it holds elements Beam's windowed-value coder encoded, which never start as a run.
+    """
+    if not len(column) or column.null_count:
+        return False
+    first = column.slice(0, 1).cast(pa.binary())
+    offsets = np.frombuffer(first.buffers()[1], dtype=np.int32)[first.offset : first.offset + 2]
+    start, end = int(offsets[0]), int(offsets[1])
+    return end > start and pickled_runs.is_run(first.buffers()[2][start : start + 1].to_pybytes())
+
+
+def run_rows(topology: Topology, target: int, column: pa.BinaryArray) -> list[Row]:
+    """Pickled runs addressed to ``target``, the i-th to shard i modulo the shards."""
+    frame, shards = pickled_runs.frame, topology.shards
+    return [
+        _row((target, index % shards, PICKLED_RUN), frame(run))
+        for index, run in enumerate(column.to_pylist())
+    ]
+
+
 def stage_output_rows(
     topology: Topology,
     node: Node,
     output: pa.RecordBatch,
     local: Collection[int] = (),
     data: dict[int, list[bytes]] | None = None,
+    runs: Collection[int] = (),
 ) -> list[Row]:
     """A stage's output batch addressed to the readers of its output.
 
-    The batch is in the stage output layout (``arrow_columns``: tag, key, element). Rows
-    go in runs per reader (``addressed_rows``; unkeyed elements for any but a GroupByKey
-    from their column, ``addressed_column``), a side input's per element and shard.
+    The batch is in the stage output layout (``arrow_columns``: tag, key, element). The
+    outputs in ``runs`` may hold pickled runs: those go as they are (``run_rows``). Rows go
+    in runs per reader (``addressed_rows``;
+    unkeyed elements for any but a GroupByKey from their column, ``addressed_column``), a
+    side input's per element and shard.
     Readers in ``local`` (a router's own stages) get the elements in ``data`` instead.
     """
     tags = output.column(stage_columns.TAG)
@@ -313,6 +360,10 @@ def stage_output_rows(
     for tag in distinct:
         part = output if len(distinct) == 1 else output.filter(pc.equal(tags, tag))
         column = part.column(stage_columns.ELEMENT)
+        if tag in runs and _holds_runs(column):
+            for target in node.targets[tag]:
+                rows.extend(run_rows(topology, target, column))
+            continue
         unkeyed = part.column(stage_columns.KEY).null_count == part.num_rows
         values: list[bytes] | None = None
         keys: list[bytes | None] | None = None

@@ -33,6 +33,7 @@ from typing import Any, Protocol, TypeVar
 from apache_beam.transforms.window import GlobalWindow
 
 from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.coders import pickled_runs
 from beam_spark_runner.execution.side_inputs import side_input_state_entries
 from beam_spark_runner.execution.stage_worker import (
     BundleOutputs,
@@ -46,6 +47,7 @@ from beam_spark_runner.streaming.rows import (
     ELEMENT,
     FRAMED_LENGTH,
     FRAMED_RUN,
+    PICKLED_RUN,
     PORT,
     Row,
     cell,
@@ -262,7 +264,11 @@ class SideInputShardState:
             bucket[1] = min(bucket[1], earliest)
 
     def take_ready(self, ready: list[Needs], store: WaitingStore) -> list[bytes]:
-        """The elements waiting for ``ready``, in the order they came; their buckets go."""
+        """The elements waiting for ``ready``, in the order they came; their buckets go.
+
+        In chunks: encoded elements, concatenated, or (``store_new`` with ``runs``) pickled
+        runs and chunks of them (``pickled_runs.bundle_input`` reads both).
+        """
         stored = {needs for needs in ready if self.buckets[needs][2]}
         taken = store.take(stored) if stored else {}
         out: list[bytes] = []
@@ -271,12 +277,17 @@ class SideInputShardState:
             out.extend(self.buckets.pop(needs)[0])
         return out
 
-    def store_new(self, store: WaitingStore) -> None:
-        """Moves this batch's waiting elements to the store, a chunk per bucket."""
+    def store_new(self, store: WaitingStore, runs: bool = False) -> None:
+        """Moves this batch's waiting elements to the store, a chunk per bucket.
+
+        Encoded elements are stored concatenated; with ``runs`` (the main input's elements
+        may come in pickled runs), as ``pickled_runs.stored`` stores them.
+        """
         chunks = []
         for needs, bucket in self.buckets.items():
             if bucket[0]:
-                chunks.append((needs, b"".join(bucket[0])))
+                pieces = bucket[0]
+                chunks.append((needs, pickled_runs.stored(pieces) if runs else b"".join(pieces)))
                 bucket[0] = []
                 bucket[2] += 1
         store.append(chunks)
@@ -290,6 +301,11 @@ class _Coders:
         input_coder = context.coders[spec.input_coder_id]
         self.input_impl = input_coder.get_impl()
         self.headers = bi.WindowedHeaders.of(input_coder)
+        self.run_reader = (
+            pickled_runs.RunReader(input_coder)
+            if pickled_runs.pickles_in_runs(input_coder)
+            else None
+        )
         self.value_coders = [context.coders[s.value_coder_id] for s in spec.side_inputs]
         # Per side input: its windowed-value, window and (multimap) key coders' impls.
         self.side_impls = [
@@ -376,6 +392,13 @@ class _Coders:
                 earliest = timestamp
         if run_needs is not None:
             yield b"".join(elements), earliest, run_needs
+
+    def runs_of(self, cell: bytes) -> Iterator[tuple[bytes, int, tuple[int, ...]]]:
+        """A ``rows.PICKLED_RUN`` cell's runs, each with its earliest timestamp and needs."""
+        assert self.headers is not None, "runs come only for Beam's windowed-value coder"
+        for run in pickled_runs.framed_runs(cell):
+            windows, earliest = pickled_runs.run_header(run)
+            yield run, earliest, self._needs_of(windows)
 
     def _needs_of(self, windows: bytes) -> tuple[int, ...]:
         """The needs of the windows whose bytes a header gave."""
@@ -468,6 +491,9 @@ def read_rows(
         elif row[PORT] == FRAMED_RUN:
             for elements, earliest, needs in coders.framed_runs(cell(row[ELEMENT])):
                 state.wait(elements, earliest, needs)
+        elif row[PORT] == PICKLED_RUN:
+            for run, earliest, needs in coders.runs_of(cell(row[ELEMENT])):
+                state.wait(run, earliest, needs)
         elif row[PORT] > 0:
             state.add_side(row[PORT] - 1, cell(row[ELEMENT]), coders)
         else:
@@ -544,7 +570,7 @@ class SideInputShard(ShardRun[SideInputShardState, BundleOutputs]):
         spec = self.spec
         worker = self.worker = stage_worker(spec.stage)
         load_side_inputs(worker, spec, state)
-        data = b"".join(ready)
+        data = pickled_runs.bundle_input(ready, _coders(spec).run_reader)
         with task_metrics(self.sinks.metrics, spec.stage.name) as metrics:
             outputs = run_user_code(spec.stage, lambda: list(worker.process(data, metrics)))
         worker.finalize_bundles()
@@ -552,8 +578,9 @@ class SideInputShard(ShardRun[SideInputShardState, BundleOutputs]):
 
     def finish(self, state: SideInputShardState) -> None:
         main = input_watermark(self.main_expected, state.watermarks.producers)
-        forget_unreachable(state, _coders(self.spec), main, self.earliest_kept(state))
-        state.store_new(self.store)
+        coders = _coders(self.spec)
+        forget_unreachable(state, coders, main, self.earliest_kept(state))
+        state.store_new(self.store, runs=coders.run_reader is not None)
 
     def earliest_kept(self, state: SideInputShardState) -> int:
         """The earliest timestamp of main elements kept to run again, besides the waiting."""

@@ -22,8 +22,8 @@ def test_ours_first_router_routes_q7s_bids_and_both_sides_are_timed() -> None:
     out = pa.Table.from_batches(
         first_stage_cpu.ours_first_stage(7)(first_stage_cpu.rate_batch(0, 2_000))
     )
-    # The bids go to both shards of the stage with the side input, as framed runs.
-    framed = out.filter(pc.equal(out.column(routed.PORT), routed.FRAMED_RUN))
+    # The bids go to both shards of the stage with the side input, in pickled runs.
+    framed = out.filter(pc.equal(out.column(routed.PORT), routed.PICKLED_RUN))
     assert sorted(set(framed.column(routed.SHARD).to_pylist())) == [0, 1]
     figures = first_stage_cpu.measure(0, rows=500, repeats=1)
     assert figures["ours_us_per_event"] > 0 and figures["floor_us_per_event"] > 0

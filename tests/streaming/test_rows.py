@@ -11,6 +11,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from beam_spark_runner.coders import pickled_runs
 from beam_spark_runner.streaming import rows as routed
 from beam_spark_runner.streaming.topology import GROUP, STAGE, Node, Topology
 from beam_spark_runner.streaming.watermarks import Marker
@@ -201,6 +202,42 @@ def test_the_outputs_a_stage_with_side_inputs_reads_are_the_framed_ones() -> Non
     feeding = Node(5, "feeding", STAGE, True, 1, ((1, 3), (2, 4), (4,), ()))
     assert routed.framed_outputs(topology, feeding) == frozenset({1, 2})
     assert routed.framed_outputs(topology, topology.nodes[0]) == frozenset()
+
+
+def test_only_outputs_read_by_run_readers_alone_go_in_runs_one_per_shard() -> None:
+    topology = _topology()
+    # Outputs: one to the run reader 4 alone, one also to a GroupByKey, one to nobody, one
+    # to 4 that is also a side input of 1.
+    feeding = Node(
+        5,
+        "feeding",
+        STAGE,
+        True,
+        1,
+        ((4,), (3, 4), (), (4,)),
+        side_targets=((), (), (), ((1, 1),)),
+    )
+    assert routed.run_outputs(topology, feeding, {4}, ()) == {0: SHARDS}
+    assert routed.run_outputs(topology, feeding, {4}, {4}) == {}
+    assert routed.run_outputs(topology, feeding, (), ()) == {}
+
+
+def test_a_stage_outputs_runs_go_round_the_shards_as_they_are() -> None:
+    topology = _topology()
+    feeding = Node(5, "feeding", STAGE, False, 0, ((4,),))
+    runs = [b"\xff\x01run" + bytes([i]) for i in range(4)]
+    output = pa.RecordBatch.from_arrays(
+        [pa.array([0] * 4, pa.int32()), pa.nulls(4, pa.binary()), pa.array(runs, pa.binary())],
+        ["tag", "key", "element"],
+    )
+    # Only an output asked for in runs is read as runs.
+    rows = routed.stage_output_rows(topology, feeding, output)
+    assert {r[7] for r in rows} == {routed.FRAMED_RUN}
+    rows = routed.stage_output_rows(topology, feeding, output, runs={0})
+    assert [(r[0], r[1], r[7]) for r in rows] == [
+        (4, i % SHARDS, routed.PICKLED_RUN) for i in range(4)
+    ]
+    assert [list(pickled_runs.framed_runs(r[3])) for r in rows] == [[run] for run in runs]
 
 
 @pytest.mark.parametrize("cell_bytes", [routed.PACKED_CELL_BYTES, 9, 1])

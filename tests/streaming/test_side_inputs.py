@@ -24,6 +24,7 @@ from apache_beam.utils.windowed_value import (
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.beam_internals import WindowedHeaders
+from beam_spark_runner.coders import pickled_runs
 from beam_spark_runner.execution.stage_worker import NO_SINKS
 from beam_spark_runner.planning import build_plan
 from beam_spark_runner.spark.compat import OLDEST_STREAMING_SPARK, pyspark_version
@@ -43,6 +44,7 @@ from beam_spark_runner.streaming.query import side_input_specs  # noqa: E402
 from beam_spark_runner.streaming.rows import (  # noqa: E402
     ELEMENT,
     FRAMED_RUN,
+    PICKLED_RUN,
     PORT,
     PRODUCER,
     PTIME,
@@ -176,15 +178,19 @@ def _fail() -> None:
     raise AssertionError("a waiting main element's value was decoded")
 
 
+_MAIN_CODER = coders.WindowedValueCoder(coders.PickleCoder(), coders.IntervalWindowCoder())
+
+
 def _coders(headers: bool = True) -> side_inputs._Coders:
     """The stage's coders for elements in interval windows, one side input mapped 1:1.
 
     ``headers=False``: as for a windowed coder whose header cannot be read apart.
     """
     made = side_inputs._Coders.__new__(side_inputs._Coders)
-    coder = coders.WindowedValueCoder(coders.PickleCoder(), coders.IntervalWindowCoder())
+    coder = _MAIN_CODER
     made.input_impl = coder.get_impl()
     made.headers = WindowedHeaders.of(coder) if headers else None
+    made.run_reader = pickled_runs.RunReader(coder)
     made.mappings = [lambda w: w]
     made._needs = {}
     return made
@@ -283,6 +289,71 @@ def test_buckets_written_before_the_store_move_to_it() -> None:
     state.store_new(store)
     assert state.buckets == {(10,): [[], 4, 1]}
     assert state.take_ready([(10,)], store) == [b"xy"]
+
+
+def _runs_row(made: side_inputs._Coders, elements: list[WindowedValue]) -> dict[str, Any]:
+    """A ``PICKLED_RUN`` row of ``elements``, as a router's stage sends them."""
+    writer = pickled_runs.RunWriter(_MAIN_CODER, 1)
+    assert writer.add(elements)
+    return {
+        ELEMENT: pack(b"".join(map(pickled_runs.frame, writer.finish()))),
+        PORT: PICKLED_RUN,
+    }
+
+
+def _decoded(made: side_inputs._Coders, chunks: list[bytes]) -> list[Any]:
+    """The windowed values a shard's bundle reads from ``chunks``, as (value, µs, windows)."""
+    data = pickled_runs.bundle_input(chunks, made.run_reader)
+    values = made.input_impl.decode_all(data) if isinstance(data, bytes) else data.windowed_values()
+    return [(v.value, v.timestamp_micros, tuple(v.windows)) for v in values]
+
+
+def test_waiting_elements_stored_before_runs_come_out_the_same_beside_runs() -> None:
+    made = _coders()
+    a, b = IntervalWindow(0, 10), IntervalWindow(10, 20)
+    need_a, need_b = (a.max_timestamp().micros,), (b.max_timestamp().micros,)
+    store = MemoryWaitingStore()
+    old = [WindowedValue(("old", t), Timestamp(t), [a]) for t in (3, 4)]
+    # As the runner stored them before runs: encoded elements, concatenated, per bucket.
+    store.append([(need_a, b"".join(made.input_impl.encode_nested(v) for v in old))])
+    state = side_inputs.SideInputShardState(WatermarkState(expected=frozenset()), [[]])
+    state.buckets = {need_a: [[], 3 * SECOND, 1]}
+    new = [WindowedValue(("new", t), Timestamp(t), [w]) for t, w in ((1, a), (12, b), (2, a))]
+    side_inputs.read_rows(None, state, [_runs_row(made, new)], made)
+    # A run per group of windows, in its bucket, its earliest timestamp the bucket's hold.
+    assert state.buckets[need_a][1] == 1 * SECOND
+    assert state.buckets[need_b][1] == 12 * SECOND
+    assert all(pickled_runs.is_run(piece) for piece in state.buckets[need_a][0])
+    state.store_new(store, runs=True)
+    state = side_inputs.SideInputShardState.decode(state.encode())
+    later = [WindowedValue(("later", 5), Timestamp(5), [a])]
+    rows = _framed([made.input_impl.encode_nested(v) for v in later])
+    side_inputs.read_rows(None, state, [{ELEMENT: pack(rows), PORT: FRAMED_RUN}], made)
+    ready = state.take_ready([need_a], store)
+    assert _decoded(made, ready) == [
+        (("old", 3), 3 * SECOND, (a,)),
+        (("old", 4), 4 * SECOND, (a,)),
+        (("new", 1), 1 * SECOND, (a,)),
+        (("new", 2), 2 * SECOND, (a,)),
+        (("later", 5), 5 * SECOND, (a,)),
+    ]
+    assert _decoded(made, state.take_ready([need_b], store)) == [(("new", 12), 12 * SECOND, (b,))]
+
+
+def test_without_runs_waiting_elements_are_stored_and_read_as_before() -> None:
+    made = _coders()
+    store = MemoryWaitingStore()
+    state = side_inputs.SideInputShardState(WatermarkState(expected=frozenset()), [[]])
+    encoded = [
+        made.input_impl.encode_nested(WindowedValue(t, Timestamp(t), [IntervalWindow(0, 10)]))
+        for t in (1, 2)
+    ]
+    for element in encoded:
+        state.wait(element, 1, (9,))
+    state.store_new(store, runs=True)
+    assert store.chunks == [((9,), b"".join(encoded))]
+    ready = state.take_ready([(9,)], store)
+    assert pickled_runs.bundle_input(ready, made.run_reader) == b"".join(encoded)
 
 
 def _side_coders(multimap: bool = False) -> side_inputs._Coders:
