@@ -99,7 +99,7 @@ if TYPE_CHECKING:
 _LOGGER = logging.getLogger(__name__)
 
 # The micro-batch interval of both Structured Streaming queries (--trigger): above what a
-# micro-batch of ours costs with no data (1.1-1.4 s on a quiet machine, docs/architecture.md).
+# micro-batch of ours costs with no data (1.1-1.4 s on a quiet machine, docs/performance.md).
 TRIGGER_SECONDS = 2.0
 # A micro-batch slower than this is not keeping up, whatever its trend.
 MAX_BATCH_SECONDS = 10.0

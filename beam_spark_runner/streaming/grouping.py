@@ -4,7 +4,7 @@ The shard's keys, their trigger-driver state and its watermarks are one encoded 
 (``encode_shard_state``), kept between batches by ``state_cache``: cached decoded in the
 worker, in the state store as a base of that value and a log of each batch's changes
 (``shard_changes``: the keys it decoded, added or removed), never a state call per key or
-element (see docs/architecture.md). Each key's state is its own pickle
+element (see docs/streaming.md). Each key's state is its own pickle
 (``ShardState.blobs``), with the watermark at which the key next has work and its earliest
 hold kept beside it: a micro-batch decodes and re-encodes only the keys it has elements
 for or work due, not every key the shard holds. Under the runner's default-trigger driver
