@@ -109,33 +109,55 @@ class _RecordingSum(core.CombineFn):  # type: ignore[misc]
 
 
 @pytest.mark.parametrize("default_windowing", [True, False])
-def test_a_precombine_adds_each_run_of_one_window_and_key_at_once(
+def test_a_precombine_adds_each_window_and_keys_values_of_a_chunk_at_once(
     default_windowing: bool,
 ) -> None:
-    """Neighbours of one (window, key) reach the CombineFn's ``add_inputs`` together, in
-    order; keys equal but not the same object join the run, ones equal across types start
-    another; the accumulators are Beam's element-by-element ones."""
+    """A chunk's values of one (window, key) reach the CombineFn's ``add_inputs``
+    together, in order, neighbours or not; keys equal as a dict's (1 and 1.0) are one
+    key, as in the table; the accumulators are Beam's element-by-element ones."""
     from apache_beam.utils.windowed_value import WindowedValue
 
     combine_fn = _RecordingSum()
     precombine = batched_dofns._PrecombineDoFn(combine_fn, default_windowing, None, 1000)
     one, other = IntervalWindow(0, 10), IntervalWindow(10, 20)
-    windows = [(GlobalWindow(),)] * 7 if default_windowing else [(one,)] * 4 + [(other,)] * 3
-    # "ab" made anew is equal to, not the same object as, the first; 1.0 equals 1.
-    keys = ["a", "a", "".join(["a", "b"]), "ab", 1, 1.0, 1.0]
+    windows = [(GlobalWindow(),)] * 8 if default_windowing else [(one,)] * 5 + [(other,)] * 3
+    # "ab" made anew is equal to, not the same object as, the second; 1.0 equals 1.
+    keys = ["a", "ab", "a", "".join(["a", "b"]), "a", 1, 1.0, 1.0]
     values = [
         WindowedValue((key, n), 5, w)
         for n, (key, w) in enumerate(zip(keys, windows, strict=True), start=1)
     ]
     precombine.start_bundle()
     assert precombine.add_all(values) == []
-    assert combine_fn.runs == [[1, 2], [3, 4], [5], [6, 7]]
+    assert combine_fn.runs == [[1, 3, 5], [2, 4], [6, 7, 8]]
     if default_windowing:
-        expected = {"a": 3, "ab": 7, 1: 18}
+        expected = {"a": 9, "ab": 6, 1: 21}
     else:
-        expected = {(one, "a"): 3, (one, "ab"): 7, (other, 1): 18}
+        expected = {(one, "a"): 9, (one, "ab"): 6, (other, 1): 21}
     out = {
         (wv.value[0] if default_windowing else (wv.windows[0], wv.value[0])): wv.value[1]
         for wv in precombine.finish_bundle()
     }
     assert out == expected
+
+
+def test_a_precombine_adds_sliding_windows_values_once_per_window_and_key() -> None:
+    """Elements each in two sliding windows, keys alternating: one ``add_inputs`` per
+    (window, key) of the chunk, not one per element and window; the table's entries in
+    the order their (window, key) first appears, each with its own window."""
+    from apache_beam.utils.windowed_value import WindowedValue
+
+    combine_fn = _RecordingSum()
+    precombine = batched_dofns._PrecombineDoFn(combine_fn, False, None, 1000)
+    early, late = IntervalWindow(0, 10), IntervalWindow(5, 15)
+    values = [WindowedValue((key, n), 7, (early, late)) for n, key in enumerate("xyxyx", 1)]
+    precombine.start_bundle()
+    assert precombine.add_all(values) == []
+    assert combine_fn.runs == [[1, 3, 5], [1, 3, 5], [2, 4], [2, 4]]
+    out = [(wv.windows, wv.value) for wv in precombine.finish_bundle()]
+    assert out == [
+        ((early,), ("x", 9)),
+        ((late,), ("x", 9)),
+        ((early,), ("y", 6)),
+        ((late,), ("y", 6)),
+    ]
