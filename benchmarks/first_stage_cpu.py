@@ -48,7 +48,7 @@ def ours_first_stage(query: int) -> Callable[[Any], list[Any]]:
     """Ours' first router for ``query`` (as ``streaming.run_ours`` builds the pipeline):
     a function of a ``rate`` batch that runs it and gives the batches of rows it routes."""
     import apache_beam as beam
-    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.options.pipeline_options import PipelineOptions, TypeOptions
     from apache_beam.testing.benchmarks.nexmark import nexmark_util
 
     from beam_spark_runner import beam_internals as bi
@@ -66,7 +66,9 @@ def ours_first_stage(query: int) -> Callable[[Any], list[Any]]:
     from benchmarks import nexmark, streaming
 
     nexmark_util.setup_coder()
-    pipeline = beam.Pipeline(options=PipelineOptions(["--runner=SparkStructuredRunner"]))
+    options = PipelineOptions(["--runner=SparkStructuredRunner"])
+    options.view_as(TypeOptions).allow_unsafe_triggers = True  # q11's trigger, as streaming's
+    pipeline = beam.Pipeline(options=options)
     windowed = query in streaming.WINDOWED
     events = (
         pipeline

@@ -194,63 +194,40 @@ class _PrecombineDoFn(core.DoFn):  # type: ignore[misc]
     def add_all(self, values: list[Any]) -> list[Any]:
         """Adds a chunk of windowed ``(key, value)``s; returns what a flush output.
 
-        The chunk's values are gathered by (window, key) first, each group in its order and
-        the groups in the order they first appear; each group goes to the CombineFn's
-        ``add_inputs`` at once: Beam defines it as ``add_input`` over each, and a CombineFn
-        may add a run faster (a wrapped ``max`` extends its buffer once, not per element).
-        An element in several windows (sliding windows) adds to one group per window.
-        """
-        if self._timestamp_combiner is not None:
-            return self._add_timestamped(values)
-        groups: dict[Any, list[Any]] = {}
-        if self._default_windowing:
-            for windowed_value in values:
-                key, value = windowed_value.value
-                group = groups.get(key)
-                if group is None:
-                    groups[key] = [key, None, [value]]
-                else:
-                    group[2].append(value)
-        else:
-            interval_window, bounds = window.IntervalWindow, bi.interval_bounds
-            # Each window object's table key, by identity: windows come from a cache, and
-            # an IntervalWindow's bounds are two Timestamp properties read.
-            at_of: dict[int, Any] = {}
-            for windowed_value in values:
-                key, value = windowed_value.value
-                for window_ in windowed_value.windows:
-                    at = at_of.get(id(window_))
-                    if at is None:
-                        at = bounds(window_) if type(window_) is interval_window else window_
-                        at_of[id(window_)] = at
-                    wkey = (at, key)
-                    group = groups.get(wkey)
-                    if group is None:
-                        groups[wkey] = [wkey, window_, [value]]
-                    else:
-                        group[2].append(value)
-        table = self.table
-        add_inputs = self._combine_fn.add_inputs
-        new_entry = self._new_entry
-        flushed: list[Any] = []
-        for wkey, window_, run in groups.values():
-            entry = table.get(wkey) or new_entry(wkey, None, window_, flushed)
-            entry[0] = add_inputs(entry[0], run)
-        return flushed
-
-    def _add_timestamped(self, values: list[Any]) -> list[Any]:
-        """``add_all`` where a timestamp combiner folds the elements' timestamps too.
-
-        Neighbours of one (window, key) go to ``add_inputs`` together, in their order.
+        Neighbours of one (window, key) go to the CombineFn's ``add_inputs`` together, in
+        their order: Beam defines it as ``add_input`` over each, and a CombineFn may add a
+        run faster (a wrapped ``max`` extends its buffer once, not per element). A run of
+        one goes to ``add_input``, as Beam's operation adds every element.
         """
         table = self.table
-        add_inputs = self._combine_fn.add_inputs
+        add_input, add_inputs = self._combine_fn.add_input, self._combine_fn.add_inputs
         new_entry = self._new_entry
         flushed: list[Any] = []
         # The (window, key)'s entry the run adds to, and its key.
         entry: list[Any] | None = None
         current: Any = None
         run: list[Any] = []
+        if self._default_windowing:
+            for windowed_value in values:
+                key, value = windowed_value.value
+                if entry is None or not _same_key(key, current):
+                    if run:
+                        entry[0] = (  # type: ignore[index]
+                            add_input(entry[0], run[0])  # type: ignore[index]
+                            if len(run) == 1
+                            else add_inputs(entry[0], run)  # type: ignore[index]
+                        )
+                        run = []
+                    current = key
+                    entry = table.get(key) or new_entry(key, None, None, flushed)
+                run.append(value)
+            if run:
+                entry[0] = (  # type: ignore[index]
+                    add_input(entry[0], run[0])  # type: ignore[index]
+                    if len(run) == 1
+                    else add_inputs(entry[0], run)  # type: ignore[index]
+                )
+            return flushed
         timestamp_combiner = self._timestamp_combiner
         interval_window, bounds = window.IntervalWindow, bi.interval_bounds
         # The run's window and key objects: the next element's, mostly (windows come from
@@ -259,7 +236,7 @@ class _PrecombineDoFn(core.DoFn):  # type: ignore[misc]
         last_key: Any = None
         for windowed_value in values:
             key, value = windowed_value.value
-            timestamp = windowed_value.timestamp
+            timestamp = windowed_value.timestamp if timestamp_combiner else None
             for window_ in windowed_value.windows:
                 if entry is None or window_ is not last_window or key is not last_key:
                     at = bounds(window_) if type(window_) is interval_window else window_
@@ -267,7 +244,12 @@ class _PrecombineDoFn(core.DoFn):  # type: ignore[misc]
                         _same_key(at, current[0]) and _same_key(key, current[1])
                     ):
                         if run:
-                            entry[0] = add_inputs(entry[0], run)  # type: ignore[index]
+                            # A run of one (sliding windows' usual) as Beam adds it.
+                            entry[0] = (  # type: ignore[index]
+                                add_input(entry[0], run[0])  # type: ignore[index]
+                                if len(run) == 1
+                                else add_inputs(entry[0], run)  # type: ignore[index]
+                            )
                             run = []
                         current = (at, key)
                         entry = table.get(current) or new_entry(
@@ -275,9 +257,14 @@ class _PrecombineDoFn(core.DoFn):  # type: ignore[misc]
                         )
                     last_window, last_key = window_, key
                 run.append(value)
-                entry[1] = timestamp_combiner.combine(entry[1], timestamp)  # type: ignore[index]
+                if timestamp_combiner:
+                    entry[1] = timestamp_combiner.combine(entry[1], timestamp)  # type: ignore[index]
         if run:
-            entry[0] = add_inputs(entry[0], run)  # type: ignore[index]
+            entry[0] = (  # type: ignore[index]
+                add_input(entry[0], run[0])  # type: ignore[index]
+                if len(run) == 1
+                else add_inputs(entry[0], run)  # type: ignore[index]
+            )
         return flushed
 
     def _new_entry(self, wkey: Any, timestamp: Any, window_: Any, flushed: list[Any]) -> list[Any]:

@@ -90,11 +90,14 @@ class _RecordingSum(core.CombineFn):  # type: ignore[misc]
 
     def __init__(self) -> None:
         self.runs: list[list[int]] = []
+        # What ``add_input`` is given, one element at a time.
+        self.singles: list[int] = []
 
     def create_accumulator(self) -> int:
         return 0
 
     def add_input(self, accumulator: int, element: int) -> int:
+        self.singles.append(element)
         return accumulator + element
 
     def add_inputs(self, accumulator: int, elements: Any) -> int:
@@ -109,31 +112,33 @@ class _RecordingSum(core.CombineFn):  # type: ignore[misc]
 
 
 @pytest.mark.parametrize("default_windowing", [True, False])
-def test_a_precombine_adds_each_window_and_keys_values_of_a_chunk_at_once(
+def test_a_precombine_adds_each_run_of_one_window_and_key_at_once(
     default_windowing: bool,
 ) -> None:
-    """A chunk's values of one (window, key) reach the CombineFn's ``add_inputs``
-    together, in order, neighbours or not; keys equal as a dict's (1 and 1.0) are one
-    key, as in the table; the accumulators are Beam's element-by-element ones."""
+    """Neighbours of one (window, key) reach the CombineFn's ``add_inputs`` together, in
+    order; keys equal but not the same object join the run, ones equal across types start
+    another, a run of one goes to ``add_input`` as Beam's operation adds each element;
+    the accumulators are Beam's element-by-element ones."""
     from apache_beam.utils.windowed_value import WindowedValue
 
     combine_fn = _RecordingSum()
     precombine = batched_dofns._PrecombineDoFn(combine_fn, default_windowing, None, 1000)
     one, other = IntervalWindow(0, 10), IntervalWindow(10, 20)
-    windows = [(GlobalWindow(),)] * 8 if default_windowing else [(one,)] * 5 + [(other,)] * 3
-    # "ab" made anew is equal to, not the same object as, the second; 1.0 equals 1.
-    keys = ["a", "ab", "a", "".join(["a", "b"]), "a", 1, 1.0, 1.0]
+    windows = [(GlobalWindow(),)] * 7 if default_windowing else [(one,)] * 4 + [(other,)] * 3
+    # "ab" made anew is equal to, not the same object as, the first; 1.0 equals 1.
+    keys = ["a", "a", "".join(["a", "b"]), "ab", 1, 1.0, 1.0]
     values = [
         WindowedValue((key, n), 5, w)
         for n, (key, w) in enumerate(zip(keys, windows, strict=True), start=1)
     ]
     precombine.start_bundle()
     assert precombine.add_all(values) == []
-    assert combine_fn.runs == [[1, 3, 5], [2, 4], [6, 7, 8]]
+    assert combine_fn.runs == [[1, 2], [3, 4], [6, 7]]
+    assert combine_fn.singles == [5]
     if default_windowing:
-        expected = {"a": 9, "ab": 6, 1: 21}
+        expected = {"a": 3, "ab": 7, 1: 18}
     else:
-        expected = {(one, "a"): 9, (one, "ab"): 6, (other, 1): 21}
+        expected = {(one, "a"): 3, (one, "ab"): 7, (other, 1): 18}
     out = {
         (wv.value[0] if default_windowing else (wv.windows[0], wv.value[0])): wv.value[1]
         for wv in precombine.finish_bundle()
@@ -141,23 +146,24 @@ def test_a_precombine_adds_each_window_and_keys_values_of_a_chunk_at_once(
     assert out == expected
 
 
-def test_a_precombine_adds_sliding_windows_values_once_per_window_and_key() -> None:
-    """Elements each in two sliding windows, keys alternating: one ``add_inputs`` per
-    (window, key) of the chunk, not one per element and window; the table's entries in
-    the order their (window, key) first appears, each with its own window."""
+def test_a_precombine_adds_elements_in_sliding_windows_one_by_one() -> None:
+    """Elements each in two sliding windows make runs of one (window, key) each: each goes
+    to the CombineFn's ``add_input``, as Beam's operation adds it, not ``add_inputs`` of a
+    list of one; the accumulators per (window, key) are Beam's."""
     from apache_beam.utils.windowed_value import WindowedValue
 
     combine_fn = _RecordingSum()
     precombine = batched_dofns._PrecombineDoFn(combine_fn, False, None, 1000)
     early, late = IntervalWindow(0, 10), IntervalWindow(5, 15)
-    values = [WindowedValue((key, n), 7, (early, late)) for n, key in enumerate("xyxyx", 1)]
+    values = [WindowedValue((key, n), 7, (early, late)) for n, key in enumerate("xyxy", 1)]
     precombine.start_bundle()
     assert precombine.add_all(values) == []
-    assert combine_fn.runs == [[1, 3, 5], [1, 3, 5], [2, 4], [2, 4]]
+    assert combine_fn.runs == []
+    assert combine_fn.singles == [1, 1, 2, 2, 3, 3, 4, 4]
     out = [(wv.windows, wv.value) for wv in precombine.finish_bundle()]
     assert out == [
-        ((early,), ("x", 9)),
-        ((late,), ("x", 9)),
+        ((early,), ("x", 4)),
+        ((late,), ("x", 4)),
         ((early,), ("y", 6)),
         ((late,), ("y", 6)),
     ]
