@@ -196,10 +196,11 @@ class _PrecombineDoFn(core.DoFn):  # type: ignore[misc]
 
         Neighbours of one (window, key) go to the CombineFn's ``add_inputs`` together, in
         their order: Beam defines it as ``add_input`` over each, and a CombineFn may add a
-        run faster (a wrapped ``max`` extends its buffer once, not per element).
+        run faster (a wrapped ``max`` extends its buffer once, not per element). A run of
+        one goes to ``add_input``, as Beam's operation adds every element.
         """
         table = self.table
-        add_inputs = self._combine_fn.add_inputs
+        add_input, add_inputs = self._combine_fn.add_input, self._combine_fn.add_inputs
         new_entry = self._new_entry
         flushed: list[Any] = []
         # The (window, key)'s entry the run adds to, and its key.
@@ -211,13 +212,21 @@ class _PrecombineDoFn(core.DoFn):  # type: ignore[misc]
                 key, value = windowed_value.value
                 if entry is None or not _same_key(key, current):
                     if run:
-                        entry[0] = add_inputs(entry[0], run)  # type: ignore[index]
+                        entry[0] = (  # type: ignore[index]
+                            add_input(entry[0], run[0])  # type: ignore[index]
+                            if len(run) == 1
+                            else add_inputs(entry[0], run)  # type: ignore[index]
+                        )
                         run = []
                     current = key
                     entry = table.get(key) or new_entry(key, None, None, flushed)
                 run.append(value)
             if run:
-                entry[0] = add_inputs(entry[0], run)  # type: ignore[index]
+                entry[0] = (  # type: ignore[index]
+                    add_input(entry[0], run[0])  # type: ignore[index]
+                    if len(run) == 1
+                    else add_inputs(entry[0], run)  # type: ignore[index]
+                )
             return flushed
         timestamp_combiner = self._timestamp_combiner
         interval_window, bounds = window.IntervalWindow, bi.interval_bounds
@@ -235,7 +244,12 @@ class _PrecombineDoFn(core.DoFn):  # type: ignore[misc]
                         _same_key(at, current[0]) and _same_key(key, current[1])
                     ):
                         if run:
-                            entry[0] = add_inputs(entry[0], run)  # type: ignore[index]
+                            # A run of one (sliding windows' usual) as Beam adds it.
+                            entry[0] = (  # type: ignore[index]
+                                add_input(entry[0], run[0])  # type: ignore[index]
+                                if len(run) == 1
+                                else add_inputs(entry[0], run)  # type: ignore[index]
+                            )
                             run = []
                         current = (at, key)
                         entry = table.get(current) or new_entry(
@@ -246,7 +260,11 @@ class _PrecombineDoFn(core.DoFn):  # type: ignore[misc]
                 if timestamp_combiner:
                     entry[1] = timestamp_combiner.combine(entry[1], timestamp)  # type: ignore[index]
         if run:
-            entry[0] = add_inputs(entry[0], run)  # type: ignore[index]
+            entry[0] = (  # type: ignore[index]
+                add_input(entry[0], run[0])  # type: ignore[index]
+                if len(run) == 1
+                else add_inputs(entry[0], run)  # type: ignore[index]
+            )
         return flushed
 
     def _new_entry(self, wkey: Any, timestamp: Any, window_: Any, flushed: list[Any]) -> list[Any]:

@@ -90,11 +90,14 @@ class _RecordingSum(core.CombineFn):  # type: ignore[misc]
 
     def __init__(self) -> None:
         self.runs: list[list[int]] = []
+        # What ``add_input`` is given, one element at a time.
+        self.singles: list[int] = []
 
     def create_accumulator(self) -> int:
         return 0
 
     def add_input(self, accumulator: int, element: int) -> int:
+        self.singles.append(element)
         return accumulator + element
 
     def add_inputs(self, accumulator: int, elements: Any) -> int:
@@ -114,7 +117,8 @@ def test_a_precombine_adds_each_run_of_one_window_and_key_at_once(
 ) -> None:
     """Neighbours of one (window, key) reach the CombineFn's ``add_inputs`` together, in
     order; keys equal but not the same object join the run, ones equal across types start
-    another; the accumulators are Beam's element-by-element ones."""
+    another, a run of one goes to ``add_input`` as Beam's operation adds each element;
+    the accumulators are Beam's element-by-element ones."""
     from apache_beam.utils.windowed_value import WindowedValue
 
     combine_fn = _RecordingSum()
@@ -129,7 +133,8 @@ def test_a_precombine_adds_each_run_of_one_window_and_key_at_once(
     ]
     precombine.start_bundle()
     assert precombine.add_all(values) == []
-    assert combine_fn.runs == [[1, 2], [3, 4], [5], [6, 7]]
+    assert combine_fn.runs == [[1, 2], [3, 4], [6, 7]]
+    assert combine_fn.singles == [5]
     if default_windowing:
         expected = {"a": 3, "ab": 7, 1: 18}
     else:
@@ -139,3 +144,26 @@ def test_a_precombine_adds_each_run_of_one_window_and_key_at_once(
         for wv in precombine.finish_bundle()
     }
     assert out == expected
+
+
+def test_a_precombine_adds_elements_in_sliding_windows_one_by_one() -> None:
+    """Elements each in two sliding windows make runs of one (window, key) each: each goes
+    to the CombineFn's ``add_input``, as Beam's operation adds it, not ``add_inputs`` of a
+    list of one; the accumulators per (window, key) are Beam's."""
+    from apache_beam.utils.windowed_value import WindowedValue
+
+    combine_fn = _RecordingSum()
+    precombine = batched_dofns._PrecombineDoFn(combine_fn, False, None, 1000)
+    early, late = IntervalWindow(0, 10), IntervalWindow(5, 15)
+    values = [WindowedValue((key, n), 7, (early, late)) for n, key in enumerate("xyxy", 1)]
+    precombine.start_bundle()
+    assert precombine.add_all(values) == []
+    assert combine_fn.runs == []
+    assert combine_fn.singles == [1, 1, 2, 2, 3, 3, 4, 4]
+    out = [(wv.windows, wv.value) for wv in precombine.finish_bundle()]
+    assert out == [
+        ((early,), ("x", 4)),
+        ((late,), ("x", 4)),
+        ((early,), ("y", 6)),
+        ((late,), ("y", 6)),
+    ]
