@@ -31,9 +31,8 @@ from beam_spark_runner.streaming.splittable import (
     SplittableShard,
     SplittableShardState,
 )
-from beam_spark_runner.streaming.topology import STAGE, Node, Topology
 from beam_spark_runner.streaming.watermarks import MAX_MICROS
-from tests.stage_specs import stage_spec
+from tests.stage_specs import one_stage_topology, stage_spec
 from tests.streaming.memory_state import MemoryList as _List
 from tests.streaming.memory_state import MemoryValue as _Value
 
@@ -100,17 +99,7 @@ class _Shard:
     def __init__(self, spec: StageSpec, logged: bool, workers: int = 1) -> None:
         self.spec = spec
         self.encoder = _input_encoder(spec)
-        node = Node(
-            index=0,
-            name=spec.name,
-            kind=STAGE,
-            stateful=True,
-            step=1,
-            targets=tuple(() for _ in spec.outputs),
-            expected=frozenset([_SOURCE]),
-            main_expected=frozenset([_SOURCE]),
-        )
-        self.topology = Topology((node,), {_SOURCE: (0,)}, 1, 1, frozenset())
+        self.topology = one_stage_topology(spec, _SOURCE)
         self.logged = logged
         self.whole: bytes | None = None
         self.value, self.log = _Value(), _List()

@@ -33,11 +33,10 @@ from beam_spark_runner.streaming import state_cache
 from beam_spark_runner.streaming.compression import pack
 from beam_spark_runner.streaming.rows import ELEMENT, PRODUCER, PTIME, WATERMARK
 from beam_spark_runner.streaming.stateful import StatefulShard, StatefulShardState
-from beam_spark_runner.streaming.topology import STAGE, Node, Topology
 from beam_spark_runner.streaming.watermarks import MAX_MICROS
 from beam_spark_runner.streaming.window_expiry import WindowExpiry, window_expiry
 from tests.conftest import SPARK_TEST_MASTER
-from tests.stage_specs import stage_spec
+from tests.stage_specs import one_stage_topology, stage_spec
 from tests.streaming.memory_state import MemoryList as _List
 from tests.streaming.memory_state import MemoryValue as _Value
 
@@ -97,20 +96,6 @@ def _spec(allowed_lateness: int, windows: Any = None) -> StageSpec:
     return stage_spec(plan, stage, f"stateful-expiry-{allowed_lateness}")
 
 
-def _topology(spec: StageSpec) -> Topology:
-    node = Node(
-        index=0,
-        name=spec.name,
-        kind=STAGE,
-        stateful=True,
-        step=1,
-        targets=tuple(() for _ in spec.outputs),
-        expected=frozenset([_SOURCE]),
-        main_expected=frozenset([_SOURCE]),
-    )
-    return Topology((node,), {_SOURCE: (0,)}, levels=1, shards=1, sink_producers=frozenset())
-
-
 def _encoder(spec: StageSpec) -> Any:
     descriptor = bi.beam_fn_api_pb2.ProcessBundleDescriptor.FromString(spec.descriptor)
     port = bi.remote_grpc_port(descriptor.transforms[spec.input_transform_id].spec.payload)
@@ -122,7 +107,7 @@ class _Run:
 
     def __init__(self, allowed_lateness: int = 0) -> None:
         self.spec = _spec(allowed_lateness)
-        self.topology = _topology(self.spec)
+        self.topology = one_stage_topology(self.spec, _SOURCE)
         self.encoder = _encoder(self.spec)
         self.value: bytes | None = None
 
