@@ -131,16 +131,7 @@ def _processing_time(pipeline: beam.Pipeline) -> Any:
         .advance_processing_time(6)
         .advance_watermark_to_infinity()
     )
-    return (
-        pipeline
-        | stream
-        | beam.WindowInto(
-            window.GlobalWindows(),
-            trigger=trigger.Repeatedly(trigger.AfterProcessingTime(5)),
-            accumulation_mode=trigger.AccumulationMode.DISCARDING,
-        )
-        | beam.GroupByKey()
-    )
+    return _grouped_in_global_window(pipeline, stream, trigger.AfterProcessingTime(5))
 
 
 def _after_count(pipeline: beam.Pipeline) -> Any:
@@ -153,16 +144,21 @@ def _after_count(pipeline: beam.Pipeline) -> Any:
         .add_elements([TimestampedValue(kv, 5) for kv in [("a", 6), ("a", 7), ("b", 8)]])
         .advance_watermark_to_infinity()
     )
+    grouped = _grouped_in_global_window(pipeline, stream, trigger.AfterCount(2))
+    return grouped | beam.MapTuple(lambda key, values: (key, sorted(values)))
+
+
+def _grouped_in_global_window(pipeline: beam.Pipeline, stream: Any, fires: Any) -> Any:
+    """``stream`` grouped by key in the global window under ``Repeatedly(fires)``, discarding."""
     return (
         pipeline
         | stream
         | beam.WindowInto(
             window.GlobalWindows(),
-            trigger=trigger.Repeatedly(trigger.AfterCount(2)),
+            trigger=trigger.Repeatedly(fires),
             accumulation_mode=trigger.AccumulationMode.DISCARDING,
         )
         | beam.GroupByKey()
-        | beam.MapTuple(lambda key, values: (key, sorted(values)))
     )
 
 
