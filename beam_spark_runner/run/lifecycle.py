@@ -59,7 +59,7 @@ class OpenRun:
         in each task (``broadcast_main_session=False``: a streaming query's stateful
         workers do not load broadcasts).
         """
-        spark, owned = obtain_session(prepared.settings)
+        spark, owned = obtain_session(prepared.settings, streaming=prepared.streaming)
         share_driver_path(spark)
         # spark.conf, not getConf(): that copies every setting.
         collector = AttemptCollector.start(spark.conf)

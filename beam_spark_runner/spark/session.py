@@ -83,7 +83,10 @@ JAVA_OPTIONS = "spark.driver.defaultJavaOptions"
 ADAPTIVE_EXECUTION = "spark.sql.adaptive.enabled"
 
 # C1 only: a local driver JVM just moves Arrow batches, where C2 costs more than it saves.
-# (The user's spark.driver.extraJavaOptions come after: -XX:TieredStopAtLevel=4 restores C2.)
+# Not for a session started for a streaming query, which runs the same code for as long as
+# it runs: there C2's compilation is paid once and its code takes a third of C1's CPU time
+# per event (docs/performance.md). (The user's spark.driver.extraJavaOptions come after:
+# -XX:TieredStopAtLevel=4 restores C2, =1 keeps C1 only.)
 LOCAL_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 
 # A local driver JVM is the whole cluster (it caches stage outputs too): Spark's 1 GiB
@@ -111,20 +114,23 @@ QUIET_LOG4J_PROFILE = Path(__file__).resolve().parent / "log4j2-quiet.properties
 QUIET_LOG_LEVEL = "WARN"
 
 
-def _driver_java_options(master: str, settings: SparkSettings) -> str:
-    options = [LOCAL_DRIVER_JAVA_OPTIONS] if is_local_master(master) else []
+def _driver_java_options(master: str, settings: SparkSettings, streaming: bool) -> str:
+    options = [LOCAL_DRIVER_JAVA_OPTIONS] if is_local_master(master) and not streaming else []
     if settings.log_level == QUIET_LOG_LEVEL:
         options.append(f"-Dlog4j2.configurationFile={QUIET_LOG4J_PROFILE.as_uri()}")
     return " ".join(options)
 
 
-def session_conf(master: str, settings: SparkSettings) -> dict[str, str]:
-    """The Spark settings of a session the runner creates for ``master``."""
+def session_conf(master: str, settings: SparkSettings, streaming: bool = False) -> dict[str, str]:
+    """The Spark settings of a session the runner creates for ``master``.
+
+    ``streaming``: the session is started for a streaming query (its JVM compiles with C2).
+    """
     conf: dict[str, str] = {
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
     }
-    java_options = _driver_java_options(master, settings)
+    java_options = _driver_java_options(master, settings, streaming)
     if java_options:
         conf[JAVA_OPTIONS] = java_options
     if is_local_master(master):
@@ -349,7 +355,7 @@ def _start(master: str, settings: SparkSettings, conf: dict[str, str]) -> SparkS
     return builder.getOrCreate()
 
 
-def _build_session(settings: SparkSettings) -> SparkSession:
+def _build_session(settings: SparkSettings, streaming: bool = False) -> SparkSession:
     java_version = check_java(required_java_major())
     master = settings.master or _configured_master() or DEFAULT_MASTER
     check_master_reachable(master)
@@ -359,7 +365,7 @@ def _build_session(settings: SparkSettings) -> SparkSession:
         # Local executors' Python workers must see the driver's packages (Beam, pyarrow,
         # this runner). PySpark takes the worker interpreter from this variable only.
         os.environ["PYSPARK_PYTHON"] = sys.executable
-    conf = session_conf(master, settings)
+    conf = session_conf(master, settings, streaming)
     with_class_archive(conf, settings, java_version)
     _LOGGER.info("Starting a Spark session (master %s, app %s)", master, settings.app_name)
     try:
@@ -449,8 +455,14 @@ def _stop_owned() -> None:
 atexit.register(_stop_owned)
 
 
-def obtain_session(settings: SparkSettings) -> tuple[SparkSession, bool]:
-    """The session to run on, and whether the runner created (owns) it."""
+def obtain_session(
+    settings: SparkSettings, streaming: bool = False
+) -> tuple[SparkSession, bool]:
+    """The session to run on, and whether the runner created (owns) it.
+
+    ``streaming``: for a streaming query, which a new session's JVM compiles with C2
+    (``session_conf``); a session already running is kept whichever it compiles with.
+    """
     global _owned, _owned_settings
     from pyspark.sql import SparkSession
 
@@ -485,7 +497,7 @@ def obtain_session(settings: SparkSettings) -> tuple[SparkSession, bool]:
                 _owned.sparkContext.setLogLevel(settings.log_level)
                 return _owned, True
             _stop_owned()
-        _owned = _build_session(settings)
+        _owned = _build_session(settings, streaming)
         _owned_settings = settings
         return _owned, True
 

@@ -32,6 +32,18 @@ def test_local_sessions_compile_with_c1_only() -> None:
     assert conf["spark.python.daemon.module"] == "beam_spark_runner.spark.worker_daemon"
 
 
+def test_a_local_session_for_a_streaming_query_compiles_with_c2_too() -> None:
+    conf = session_conf("local[2]", _settings(), streaming=True)
+    assert conf["spark.driver.defaultJavaOptions"] == QUIET
+    assert "TieredStopAtLevel" not in conf["spark.driver.defaultJavaOptions"]
+    info = session_conf("local[2]", _settings(log_level="INFO"), streaming=True)
+    assert "spark.driver.defaultJavaOptions" not in info
+    # The user's options still win.
+    mine = {"spark.driver.defaultJavaOptions": "-XX:TieredStopAtLevel=1"}
+    chosen = session_conf("local[2]", _settings(**mine), streaming=True)
+    assert chosen["spark.driver.defaultJavaOptions"] == "-XX:TieredStopAtLevel=1"
+
+
 def test_a_local_sessions_settings_include_a_shuffle_partition_per_core() -> None:
     conf = session.local_session_conf("local[2]", _settings())
     assert conf == {**session_conf("local[2]", _settings()), "spark.sql.shuffle.partitions": "2"}
