@@ -455,9 +455,7 @@ def _stop_owned() -> None:
 atexit.register(_stop_owned)
 
 
-def obtain_session(
-    settings: SparkSettings, streaming: bool = False
-) -> tuple[SparkSession, bool]:
+def obtain_session(settings: SparkSettings, streaming: bool = False) -> tuple[SparkSession, bool]:
     """The session to run on, and whether the runner created (owns) it.
 
     ``streaming``: for a streaming query, which a new session's JVM compiles with C2
