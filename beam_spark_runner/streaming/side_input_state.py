@@ -310,8 +310,7 @@ class SideInputShardState:
         """
         journal = self.journal
         fired = {
-            (number, slot): _copied(self.fired[number].get(slot))
-            for number, slot in journal.fired
+            (number, slot): _copied(self.fired[number].get(slot)) for number, slot in journal.fired
         }
         buckets = {}
         for needs in journal.buckets:

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from beam_spark_runner.execution.stage_worker import BundleOutputs, TaskSinks
-from beam_spark_runner.execution.timers import TimerFamilyId, TimerId
+from beam_spark_runner.execution.timer_index import HeldTimers, TimerFamilyId
 from beam_spark_runner.streaming.side_input_state import SideInputShardState, WaitingStore
 from beam_spark_runner.streaming.side_inputs import (
     SideInputStageSpec,
@@ -56,7 +56,7 @@ class StatefulSideInputShardState(SideInputShardState):
     timers: dict[TimerFamilyId, bytes] = dataclasses.field(default_factory=dict)
     # As ``StatefulShardState``'s.
     next_expiry: int | None = None
-    pending: dict[TimerId, Any] | None = None
+    pending: HeldTimers | None = None
 
 
 class StatefulSideInputShard(StatefulShard):

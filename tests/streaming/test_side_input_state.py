@@ -66,9 +66,7 @@ class _Logged:
     """A stateless side-input shard's batches through ``state_cache``, over ``workers`` caches."""
 
     def __init__(self, workers: int = 1) -> None:
-        self.spec, self.node, self.topology, self.main, self.side, _ = (
-            side_tests._stateless_stage()
-        )
+        self.spec, self.node, self.topology, self.main, self.side, _ = side_tests._stateless_stage()
         self.store = MemoryWaitingStore()
         self.value, self.log = _Value(), _List()
         self.key = (uuid.uuid4().hex, self.node.index, 0)
