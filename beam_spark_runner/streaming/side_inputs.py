@@ -10,9 +10,9 @@ holds every firing's elements; or, for the global window, a trigger firing); the
 wait, their timestamps holding its output watermark. In the global window a side input's
 trigger firings (elements with a pane from a GroupByKey) replace each other, as Beam's
 programming guide specifies: under a repeated trigger it serves its latest value. Waiting
-elements live in a list in the state store (``WaitingStore``), not in the shard's state
-value rewritten every batch, and are rewritten only in a batch where some are ready. A
-bounded side input is final at once. A side input's window is forgotten once no main element
+elements live in a list in the state store (``WaitingStore``), rewritten only in a batch
+where some are ready; the shard's state (``side_input_state``) is cached in the worker, a
+batch logging what it changed (``state_cache``). A bounded side input is final at once. A side input's window is forgotten once no main element
 can read it any more (``_Coders.horizons``). A stateful DoFn reading streamed side inputs
 waits the same way (``stateful_side_inputs``), as does an unbounded splittable DoFn
 (``splittable``).

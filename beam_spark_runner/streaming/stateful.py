@@ -13,8 +13,9 @@ stays cached in the worker between batches, its changes logged in the state stor
 (``state_cache``): what a batch writes is the cells it read or wrote (the servicer tells
 them: ``InMemoryStateBackend.touched_user_state``) and those that expired, its watermarks,
 and the timers it set, cleared or fired (``PendingTimers.changes``; ``changes``,
-``replay``). Its pending timers stay decoded in the cached state (``pending``), encoded per
-family only where the whole state is written.
+``replay``). Its pending timers stay decoded in the cached state (``pending``), indexed by
+when they are due (``execution.timer_index``), encoded per family only where the whole
+state is written.
 """
 
 from __future__ import annotations
