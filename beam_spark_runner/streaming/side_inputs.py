@@ -12,8 +12,9 @@ trigger firings (elements with a pane from a GroupByKey) replace each other, as 
 programming guide specifies: under a repeated trigger it serves its latest value. Waiting
 elements live in a list in the state store (``WaitingStore``), rewritten only in a batch
 where some are ready; the shard's state (``side_input_state``) is cached in the worker, a
-batch logging what it changed (``state_cache``). A bounded side input is final at once. A side input's window is forgotten once no main element
-can read it any more (``_Coders.horizons``). A stateful DoFn reading streamed side inputs
+batch logging what it changed (``state_cache``). A bounded side input is final at once. A
+side input's window is forgotten once no main element can read it any more
+(``_Coders.horizons``). A stateful DoFn reading streamed side inputs
 waits the same way (``stateful_side_inputs``), as does an unbounded splittable DoFn
 (``splittable``).
 """
