@@ -6,12 +6,12 @@ import apache_beam as beam
 
 from benchmarks.state import (
     PREFILL_RATE,
-    TICK_SECONDS,
     SIDE_PER_TICK,
+    TICK_SECONDS,
     StateTrial,
     _Elements,
-    _SideValues,
     _measured,
+    _SideValues,
     build,
     markdown_table,
     prefill_ticks,
