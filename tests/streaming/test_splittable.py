@@ -18,6 +18,7 @@ from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
 
 from beam_spark_runner.execution.stage_worker import NO_SINKS
+from beam_spark_runner.streaming import state_cache
 from beam_spark_runner.streaming.compression import pack
 from beam_spark_runner.streaming.rows import (
     ELEMENT,
@@ -27,7 +28,6 @@ from beam_spark_runner.streaming.rows import (
     PTIME,
     WATERMARK,
 )
-from beam_spark_runner.streaming import state_cache
 from beam_spark_runner.streaming.splittable import SplittableSideInputShard
 from tests.conftest import SPARK_TEST_MASTER
 from tests.streaming.memory_state import MemoryList as _List
