@@ -4,9 +4,11 @@ A streaming shard keeps its pending timers between micro-batches (``HeldTimers``
 timer round asks which are due, each batch asks the earliest hold and which timers' windows
 expired. Scanning every pending timer for each would cost a shard with many timers and
 nothing due a pass over all of them every round. So beside the timers (by id, in the order
-they were set: the order each family's due timers fire in) it keeps heaps, with lazy
-deletion (an entry names a timer's id, its sequence number and the time it was pushed for;
-it is stale once the timer is gone or set to another time, and dropped when met):
+they were set: the order each family's due timers fire in; each in a record with its
+sequence number and its times in microseconds, so checking an entry hashes no timer id)
+it keeps heaps, with lazy deletion (an entry holds the time it was pushed for, the timer's
+sequence number and its record; it is stale once the timer is gone or set to another time,
+and dropped when met):
 
 * per time domain, the timers by firing time. A round moves the due ones (firing time at
   or before the domain's bound) into a backlog of heaps per user key; each key with
@@ -16,7 +18,8 @@ it is stale once the timer is gone or set to another time, and dropped when met)
 * the timers' output timestamps (holds), whose earliest is the top;
 * the timers' windows' expiry, computed at the first expiry check after a timer is set.
 
-A heap holding over twice the entries of the timers it indexes (plus ``_SLACK``) is rebuilt.
+The heaps are rebuilt once the entries pushed since they were last built pass twice the
+three each pending timer may have live (plus ``_SLACK``): then at least half were stale.
 """
 
 from __future__ import annotations
@@ -35,8 +38,10 @@ TimerFamilyId = tuple[str, str]
 # bound the processing time), fired in this order within a key.
 EVENT_RANK = 0
 _RANKS = 3
-# Stale entries a heap may hold beyond its live ones before it is rebuilt.
+# Entries pushed beyond twice the live ones' most before the heaps are rebuilt.
 _SLACK = 64
+# The entries a pending timer may have live: firing time, hold, expiry.
+_ENTRIES_PER_TIMER = 3
 
 
 def _micros(at: Any) -> int | None:
@@ -49,86 +54,107 @@ def _covers(bound: int | None, earlier: int | None) -> bool:
     return bound is None or (earlier is not None and bound >= earlier)
 
 
+class _Held:
+    """One pending timer: its id, the timer, its sequence number, its times (µs)."""
+
+    __slots__ = ("timer_id", "timer", "seq", "rank", "at", "hold", "live")
+
+    def __init__(self, timer_id: TimerId, seq: int, rank: int) -> None:
+        self.timer_id = timer_id
+        self.seq = seq
+        self.rank = rank
+        self.timer: Any = None
+        self.at = 0
+        self.hold: int | None = None
+        self.live = True
+
+    def __lt__(self, other: _Held) -> bool:
+        # Heap entries tie on (time, seq) only as duplicates of one timer's.
+        return False
+
+
 class HeldTimers:
     """The pending timers of a shard by id, in the order set, indexed by when they are due."""
 
     def __init__(self, ranks: Mapping[TimerFamilyId, int]) -> None:
         # Per family, its domain's rank (``EVENT_RANK`` or later).
         self._ranks = ranks
-        self._timers: dict[TimerId, Any] = {}
-        # Each timer's sequence number: the order it entered the pending timers.
-        self._seq: dict[TimerId, int] = {}
+        self._held: dict[TimerId, _Held] = {}
         self._next_seq = 0
-        # Per rank, (firing µs, seq, id); per user key, (rank, firing µs, seq, id) found due.
-        self._firing: list[list[tuple[int, int, TimerId]]] = [[] for _ in range(_RANKS)]
-        self._backlog: dict[bytes, list[tuple[int, int, int, TimerId]]] = {}
+        # Per rank, (firing µs, seq, record); per user key, (rank, firing µs, seq, record) of
+        # those found due.
+        self._firing: list[list[tuple[int, int, _Held]]] = [[] for _ in range(_RANKS)]
+        self._backlog: dict[bytes, list[tuple[int, int, int, _Held]]] = {}
         # The bounds (watermark, processing time) the backlog was found due by.
         self._backlog_bounds: tuple[int | None, int | None] = (None, None)
-        self._holds: list[tuple[int, int, TimerId]] = []
-        # Timers set since the last expiry check (seq, id); then (expiry, seq, id).
-        self._unchecked: list[tuple[int, TimerId]] = []
-        self._expiries: list[tuple[float, int, TimerId]] = []
+        self._holds: list[tuple[int, int, _Held]] = []
+        # Timers set since the last expiry check; then (expiry, seq, record).
+        self._unchecked: list[_Held] = []
+        self._expiries: list[tuple[float, int, _Held]] = []
+        # Entries pushed since the heaps were last built.
+        self._pushed = 0
 
     def copy(self) -> HeldTimers:
         """The same timers, in the same order, indexed anew."""
         copied = HeldTimers(self._ranks)
-        for timer_id, timer in self._timers.items():
-            copied.set(timer_id, timer)
+        for timer_id, held in self._held.items():
+            copied.set(timer_id, held.timer)
         return copied
 
     def __len__(self) -> int:
-        return len(self._timers)
+        return len(self._held)
 
     def __bool__(self) -> bool:
-        return bool(self._timers)
+        return bool(self._held)
 
     def __contains__(self, timer_id: object) -> bool:
-        return timer_id in self._timers
+        return timer_id in self._held
 
     def __getitem__(self, timer_id: TimerId) -> Any:
-        return self._timers[timer_id]
+        return self._held[timer_id].timer
 
     def __iter__(self) -> Iterator[TimerId]:
-        return iter(self._timers)
+        return iter(self._held)
 
     def items(self) -> Iterator[tuple[TimerId, Any]]:
         """(id, timer) of each pending timer, in the order they were set."""
-        return iter(self._timers.items())
+        return ((timer_id, held.timer) for timer_id, held in self._held.items())
 
-    def set(self, timer_id: TimerId, timer: Any) -> None:
-        """Sets a timer: a new one goes last in the order; a timer set again keeps its place."""
-        old = self._timers.get(timer_id)
-        self._timers[timer_id] = timer
-        if old is None:
-            seq = self._seq[timer_id] = self._next_seq
-            self._next_seq += 1
-            self._unchecked.append((seq, timer_id))
-        else:
-            seq = self._seq[timer_id]
-        at = timer.fire_timestamp.micros
-        if old is None or old.fire_timestamp.micros != at:
+    def set(self, timer_id: TimerId, timer: Any) -> bool:
+        """Sets a timer: a new one goes last in the order; a timer set again keeps its place.
+
+        Returns whether it is new.
+        """
+        held = self._held.get(timer_id)
+        new = held is None
+        if held is None:
             rank = self._ranks[(timer_id[0], timer_id[1])]
-            heapq.heappush(self._firing[rank], (at, seq, timer_id))
-        hold = timer.hold_timestamp
-        if hold is not None and (
-            old is None or old.hold_timestamp is None or old.hold_timestamp.micros != hold.micros
-        ):
-            heapq.heappush(self._holds, (hold.micros, seq, timer_id))
-        if self._stale_entries() > 2 * len(self._timers) + _SLACK:
+            held = self._held[timer_id] = _Held(timer_id, self._next_seq, rank)
+            self._next_seq += 1
+            self._unchecked.append(held)
+            self._pushed += 1
+        held.timer = timer
+        at = timer.fire_timestamp.micros
+        if new or held.at != at:
+            held.at = at
+            heapq.heappush(self._firing[held.rank], (at, held.seq, held))
+            self._pushed += 1
+        hold = None if timer.hold_timestamp is None else timer.hold_timestamp.micros
+        if hold is not None and (new or held.hold != hold):
+            heapq.heappush(self._holds, (hold, held.seq, held))
+            self._pushed += 1
+        held.hold = hold
+        if self._pushed > 2 * _ENTRIES_PER_TIMER * len(self._held) + _SLACK:
             self._rebuild()
+        return new
 
     def pop(self, timer_id: TimerId) -> Any:
         """Removes a timer; returns it (None if it was not pending)."""
-        timer = self._timers.pop(timer_id, None)
-        if timer is not None:
-            del self._seq[timer_id]
-        return timer
-
-    def _fires_at(self, timer_id: TimerId, seq: int, at: int) -> bool:
-        timer = self._timers.get(timer_id)
-        return (
-            timer is not None and self._seq[timer_id] == seq and timer.fire_timestamp.micros == at
-        )
+        held = self._held.pop(timer_id, None)
+        if held is None:
+            return None
+        held.live = False
+        return held.timer
 
     def due(self, watermark: Any = None, processing_time: Any = None) -> list[TimerId]:
         """Each user key's earliest due timers, in the order set; they stay pending.
@@ -141,46 +167,47 @@ class HeldTimers:
         if self._backlog and not all(map(_covers, bounds, self._backlog_bounds)):
             self._flush_backlog()
         self._backlog_bounds = bounds
+        backlogs = self._backlog
         for rank, heap in enumerate(self._firing):
             bound = bounds[0] if rank == EVENT_RANK else bounds[1]
             while heap and (bound is None or heap[0][0] <= bound):
-                at, seq, timer_id = heapq.heappop(heap)
-                if self._fires_at(timer_id, seq, at):
-                    backlog = self._backlog.setdefault(timer_id[2], [])
-                    heapq.heappush(backlog, (rank, at, seq, timer_id))
-        chosen: dict[TimerId, int] = {}
-        for key in list(self._backlog):
-            backlog = self._backlog[key]
+                at, seq, held = heapq.heappop(heap)
+                if held.live and held.at == at:
+                    key = held.timer_id[2]
+                    backlog = backlogs.get(key)
+                    if backlog is None:
+                        backlogs[key] = [(rank, at, seq, held)]
+                    else:
+                        heapq.heappush(backlog, (rank, at, seq, held))
+        chosen: list[_Held] = []
+        for key in list(backlogs):
+            backlog = backlogs[key]
             first: tuple[int, int] | None = None
             while backlog and (first is None or backlog[0][:2] == first):
-                rank, at, seq, timer_id = heapq.heappop(backlog)
-                if self._fires_at(timer_id, seq, at):
+                rank, at, _, held = heapq.heappop(backlog)
+                if held.live and held.at == at:
                     first = (rank, at)
-                    chosen[timer_id] = seq
+                    chosen.append(held)
             if not backlog:
-                del self._backlog[key]
-        return sorted(chosen, key=chosen.__getitem__)
+                del backlogs[key]
+        # A timer set to a time, another, then the first again has two entries for it.
+        unique = sorted({id(held): held for held in chosen}.values(), key=_seq_of)
+        return [held.timer_id for held in unique]
 
     def _flush_backlog(self) -> None:
         """Puts the timers found due back among the others (the bounds went back)."""
         for backlog in self._backlog.values():
-            for rank, at, seq, timer_id in backlog:
-                heapq.heappush(self._firing[rank], (at, seq, timer_id))
+            for rank, at, seq, held in backlog:
+                heapq.heappush(self._firing[rank], (at, seq, held))
         self._backlog.clear()
 
     def earliest_hold(self) -> Any:
         """The earliest output timestamp of the pending timers (None without one)."""
         holds = self._holds
         while holds:
-            at, seq, timer_id = holds[0]
-            timer = self._timers.get(timer_id)
-            if (
-                timer is not None
-                and self._seq[timer_id] == seq
-                and timer.hold_timestamp is not None
-                and timer.hold_timestamp.micros == at
-            ):
-                return timer.hold_timestamp
+            at, _, held = holds[0]
+            if held.live and held.hold == at:
+                return held.timer.hold_timestamp
             heapq.heappop(holds)
         return None
 
@@ -192,27 +219,19 @@ class HeldTimers:
         ``expiry(transform id, windows)``: the watermark past which a timer is expired
         (``math.inf``: never); it must answer a timer the same every time.
         """
-        for seq, timer_id in self._unchecked:
-            if self._seq.get(timer_id) == seq:
-                at = expiry(timer_id[0], timer_id[4])
+        for held in self._unchecked:
+            if held.live:
+                at = expiry(held.timer_id[0], held.timer_id[4])
                 if at < math.inf:
-                    heapq.heappush(self._expiries, (at, seq, timer_id))
+                    heapq.heappush(self._expiries, (at, held.seq, held))
         self._unchecked = []
         found: list[TimerId] = []
         expiries = self._expiries
         while expiries and expiries[0][0] < watermark:
-            _, seq, timer_id = heapq.heappop(expiries)
-            if self._seq.get(timer_id) == seq:
-                found.append(timer_id)
+            held = heapq.heappop(expiries)[2]
+            if held.live:
+                found.append(held.timer_id)
         return found
-
-    def _stale_entries(self) -> int:
-        """The most entries of one heap (stale ones among them)."""
-        return max(
-            len(self._holds),
-            len(self._expiries) + len(self._unchecked),
-            *(len(heap) for heap in self._firing),
-        )
 
     def _rebuild(self) -> None:
         """Indexes the pending timers anew, without stale entries (expiry at the next check)."""
@@ -220,13 +239,15 @@ class HeldTimers:
         self._firing = [[] for _ in range(_RANKS)]
         self._holds = []
         self._expiries = []
-        self._unchecked = []
-        for timer_id, timer in self._timers.items():
-            seq = self._seq[timer_id]
-            rank = self._ranks[(timer_id[0], timer_id[1])]
-            self._firing[rank].append((timer.fire_timestamp.micros, seq, timer_id))
-            if timer.hold_timestamp is not None:
-                self._holds.append((timer.hold_timestamp.micros, seq, timer_id))
-            self._unchecked.append((seq, timer_id))
+        self._unchecked = list(self._held.values())
+        for held in self._unchecked:
+            self._firing[held.rank].append((held.at, held.seq, held))
+            if held.hold is not None:
+                self._holds.append((held.hold, held.seq, held))
         for heap in (*self._firing, self._holds):
             heapq.heapify(heap)
+        self._pushed = _ENTRIES_PER_TIMER * len(self._held)
+
+
+def _seq_of(held: _Held) -> int:
+    return held.seq

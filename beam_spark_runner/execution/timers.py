@@ -119,9 +119,9 @@ class PendingTimers:
                 if gone is not None:
                     self._removed[timer_id] = gone
             else:
-                if timer_id not in self._pending:
+                if self._pending.set(timer_id, timer):
+                    # New among the pending: last in the order ``changes`` writes too.
                     self._set.pop(timer_id, None)
-                self._pending.set(timer_id, timer)
                 self._set[timer_id] = None
 
     def next_round(
