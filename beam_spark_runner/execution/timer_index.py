@@ -57,7 +57,17 @@ def _covers(bound: int | None, earlier: int | None) -> bool:
 class _Held:
     """One pending timer: its id, the timer, its sequence number, its times (µs)."""
 
-    __slots__ = ("timer_id", "timer", "seq", "rank", "at", "hold", "live")
+    __slots__ = (
+        "timer_id",
+        "timer",
+        "seq",
+        "rank",
+        "at",
+        "hold",
+        "live",
+        "pushed_at",
+        "pushed_hold",
+    )
 
     def __init__(self, timer_id: TimerId, seq: int, rank: int) -> None:
         self.timer_id = timer_id
@@ -67,6 +77,9 @@ class _Held:
         self.at = 0
         self.hold: int | None = None
         self.live = True
+        # The times of its latest entries in the firing and hold heaps (None: none yet).
+        self.pushed_at: int | None = None
+        self.pushed_hold: int | None = None
 
     def __lt__(self, other: _Held) -> bool:
         # Heap entries tie on (time, seq) only as duplicates of one timer's.
@@ -88,6 +101,9 @@ class HeldTimers:
         # The bounds (watermark, processing time) the backlog was found due by.
         self._backlog_bounds: tuple[int | None, int | None] = (None, None)
         self._holds: list[tuple[int, int, _Held]] = []
+        # Timers set (or set again) since the heaps were last brought up to date: a batch
+        # run, whose rounds have no bounds, never needs them.
+        self._unindexed: list[_Held] = []
         # Timers set since the last expiry check; then (expiry, seq, record).
         self._unchecked: list[_Held] = []
         self._expiries: list[tuple[float, int, _Held]] = []
@@ -135,15 +151,11 @@ class HeldTimers:
             self._pushed += 1
         held.timer = timer
         at = timer.fire_timestamp.micros
-        if new or held.at != at:
-            held.at = at
-            heapq.heappush(self._firing[held.rank], (at, held.seq, held))
-            self._pushed += 1
         hold = None if timer.hold_timestamp is None else timer.hold_timestamp.micros
-        if hold is not None and (new or held.hold != hold):
-            heapq.heappush(self._holds, (hold, held.seq, held))
+        if new or held.at != at or held.hold != hold:
+            held.at, held.hold = at, hold
+            self._unindexed.append(held)
             self._pushed += 1
-        held.hold = hold
         if self._pushed > 2 * _ENTRIES_PER_TIMER * len(self._held) + _SLACK:
             self._rebuild()
         return new
@@ -164,6 +176,9 @@ class HeldTimers:
         timers of the first domain (event time first), at their earliest firing time.
         """
         bounds = (_micros(watermark), _micros(processing_time))
+        if bounds == (None, None):
+            return self._all_due()
+        self._index()
         if self._backlog and not all(map(_covers, bounds, self._backlog_bounds)):
             self._flush_backlog()
         self._backlog_bounds = bounds
@@ -194,6 +209,33 @@ class HeldTimers:
         unique = sorted({id(held): held for held in chosen}.values(), key=_seq_of)
         return [held.timer_id for held in unique]
 
+    def _all_due(self) -> list[TimerId]:
+        """``due`` without bounds (a batch run's rounds): a pass over every timer."""
+        earliest: dict[bytes, tuple[int, int]] = {}
+        for held in self._held.values():
+            key, order = held.timer_id[2], (held.rank, held.at)
+            best = earliest.get(key)
+            if best is None or order < best:
+                earliest[key] = order
+        return [
+            timer_id
+            for timer_id, held in self._held.items()
+            if earliest[timer_id[2]] == (held.rank, held.at)
+        ]
+
+    def _index(self) -> None:
+        """Pushes the entries of the timers set since the heaps were last brought up to date."""
+        for held in self._unindexed:
+            if not held.live:
+                continue
+            if held.pushed_at != held.at:
+                heapq.heappush(self._firing[held.rank], (held.at, held.seq, held))
+                held.pushed_at = held.at
+            if held.hold is not None and held.pushed_hold != held.hold:
+                heapq.heappush(self._holds, (held.hold, held.seq, held))
+                held.pushed_hold = held.hold
+        self._unindexed = []
+
     def _flush_backlog(self) -> None:
         """Puts the timers found due back among the others (the bounds went back)."""
         for backlog in self._backlog.values():
@@ -203,6 +245,7 @@ class HeldTimers:
 
     def earliest_hold(self) -> Any:
         """The earliest output timestamp of the pending timers (None without one)."""
+        self._index()
         holds = self._holds
         while holds:
             at, _, held = holds[0]
@@ -239,9 +282,11 @@ class HeldTimers:
         self._firing = [[] for _ in range(_RANKS)]
         self._holds = []
         self._expiries = []
+        self._unindexed = []
         self._unchecked = list(self._held.values())
         for held in self._unchecked:
             self._firing[held.rank].append((held.at, held.seq, held))
+            held.pushed_at, held.pushed_hold = held.at, held.hold
             if held.hold is not None:
                 self._holds.append((held.hold, held.seq, held))
         for heap in (*self._firing, self._holds):
