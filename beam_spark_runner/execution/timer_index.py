@@ -18,7 +18,9 @@ and dropped when met):
 * the timers' output timestamps (holds), whose earliest is the top;
 * the timers' windows' expiry, computed at the first expiry check after a timer is set.
 
-The heaps are rebuilt once the entries pushed since they were last built pass twice the
+A timer set is pushed only when a bounded round or the hold next asks: a batch run's
+rounds have no bounds (every timer is due), and pass over the timers once each, as
+before the index, with no heap to keep. The heaps are rebuilt once the entries pushed since they were last built pass twice the
 three each pending timer may have live (plus ``_SLACK``): then at least half were stale.
 """
 
