@@ -20,8 +20,9 @@ and dropped when met):
 
 A timer set is pushed only when a bounded round or the hold next asks: a batch run's
 rounds have no bounds (every timer is due), and pass over the timers once each, as
-before the index, with no heap to keep. The heaps are rebuilt once the entries pushed since they were last built pass twice the
-three each pending timer may have live (plus ``_SLACK``): then at least half were stale.
+before the index, with no heap to keep. The heaps are rebuilt once the entries pushed
+since they were last built pass twice the three each pending timer may have live (plus
+``_SLACK``): then at least half were stale.
 """
 
 from __future__ import annotations
