@@ -1,7 +1,7 @@
 """State at scale: a GroupByKey's micro-batches with few and with many keys in state.
 
     .venv/bin/python -m benchmarks.state [--keys 1000,2000000] [--sessions 1000000]
-        [--stateful 1000,2000000] [--rate 5000] [--seconds 120]
+        [--stateful 1000,2000000] [--side 1000,100000] [--rate 5000] [--seconds 120]
 
 The same pipeline at the same input rate, once per ``--keys`` (each in a process of its own,
 so each starts its own Spark session): ``PeriodicImpulse`` ticking every ``TICK_SECONDS``
@@ -12,7 +12,11 @@ run. With
 ``--sessions``, the same ticks feed a ``GroupByKey`` over ``Sessions(SESSION_GAP_SECONDS)``
 under the default trigger: each key one session that stays open for the whole run. With
 ``--stateful``, the same ticks feed a stateful DoFn keeping a ``ReadModifyWriteState``
-counter per key (in the global window: every key stays in state). The first
+counter per key (in the global window: every key stays in state). With ``--side``, the
+same ticks are the main input of a stage reading a streamed multimap side input: each key's
+latest value, from a ``GroupByKey`` in the global window firing on every element, every
+key given one during the prefill and ``SIDE_PER_TICK`` keys a new one each tick after it;
+every shard of the stage holds every key's. The first
 ticks put every key in state once, ``PREFILL_RATE`` keys a second; after them each tick
 emits ``rate × TICK_SECONDS`` elements of keys drawn at random from all keys. So after the
 prefill a micro-batch brings the same number of elements whatever the keys held, and its
@@ -66,6 +70,8 @@ PREFILL_RATE = 50_000
 # A key's pane fires after this many elements (rare at the steady rate: state stays).
 COUNT = 100
 SETTLE_SECONDS = 10.0
+# Side-input values after the prefill, per tick (``--side``): few beside those held.
+SIDE_PER_TICK = 1
 # A session's gap: longer than any run, so every key's session stays open.
 SESSION_GAP_SECONDS = 3600
 WATCH_SECONDS = 0.5
@@ -83,7 +89,7 @@ class StateTrial:
     rate: int
     # Measured micro-batches: (input rows, seconds, checkpoint bytes written).
     batches: list[tuple[int, float, int]]
-    # "global" (AfterCount in the global window), "sessions" or "stateful".
+    # "global" (AfterCount in the global window), "sessions", "stateful" or "side".
     pipeline: str = "global"
     state_rows: int | None = None
     jvm_peak_rss_mib: float = 0.0
@@ -138,6 +144,31 @@ class _Elements(beam.DoFn):  # type: ignore[misc]
             yield draw(self.keys), 1
 
 
+class _SideValues(beam.DoFn):  # type: ignore[misc]
+    """A tick's side-input values: the prefill's keys in order, then ``SIDE_PER_TICK`` keys."""
+
+    def __init__(self, start: float, keys: int) -> None:
+        self.start = start
+        self.keys = keys
+        self.prefill_ticks = prefill_ticks(keys)
+
+    def process(self, tick: Any) -> Iterator[tuple[int, int]]:
+        index = round((float(tick) - self.start) / TICK_SECONDS)
+        if index < self.prefill_ticks:
+            chunk = -(-self.keys // self.prefill_ticks)
+            for key in range(index * chunk, min(self.keys, (index + 1) * chunk)):
+                yield key, index
+            return
+        draw = random.Random(-index).randrange
+        for _ in range(SIDE_PER_TICK):
+            yield draw(self.keys), index
+
+
+def _looked_up(element: tuple[int, int], side: Any) -> bool:
+    """Whether the element's key has a side value (the lookup the stage exists for)."""
+    return bool(side[element[0]])
+
+
 class _Counter(beam.DoFn):  # type: ignore[misc]
     """A stateful DoFn: a count per key in a ``ReadModifyWriteState``; emits nothing."""
 
@@ -171,16 +202,31 @@ def build(
     from apache_beam.utils.timestamp import Timestamp
 
     per_tick = max(1, round(rate * TICK_SECONDS))
-    elements = (
-        pipeline
-        | "Ticks"
-        >> PeriodicImpulse(
-            start_timestamp=Timestamp(start),
-            stop_timestamp=Timestamp(stop),
-            fire_interval=TICK_SECONDS,
-        )
-        | "Elements" >> beam.ParDo(_Elements(start, keys, per_tick))
+    ticks = pipeline | "Ticks" >> PeriodicImpulse(
+        start_timestamp=Timestamp(start),
+        stop_timestamp=Timestamp(stop),
+        fire_interval=TICK_SECONDS,
     )
+    elements = ticks | "Elements" >> beam.ParDo(_Elements(start, keys, per_tick))
+    if pipeline_name == "side":
+        side = (
+            ticks
+            | "SideValues" >> beam.ParDo(_SideValues(start, keys))
+            | "SideWindow"
+            >> beam.WindowInto(
+                window.GlobalWindows(),
+                trigger=trigger.Repeatedly(trigger.AfterCount(1)),
+                accumulation_mode=trigger.AccumulationMode.DISCARDING,
+            )
+            | "SideGroup" >> beam.GroupByKey()
+        )
+        _ = (
+            elements
+            | "Window" >> beam.WindowInto(window.GlobalWindows())
+            | "Lookup" >> beam.Filter(_looked_up, beam.pvalue.AsMultiMap(side))
+            | "Drop" >> beam.Filter(lambda _: False)
+        )
+        return
     if pipeline_name == "stateful":
         _ = (
             elements
@@ -440,6 +486,12 @@ def main(argv: list[str] | None = None) -> int:
         help="then the stateful DoFn pipeline with these keys in state, comma-separated "
         "('' for none)",
     )
+    parser.add_argument(
+        "--side",
+        default="1000,100000",
+        help="then the streamed side input pipeline with these keys in its side input, "
+        "comma-separated ('' for none)",
+    )
     parser.add_argument("--rate", type=int, default=5000, help="elements/s after the prefill")
     parser.add_argument("--seconds", type=float, default=120, help="measured seconds")
     parser.add_argument("--output", default="benchmarks/results/state.json")
@@ -463,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = [("global", int(k)) for k in args.keys.split(",") if k]
     runs += [("sessions", int(k)) for k in args.sessions.split(",") if k]
     runs += [("stateful", int(k)) for k in args.stateful.split(",") if k]
+    runs += [("side", int(k)) for k in args.side.split(",") if k]
     for name, keys in runs:
         trial = run_in_subprocess(keys, args.rate, args.seconds, log_dir, name)
         trials.append(trial)

@@ -5,7 +5,8 @@ encoded with the family's timer coder. :class:`PendingTimers` keeps the latest s
 (transform, family, user key, dynamic tag, windows), exactly as FnApiRunner does: a later
 setting replaces an earlier one and a clear removes it. It also notes which timers were set,
 cleared or fired since it was made (``changes``): a streaming shard keeps its pending timers
-between micro-batches and logs only those.
+between micro-batches (``timer_index.HeldTimers``, indexed by when they are due, so a round
+with nothing due does not pass over every pending timer) and logs only those.
 
 Batch semantics: once a key's input is complete the input watermark moves from -inf to
 +inf, so every event-time timer is due, and processing time may also advance to +inf. Each
@@ -17,19 +18,20 @@ timers in timestamp order, including timers set by other timers' callbacks.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import itertools
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from beam_spark_runner import beam_internals as bi
+from beam_spark_runner.execution.timer_index import EVENT_RANK, HeldTimers, TimerFamilyId, TimerId
 
-TimerFamilyId = tuple[str, str]
 _EVENT_TIME = bi.beam_runner_api_pb2.TimeDomain.EVENT_TIME
 _PROCESSING_TIME = bi.beam_runner_api_pb2.TimeDomain.PROCESSING_TIME
-# Firing order between time domains within one key: event time first.
-_DOMAIN_RANK: dict[Any, int] = {_EVENT_TIME: 0, _PROCESSING_TIME: 1}
+# Firing order between time domains within one key: event time first (the only domain due
+# at the watermark), then processing time, then any other.
+_DOMAIN_RANK: dict[Any, int] = {_EVENT_TIME: EVENT_RANK, _PROCESSING_TIME: 1}
+_OTHER_RANK = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,22 +68,24 @@ def timer_families(descriptor: Any) -> dict[TimerFamilyId, TimerFamily]:
     return families
 
 
-# (transform id, family id, encoded user key, dynamic timer tag, windows)
-TimerId = tuple[str, str, bytes, str, tuple[Any, ...]]
-
-
 class PendingTimers:
     """The timers set and not yet fired, for the keys of one key group.
 
-    ``pending``, where given, is the dictionary of timers it holds (not a copy: a streaming
-    shard keeps it in its state between micro-batches).
+    ``pending``, where given, is the timers it holds (not a copy: a streaming shard keeps
+    them in its state between micro-batches).
     """
 
     def __init__(
-        self, families: dict[TimerFamilyId, TimerFamily], pending: dict[TimerId, Any] | None = None
+        self, families: dict[TimerFamilyId, TimerFamily], pending: HeldTimers | None = None
     ) -> None:
         self._families = families
-        self._pending: dict[TimerId, Any] = {} if pending is None else pending
+        if pending is None:
+            ranks = {
+                key: _DOMAIN_RANK.get(family.time_domain, _OTHER_RANK)
+                for key, family in families.items()
+            }
+            pending = HeldTimers(ranks)
+        self._pending = pending
         # Since it was made: the timers set, in the order of their last entry into
         # ``_pending``; and those removed (cleared, fired, forgotten), as they were.
         self._set: dict[TimerId, None] = {}
@@ -89,8 +93,8 @@ class PendingTimers:
         self.fired = 0
 
     @property
-    def held(self) -> dict[TimerId, Any]:
-        """The pending timers by id (the dictionary itself)."""
+    def held(self) -> HeldTimers:
+        """The pending timers by id (themselves, not a copy)."""
         return self._pending
 
     def __bool__(self) -> bool:
@@ -111,23 +115,14 @@ class PendingTimers:
                 tuple(timer.windows),
             )
             if timer.clear_bit:
-                gone = self._pending.pop(timer_id, None)
+                gone = self._pending.pop(timer_id)
                 if gone is not None:
                     self._removed[timer_id] = gone
             else:
-                if timer_id not in self._pending:
+                if self._pending.set(timer_id, timer):
+                    # New among the pending: last in the order ``changes`` writes too.
                     self._set.pop(timer_id, None)
-                self._pending[timer_id] = timer
                 self._set[timer_id] = None
-
-    def _order(self, timer_id: TimerId) -> tuple[int, Any]:
-        family = self._families[(timer_id[0], timer_id[1])]
-        return (_DOMAIN_RANK.get(family.time_domain, 2), self._pending[timer_id].fire_timestamp)
-
-    def _due(self, timer_id: TimerId, watermark: Any, processing_time: Any) -> bool:
-        domain = self._families[(timer_id[0], timer_id[1])].time_domain
-        bound = watermark if domain == _EVENT_TIME else processing_time
-        return bound is None or self._pending[timer_id].fire_timestamp <= bound
 
     def next_round(
         self, watermark: Any = None, processing_time: Any = None
@@ -136,19 +131,11 @@ class PendingTimers:
 
         With ``watermark`` (and ``processing_time``), only the timers due by then count:
         event-time timers at or before the watermark, processing-time ones at or before the
-        processing time (a streaming run); without, every timer is due (batch).
+        processing time (a streaming run); without, every timer is due (batch). A key's
+        earliest: event time before processing time, then the lowest firing timestamp
+        (every timer tied with it). Each family's in the order they were set.
         """
-        candidates = [t for t in self._pending if self._due(t, watermark, processing_time)]
-        by_key: dict[bytes, list[TimerId]] = collections.defaultdict(list)
-        for timer_id in candidates:
-            by_key[timer_id[2]].append(timer_id)
-        chosen: set[TimerId] = set()
-        for timer_ids in by_key.values():
-            earliest = min(self._order(t) for t in timer_ids)
-            chosen.update(t for t in timer_ids if self._order(t) == earliest)
-        # In the pending order of each family: the order ``encoded`` keeps, whatever the
-        # order between families.
-        return self._encode(t for t in candidates if t in chosen)
+        return self._encode(self._pending.due(watermark, processing_time))
 
     def _encode(self, due: Iterable[TimerId]) -> dict[TimerFamilyId, bytes]:
         """Removes the ``due`` timers; encodes them per family, the families in order."""
@@ -189,17 +176,22 @@ class PendingTimers:
             self._families[family_key].timer_coder_impl.encode_to_stream(timer, stream, True)
         return {family_key: stream.get() for family_key, stream in streams.items()}
 
-    def forget(self, done: Callable[[str, tuple[Any, ...]], bool]) -> int:
-        """Drops the pending timers ``done`` says are (by transform id and windows); how many."""
-        gone = [timer_id for timer_id in self._pending if done(timer_id[0], timer_id[4])]
+    def forget_expired(
+        self, expiry: Callable[[str, tuple[Any, ...]], float], watermark: int
+    ) -> int:
+        """Drops the pending timers expired at ``watermark``; how many.
+
+        ``expiry(transform id, windows)``: the watermark past which a timer is expired
+        (``math.inf``: never); it must answer a timer the same every time.
+        """
+        gone = self._pending.expired(expiry, watermark)
         for timer_id in gone:
             self._removed[timer_id] = self._pending.pop(timer_id)
         return len(gone)
 
     def earliest_hold(self) -> Any:
         """The earliest output timestamp of the pending timers (their watermark hold)."""
-        holds = [t.hold_timestamp for t in self._pending.values() if t.hold_timestamp is not None]
-        return min(holds, default=None)
+        return self._pending.earliest_hold()
 
 
 def _cleared(timer: Any) -> Any:

@@ -7,10 +7,8 @@ a shard runs on the skeleton of ``shard_run``, as its kind: a GroupByKey's
 splittable DoFn's ``splittable.SplittableShard`` (``SplittableSideInputShard`` where it
 reads streamed side inputs), a stage with side inputs' ``side_inputs.SideInputShard``, a
 stateful DoFn's with streamed side inputs ``stateful_side_inputs.StatefulSideInputShard``,
-each with its state as one value in the state store (one read and one write per shard and
-batch, compressed: ``compression``), but a GroupByKey's, a stateful DoFn's (with streamed
-side inputs or not) and a splittable DoFn's without side inputs, cached in the worker with
-their changes logged beside them (``state_cache``). What a
+each with its state cached in the worker and its changes logged in the state store
+(``state_cache``): a header value per shard, and a base and log of changes beside it. What a
 shard buffers for a later batch (a GroupByKey's values until their window's on-time pane,
 a stage's main elements until its side inputs are ready) is appended to a list beside it
 (``chunk_lists``), read only in the batch it is due. Its rows out are packed (``rows.packed``).
@@ -27,16 +25,12 @@ from beam_spark_runner.execution.stage_worker import StageSpec, TaskSinks, recor
 from beam_spark_runner.spark.internals import pickle_by_value
 from beam_spark_runner.streaming import state_cache
 from beam_spark_runner.streaming.chunk_lists import ListStateChunks
-from beam_spark_runner.streaming.compression import pack, unpack
 from beam_spark_runner.streaming.group_panes import GroupShard, streaming_grouper
 from beam_spark_runner.streaming.level_shell import LevelShell
 from beam_spark_runner.streaming.rows import Row, packed, routed_row
 from beam_spark_runner.streaming.shard_run import ShardRun
-from beam_spark_runner.streaming.side_inputs import (
-    ListStateWaitingStore,
-    SideInputShard,
-    SideInputStageSpec,
-)
+from beam_spark_runner.streaming.side_input_state import ListStateWaitingStore
+from beam_spark_runner.streaming.side_inputs import SideInputShard, SideInputStageSpec
 from beam_spark_runner.streaming.splittable import (
     PACKED_SHARE,
     SplittableShard,
@@ -70,8 +64,6 @@ class Level:
         self.with_side_inputs = with_side_inputs
         self.sinks = sinks
         self._runs = {*groups, *stages, *splittable, *with_side_inputs}
-        # The nodes whose shards keep a change log (``state_cache``).
-        self._logged = {*groups, *stages, *(t for t in splittable if t not in with_side_inputs)}
         # This run of the level, naming its shards in a worker's cache (``state_cache``).
         self.run_id = uuid.uuid4().hex
         self._state: Any = None
@@ -82,15 +74,14 @@ class Level:
     def processor(self) -> LevelShell:
         """What ``transformWithState`` takes: a shell with this level pickled."""
         waiting = bool(self.with_side_inputs or self.groups)
-        return LevelShell(pickle_by_value(self), waiting=waiting, logged=bool(self._logged))
+        return LevelShell(pickle_by_value(self), waiting=waiting, logged=True)
 
     def bind(self, shard: Any, waiting: Any, log: Any = None) -> None:
         """Takes the state variables ``LevelShell.init`` declared.
 
         A shard's encoded state, and, where the level has GroupByKeys or stages with side
         inputs, the list of what its shards buffer (each (node, shard) has its own), and
-        where it has logged shards (GroupByKeys, stateful and splittable DoFns), their base
-        and change log (``state_cache``).
+        its shards' base and change log (``state_cache``).
         """
         self._state = shard
         self._log = log
@@ -117,31 +108,21 @@ class Level:
 
     def _run_shard(self, target: int, shard: int, rows: Iterator[Any]) -> list[Row]:
         """One stateful (node, shard) for one micro-batch: its rows out; its state updated."""
-        if target in self._logged:
-            assert self._log is not None, "a level with logged shards needs its log state"
-            run = self._shard_run(target)
-            assert isinstance(run, (GroupShard, StatefulShard, SplittableShard))
-            return state_cache.run_logged(
-                run,
-                run,
-                self._state,
-                self._log,
-                (self.run_id, target, shard),
-                self.topology,
-                self.topology.nodes[target],
-                rows,
-                PACKED_SHARE if isinstance(run, SplittableShard) else None,
-            )
-        previous = self._state.get() if self._state.exists() else None
-        encoded, out = self._shard_run(target).run_encoded(
+        assert self._log is not None, "a stateful level needs its log state"
+        run = self._shard_run(target)
+        assert isinstance(run, (GroupShard, StatefulShard, SplittableShard, SideInputShard))
+        splittable = isinstance(run, (SplittableShard, SplittableSideInputShard))
+        return state_cache.run_logged(
+            run,
+            run,
+            self._state,
+            self._log,
+            (self.run_id, target, shard),
             self.topology,
             self.topology.nodes[target],
-            shard,
-            unpack(bytes(previous[0])) if previous else None,
             rows,
+            PACKED_SHARE if splittable else None,
         )
-        self._state.update((pack(encoded),))
-        return out
 
     def _shard_run(self, target: int) -> ShardRun[Any, Any]:
         """The run of one micro-batch of a shard of ``target``, of its kind."""

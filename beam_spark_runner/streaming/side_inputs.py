@@ -10,10 +10,11 @@ holds every firing's elements; or, for the global window, a trigger firing); the
 wait, their timestamps holding its output watermark. In the global window a side input's
 trigger firings (elements with a pane from a GroupByKey) replace each other, as Beam's
 programming guide specifies: under a repeated trigger it serves its latest value. Waiting
-elements live in a list in the state store (``WaitingStore``), not in the shard's state
-value rewritten every batch, and are rewritten only in a batch where some are ready. A
-bounded side input is final at once. A side input's window is forgotten once no main element
-can read it any more (``_Coders.horizons``). A stateful DoFn reading streamed side inputs
+elements live in a list in the state store (``WaitingStore``), rewritten only in a batch
+where some are ready; the shard's state (``side_input_state``) is cached in the worker, a
+batch logging what it changed (``state_cache``). A bounded side input is final at once. A
+side input's window is forgotten once no main element can read it any more
+(``_Coders.horizons``). A stateful DoFn reading streamed side inputs
 waits the same way (``stateful_side_inputs``), as does an unbounded splittable DoFn
 (``splittable``).
 """
@@ -23,14 +24,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import itertools
-import operator
 import pickle
-import struct
 from collections.abc import Hashable, Iterable, Iterator
-from typing import Any, Protocol, TypeVar
-
-from apache_beam.transforms.window import GlobalWindow
+from typing import Any
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import pickled_runs
@@ -42,7 +38,6 @@ from beam_spark_runner.execution.stage_worker import (
     stage_worker,
 )
 from beam_spark_runner.monitoring.metrics import task_metrics
-from beam_spark_runner.streaming.chunk_lists import ListStateChunks
 from beam_spark_runner.streaming.rows import (
     ELEMENT,
     FRAMED_LENGTH,
@@ -55,6 +50,12 @@ from beam_spark_runner.streaming.rows import (
     marker_of,
 )
 from beam_spark_runner.streaming.shard_run import ShardRun, routed_outputs, run_user_code
+from beam_spark_runner.streaming.side_input_state import (
+    GLOBAL_END,
+    Needs,
+    SideInputShardState,
+    WaitingStore,
+)
 from beam_spark_runner.streaming.topology import Node, Topology
 from beam_spark_runner.streaming.watermarks import (
     MAX_MICROS,
@@ -84,213 +85,6 @@ class SideInputStageSpec:
     components: bytes
     input_coder_id: str
     side_inputs: tuple[SideInputSpec, ...]
-
-
-Needs = tuple[int, ...]
-
-
-class WaitingStore(Protocol):
-    """Where a shard's waiting main elements are kept between micro-batches."""
-
-    def append(self, chunks: list[tuple[Needs, bytes]]) -> None:
-        """Adds chunks of encoded main elements, each with what it waits for."""
-
-    def take(self, needs: set[Needs]) -> dict[Needs, list[bytes]]:
-        """Removes the chunks waiting for any of ``needs``; returns them, in order."""
-
-
-class ListStateWaitingStore:
-    """A ``WaitingStore`` in a ``transformWithState`` list state: needs packed as the tag."""
-
-    def __init__(self, list_state: Any) -> None:
-        self._chunks = ListStateChunks(list_state)
-
-    def append(self, chunks: list[tuple[Needs, bytes]]) -> None:
-        self._chunks.append([(_packed_needs(n), chunk) for n, chunk in chunks])
-
-    def take(self, needs: set[Needs]) -> dict[Needs, list[bytes]]:
-        packed_needs = {_packed_needs(n): n for n in needs}
-        taken = self._chunks.take(set(packed_needs))
-        return {packed_needs[tag]: chunks for tag, chunks in taken.items()}
-
-
-def _packed_needs(needs: Needs) -> bytes:
-    return struct.pack(f"<{len(needs)}q", *needs)
-
-
-# The end of the global window: the one window a side input's firings replace each other in.
-_GLOBAL_END = GlobalWindow().max_timestamp().micros
-
-# A side input's window (and, for a multimap, key) -> [pane index, window end, elements]:
-# the elements of the latest trigger firing seen, encoded.
-Fired = dict[bytes, list[Any]]
-
-
-_State = TypeVar("_State", bound="SideInputShardState")
-
-
-@dataclasses.dataclass
-class SideInputShardState:
-    """One shard's side-input elements and what its waiting main elements wait for.
-
-    Waiting main elements are kept by their needs (``_Coders.needs``: elements of the same
-    windows wait for the same thing). Per needs, a bucket holds the elements that came in
-    this micro-batch (their encodings concatenated), their earliest timestamp
-    (microseconds) and how many chunks of earlier batches wait in the ``WaitingStore``: a
-    micro-batch checks a bucket, not an element, and the state value holds no element.
-    """
-
-    watermarks: WatermarkState
-    # Per side input, chunks of its elements (encodings concatenated).
-    sides: list[list[bytes]]
-    # needs -> [new encoded elements, earliest timestamp, chunks in the waiting store]
-    buckets: dict[Needs, list[Any]] = dataclasses.field(default_factory=dict)
-    # A checkpoint written before buckets: (encoded element, timestamp[, needs]) each.
-    waiting: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)
-    # Per side input, its elements that came from trigger firings: the latest per window.
-    fired: list[Fired] = dataclasses.field(default_factory=list)
-    # Per side input, each chunk's latest window end (max timestamp, µs): when it may go.
-    ends: list[list[int]] = dataclasses.field(default_factory=list)
-
-    def encode(self) -> bytes:
-        """One state-store value."""
-        return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
-
-    @classmethod
-    def decode(cls: type[_State], data: bytes) -> _State:
-        """The state ``encode`` wrote (or an earlier runner version did), of this class.
-
-        Buckets written before the waiting store hold their elements themselves (and no
-        count): they move to the store at the end of the batch. Chunks written before their
-        window ends were kept are kept for good.
-        """
-        state = pickle.loads(data)
-        assert isinstance(state, cls), f"expected a {cls.__name__}, found {type(state).__name__}"
-        state.__dict__.setdefault("buckets", {})
-        if not state.__dict__.get("ends"):
-            state.ends = [[MAX_MICROS] * len(chunks) for chunks in state.sides]
-        if not state.__dict__.get("fired"):
-            state.fired = [{} for _ in state.sides]
-        for bucket in state.buckets.values():
-            if len(bucket) == 2:
-                bucket.append(0)
-        return state
-
-    def add_side(self, number: int, elements: bytes, coders: _Coders) -> None:
-        """Side input ``number``'s new elements (encoded, concatenated).
-
-        In the global window, elements of a trigger firing (a pane with a timing) replace
-        those of an earlier firing (of their key); the others add to what the side input
-        holds, as do every firing's elements in a window that ends.
-        """
-        if len(self.fired) < len(self.sides):
-            self.fired = [{} for _ in self.sides]
-        impl, window_impl, key_impl = coders.side_impls[number]
-        stream = bi.create_InputStream(elements)
-        size = len(elements)
-        # (latest window end, encoded element) of each element that adds up, in order.
-        plain: list[tuple[int, bytes]] = []
-        fired = self.fired[number]
-        while stream.size() > 0:
-            start = size - stream.size()
-            value = impl.decode_from_stream(stream, True)
-            pane = value.pane_info
-            if pane.timing == bi.PaneInfoTiming.UNKNOWN:
-                end = max(w.max_timestamp().micros for w in value.windows)
-                plain.append((end, elements[start : size - stream.size()]))
-                continue
-            key = b"" if key_impl is None else key_impl.encode_nested(value.value[0])
-            for window in value.windows:
-                single = bi.WindowedValue(value.value, value.timestamp, (window,), pane)
-                end = window.max_timestamp().micros
-                if end < _GLOBAL_END:
-                    # A window that ends: its firings add up, read once it is done.
-                    plain.append((end, impl.encode_nested(single)))
-                    continue
-                slot = window_impl.encode_nested(window) + key
-                entry = fired.get(slot)
-                if entry is None or entry[0] < pane.index:
-                    fired[slot] = [pane.index, end, [impl.encode_nested(single)]]
-                elif entry[0] == pane.index:
-                    entry[2].append(impl.encode_nested(single))
-        self._keep(number, plain)
-
-    def _keep(self, number: int, plain: list[tuple[int, bytes]]) -> None:
-        """Adds elements to side input ``number``'s chunks, a chunk per run of equal ends."""
-        if len(self.ends) < len(self.sides):
-            self.ends = [[MAX_MICROS] * len(chunks) for chunks in self.sides]
-        chunks, ends = self.sides[number], self.ends[number]
-        for end, run in itertools.groupby(plain, key=operator.itemgetter(0)):
-            chunks.append(b"".join(element for _, element in run))
-            ends.append(end)
-
-    def forget(self, horizons: list[int]) -> None:
-        """Drops each side input's windows that end before its horizon (microseconds).
-
-        A chunk goes once every window of its elements does; so does a firing.
-        """
-        if len(self.ends) < len(self.sides):
-            return
-        for number, horizon in enumerate(horizons):
-            ends = self.ends[number]
-            if ends and min(ends) < horizon:
-                kept = [
-                    (e, c) for e, c in zip(ends, self.sides[number], strict=True) if e >= horizon
-                ]
-                self.ends[number] = [e for e, _ in kept]
-                self.sides[number] = [c for _, c in kept]
-            if number < len(self.fired):
-                fired = self.fired[number]
-                for slot in [s for s, entry in fired.items() if entry[1] < horizon]:
-                    del fired[slot]
-
-    def side_elements(self, number: int) -> list[bytes]:
-        """What side input ``number`` serves: its elements, a firing's the latest."""
-        fired = self.fired[number] if number < len(self.fired) else {}
-        return [*self.sides[number], *(b"".join(entry[2]) for entry in fired.values())]
-
-    def fired_ends(self) -> list[frozenset[int]]:
-        """Per side input, the ends of the windows that had a trigger firing."""
-        fired = self.fired if len(self.fired) == len(self.sides) else [{}] * len(self.sides)
-        return [frozenset(entry[1] for entry in windows.values()) for windows in fired]
-
-    def wait(self, elements: bytes, earliest: int, needs: Needs) -> None:
-        """Main elements (encoded, concatenated) that wait for ``needs``."""
-        bucket = self.buckets.get(needs)
-        if bucket is None:
-            self.buckets[needs] = [[elements], earliest, 0]
-        else:
-            bucket[0].append(elements)
-            bucket[1] = min(bucket[1], earliest)
-
-    def take_ready(self, ready: list[Needs], store: WaitingStore) -> list[bytes]:
-        """The elements waiting for ``ready``, in the order they came; their buckets go.
-
-        In chunks: encoded elements, concatenated, or (``store_new`` with ``runs``) pickled
-        runs and chunks of them (``pickled_runs.bundle_input`` reads both).
-        """
-        stored = {needs for needs in ready if self.buckets[needs][2]}
-        taken = store.take(stored) if stored else {}
-        out: list[bytes] = []
-        for needs in ready:
-            out.extend(taken.get(needs, ()))
-            out.extend(self.buckets.pop(needs)[0])
-        return out
-
-    def store_new(self, store: WaitingStore, runs: bool = False) -> None:
-        """Moves this batch's waiting elements to the store, a chunk per bucket.
-
-        Encoded elements are stored concatenated; with ``runs`` (the main input's elements
-        may come in pickled runs), as ``pickled_runs.stored`` stores them.
-        """
-        chunks = []
-        for needs, bucket in self.buckets.items():
-            if bucket[0]:
-                pieces = bucket[0]
-                chunks.append((needs, pickled_runs.stored(pieces) if runs else b"".join(pieces)))
-                bucket[0] = []
-                bucket[2] += 1
-        store.append(chunks)
 
 
 class _Coders:
@@ -411,6 +205,9 @@ class _Coders:
 
 _NEEDS_CACHED = 4096
 
+# What a batch changed (``SideInputShard.changes``), tagged.
+_CHANGES = "beam-spark-side-input-changes-v1"
+
 
 def _reaches(spec: SideInputStageSpec, mappings: list[Any]) -> list[int | None]:
     """Per side input, how far (µs) behind the main watermark a main window may still read.
@@ -454,7 +251,7 @@ def _ready(
     the global window, which is done only when the input ends, that window had a firing.
     """
     return all(
-        watermark >= MAX_MICROS or need <= watermark or (need >= _GLOBAL_END and need in ends)
+        watermark >= MAX_MICROS or need <= watermark or (need >= GLOBAL_END and need in ends)
         for need, watermark, ends in zip(needs, side_watermarks, fired_ends, strict=True)
     )
 
@@ -483,7 +280,11 @@ def ready_needs(
 def read_rows(
     node: Node, state: SideInputShardState, rows: Iterable[Any], coders: _Coders
 ) -> list[Marker]:
-    """Side-input elements into the state, main elements into their buckets; the markers."""
+    """Side-input elements into the state, main elements into their buckets; the markers.
+
+    The first step of a batch on the state: it starts noting the batch's changes.
+    """
+    state.begin_batch()
     markers: list[Marker] = []
     for row in rows:
         if row[ELEMENT] is None:
@@ -553,6 +354,16 @@ class SideInputShard(ShardRun[SideInputShardState, BundleOutputs]):
 
     def encode(self, state: SideInputShardState) -> bytes:
         return state.encode()
+
+    def changes(self, state: SideInputShardState) -> bytes:
+        """What the batch changed (``SideInputShardState.changes``)."""
+        return pickle.dumps((_CHANGES, state.changes()), protocol=pickle.HIGHEST_PROTOCOL)
+
+    def replay(self, state: SideInputShardState, changes: bytes) -> None:
+        """Applies what ``changes`` wrote to the state as it was before that batch."""
+        layout, side = pickle.loads(changes)
+        assert layout == _CHANGES, f"expected a side-input shard's changes, found {layout!r}"
+        state.replay(side)
 
     def read(self, node: Node, state: SideInputShardState, rows: Iterable[Any]) -> list[Marker]:
         """Side-input elements into the state, main elements into their buckets."""

@@ -33,11 +33,10 @@ from beam_spark_runner.execution.stage_worker import (
 from beam_spark_runner.monitoring.metrics import task_metrics
 from beam_spark_runner.streaming.rows import Row, elements_and_markers
 from beam_spark_runner.streaming.shard_run import ShardRun, routed_outputs, run_user_code
+from beam_spark_runner.streaming.side_input_state import SideInputShardState, WaitingStore
 from beam_spark_runner.streaming.side_inputs import (
     SideInputShard,
-    SideInputShardState,
     SideInputStageSpec,
-    WaitingStore,
     coders_of,
     load_side_inputs,
     ready_needs,
@@ -50,8 +49,10 @@ from beam_spark_runner.streaming.watermarks import (
     WatermarkState,
 )
 
-# What a batch changed (``SplittableShard.changes``), tagged.
+# What a batch changed (``SplittableShard.changes``, ``SplittableSideInputShard.changes``),
+# tagged.
 _CHANGES = "beam-spark-splittable-changes-v1"
+_SIDE_CHANGES = "beam-spark-splittable-side-input-changes-v1"
 # A change reaching this share of the base, both compressed, is written as a new base
 # (``state_cache.run_logged``): where every residual resumes each batch, a change holds
 # them all, and logging it, kept in the header too, would write more than the whole value.
@@ -90,6 +91,14 @@ class SplittableShardState:
         return min((r.watermark for r in self.residuals), default=MAX_MICROS)
 
 
+def _replay_residuals(state: Any, resumed: list[int], added: list[Residual]) -> None:
+    """Drops the residuals at the positions ``resumed``, then adds ``added``."""
+    if resumed:
+        gone = set(resumed)
+        state.residuals = [r for i, r in enumerate(state.residuals) if i not in gone]
+    state.residuals.extend(added)
+
+
 def _residual(root: Any, now: int) -> Residual:
     delay = root.requested_time_delay.ToMicroseconds()
     watermarks = [
@@ -125,10 +134,7 @@ class SplittableShard(ShardRun[SplittableShardState, BundleOutputs]):
         layout, watermarks, resumed, added = pickle.loads(changes)
         assert layout == _CHANGES, f"expected a splittable DoFn shard's changes, found {layout!r}"
         state.watermarks = watermarks
-        if resumed:
-            gone = set(resumed)
-            state.residuals = [r for i, r in enumerate(state.residuals) if i not in gone]
-        state.residuals.extend(added)
+        _replay_residuals(state, resumed, added)
 
     def decode(self, data: bytes) -> SplittableShardState:
         return SplittableShardState.decode(data)
@@ -187,6 +193,9 @@ class SplittableSideInputShard(SideInputShard):
     def __init__(self, spec: SideInputStageSpec, sinks: TaskSinks, store: WaitingStore) -> None:
         super().__init__(spec, sinks, store)
         self.waiting: list[Residual] = []
+        # As ``SplittableShard``'s: the positions of the residuals resumed, those added.
+        self.resumed: list[int] = []
+        self.added: list[Residual] = []
 
     def new_state(self, watermarks: WatermarkState) -> SplittableSideInputShardState:
         return SplittableSideInputShardState(watermarks, [[] for _ in self.spec.side_inputs])
@@ -194,11 +203,26 @@ class SplittableSideInputShard(SideInputShard):
     def decode(self, data: bytes) -> SplittableSideInputShardState:
         return SplittableSideInputShardState.decode(data)
 
+    def changes(self, state: Any) -> bytes:
+        """What the batch changed: as a stage with side inputs', and its residuals'."""
+        change = (_SIDE_CHANGES, state.changes(), self.resumed, self.added)
+        return pickle.dumps(change, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def replay(self, state: Any, changes: bytes) -> None:
+        """Applies what ``changes`` wrote to the state as it was before that batch."""
+        layout, side, resumed, added = pickle.loads(changes)
+        assert layout == _SIDE_CHANGES, (
+            f"expected a splittable side-input shard's changes, found {layout!r}"
+        )
+        state.replay(side)
+        _replay_residuals(state, resumed, added)
+
     def after_watermark(self, state: Any) -> Iterator[BundleOutputs]:
         """One bundle over the input elements now ready and the residuals now due."""
         now = state.watermarks.processing_time
         ready = state.take_ready(ready_needs(state, self.side_expected), self.store)
-        due = [r for r in state.residuals if r.resume_at <= now]
+        self.resumed = [i for i, r in enumerate(state.residuals) if r.resume_at <= now]
+        due = [state.residuals[i] for i in self.resumed]
         self.waiting = [r for r in state.residuals if r.resume_at > now]
         data = b"".join([*ready, *(r.element for r in due)])
         if not data:
@@ -209,7 +233,8 @@ class SplittableSideInputShard(SideInputShard):
         with task_metrics(self.sinks.metrics, spec.stage.name) as metrics:
             bundle, residuals = run_user_code(spec.stage, lambda: worker.run_bundle(data, metrics))
         worker.finalize_bundles()
-        self.waiting.extend(_residual(root, now) for root in residuals)
+        self.added = [_residual(root, now) for root in residuals]
+        self.waiting.extend(self.added)
         yield bundle
 
     def finish(self, state: Any) -> None:

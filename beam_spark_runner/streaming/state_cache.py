@@ -1,8 +1,8 @@
 """A shard's state cached in the Python worker, its changes logged in the state store.
 
-A shard whose kind can say what a micro-batch changed (``LoggedShard``: a GroupByKey's)
-keeps its state in the state store as a *base* (its whole state, as ``ShardRun.encode``
-writes it) followed by a *log* of changes, both rows of the level's list state
+A shard whose kind can say what a micro-batch changed (``LoggedShard``: every kind of
+stateful shard) keeps its state in the state store as a *base* (its whole state, as
+``ShardRun.encode`` writes it) followed by a *log* of changes, both rows of the level's list state
 (``level_shell.LOG_STATE``), and a small *header* in its value state: a random token, new
 with every write, and the last ``RECENT_CHANGES`` batches' changes, each with the tokens
 before and after it. The decoded state stays in this process's cache (``_CACHE``) under

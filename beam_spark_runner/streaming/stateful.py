@@ -13,8 +13,9 @@ stays cached in the worker between batches, its changes logged in the state stor
 (``state_cache``): what a batch writes is the cells it read or wrote (the servicer tells
 them: ``InMemoryStateBackend.touched_user_state``) and those that expired, its watermarks,
 and the timers it set, cleared or fired (``PendingTimers.changes``; ``changes``,
-``replay``). Its pending timers stay decoded in the cached state (``pending``), encoded per
-family only where the whole state is written.
+``replay``). Its pending timers stay decoded in the cached state (``pending``), indexed by
+when they are due (``execution.timer_index``), encoded per family only where the whole
+state is written.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from beam_spark_runner.execution.stage_worker import (
     TaskSinks,
     stage_worker,
 )
-from beam_spark_runner.execution.timers import PendingTimers, TimerFamilyId, TimerId
+from beam_spark_runner.execution.timer_index import HeldTimers
+from beam_spark_runner.execution.timers import PendingTimers, TimerFamilyId
 from beam_spark_runner.monitoring.metrics import task_metrics
 from beam_spark_runner.streaming.rows import Row, elements_and_markers
 from beam_spark_runner.streaming.shard_run import ShardRun, routed_outputs, run_user_code
@@ -62,8 +64,9 @@ class StatefulShardState:
     # At most the watermark past which a cell of ``user_state`` expires (None: not known;
     # a state pickled before it has none), so a batch before it looks at no cell.
     next_expiry: int | None = None
-    # The pending timers decoded, by id (None: still in ``timers``); never stored.
-    pending: dict[TimerId, Any] | None = None
+    # The pending timers decoded and indexed by when they are due (None: still in
+    # ``timers``); never stored.
+    pending: HeldTimers | None = None
 
     def encode(self) -> bytes:
         """One state-store value."""

@@ -21,11 +21,10 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from beam_spark_runner.execution.stage_worker import BundleOutputs, TaskSinks
-from beam_spark_runner.execution.timers import TimerFamilyId, TimerId
+from beam_spark_runner.execution.timer_index import HeldTimers, TimerFamilyId
+from beam_spark_runner.streaming.side_input_state import SideInputShardState, WaitingStore
 from beam_spark_runner.streaming.side_inputs import (
-    SideInputShardState,
     SideInputStageSpec,
-    WaitingStore,
     coders_of,
     forget_unreachable,
     load_side_inputs,
@@ -42,8 +41,10 @@ from beam_spark_runner.streaming.watermarks import (
 )
 
 # What a batch changed (``StatefulSideInputShard.changes``), tagged; and the changes of the
-# layout that wrote every pending timer in a batch that changed one (still replayed).
-_CHANGES = "beam-spark-stateful-side-input-changes-v2"
+# layouts before, still replayed: side inputs and buckets whole (v2), and pending timers
+# whole too (v1).
+_CHANGES = "beam-spark-stateful-side-input-changes-v3"
+_CHANGES_SIDES_WHOLE = "beam-spark-stateful-side-input-changes-v2"
 _CHANGES_TIMERS_WHOLE = "beam-spark-stateful-side-input-changes-v1"
 
 
@@ -55,7 +56,7 @@ class StatefulSideInputShardState(SideInputShardState):
     timers: dict[TimerFamilyId, bytes] = dataclasses.field(default_factory=dict)
     # As ``StatefulShardState``'s.
     next_expiry: int | None = None
-    pending: dict[TimerId, Any] | None = None
+    pending: HeldTimers | None = None
 
 
 class StatefulSideInputShard(StatefulShard):
@@ -87,19 +88,22 @@ class StatefulSideInputShard(StatefulShard):
         return markers
 
     def changes(self, state: Any) -> bytes:
-        """What the batch changed: side inputs and buckets whole, the rest as a stateful DoFn's."""
-        side = (state.sides, state.buckets, state.waiting, state.fired, state.ends)
+        """What the batch changed: as a stage with side inputs' and as a stateful DoFn's."""
         return pickle.dumps(
-            (_CHANGES, side, self.user_changes(state)), protocol=pickle.HIGHEST_PROTOCOL
+            (_CHANGES, state.changes(), self.user_changes(state)),
+            protocol=pickle.HIGHEST_PROTOCOL,
         )
 
     def replay(self, state: Any, changes: bytes) -> None:
         """Applies what ``changes`` wrote to the state as it was before that batch."""
         layout, side, user = pickle.loads(changes)
-        assert layout in (_CHANGES, _CHANGES_TIMERS_WHOLE), (
+        assert layout in (_CHANGES, _CHANGES_SIDES_WHOLE, _CHANGES_TIMERS_WHOLE), (
             f"expected a stateful side-input shard's changes, found {layout!r}"
         )
-        state.sides, state.buckets, state.waiting, state.fired, state.ends = side
+        if layout == _CHANGES:
+            state.replay(side)
+        else:
+            state.sides, state.buckets, state.waiting, state.fired, state.ends = side
         self.replay_user(state, user, timers_whole=layout == _CHANGES_TIMERS_WHOLE)
 
     def before_watermark(self, state: Any, markers: list[Marker]) -> Iterator[BundleOutputs]:

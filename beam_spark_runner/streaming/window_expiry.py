@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -134,13 +135,13 @@ class WindowExpiry:
 
     def forget_expired_timers(self, pending: PendingTimers, watermark: int) -> int:
         """Drops the pending timers whose windows are all expired; how many were."""
+        return pending.forget_expired(self._timer_expiry, watermark)
 
-        def expired(transform_id: str, windows: tuple[Any, ...]) -> bool:
-            if transform_id not in self._windowing:
-                return False
-            return all(self.expires(transform_id, w) < watermark for w in windows)
-
-        return pending.forget(expired)
+    def _timer_expiry(self, transform_id: str, windows: tuple[Any, ...]) -> float:
+        """The watermark past which a timer's windows are all expired (inf: never)."""
+        if transform_id not in self._windowing:
+            return math.inf
+        return max((self.expires(transform_id, w) for w in windows), default=-math.inf)
 
 
 @functools.lru_cache(maxsize=64)

@@ -6,10 +6,12 @@ import apache_beam as beam
 
 from benchmarks.state import (
     PREFILL_RATE,
+    SIDE_PER_TICK,
     TICK_SECONDS,
     StateTrial,
     _Elements,
     _measured,
+    _SideValues,
     build,
     markdown_table,
     prefill_ticks,
@@ -68,3 +70,23 @@ def test_the_stateful_pipeline_counts_per_key_in_user_state_without_a_group() ->
     payload = beam.portability.api.beam_runner_api_pb2.ParDoPayload.FromString(count.spec.payload)
     assert list(payload.state_specs) == ["count"]
     assert not [t for t in transforms if "GroupByKey" in t.unique_name]
+
+
+def test_the_side_values_give_every_key_one_then_a_few_a_tick() -> None:
+    keys, start = 12_345, 1000.0
+    values = _SideValues(start, keys)
+    ticks = prefill_ticks(keys)
+    prefill = [k for t in range(ticks) for k, _ in values.process(start + t * TICK_SECONDS)]
+    assert prefill == list(range(keys))
+    later = list(values.process(start + (ticks + 3) * TICK_SECONDS))
+    assert len(later) == SIDE_PER_TICK and all(0 <= k < keys for k, _ in later)
+
+
+def test_the_side_pipeline_reads_a_grouped_multimap_side_input() -> None:
+    pipeline = beam.Pipeline()
+    build(pipeline, 1000.0, 1010.0, keys=10, rate=100, pipeline_name="side")
+    transforms = pipeline.to_runner_api().components.transforms.values()
+    (lookup,) = [t for t in transforms if t.unique_name == "Lookup"]
+    payload = beam.portability.api.beam_runner_api_pb2.ParDoPayload.FromString(lookup.spec.payload)
+    (side,) = payload.side_inputs.values()
+    assert side.access_pattern.urn == "beam:side_input:multimap:v1"

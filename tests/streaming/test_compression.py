@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import struct
 from typing import Any
@@ -132,10 +133,12 @@ class _Topology:
     nodes = {7: "a stage with side inputs"}
 
 
-@pytest.mark.parametrize("written_by", ["this version", "an earlier version"])
-def test_a_level_reads_its_shards_value_and_writes_it_compressed(
+@pytest.mark.parametrize("written_by", ["the layout before the log", "an earlier version"])
+def test_a_level_reads_a_value_written_whole_and_writes_it_compressed_as_a_base(
     written_by: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A value written whole (compressed, or before compression) is read; the state goes
+    back compressed, as the base of the shard's change log (``state_cache``)."""
     previous = _framed_bids(200)
     seen: list[bytes] = []
 
@@ -143,19 +146,35 @@ def test_a_level_reads_its_shards_value_and_writes_it_compressed(
         def __init__(self, spec: Any, sinks: Any, store: Any) -> None:
             pass
 
-        def run_encoded(
-            self, topology: Any, node: Any, shard: int, previous: bytes | None, rows: Any
-        ) -> Any:
-            assert previous is not None
-            state = _ShardState.decode(previous)
+        def storing(self) -> Any:
+            return contextlib.nullcontext()
+
+        def decode(self, data: bytes) -> _ShardState:
+            state = _ShardState.decode(data)
             seen.append(state.payload)
-            return _ShardState(state.payload + b"!").encode(), []
+            return state
+
+        def encode(self, state: _ShardState) -> bytes:
+            return state.encode()
+
+        def run(self, topology: Any, node: Any, shard: int, state: Any, rows: Any) -> Any:
+            assert state is not None
+            return _ShardState(state.payload + b"!"), []
+
+        def changes(self, state: _ShardState) -> bytes:
+            return b""
+
+        def release(self, state: _ShardState) -> None:
+            pass
 
     monkeypatch.setattr(levels, "SideInputShard", _SideInputShard)
     level = levels.Level(_Topology(), {}, {}, {}, {7: "spec"}, None)  # type: ignore[arg-type, dict-item]
-    value = _ValueState(compression.pack(previous) if written_by == "this version" else previous)
-    level.bind(value, ListState())
+    whole = compression.pack(previous) if written_by != "an earlier version" else previous
+    value, log = _ValueState(whole), ListState()
+    level.bind(value, ListState(), log)
     assert level._run_shard(7, 0, iter([])) == []
     assert seen == [previous]
-    assert value.value is not None and value.value.startswith(compression._MAGIC)
-    assert compression.unpack(value.value) == previous + b"!"
+    assert log.rows is not None
+    (base,) = [bytes(row[0]) for row in log.rows]
+    assert base[:1] == b"B" and base[1:].startswith(compression._MAGIC)
+    assert compression.unpack(base[1:]) == previous + b"!"

@@ -37,7 +37,7 @@ if pyspark_version() < OLDEST_STREAMING_SPARK:
         allow_module_level=True,
     )
 
-from beam_spark_runner.streaming import side_inputs  # noqa: E402
+from beam_spark_runner.streaming import side_input_state, side_inputs  # noqa: E402
 from beam_spark_runner.streaming.check import is_unbounded_splittable  # noqa: E402
 from beam_spark_runner.streaming.compression import pack  # noqa: E402
 from beam_spark_runner.streaming.query import side_input_specs  # noqa: E402
@@ -252,10 +252,10 @@ def test_a_state_written_before_buckets_is_read() -> None:
 @pytest.mark.parametrize("store_kind", ["memory", "list state"])
 def test_waiting_elements_live_in_the_store_and_come_back_in_order(store_kind: str) -> None:
     list_state = ListState()
-    store: side_inputs.WaitingStore = (
+    store: side_input_state.WaitingStore = (
         MemoryWaitingStore()
         if store_kind == "memory"
-        else side_inputs.ListStateWaitingStore(list_state)
+        else side_input_state.ListStateWaitingStore(list_state)
     )
     a, b = (10,), (20,)
     state = side_inputs.SideInputShardState(WatermarkState(expected=frozenset()), [[]])

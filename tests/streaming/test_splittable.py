@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import uuid
 from typing import Any
 
 import apache_beam as beam
@@ -17,6 +18,7 @@ from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import PaneInfo, PaneInfoTiming, WindowedValue
 
 from beam_spark_runner.execution.stage_worker import NO_SINKS
+from beam_spark_runner.streaming import state_cache
 from beam_spark_runner.streaming.compression import pack
 from beam_spark_runner.streaming.rows import (
     ELEMENT,
@@ -28,6 +30,8 @@ from beam_spark_runner.streaming.rows import (
 )
 from beam_spark_runner.streaming.splittable import SplittableSideInputShard
 from tests.conftest import SPARK_TEST_MASTER
+from tests.streaming.memory_state import MemoryList as _List
+from tests.streaming.memory_state import MemoryValue as _Value
 from tests.streaming.test_side_inputs import (
     MemoryWaitingStore,
     side_rows,
@@ -75,7 +79,12 @@ def test_a_splittable_dofn_reads_a_streamed_side_input_as_direct_runner_does(run
         )
 
 
-def test_input_elements_wait_for_their_side_window_and_residuals_keep_it() -> None:
+@pytest.mark.parametrize("workers", [None, 1, 2])
+def test_input_elements_wait_for_their_side_window_and_residuals_keep_it(
+    workers: int | None, monkeypatch: Any
+) -> None:
+    """On the value rewritten whole (``workers`` None) or on ``state_cache``'s change log,
+    each batch in the next of ``workers`` caches."""
     spec, node, topology, _, side, main = side_stage(
         lambda main, side: main | beam.ParDo(UnboundedWithSide(), side),
         window.FixedWindows(WINDOW),
@@ -83,6 +92,12 @@ def test_input_elements_wait_for_their_side_window_and_residuals_keep_it() -> No
     )
     store = MemoryWaitingStore()
     value: bytes | None = None
+    # The log kept and changes in the header, however small the state.
+    monkeypatch.setattr(state_cache, "COMPACT_FRACTION", 100.0)
+    monkeypatch.setattr(state_cache, "RECENT_SHARE", 100.0)
+    log, value_state, key = _List(), _Value(), (uuid.uuid4().hex, node.index, 0)
+    caches: list[Any] = [None] * (workers or 1)
+    batches = 0
     READ.clear()
 
     def batch(mains: list[int], sides: list[int], marks: dict[str, int]) -> int:
@@ -105,7 +120,18 @@ def test_input_elements_wait_for_their_side_window_and_residuals_keep_it() -> No
         if mains:
             rows.append({ELEMENT: pack(framed), PORT: FRAMED_RUN})
         shard = SplittableSideInputShard(spec, NO_SINKS, store)
-        value, out = shard.run_encoded(topology, node, 0, value, rows)
+        if workers is None:
+            value, out = shard.run_encoded(topology, node, 0, value, rows)
+        else:
+            nonlocal batches
+            slot, batches = batches % workers, batches + 1
+            state_cache._CACHE.pop(key, None)
+            if caches[slot] is not None:
+                state_cache._CACHE[key] = caches[slot]
+            # Without ``PACKED_SHARE``: every change logged, however small the state.
+            out = state_cache.run_logged(shard, shard, value_state, log, key, topology, node, rows)
+            caches[slot] = state_cache._CACHE[key]
+            value = shard.encode(caches[slot].state)
         (marker,) = [row[WATERMARK_COLUMN] for row in out if row[WATERMARK_COLUMN] is not None]
         return int(marker)
 
@@ -124,6 +150,10 @@ def test_input_elements_wait_for_their_side_window_and_residuals_keep_it() -> No
     assert batch([], [], {"main": 20, "side": 5}) == 20_000_000
     state = SplittableSideInputShard(spec, NO_SINKS, store).decode(value)
     assert (state.residuals, state.side_elements(0)) == ([], [])
+    if workers is not None:
+        assert sum(row[0][:1] == b"C" for row in log.rows) == batches - 1
+        shard = SplittableSideInputShard(spec, NO_SINKS, store)
+        assert shard.encode(state_cache._reload(shard, shard, log, key)) == value
 
 
 def test_residuals_in_the_global_window_read_the_side_inputs_latest_firing() -> None:

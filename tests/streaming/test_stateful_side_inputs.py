@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import pickle
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -175,6 +176,47 @@ def test_a_logged_shard_runs_as_on_the_whole_value(workers: int) -> None:
     read_back = state_cache._reload(shard, shard, log, key)
     cached = state_cache._CACHE[key].state
     assert shard.encode(read_back) == shard.encode(cached)
+
+
+class _SidesWholeShard(StatefulSideInputShard):
+    """The shard as the layout before wrote its changes: side inputs and buckets whole."""
+
+    def changes(self, state: Any) -> bytes:
+        side = (state.sides, state.buckets, state.waiting, state.fired, state.ends)
+        return pickle.dumps(
+            ("beam-spark-stateful-side-input-changes-v2", side, self.user_changes(state))
+        )
+
+
+def test_a_log_whose_changes_hold_side_inputs_whole_replays(monkeypatch: Any) -> None:
+    """A base, two changes logged by the layout before, two by this; read back, as the value
+    rewritten whole."""
+    monkeypatch.setattr(state_cache, "COMPACT_FRACTION", 100.0)
+    spec, node, topology, main, side, _ = _shard_and_coders()
+    script = [
+        ([1, 3], [], {"main": 20, "side": 2}),
+        ([5], [0], {"main": 20, "side": 5}),
+        ([7], [], {"main": 20, "side": 7}),
+        ([11], [5], {"main": 20, "side": 10}),
+        ([], [10], {"main": 20, "side": 15}),
+    ]
+    whole_store, whole = MemoryWaitingStore(), None
+    for args in script:
+        shard = StatefulSideInputShard(spec, NO_SINKS, whole_store)
+        whole, _ = shard.run_encoded(topology, node, 0, whole, side_rows(main, side, *args))
+    store, value, log = MemoryWaitingStore(), _Value(), _List()
+    key = (uuid.uuid4().hex, node.index, 0)
+    for number, args in enumerate(script):
+        kind = _SidesWholeShard if number < 3 else StatefulSideInputShard
+        shard = kind(spec, NO_SINKS, store)
+        state_cache.run_logged(
+            shard, shard, value, log, key, topology, node, side_rows(main, side, *args)
+        )
+    assert sum(row[0][:1] == b"C" for row in log.rows) == 4
+    shard = StatefulSideInputShard(spec, NO_SINKS, store)
+    read_back = state_cache._reload(shard, shard, log, key)
+    assert whole is not None
+    assert shard.encode(read_back) == shard.encode(shard.decode(whole))
 
 
 class _KeyingWorker:
