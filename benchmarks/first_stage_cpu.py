@@ -7,11 +7,12 @@ loaded machine its figures move by a few microseconds an event from trial to tri
 runs, in this one process, the part of ours that does the per-event work: the router that
 reads the ``rate`` source's rows (``ReadFromSparkStream``'s ``mapInArrow`` body, then the
 router's stages and routing, as a task runs them), over Arrow batches of the ``rate``
-source's columns, beside the floor's Python for the same events (``streaming``'s
-``pyspark-python`` runner, ``streaming_floor``: the generator and the query's user code up
-to its grouping; q7 and q8 their elements encoded and packed per window). Each is timed by this process's CPU time, batch after batch in turn;
-the least of ``--repeats`` batches is reported. It leaves out what happens in the JVM and,
-on q7, the stateful level's work (buffering the bids, then selecting them).
+source's columns, beside the floor's Python for the same events (``streaming_floor``'s
+first ``mapInArrow``: the generator and the query's user code up to its grouping; q7 and
+q8 their elements encoded and packed per window). Each is timed by this process's CPU
+time, batch after batch in turn; the least of ``--repeats`` batches is reported. It leaves
+out what happens in the JVM and the stateful levels' work (on q7 and q8 buffering the
+elements, then handing them to the user code; on q5 and q11 the counts).
 """
 
 from __future__ import annotations

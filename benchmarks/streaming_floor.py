@@ -88,7 +88,12 @@ def floor_q5_assign(numbers: Sequence[int], micros: Sequence[int]) -> tuple[list
     sliding = window.SlidingWindows(
         nexmark.QUERY_ARGS["window_size_sec"], nexmark.QUERY_ARGS["window_period_sec"]
     )
-    assign, context, is_bid, event = sliding.assign, window.WindowFn.AssignContext, util.is_bid, nexmark.event
+    assign, context, is_bid, event = (
+        sliding.assign,
+        window.WindowFn.AssignContext,
+        util.is_bid,
+        nexmark.event,
+    )
     ends: list[int] = []
     auctions: list[int] = []
     stamp_micros, stamp = -1, Timestamp(0)

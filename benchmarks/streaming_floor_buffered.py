@@ -1,4 +1,4 @@
-"""The Python-per-event floor's q7 and q8: elements kept as Beam-coded bytes until their window ends.
+"""The Python-per-event floor's q7 and q8: elements kept as Beam-coded bytes to their window's end.
 
 Where Beam's user code reads a window's grouped elements at its end (q7's ``SelectMaxBidFn``
 over the window's bids, q8's ``JoinPersonAuctionFn`` over each key's persons and auctions), a

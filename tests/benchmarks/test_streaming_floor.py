@@ -112,7 +112,9 @@ def test_the_floors_q11_assigns_each_bid_its_session_window() -> None:
             session_end = end if session_end is None else max(session_end, end)
         rows.append({"bidder_id": bidder, "bid_count": count})
     assert all(
-        end - start == nexmark.WINDOW_SIZE_MS * 1000 for ws in by_bidder.values() for start, end in ws
+        end - start == nexmark.WINDOW_SIZE_MS * 1000
+        for ws in by_bidder.values()
+        for start, end in ws
     )
     expected = nexmark.python_query(11, items)
     assert any(row["bid_count"] > 1 for row in expected)
