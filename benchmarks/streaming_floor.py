@@ -11,8 +11,9 @@ panes or watermarks of a runner. Across the grouping:
 
 * q0-q2 have none: a ``long`` per row out, how many outputs its event gave;
 * q5 and q11 count per key and window, Beam's builtin ``Count``, which a runner could lift
-  to Spark: Spark counts natively over the columns Python gave (the window, the key).
-  q5's second step, Beam's ``MostBidCombineFn`` (user code, which no runner can lift to
+  to Spark: Spark counts natively over the columns Python gave (the window, the key;
+  ``Count``'s own pairing of each key with ``None`` is left out, as a runner lifting it
+  would). q5's second step, Beam's ``MostBidCombineFn`` (user code, which no runner can lift to
   SQL), runs in Python over each window's counts as the counts come out of Spark, a partial
   result per task, merged per window on the driver with the same ``CombineFn``
   (:func:`floor_q5`). q11's windows are sessions: Python assigns each bid its window
