@@ -6,8 +6,10 @@ PySpark Structured Streaming over the ``rate`` source hands each micro-batch's r
 Python in Arrow batches (``mapInArrow``). Each row's event comes from the Python generator
 ours runs (``nexmark.event``), at the row's time, and goes through Beam's own user code of
 the query up to its grouping: filters, maps, and on windowed queries the window assignment
-(``WindowFn.assign``, per element, as a Beam runner does in Python). No windowed values,
-panes or watermarks of a runner. Across the grouping:
+in Python, as a Beam runner does it: Beam's ``WindowFn.assign`` once per window key (for
+Beam's own ``FixedWindows``, ``SlidingWindows`` and ``Sessions`` the windows depend on the
+timestamp only), each element given its windows (ours' ``micros_windows``, the least a
+runner must do). No windowed values, panes or watermarks of a runner. Across the grouping:
 
 * q0-q2 have none: a ``long`` per row out, how many outputs its event gave;
 * q5 and q11 count per key and window, Beam's builtin ``Count``, which a runner could lift
@@ -80,31 +82,28 @@ def _arrow_columns(batch: pa.RecordBatch) -> tuple[list[int], list[int]]:
 
 def floor_q5_assign(numbers: Sequence[int], micros: Sequence[int]) -> tuple[list[int], list[int]]:
     """The floor's q5 for one Arrow batch: each row's event, at the row's time, through
-    Beam's q5 up to its ``Count``: ``JustBids``' filter, ``SlidingWindows.assign``, the
-    ``Map`` to the bid's auction. Per bid and window: the window's end (us), the auction."""
+    Beam's q5 up to its ``Count``: ``JustBids``' filter, ``SlidingWindows.assign`` (once
+    per window key), the ``Map`` to the bid's auction. Per bid and window: the window's
+    end (us), the auction."""
     from apache_beam.testing.benchmarks.nexmark.queries import nexmark_query_util as util
     from apache_beam.transforms import window
-    from apache_beam.utils.timestamp import Timestamp
 
-    sliding = window.SlidingWindows(
-        nexmark.QUERY_ARGS["window_size_sec"], nexmark.QUERY_ARGS["window_period_sec"]
+    from beam_spark_runner.execution.batched_dofns import micros_windows
+
+    assign = micros_windows(
+        window.SlidingWindows(
+            nexmark.QUERY_ARGS["window_size_sec"], nexmark.QUERY_ARGS["window_period_sec"]
+        )
     )
-    assign, context, is_bid, event = (
-        sliding.assign,
-        window.WindowFn.AssignContext,
-        util.is_bid,
-        nexmark.event,
-    )
+    assert assign is not None, "SlidingWindows' assignment depends on the timestamp only"
+    is_bid, event = util.is_bid, nexmark.event
     ends: list[int] = []
     auctions: list[int] = []
-    stamp_micros, stamp = -1, Timestamp(0)
     for n, at in zip(numbers, micros, strict=True):
         item = event(n)
         if not is_bid(item):
             continue
-        if at != stamp_micros:  # a Timestamp per run of equal times, as ours makes
-            stamp_micros, stamp = at, Timestamp(micros=at)
-        windows = assign(context(stamp, element=item))
+        windows = assign(at)
         auction = item.auction  # query5's extract_bid_auction
         for assigned in windows:
             ends.append(assigned.end.micros)
@@ -202,25 +201,25 @@ def floor_q11_assign(
 ) -> tuple[list[int], list[int], list[int]]:
     """The floor's q11 for one Arrow batch: each row's event, at the row's time, through
     Beam's q11 up to its ``Count``: ``JustBids``' filter, the ``Map`` to the bidder,
-    ``Sessions.assign``. Per bid: its bidder and its window's start and end (us)."""
+    ``Sessions.assign`` (once per timestamp). Per bid: its bidder and its window's start
+    and end (us)."""
     from apache_beam.testing.benchmarks.nexmark.queries import nexmark_query_util as util
     from apache_beam.transforms import window
-    from apache_beam.utils.timestamp import Timestamp
 
-    assign = window.Sessions(nexmark.QUERY_ARGS["window_size_sec"]).assign
-    context, is_bid, event = window.WindowFn.AssignContext, util.is_bid, nexmark.event
+    from beam_spark_runner.execution.batched_dofns import micros_windows
+
+    assign = micros_windows(window.Sessions(nexmark.QUERY_ARGS["window_size_sec"]))
+    assert assign is not None, "Sessions' assignment depends on the timestamp only"
+    is_bid, event = util.is_bid, nexmark.event
     bidders: list[int] = []
     starts: list[int] = []
     ends: list[int] = []
-    stamp_micros, stamp = -1, Timestamp(0)
     for n, at in zip(numbers, micros, strict=True):
         item = event(n)
         if not is_bid(item):
             continue
-        if at != stamp_micros:
-            stamp_micros, stamp = at, Timestamp(micros=at)
         bidder = item.bidder  # query11's extract_bidder
-        (assigned,) = assign(context(stamp, element=bidder))
+        (assigned,) = assign(at)
         bidders.append(bidder)
         starts.append(assigned.start.micros)
         ends.append(assigned.end.micros)

@@ -105,33 +105,31 @@ def floor_q8_pack(numbers: Sequence[int], micros: Sequence[int], shards: int) ->
     """The floor's q8 for one Arrow batch of the ``rate`` source's rows: each row's event,
     at the row's time, through Beam's q8 up to its ``CoGroupByKey``: both branches' filters
     (``JustPerson``, ``JustAuctions``: every event goes through both), the window
-    assignment (``FixedWindows.assign``), ``PersonByIdFn`` or ``AuctionBySellerFn`` and
+    assignment (``FixedWindows.assign`` once per window, as ours' ``micros_windows``),
+    ``PersonByIdFn`` or ``AuctionBySellerFn`` and
     ``CoGroupByKey``'s tagging; each tagged element encoded by :func:`q8_coder` into the
     compressed run of its window and of its key's shard (the key modulo ``shards``), with
     the run's latest time."""
     from apache_beam.coders.coder_impl import create_OutputStream
     from apache_beam.testing.benchmarks.nexmark.queries import nexmark_query_util as util
     from apache_beam.transforms import window
-    from apache_beam.utils.timestamp import Timestamp
 
+    from beam_spark_runner.execution.batched_dofns import micros_windows
     from beam_spark_runner.streaming.compression import pack
 
     encode = q8_coder().get_impl().encode_to_stream
-    assign = window.FixedWindows(nexmark.QUERY_ARGS["window_size_sec"]).assign
-    context = window.WindowFn.AssignContext
+    assign = micros_windows(window.FixedWindows(nexmark.QUERY_ARGS["window_size_sec"]))
+    assert assign is not None, "FixedWindows' assignment depends on the timestamp only"
     person_by_id = util.PersonByIdFn().process
     auction_by_seller = util.AuctionBySellerFn().process
     is_person, is_auction, event = util.is_person, util.is_auction, nexmark.event
     runs: dict[tuple[int, int], list[Any]] = {}
-    stamp_micros, stamp = -1, Timestamp(0)
     for n, at in zip(numbers, micros, strict=True):
         item = event(n)
         person, auction = is_person(item), is_auction(item)
         if not (person or auction):
             continue
-        if at != stamp_micros:  # a Timestamp per run of equal times, as ours makes
-            stamp_micros, stamp = at, Timestamp(micros=at)
-        (assigned,) = assign(context(stamp, element=item))
+        (assigned,) = assign(at)
         keyed, tag = (
             (person_by_id, util.PERSON_TAG) if person else (auction_by_seller, util.AUCTION_TAG)
         )
