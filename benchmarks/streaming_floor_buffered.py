@@ -106,10 +106,9 @@ def floor_q8_pack(numbers: Sequence[int], micros: Sequence[int], shards: int) ->
     at the row's time, through Beam's q8 up to its ``CoGroupByKey``: both branches' filters
     (``JustPerson``, ``JustAuctions``: every event goes through both), the window
     assignment (``FixedWindows.assign`` once per window, as ours' ``micros_windows``),
-    ``PersonByIdFn`` or ``AuctionBySellerFn`` and
-    ``CoGroupByKey``'s tagging; each tagged element encoded by :func:`q8_coder` into the
-    compressed run of its window and of its key's shard (the key modulo ``shards``), with
-    the run's latest time."""
+    ``PersonByIdFn`` or ``AuctionBySellerFn`` and ``CoGroupByKey``'s tagging; each tagged
+    element encoded by :func:`q8_coder` into the compressed run of its window and of its
+    key's shard (the key modulo ``shards``), with the run's latest time."""
     from apache_beam.coders.coder_impl import create_OutputStream
     from apache_beam.testing.benchmarks.nexmark.queries import nexmark_query_util as util
     from apache_beam.transforms import window
