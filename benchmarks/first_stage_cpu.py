@@ -2,18 +2,17 @@
 
 ``python -m benchmarks.first_stage_cpu --queries 0,7 [--rows 100000] [--repeats 5]``
 
-q5, q8 and q11 (``--queries 5,8,11``) have no Python-per-event floor: ours alone.
-
 ``benchmarks.streaming_cpu`` reads a whole query's CPU time across Spark's processes; on a
 loaded machine its figures move by a few microseconds an event from trial to trial. This
 runs, in this one process, the part of ours that does the per-event work: the router that
 reads the ``rate`` source's rows (``ReadFromSparkStream``'s ``mapInArrow`` body, then the
 router's stages and routing, as a task runs them), over Arrow batches of the ``rate``
-source's columns, beside the floor's Python for the same events (``streaming``'s
-``pyspark-python`` runner: the generator and the query's user code; q7 its bids encoded and
-packed per window). Each is timed by this process's CPU time, batch after batch in turn;
-the least of ``--repeats`` batches is reported. It leaves out what happens in the JVM and,
-on q7, the stateful level's work (buffering the bids, then selecting them).
+source's columns, beside the floor's Python for the same events (``streaming_floor``'s
+first ``mapInArrow``: the generator and the query's user code up to its grouping; q7 and
+q8 their elements encoded and packed per window). Each is timed by this process's CPU
+time, batch after batch in turn; the least of ``--repeats`` batches is reported. It leaves
+out what happens in the JVM and the stateful levels' work (on q7 and q8 buffering the
+elements, then handing them to the user code; on q5 and q11 the counts).
 """
 
 from __future__ import annotations
@@ -131,29 +130,18 @@ def ours_first_stage(query: int, runs: bool = True) -> Callable[[Any], list[Any]
 
 
 def floor_first_stage(query: int) -> Callable[[Any], Any]:
-    """The floor's Python for a ``rate`` batch (``streaming.run_pyspark_python``'s)."""
-    import pyarrow as pa
+    """The floor's Python for a ``rate`` batch (``streaming_floor.batch_step``)."""
+    from benchmarks import streaming_floor
 
-    from benchmarks import nexmark, streaming
-
-    if query == 7:
-
-        def packed(batch: Any) -> int:
-            micros = batch.column("timestamp").cast(pa.int64()).to_pylist()
-            return len(streaming.floor_q7_pack(batch.column("value").to_pylist(), micros))
-
-        return packed
-    steps, event = streaming.python_floor_steps(query), nexmark.event
-    return lambda batch: sum(len(steps(event(n))) for n in batch.column("value").to_pylist())
+    return streaming_floor.batch_step(query)
 
 
 def measure(query: int, rows: int, repeats: int) -> dict[str, Any]:
     """CPU µs per event of ours' first stage and the floor's, the least of ``repeats``."""
-    from benchmarks import streaming
+    from benchmarks import streaming_floor
 
     runners: dict[str, Callable[[Any], Any]] = {"ours": ours_first_stage(query)}
-    # q5, q8 and q11 have no Python-per-event floor: ours alone.
-    if query in streaming.PYTHON_FLOOR_QUERIES:
+    if query in streaming_floor.PYTHON_FLOOR_QUERIES:
         runners["floor"] = floor_first_stage(query)
     for run in runners.values():  # set up: DoFns, coders, caches
         run(rate_batch(0, min(rows, 1000)))

@@ -13,15 +13,15 @@ micro-batch (Python workers start then):
 * ``pyspark``: the same query hand-written in PySpark Structured Streaming over the same
   ``rate`` source and the same event function in SQL (``nexmark.event_columns``), its
   event time the same ``timestamp`` under a watermark of no delay (:func:`pyspark_query`);
-* ``pyspark-python`` (q0-q2 and q7): a floor for any runner that runs Beam's Python per
-  event. PySpark Structured Streaming over the same ``rate`` source hands each
-  micro-batch's rows to Python in Arrow batches (``mapInArrow``); each row's event comes
-  from the Python generator ours runs and goes through the query's user code
-  (:func:`run_pyspark_python`), with nothing of a runner around it. On q7 its bids are
-  encoded by Beam's coder and compressed, a run per window and Arrow batch, kept per
-  shard in a ``transformWithState`` list state until Spark's watermark passes their
-  window's end, then decoded for Beam's ``SelectMaxBidFn`` (:func:`_floor_q7`): the least
-  a runner buffering Beam's q7 bids must do.
+* ``pyspark-python``: a floor for any runner that runs Beam's Python per event
+  (:mod:`benchmarks.streaming_floor`). PySpark Structured Streaming over the same ``rate``
+  source hands each micro-batch's rows to Python in Arrow batches (``mapInArrow``); each
+  row's event comes from the Python generator ours runs and goes through the query's user
+  code up to its grouping, window assignment included, with nothing of a runner around
+  it. Across the grouping Spark counts natively where Beam's query counts (q5, q11); where
+  Beam's user code reads a window's elements (q7, q8) they are kept as Beam-coded,
+  compressed runs in a ``transformWithState`` list state until Spark's watermark passes
+  the window's end, then decoded and handed to that code.
 
 Ours makes each row's event in its first step: for windowed queries ``_Events``, which
 also records the event times it read (the latency past the watermark, below); for q0-q2,
@@ -90,7 +90,7 @@ from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
 
-from benchmarks import ladder, nexmark
+from benchmarks import ladder, nexmark, streaming_floor
 from benchmarks.trial_process import run_trial_process
 
 if TYPE_CHECKING:
@@ -112,6 +112,7 @@ TICK_SECONDS = 0.1
 # A trial whose first micro-batch has not completed after this long fails.
 STARTUP_LIMIT_SECONDS = 180.0
 WINDOWED = (5, 7, 8, 11)
+PYTHON_FLOOR_QUERIES = streaming_floor.PYTHON_FLOOR_QUERIES
 
 
 @dataclasses.dataclass
@@ -571,258 +572,25 @@ def run_pyspark(query: int, rate: int, seconds: float, trigger: float = TRIGGER_
         running.stop()
 
 
-# The queries the Python-per-event floor (``pyspark-python``) has: the stateless ones, and
-# q7 (its bids buffered with Beam's coder until their window's highest price is known).
-PYTHON_FLOOR_QUERIES = (0, 1, 2, 7)
-
-
-def python_floor_steps(query: int) -> Callable[[Any], list[Any]]:
-    """Query ``query``'s Beam user code for one event, as plain Python: the outputs of
-    one event through the query's own DoFn (q0, Beam's ``RoundTripFn``), or through the
-    functions that do its ``Filter`` and ``Map`` steps' work (q1, q2: those of the
-    hand-written RDD versions, ``nexmark``, checked against Beam's queries)."""
-    from apache_beam.testing.benchmarks.nexmark.queries import query0
-
-    if query == 0:
-        round_trip = query0.RoundTripFn()
-        return lambda event: list(round_trip.process(event))
-    if query == 1:
-        return lambda event: [nexmark._to_euro(event)] if nexmark._is_bid(event) else []
-    if query == 2:
-        return lambda event: [nexmark._q2_project(event)] if nexmark._q2_keep(event) else []
-    raise ValueError(
-        f"the Python-per-event floor has per-event steps for queries 0, 1 and 2, not query {query}"
-    )
-
-
-def floor_q7_pack(
-    numbers: Sequence[int], micros: Sequence[int]
-) -> dict[int, tuple[bytes, int, int]]:
-    """The floor's q7 for one Arrow batch of the ``rate`` source's rows: event ``n`` of
-    each row, at the row's time (``micros``, microseconds); per fixed window (its start in
-    microseconds), its bids encoded by Beam's coder for the query's bids, concatenated and
-    compressed as ours compresses what it buffers (``streaming.compression.pack``), with
-    their highest price and latest time.
-
-    The bids have no type hint, so Beam's coder is ``FastPrimitivesCoder``, which pickles
-    them. That is the least a runner buffering Beam's elements until their window's
-    highest price is known must do per event, besides making it: encode it, and keep it.
-    """
-    from apache_beam.coders import coders
-    from apache_beam.coders.coder_impl import create_OutputStream
-
-    from beam_spark_runner.streaming.compression import pack
-
-    encode = coders.FastPrimitivesCoder().get_impl().encode_to_stream
-    is_bid, event = nexmark._is_bid, nexmark.event
-    window_micros = nexmark.WINDOW_SIZE_MS * 1000
-    windows: dict[int, list[Any]] = {}
-    for n, at in zip(numbers, micros, strict=True):
-        item = event(n)
-        if not is_bid(item):
-            continue
-        start = at - at % window_micros
-        kept = windows.get(start)
-        if kept is None:
-            kept = windows[start] = [create_OutputStream(), item.price, at]
-        encode(item, kept[0], True)
-        if item.price > kept[1]:
-            kept[1] = item.price
-        if at > kept[2]:
-            kept[2] = at
-    return {
-        start: (pack(out.get()), best, latest) for start, (out, best, latest) in windows.items()
-    }
-
-
-def floor_q7_select(best: int, packed: Sequence[bytes]) -> list[Any]:
-    """The floor's q7 for one window: its bids (runs :func:`floor_q7_pack` made) decoded
-    by Beam's coder and passed through Beam's ``SelectMaxBidFn`` with the window's highest
-    price as its side input."""
-    from apache_beam.coders import coders
-    from apache_beam.coders.coder_impl import create_InputStream
-    from apache_beam.testing.benchmarks.nexmark.queries.query7 import SelectMaxBidFn
-
-    from beam_spark_runner.streaming.compression import unpack
-
-    decode = coders.FastPrimitivesCoder().get_impl().decode_from_stream
-    select = SelectMaxBidFn().process
-    selected: list[Any] = []
-    for data in packed:
-        stream = create_InputStream(unpack(data))
-        while stream.size():
-            selected.extend(select(decode(stream, True), best))
-    return selected
-
-
-def _floor_shards(spark: Any) -> tuple[int, ...]:
-    """A shard number per shuffle partition, each landing on its own partition when Spark
-    groups by it (Spark hashes a grouping key as ``hash`` does, modulo the partitions),
-    so each shard's bids are decoded on their own core."""
-    from pyspark.sql import functions as F
-
-    partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
-    numbers = spark.range(64).select(F.col("id").cast("int").alias("shard"))
-    placed = numbers.select("shard", F.pmod(F.hash("shard"), F.lit(partitions)).alias("p"))
-    first: dict[int, int] = {}
-    for row in placed.collect():
-        first.setdefault(row.p, row.shard)
-    return tuple(first[p] for p in sorted(first))
-
-
-def _floor_q7_processor() -> Any:
-    """The floor's q7 per shard (a ``transformWithState`` processor; PySpark before 4.0
-    has none, hence made on demand): it keeps each window's compressed runs of bids and
-    every highest price it is sent in a list state, with an event-time timer at the
-    window's end; when Spark's watermark passes it, it selects the window's bids
-    (:func:`floor_q7_select`) and gives how many it selected."""
-    from pyspark.sql import Row
-    from pyspark.sql.streaming import StatefulProcessor
-    from pyspark.sql.types import BinaryType, LongType, StructField, StructType
-
-    window_micros = nexmark.WINDOW_SIZE_MS * 1000
-
-    class FloorQ7(StatefulProcessor):  # type: ignore[misc]
-        def init(self, handle: Any) -> None:
-            fields = [
-                StructField("window", LongType()),
-                StructField("best", LongType()),
-                StructField("bids", BinaryType()),
-            ]
-            self.handle = handle
-            self.kept = handle.getListState("kept", StructType(fields))
-
-        def handleInputRows(  # noqa: N802 - PySpark's name
-            self,
-            key: Any,
-            rows: Iterator[Any],
-            timerValues: Any,  # noqa: N803
-        ) -> Iterator[Any]:
-            added = [(row.window, row.best, row.bids) for row in rows]
-            self.kept.appendList(added)
-            for start in {window for window, _, _ in added}:
-                self.handle.registerTimer((start + window_micros) // 1000)
-            return iter(())
-
-        def handleExpiredTimer(  # noqa: N802 - PySpark's name
-            self,
-            key: Any,
-            timerValues: Any,  # noqa: N803
-            expiredTimerInfo: Any,  # noqa: N803
-        ) -> Iterator[Any]:
-            start = expiredTimerInfo.getExpiryTimeInMs() * 1000 - window_micros
-            best, runs, kept = -1, [], []
-            for window, price, bids in self.kept.get():
-                if window == start:
-                    best = max(best, price)
-                    if bids:
-                        runs.append(bytes(bids))
-                else:
-                    kept.append((window, price, bytes(bids)))
-            if kept:
-                self.kept.put(kept)
-            else:
-                self.kept.clear()
-            yield Row(window=start, outputs=len(floor_q7_select(best, runs)))
-
-        def close(self) -> None:
-            pass
-
-    return FloorQ7()
-
-
-def _floor_q7(source: DataFrame) -> DataFrame:
-    """The floor's q7 over the ``rate`` source, as a runner of Beam's q7 would have to run
-    it at least, with nothing of a runner around it. Python makes each event and encodes
-    each bid, a compressed run per window and Arrow batch (:func:`floor_q7_pack`); each
-    run goes to one shard, its window's highest price to every shard (as ours sends a side
-    input's elements); a ``transformWithState`` per shard keeps them in a list state until
-    Spark's watermark (the rows' latest time, no delay) passes the window's end, then
-    decodes and selects them (:func:`_floor_q7_processor`). One row per window and shard
-    out: how many bids it selected."""
-    import pyarrow as pa
-    from pyspark import TaskContext
-
-    shards = _floor_shards(source.sparkSession)
-
-    def packed(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        context = TaskContext.get()
-        assert context is not None, "mapInArrow runs its function in a Spark task"
-        mine = shards[context.partitionId() % len(shards)]
-        for batch in batches:
-            micros = batch.column("timestamp").cast(pa.int64()).to_pylist()
-            windows = floor_q7_pack(batch.column("value").to_pylist(), micros)
-            rows = [
-                (shard, start, latest, best, runs if shard == mine else b"")
-                for start, (runs, best, latest) in windows.items()
-                for shard in shards
-            ]
-            if not rows:
-                continue
-            shard, start, latest, best, runs = (list(column) for column in zip(*rows, strict=True))
-            yield pa.RecordBatch.from_arrays(
-                [
-                    pa.array(shard, pa.int32()),
-                    pa.array(start, pa.int64()),
-                    pa.array(latest, pa.timestamp("us", tz="UTC")),
-                    pa.array(best, pa.int64()),
-                    pa.array(runs, pa.binary()),
-                ],
-                ["shard", "window", "t", "best", "bids"],
-            )
-
-    schema = "shard int, window long, t timestamp, best long, bids binary"
-    return (
-        source.mapInArrow(packed, schema)
-        .withWatermark("t", "0 seconds")
-        .groupBy("shard")
-        .transformWithState(
-            _floor_q7_processor(), "window long, outputs long", "Append", "EventTime"
-        )
-    )
-
-
 def run_pyspark_python(
     query: int, rate: int, seconds: float, trigger: float = TRIGGER_SECONDS
 ) -> Trial:
-    """A floor for any runner that runs Beam's Python per event: PySpark Structured
-    Streaming over the same ``rate`` source, each micro-batch's rows handed to Python as
-    Arrow batches (``mapInArrow``), where each row's event comes from the same Python
-    generator ours runs (``nexmark.event``) and goes through the query's user code
-    (:func:`python_floor_steps`). No windows, timestamps, panes, framing or watermarks: only
-    the generator, the user code and PySpark's own hand-over of rows to Python and back
-    (a ``long`` per row: how many outputs its event gave). On q7 (:func:`_floor_q7`) its
-    bids are encoded by Beam's coder, kept per shard until Spark's watermark passes their
-    window's end and then decoded and selected: what any runner of Beam's q7 must do
-    per event, in PySpark with nothing else. (Until 2026-12-06 Spark's own aggregation
-    kept each window's list, which it rewrote every micro-batch: that kept up with half
-    of ours' rate, no floor.)"""
-    import pyarrow as pa
-
+    """The Python-per-event floor (:mod:`benchmarks.streaming_floor`) at ``rate`` events/s:
+    the least any runner that runs Beam's Python per event must do, in PySpark Structured
+    Streaming over the same ``rate`` source, with nothing of a runner around it."""
     if query not in PYTHON_FLOOR_QUERIES:
         raise ValueError(
             f"the Python-per-event floor has queries {PYTHON_FLOOR_QUERIES}, not query {query}"
         )
-    if query != 7:
-        python_floor_steps(query)
     # Its Python workers run this interpreter (Spark's default is ``python3`` on the path).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    source = _rate_stream(rate)
-
-    def per_event(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        steps = python_floor_steps(query)
-        event = nexmark.event
-        for batch in batches:
-            outputs = [len(steps(event(n))) for n in batch.column("value").to_pylist()]
-            yield pa.RecordBatch.from_arrays([pa.array(outputs, pa.int64())], ["outputs"])
-
-    out = (
-        _floor_q7(source)
-        if query == 7
-        else source.select("value").mapInArrow(per_event, "outputs long")
-    )
+    floor = streaming_floor.floor_query(query, _rate_stream(rate))
     checkpoint = tempfile.mkdtemp(prefix="bench-streaming-checkpoint-")
-    writer = out.writeStream.option("checkpointLocation", checkpoint).format("noop")
+    writer = floor.frame.writeStream.option("checkpointLocation", checkpoint)
+    if floor.each_batch is not None:
+        writer = writer.foreachBatch(floor.each_batch)
+    else:
+        writer = writer.format("noop")
     running = writer.trigger(processingTime=f"{trigger} seconds").start()
     try:
         _after_first_batch(lambda: [running], seconds)
