@@ -261,6 +261,11 @@ def buffered_floor(query: int, source: DataFrame) -> DataFrame:
 
     if query not in (7, 8):
         raise ValueError(f"the buffered floor has queries 7 and 8, not query {query}")
+    if not hasattr(source.groupBy(), "transformWithState"):
+        raise RuntimeError(
+            f"the floor's q{query} keeps its runs in transformWithState, which PySpark "
+            f"{source.sparkSession.version} lacks: run it on PySpark 4.0 or later"
+        )
     shards = floor_shards(source.sparkSession)
 
     def rows(batch: pa.RecordBatch, mine: int) -> list[tuple[int, int, int, int, bytes]]:

@@ -156,7 +156,11 @@ def test_the_floors_streaming_query_gives_beams_windows(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from beam_spark_runner.spark import compat
     from beam_spark_runner.streaming.query import ensure_state_store
+
+    if query in (7, 8) and compat.pyspark_version() < (4, 0):
+        pytest.skip("the floor's q7 and q8 keep their runs in transformWithState: PySpark 4.0+")
 
     ensure_state_store(spark_session)
     items = list(nexmark.events(0, TOTAL))
