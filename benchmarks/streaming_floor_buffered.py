@@ -264,7 +264,7 @@ def buffered_floor(query: int, source: DataFrame) -> DataFrame:
     if not hasattr(source.groupBy(), "transformWithState"):
         raise RuntimeError(
             f"the floor's q{query} keeps its runs in transformWithState, which PySpark "
-            f"{source.sparkSession.version} lacks: run it on PySpark 4.0 or later"
+            f"{source.sparkSession.version} lacks: run it on PySpark 4.1 or later"
         )
     shards = floor_shards(source.sparkSession)
 
