@@ -124,44 +124,27 @@ class StateTrial:
 
 
 class _Elements(beam.DoFn):  # type: ignore[misc]
-    """A tick's elements: the prefill's keys in order, then ``per_tick`` random keys."""
+    """A tick's elements: the prefill's keys in order, then ``per_tick`` random keys; each
+    with 1, or with ``side`` the tick's index (a side input's value, other keys drawn)."""
 
-    def __init__(self, start: float, keys: int, per_tick: int) -> None:
+    def __init__(self, start: float, keys: int, per_tick: int, side: bool = False) -> None:
         self.start = start
         self.keys = keys
         self.per_tick = per_tick
+        self.side = side
         self.prefill_ticks = prefill_ticks(keys)
 
     def process(self, tick: Any) -> Iterator[tuple[int, int]]:
         index = round((float(tick) - self.start) / TICK_SECONDS)
+        value = index if self.side else 1
         if index < self.prefill_ticks:
             chunk = -(-self.keys // self.prefill_ticks)
             for key in range(index * chunk, min(self.keys, (index + 1) * chunk)):
-                yield key, 1
+                yield key, value
             return
-        draw = random.Random(index).randrange
+        draw = random.Random(-index if self.side else index).randrange
         for _ in range(self.per_tick):
-            yield draw(self.keys), 1
-
-
-class _SideValues(beam.DoFn):  # type: ignore[misc]
-    """A tick's side-input values: the prefill's keys in order, then ``SIDE_PER_TICK`` keys."""
-
-    def __init__(self, start: float, keys: int) -> None:
-        self.start = start
-        self.keys = keys
-        self.prefill_ticks = prefill_ticks(keys)
-
-    def process(self, tick: Any) -> Iterator[tuple[int, int]]:
-        index = round((float(tick) - self.start) / TICK_SECONDS)
-        if index < self.prefill_ticks:
-            chunk = -(-self.keys // self.prefill_ticks)
-            for key in range(index * chunk, min(self.keys, (index + 1) * chunk)):
-                yield key, index
-            return
-        draw = random.Random(-index).randrange
-        for _ in range(SIDE_PER_TICK):
-            yield draw(self.keys), index
+            yield draw(self.keys), value
 
 
 def _looked_up(element: tuple[int, int], side: Any) -> bool:
@@ -211,7 +194,7 @@ def build(
     if pipeline_name == "side":
         side = (
             ticks
-            | "SideValues" >> beam.ParDo(_SideValues(start, keys))
+            | "SideValues" >> beam.ParDo(_Elements(start, keys, SIDE_PER_TICK, side=True))
             | "SideWindow"
             >> beam.WindowInto(
                 window.GlobalWindows(),

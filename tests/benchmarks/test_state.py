@@ -11,7 +11,6 @@ from benchmarks.state import (
     StateTrial,
     _Elements,
     _measured,
-    _SideValues,
     build,
     markdown_table,
     prefill_ticks,
@@ -74,12 +73,13 @@ def test_the_stateful_pipeline_counts_per_key_in_user_state_without_a_group() ->
 
 def test_the_side_values_give_every_key_one_then_a_few_a_tick() -> None:
     keys, start = 12_345, 1000.0
-    values = _SideValues(start, keys)
+    values = _Elements(start, keys, SIDE_PER_TICK, side=True)
     ticks = prefill_ticks(keys)
     prefill = [k for t in range(ticks) for k, _ in values.process(start + t * TICK_SECONDS)]
     assert prefill == list(range(keys))
     later = list(values.process(start + (ticks + 3) * TICK_SECONDS))
     assert len(later) == SIDE_PER_TICK and all(0 <= k < keys for k, _ in later)
+    assert {value for _, value in later} == {ticks + 3}, "a side value is the tick's index"
 
 
 def test_the_side_pipeline_reads_a_grouped_multimap_side_input() -> None:

@@ -12,18 +12,7 @@ from typing import Any
 import pytest
 
 from benchmarks import nexmark, streaming_floor
-
-TOTAL = 25_000
-BATCH = 10_000  # rows per Arrow batch, as Spark's
-
-
-def _batches() -> list[tuple[range, list[int]]]:
-    """The events' numbers and times (us) in Arrow-batch-sized slices."""
-    micros = [nexmark.millis(nexmark.event(n)) * 1000 for n in range(TOTAL)]
-    return [
-        (range(first, min(first + BATCH, TOTAL)), micros[first : first + BATCH])
-        for first in range(0, TOTAL, BATCH)
-    ]
+from tests.benchmarks.floor_events import TOTAL, event_batches
 
 
 def _stateless_reference(query: int, items: list[Any]) -> list[Any]:
@@ -69,7 +58,7 @@ def test_the_floors_q5_assigns_sliding_windows_and_selects_beams_hot_items() -> 
     items = list(nexmark.events(0, TOTAL))
     bids = [b for b in items if nexmark._is_bid(b)]
     counts: Counter[tuple[int, int]] = Counter()
-    for numbers, micros in _batches():
+    for numbers, micros in event_batches():
         ends, auctions = streaming_floor.floor_q5_assign(numbers, micros)
         counts.update(zip(ends, auctions, strict=True))
     assert sum(counts.values()) == 2 * len(bids), "every bid in two windows"
@@ -97,7 +86,7 @@ def test_the_floors_q11_assigns_each_bid_its_session_window() -> None:
     merges them (overlapping windows join) and counted: Beam's q11."""
     items = list(nexmark.events(0, TOTAL))
     by_bidder: dict[int, list[tuple[int, int]]] = {}
-    for numbers, micros in _batches():
+    for numbers, micros in event_batches():
         bidders, starts, ends = streaming_floor.floor_q11_assign(numbers, micros)
         for bidder, start, end in zip(bidders, starts, ends, strict=True):
             by_bidder.setdefault(bidder, []).append((start, end))

@@ -13,17 +13,7 @@ from benchmarks.streaming_floor_buffered import (
     floor_q8_join,
     floor_q8_pack,
 )
-
-TOTAL = 25_000
-BATCH = 10_000  # rows per Arrow batch, as Spark's
-
-
-def _batches() -> list[tuple[range, list[int]]]:
-    micros = [nexmark.millis(nexmark.event(n)) * 1000 for n in range(TOTAL)]
-    return [
-        (range(first, min(first + BATCH, TOTAL)), micros[first : first + BATCH])
-        for first in range(0, TOTAL, BATCH)
-    ]
+from tests.benchmarks.floor_events import TOTAL, event_batches
 
 
 def test_the_python_floors_q7_selects_the_bids_beams_q7_gives() -> None:
@@ -32,7 +22,7 @@ def test_the_python_floors_q7_selects_the_bids_beams_q7_gives() -> None:
     compressed."""
     items = list(nexmark.events(0, TOTAL))
     windows: dict[int, list[tuple[bytes, int, int]]] = {}
-    for numbers, micros in _batches():
+    for numbers, micros in event_batches():
         for start, run in floor_q7_pack(numbers, micros).items():
             windows.setdefault(start, []).append(run)
     assert len(windows) > 1
@@ -63,7 +53,7 @@ def test_the_python_floors_q8_joins_each_windows_persons_and_auctions_as_beams_q
     items = list(nexmark.events(0, TOTAL))
     shards = 2
     runs: dict[tuple[int, int], list[bytes]] = {}
-    for numbers, micros in _batches():
+    for numbers, micros in event_batches():
         for (start, shard), (run, best, latest) in floor_q8_pack(numbers, micros, shards).items():
             assert best == 0 and start <= latest < start + nexmark.WINDOW_SIZE_MS * 1000
             runs.setdefault((start, shard), []).append(run)
