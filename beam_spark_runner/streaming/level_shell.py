@@ -25,21 +25,19 @@ from beam_spark_runner.streaming.driver_processes import quiet_pre_init
 # log (``state_cache``).
 SHARD_STATE = "shard"
 WAITING_STATE = "waiting"
-# A logged shard's base and change log (``state_cache``); its value then holds a token.
+# Every shard's base and change log (``state_cache``); its value holds a token.
 LOG_STATE = "log"
 
 
 class LevelShell(StatefulProcessor):  # type: ignore[misc]
     """The ``transformWithState`` processor of one stateful level, its level pickled."""
 
-    def __init__(self, level: bytes, waiting: bool, logged: bool = False) -> None:
+    def __init__(self, level: bytes, waiting: bool) -> None:
         # ``levels.Level``, pickled (cloudpickle: it may hold functions by value).
         self.level = level
         # Whether the level keeps waiting elements (it has GroupByKeys or stages with side
         # inputs).
         self.waiting = waiting
-        # Whether some of its shards keep a change log (``state_cache``).
-        self.logged = logged
         self._states: tuple[Any, Any, Any] = (None, None, None)
         self._level: Any = None
 
@@ -60,9 +58,7 @@ class LevelShell(StatefulProcessor):  # type: ignore[misc]
         if self.waiting:
             fields = [StructField("needs", BinaryType()), StructField("chunk", BinaryType())]
             waiting = handle.getListState(WAITING_STATE, StructType(fields))
-        log = None
-        if self.logged:
-            log = handle.getListState(LOG_STATE, StructType([StructField("entry", BinaryType())]))
+        log = handle.getListState(LOG_STATE, StructType([StructField("entry", BinaryType())]))
         self._states = (shard, waiting, log)
 
     def handleInputRows(  # noqa: N802 - PySpark's name

@@ -74,9 +74,9 @@ class Level:
     def processor(self) -> LevelShell:
         """What ``transformWithState`` takes: a shell with this level pickled."""
         waiting = bool(self.with_side_inputs or self.groups)
-        return LevelShell(pickle_by_value(self), waiting=waiting, logged=True)
+        return LevelShell(pickle_by_value(self), waiting=waiting)
 
-    def bind(self, shard: Any, waiting: Any, log: Any = None) -> None:
+    def bind(self, shard: Any, waiting: Any, log: Any) -> None:
         """Takes the state variables ``LevelShell.init`` declared.
 
         A shard's encoded state, and, where the level has GroupByKeys or stages with side

@@ -65,16 +65,16 @@ class _Level:
         type(self).unpickled += 1
         self.__dict__.update(state)
 
-    def bind(self, shard: Any, waiting: Any, log: Any = None) -> None:
-        self.bound = (shard, waiting) if log is None else (shard, waiting, log)
+    def bind(self, shard: Any, waiting: Any, log: Any) -> None:
+        self.bound = (shard, waiting, log)
 
     def run(self, key: Any, rows: Iterator[Any]) -> Iterator[Any]:
         for row in rows:
             yield key, row, self.bound
 
 
-def _shell_after_pickling(waiting: bool, logged: bool = False) -> LevelShell:
-    shell = LevelShell(cloudpickle.dumps(_Level()), waiting=waiting, logged=logged)
+def _shell_after_pickling(waiting: bool) -> LevelShell:
+    shell = LevelShell(cloudpickle.dumps(_Level()), waiting=waiting)
     restored = pickle.loads(cloudpickle.dumps(shell))
     assert isinstance(restored, LevelShell)
     return restored
@@ -88,9 +88,10 @@ def test_the_shell_declares_the_state_variables_and_unpickles_the_level_once() -
     assert handle.declared == [
         ("value", SHARD_STATE, ["state"]),
         ("list", WAITING_STATE, ["needs", "chunk"]),
+        ("list", LOG_STATE, ["entry"]),
     ]
     assert _Level.unpickled == 0  # the pre-init declares, and unpickles nothing
-    bound = (f"value:{SHARD_STATE}", f"list:{WAITING_STATE}")
+    bound = (f"value:{SHARD_STATE}", f"list:{WAITING_STATE}", f"list:{LOG_STATE}")
     assert list(shell.handleInputRows((1, 0), iter(["a", "b"]), None)) == [
         ((1, 0), "a", bound),
         ((1, 0), "b", bound),
@@ -99,22 +100,13 @@ def test_the_shell_declares_the_state_variables_and_unpickles_the_level_once() -
     assert _Level.unpickled == 1
 
 
-def test_a_level_with_logged_shards_declares_their_log() -> None:
-    shell = _shell_after_pickling(waiting=True, logged=True)
-    handle = _Handle()
-    shell.init(handle)
-    assert handle.declared[-1] == ("list", LOG_STATE, ["entry"])
-    bound = (f"value:{SHARD_STATE}", f"list:{WAITING_STATE}", f"list:{LOG_STATE}")
-    assert list(shell.handleInputRows((1, 0), iter(["a"]), None)) == [((1, 0), "a", bound)]
-
-
 def test_a_level_without_side_inputs_has_no_waiting_list() -> None:
     shell = _shell_after_pickling(waiting=False)
     handle = _Handle()
     shell.init(handle)
-    assert handle.declared == [("value", SHARD_STATE, ["state"])]
+    assert handle.declared == [("value", SHARD_STATE, ["state"]), ("list", LOG_STATE, ["entry"])]
     assert list(shell.handleInputRows((1, 0), iter(["a"]), None)) == [
-        ((1, 0), "a", (f"value:{SHARD_STATE}", None))
+        ((1, 0), "a", (f"value:{SHARD_STATE}", None, f"list:{LOG_STATE}"))
     ]
 
 
