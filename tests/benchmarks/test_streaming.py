@@ -200,6 +200,11 @@ def test_direct_runner_keeps_up_when_it_ends_soon_after_its_last_event() -> None
     assert not Trial("direct", 0, 1000, [], overrun=30.0).keeps_up
 
 
+def test_a_direct_runner_trial_that_ends_before_its_last_event_is_due_does_not_keep_up() -> None:
+    # Its events were not run at their times (DirectRunner's multi-processing mode did so).
+    assert not Trial("direct-mp", 0, 1000, [], overrun=-33.0).keeps_up
+
+
 @pytest.mark.parametrize("query", [1, 2, 5, 7, 8, 11])
 def test_the_hand_written_structured_streaming_queries_give_beams_results(
     spark_session: Any, query: int
