@@ -12,6 +12,7 @@ builds the stage.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import weakref
@@ -127,6 +128,20 @@ class _SessionUdfs:
         )
         mapped = jdf.mapInArrow(udf.apply(columns), False, None)
         return DataFrame(mapped, frame.sparkSession)
+
+
+def then(first: ArrowFunction, second: ArrowFunction) -> ArrowFunction:
+    """``second`` over ``first``'s batches, as one ``mapInArrow``'s function.
+
+    One Python worker runs both: the batches between them never cross to the JVM and back.
+    """
+    return functools.partial(_then, first, second)
+
+
+def _then(
+    first: ArrowFunction, second: ArrowFunction, batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    return second(first(batches))
 
 
 _SESSIONS: weakref.WeakKeyDictionary[Any, _SessionUdfs | None] = weakref.WeakKeyDictionary()

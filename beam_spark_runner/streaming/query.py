@@ -2,7 +2,8 @@
 
 ``plan_topology`` turns the fused plan into routed nodes (``topology``); ``build_frame``
 chains ``source -> router 0 -> level 1 -> router 1 -> ... -> router L`` and keeps what
-reaches the sink (markers only). ``run.streaming`` starts and watches the query.
+reaches the sink (markers only); router 0 runs in each source's own ``mapInArrow``.
+``run.streaming`` starts and watches the query.
 """
 
 from __future__ import annotations
@@ -354,26 +355,29 @@ def build_frame(
         for node in topology.nodes
         if node.name in broadcast_readers
     }
-    frame = source_frame(spark, _source_plan(plan, topology))
-    frame = union_spark_streams(frame, spark, plan, topology)
     reads = stream_columns(plan, topology)
+    # Router 0 runs in each source's own mapInArrow: a task of the union reads one input's
+    # partition, so routing each input is routing the union, and a source's rows (a Spark
+    # stream's whole batches) do not cross to the JVM and back to another Python worker.
+    first = _router_body(context, topology, 0, side_input_state, reads)
+    frame = source_frame(spark, _source_plan(plan, topology), first)
+    frame = union_spark_streams(frame, spark, plan, topology, first)
     # PySpark 3.5 allows one stateful operator per query: several levels run in one group.
     chain = not has_state_processor() and topology.levels > 1
     chained: list[Any] = []
     chained_routers: list[Any] = []
-    for step in range(topology.levels + 1):
-        if step > 0:
-            processor = _level(context, topology, step, side_input_state, broadcast_readers)
-            if chain:
-                chained.append(processor)
-            else:
-                if partitions is not None:
-                    frame = placed(frame, level_slots(topology, step, partitions))
-                frame = stateful_operator(
-                    frame, [routed.TARGET, routed.SHARD], processor, routed.routed_type()
-                )
+    for step in range(1, topology.levels + 1):
+        processor = _level(context, topology, step, side_input_state, broadcast_readers)
+        if chain:
+            chained.append(processor)
+        else:
+            if partitions is not None:
+                frame = placed(frame, level_slots(topology, step, partitions))
+            frame = stateful_operator(
+                frame, [routed.TARGET, routed.SHARD], processor, routed.routed_type()
+            )
         body = _router_body(context, topology, step, side_input_state, reads)
-        if chain and 0 < step < topology.levels:
+        if chain and step < topology.levels:
             chained_routers.append(body)
             continue
         if chain and step == topology.levels:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from beam_spark_runner.spark.compat import named_function
-from beam_spark_runner.spark.map_in_arrow import map_in_arrow
+from beam_spark_runner.spark.map_in_arrow import ArrowFunction, map_in_arrow, then
 from beam_spark_runner.streaming.rows import routed_type, to_batch
 from beam_spark_runner.streaming.source_plan import SourcePlan
 
@@ -30,8 +30,13 @@ BATCH = "batch"
 WALL_CLOCK = "wall_clock"
 
 
-def source_frame(spark: SparkSession, plan: SourcePlan) -> DataFrame:
-    """The rows of every micro-batch: ``plan``'s, as ``rows.routed_type()``."""
+def source_frame(
+    spark: SparkSession, plan: SourcePlan, router: ArrowFunction | None = None
+) -> DataFrame:
+    """The rows of every micro-batch: ``plan``'s, as ``rows.routed_type()``.
+
+    Through ``router`` (the query's first router, in the same ``mapInArrow``) if given.
+    """
     ticks = (
         spark.readStream.format(TICKS_FORMAT)
         .option("rowsPerBatch", 1)
@@ -41,8 +46,11 @@ def source_frame(spark: SparkSession, plan: SourcePlan) -> DataFrame:
     ticks = ticks.selectExpr(
         f"value AS {BATCH}", f"unix_micros(current_timestamp()) AS {WALL_CLOCK}"
     )
-    body = functools.partial(batch_rows, plan)
-    return map_in_arrow(ticks, named_function(body, "beam_source"), routed_type())
+    body: ArrowFunction = functools.partial(batch_rows, plan)
+    name = "beam_source"
+    if router is not None:
+        body, name = then(body, router), f"{name}_then_{router.__name__}"
+    return map_in_arrow(ticks, named_function(body, name), routed_type())
 
 
 def batch_rows(plan: SourcePlan, ticks: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

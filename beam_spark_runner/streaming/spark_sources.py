@@ -32,7 +32,7 @@ from beam_spark_runner.errors import SparkRunnerError
 from beam_spark_runner.io.spark_stream import TIMESTAMP_TYPES, SparkStreamSpec
 from beam_spark_runner.planning import SPARK_STREAM_BUFFER_KIND, SPARK_STREAM_URN, Plan
 from beam_spark_runner.spark.compat import named_function
-from beam_spark_runner.spark.map_in_arrow import map_in_arrow
+from beam_spark_runner.spark.map_in_arrow import ArrowFunction, map_in_arrow, then
 from beam_spark_runner.streaming import rows as routed
 from beam_spark_runner.streaming.topology import Topology
 from beam_spark_runner.streaming.watermarks import MIN_MICROS, Marker
@@ -338,9 +338,16 @@ def _timestamps(column: pa.Array) -> list[Timestamp | None]:
 
 
 def read_frame(
-    spark: SparkSession, root: SparkStreamRoot, topology: Topology, coder: Any
+    spark: SparkSession,
+    root: SparkStreamRoot,
+    topology: Topology,
+    coder: Any,
+    router: ArrowFunction | None = None,
 ) -> DataFrame:
-    """The read's routed rows, as a streaming DataFrame."""
+    """The read's routed rows, as a streaming DataFrame.
+
+    Through ``router`` (the query's first router, in the same ``mapInArrow``) if given.
+    """
     spec = root.spec
     reader = spark.readStream.format(spec.format).options(**dict(spec.options))
     if spec.user_schema:
@@ -357,10 +364,11 @@ def read_frame(
             "org.apache.spark:spark-sql-kafka-0-10_2.13) needs its connector on the cluster "
             "(spark.jars.packages)."
         ) from None
-    body = RowsToElements(root.name, root.producer, topology, spec, coder).convert
-    return map_in_arrow(
-        frame, named_function(body, spark_function_name(root.name)), routed.routed_type()
-    )
+    body: ArrowFunction = RowsToElements(root.name, root.producer, topology, spec, coder).convert
+    name = spark_function_name(root.name)
+    if router is not None:
+        body, name = then(body, router), f"{name}_then_{router.__name__}"
+    return map_in_arrow(frame, named_function(body, name), routed.routed_type())
 
 
 def sends_columns(topology: Topology, producer: str) -> bool:
@@ -383,12 +391,19 @@ def stream_columns(plan: Plan, topology: Topology) -> dict[str, StreamColumns]:
 
 
 def union_spark_streams(
-    frame: DataFrame, spark: SparkSession, plan: Plan, topology: Topology
+    frame: DataFrame,
+    spark: SparkSession,
+    plan: Plan,
+    topology: Topology,
+    router: ArrowFunction | None = None,
 ) -> DataFrame:
-    """``frame`` (the runner's source) with every Spark stream the topology reads."""
+    """``frame`` (the runner's source) with every Spark stream the topology reads.
+
+    Each read through ``router`` (the query's first router) if given.
+    """
     context = bi.PipelineContext(plan.components)
     for root in spark_stream_roots(plan):
         if root.producer in topology.roots:
             coder = context.coders[root.coder_id]
-            frame = frame.unionByName(read_frame(spark, root, topology, coder))
+            frame = frame.unionByName(read_frame(spark, root, topology, coder, router))
     return frame

@@ -13,7 +13,7 @@ from beam_spark_runner.options import spark_settings
 from beam_spark_runner.spark import compat as spark_compat
 from beam_spark_runner.spark import map_in_arrow as module
 from beam_spark_runner.spark.compat import named_function
-from beam_spark_runner.spark.map_in_arrow import map_in_arrow
+from beam_spark_runner.spark.map_in_arrow import map_in_arrow, then
 from beam_spark_runner.spark.session import obtain_session
 from beam_spark_runner.translators.base import keyed_rows_type
 
@@ -82,6 +82,15 @@ def test_the_stage_gives_what_pysparks_mapinarrow_gives() -> None:
     assert _collected(ours) == _collected(theirs) == [(b"k%d" % i, b"v%d!" % i) for i in range(5)]
     # Spark's plan shows the stage under the function's name.
     assert "beam_suffixed" in ours._jdf.queryExecution().analyzed().toString()
+
+
+@pytest.mark.spark
+def test_then_runs_the_second_function_over_the_firsts_batches_in_one_stage() -> None:
+    spark = _spark()
+    both = named_function(then(_suffixed(b"1"), _suffixed(b"2")), "beam_both")
+    frame = map_in_arrow(_rows(spark), both, keyed_rows_type())
+    assert _collected(frame) == [(b"k%d" % i, b"v%d12" % i) for i in range(5)]
+    assert frame._jdf.queryExecution().analyzed().toString().count("MapInArrow") == 1
 
 
 OWN_UDFS = pytest.mark.skipif(

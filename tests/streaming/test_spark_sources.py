@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,9 +20,11 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.runner import PipelineState
 from apache_beam.transforms import window
+from pyspark.sql import SparkSession
 
 from beam_spark_runner.io import ReadFromSparkStream
 from beam_spark_runner.spark.compat import OLDEST_STREAMING_SPARK, pyspark_version
+from beam_spark_runner.translators.base import spark_function_name
 from tests.conftest import SPARK_TEST_MASTER
 
 if pyspark_version() < OLDEST_STREAMING_SPARK:
@@ -164,8 +167,17 @@ def test_rate_windows_fire_as_its_watermark_passes(tmp_path: Path) -> None:
     result = pipeline.run()
     try:
         _wait_for(lambda: len(_written(out)) >= 4, "four windows of the rate source")
+        (query,) = SparkSession.getActiveSession().streams.active
+        plan = query._jsq.explainInternal(False)
     finally:
         result.cancel()
+    # The first router (the Map's stage) runs in each source's own Python step, the rate's
+    # and the runner's, not in a step of its own after their union.
+    python_steps = re.findall(r"MapInArrow \[?(\w+)", plan)
+    assert len(python_steps) == 3, plan  # the two sources' and the router after the Count
+    read = spark_function_name("ReadFromSparkStream")
+    assert any(s.startswith(f"{read}_then_beam_") for s in python_steps), plan
+    assert any(s.startswith("beam_source_then_beam_") for s in python_steps), plan
     panes = sorted((int(name.split("-")[0]), pane) for name, pane in _written(out).items())
     starts = [start for start, _ in panes]
     assert starts == list(range(starts[0], starts[0] + 2 * len(starts), 2))  # none skipped
