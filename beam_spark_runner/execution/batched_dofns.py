@@ -162,6 +162,7 @@ def precombine_dofn(payload: bytes, context: Any, windowing: Any) -> Any:
         windowing.is_default(),
         timestamp_combiner,
         1000 * 1000 if small else 100 * 1000,
+        grouped=small,
     )
 
 
@@ -169,12 +170,26 @@ class _PrecombineDoFn(core.DoFn):  # type: ignore[misc]
     runner_precombine = True
 
     def __init__(
-        self, combine_fn: Any, default_windowing: bool, timestamp_combiner: Any, max_keys: int
+        self,
+        combine_fn: Any,
+        default_windowing: bool,
+        timestamp_combiner: Any,
+        max_keys: int,
+        grouped: bool = False,
     ) -> None:
+        """A precombine of ``combine_fn``, Beam's table limit ``max_keys``.
+
+        ``grouped``: the CombineFn is one of Beam's builtin ones (``add_inputs`` keeps
+        neither the list it is given nor an order but the list's), so elements in windows
+        may be grouped per key (``_add_grouped``).
+        """
         self._combine_fn = combine_fn
         self._default_windowing = default_windowing
         self._timestamp_combiner = timestamp_combiner
         self._max_keys = max_keys
+        # Grouped only where every entry's timestamp is its window's (end of window).
+        self._grouped = grouped and not default_windowing and timestamp_combiner is None
+        self._group = _KeyGroups()
         self._compact = (
             None if type(combine_fn).compact is core.CombineFn.compact else combine_fn.compact
         )
@@ -190,6 +205,7 @@ class _PrecombineDoFn(core.DoFn):  # type: ignore[misc]
 
     def start_bundle(self) -> None:
         self.table = {}
+        self._group = _KeyGroups()
 
     def add_all(self, values: list[Any]) -> list[Any]:
         """Adds a chunk of windowed ``(key, value)``s; returns what a flush output.
@@ -199,6 +215,66 @@ class _PrecombineDoFn(core.DoFn):  # type: ignore[misc]
         run faster (a wrapped ``max`` extends its buffer once, not per element). A run of
         one goes to ``add_input``, as Beam's operation adds every element.
         """
+        if self._grouped:
+            return self._add_grouped(values)
+        return self._add_each(values)
+
+    def _add_grouped(self, values: list[Any]) -> list[Any]:
+        """``add_all`` for a builtin CombineFn: elements grouped per key, windows alike.
+
+        Elements are grouped per key while their windows stay the same (the next element's
+        windows usually equal the last's: a source's elements come in time order, their
+        windows from a cache).
+
+        A key's first element of a group finds or makes its entries, one per window, in the
+        order Beam's operation makes them; its values wait in a list, added to each entry
+        (``add_inputs``, in their order) when the windows change, the list is long, or the
+        bundle ends. A new key whose entries might fill the table (Beam's flush) ends the
+        group and goes element by element (``_add_each``), so the table's flushes are
+        Beam's, with the same accumulators.
+        """
+        group = self._group
+        table = self.table
+        max_keys = self._max_keys
+        flushed: list[Any] = []
+        keys = group.keys
+        windows = group.windows
+        for windowed_value in values:
+            key, value = windowed_value.value
+            if windowed_value.windows != windows:
+                self._end_group()
+                windows = windowed_value.windows
+                if not windows:  # in no window: Beam adds it nowhere
+                    windows = None
+                    continue
+                group.start(windows)
+            found = keys.get(key)
+            if found is not None:
+                found.append(value)
+                if len(found) >= _GROUPED_VALUES:
+                    group.add(key, self._combine_fn)
+                continue
+            if len(table) + len(windows) > max_keys:  # Beam's flush might come
+                self._end_group()
+                windows = None
+                flushed.extend(self._add_each([windowed_value]))
+                continue
+            group.entries[key] = [
+                table.get(wkey) or self._new_entry(wkey, None, window_, flushed)
+                for wkey, window_ in zip([(at, key) for at in group.ats], windows, strict=True)
+            ]
+            keys[key] = [value]
+        return flushed
+
+    def _end_group(self) -> None:
+        """Adds the waiting values of the group to their entries; no group after it."""
+        group = self._group
+        for key in group.keys:
+            group.add(key, self._combine_fn)
+        group.start(None)
+
+    def _add_each(self, values: list[Any]) -> list[Any]:
+        """``add_all`` element by element (each window of each, as Beam's operation)."""
         table = self.table
         add_input, add_inputs = self._combine_fn.add_input, self._combine_fn.add_inputs
         new_entry = self._new_entry
@@ -284,6 +360,7 @@ class _PrecombineDoFn(core.DoFn):  # type: ignore[misc]
         yield from self.add_all([WindowedValue(element, timestamp, (window_,))])
 
     def finish_bundle(self) -> Iterator[Any]:
+        self._end_group()
         table, self.table = self.table, {}
         for wkey, entry in table.items():
             yield self._output(wkey, *entry)
@@ -311,6 +388,52 @@ class _PrecombineDoFn(core.DoFn):  # type: ignore[misc]
         if type(at) is tuple:  # an IntervalWindow's max_timestamp: its end's predecessor
             return create_windowed_value((key, value), at[1] - 1, (window_,))
         return WindowedValue((key, value), window_.max_timestamp(), (window_,))
+
+
+# Values of one key a group holds before adding them to the key's entries.
+_GROUPED_VALUES = 256
+
+
+class _KeyGroups:
+    """A grouped precombine's group (``_PrecombineDoFn._add_grouped``).
+
+    Its windows, and per key its entries (one per window, in order) and values not yet
+    added to them.
+    """
+
+    def __init__(self) -> None:
+        self.entries: dict[Any, list[list[Any]]] = {}
+        self.keys: dict[Any, list[Any]] = {}
+        self.start(None)
+
+    def start(self, windows: Any) -> None:
+        """A new group, of elements in ``windows`` (None: no group).
+
+        Its dicts stay the same objects, emptied: the precombine holds them.
+        """
+        self.windows = windows
+        # Each window's part of the table's key: an IntervalWindow's bounds, as the table
+        # keys it.
+        self.ats = (
+            []
+            if windows is None
+            else [bi.interval_bounds(w) if type(w) is window.IntervalWindow else w for w in windows]
+        )
+        self.entries.clear()
+        self.keys.clear()
+
+    def add(self, key: Any, combine_fn: Any) -> None:
+        """Adds ``key``'s waiting values to its entries; none wait after."""
+        values = self.keys[key]
+        if not values:
+            return
+        for entry in self.entries[key]:
+            entry[0] = (
+                combine_fn.add_input(entry[0], values[0])
+                if len(values) == 1
+                else combine_fn.add_inputs(entry[0], values)
+            )
+        self.keys[key] = []
 
 
 def _same_key(key: Any, other: Any) -> bool:
@@ -378,14 +501,19 @@ def micros_windows(window_fn: Any) -> Callable[[int], list[Any]] | None:
     assign = window_fn.assign
     context = window.WindowFn.AssignContext
     cache: dict[Any, tuple[Any, ...]] = {}
+    # The last timestamp's windows: a source stamps runs of elements alike.
+    last: list[Any] = [None, ()]
 
     def windows(micros: int) -> list[Any]:
+        if micros == last[0]:
+            return list(last[1])
         at = key(micros)
         found = cache.get(at)
         if found is None:
             if len(cache) >= _ASSIGNED_CACHED:
                 cache.clear()
             found = cache[at] = tuple(assign(context(Timestamp(micros=micros))))
+        last[0], last[1] = micros, found
         return list(found)
 
     return windows

@@ -167,3 +167,55 @@ def test_a_precombine_adds_elements_in_sliding_windows_one_by_one() -> None:
         ((early,), ("y", 6)),
         ((late,), ("y", 6)),
     ]
+
+
+def _precombined(combine_fn: Any, grouped: bool, max_keys: int, chunks: Any) -> list[Any]:
+    """What a precombine outputs for ``chunks`` of windowed values: its flushes, then its
+    table at the bundle's end, each as (windows, timestamp, (key, accumulator))."""
+    precombine = batched_dofns._PrecombineDoFn(combine_fn, False, None, max_keys, grouped)
+    precombine.start_bundle()
+    out = [wv for chunk in chunks for wv in precombine.add_all(chunk)]
+    out.extend(precombine.finish_bundle())
+    return [(wv.windows, wv.timestamp, wv.value) for wv in out]
+
+
+@pytest.mark.parametrize(
+    "combine_fn",
+    [
+        batched_dofns.combiners.CountCombineFn(),
+        batched_dofns.combiners.MeanCombineFn(),
+        core.CombineFn.maybe_from_callable(sum),
+        core.CombineFn.maybe_from_callable(min),
+    ],
+    ids=["count", "mean", "sum", "min"],
+)
+@pytest.mark.parametrize("max_keys", [1000, 7])
+def test_a_grouped_precombine_gives_the_element_by_element_outputs(
+    combine_fn: Any, max_keys: int
+) -> None:
+    """A builtin CombineFn's precombine groups values per key while the windows stay the
+    same: the same accumulators (float sums added in Beam's order), entries in Beam's
+    order, and, with a small table, Beam's flushes at the same elements."""
+    from apache_beam.utils.windowed_value import WindowedValue
+
+    sliding = [IntervalWindow(s, s + 10) for s in range(0, 30, 2)]
+    # Runs of elements in the same (cached) windows, a run of equal windows made apart,
+    # an element in no window, windows going back; several keys interleaved.
+    groups = [
+        sliding[0:5],
+        sliding[0:5],
+        [IntervalWindow(w.start, w.end) for w in sliding[0:5]],
+        [],
+        sliding[1:6],
+        sliding[0:5],
+        [GlobalWindow()],
+    ]
+    values = [
+        WindowedValue((f"k{(n * 7) % 5}", n / 3), 5, groups[(n // 4) % len(groups)])
+        for n in range(300)
+    ]
+    chunks = [values[i : i + 37] for i in range(0, len(values), 37)]
+    grouped = _precombined(combine_fn, True, max_keys, chunks)
+    each = _precombined(combine_fn, False, max_keys, chunks)
+    assert grouped == each
+    assert len(grouped) > (20 if max_keys == 7 else 10)
