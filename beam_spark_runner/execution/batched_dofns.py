@@ -189,7 +189,7 @@ class _PrecombineDoFn(core.DoFn):  # type: ignore[misc]
         self._max_keys = max_keys
         # Grouped only where every entry's timestamp is its window's (end of window).
         self._grouped = grouped and not default_windowing and timestamp_combiner is None
-        self._group = _KeyGroups()
+        self._group = _KeyGroups(type(combine_fn) is combiners.CountCombineFn)
         self._compact = (
             None if type(combine_fn).compact is core.CombineFn.compact else combine_fn.compact
         )
@@ -205,7 +205,7 @@ class _PrecombineDoFn(core.DoFn):  # type: ignore[misc]
 
     def start_bundle(self) -> None:
         self.table = {}
-        self._group = _KeyGroups()
+        self._group = _KeyGroups(self._group.counting)
 
     def add_all(self, values: list[Any]) -> list[Any]:
         """Adds a chunk of windowed ``(key, value)``s; returns what a flush output.
@@ -236,6 +236,8 @@ class _PrecombineDoFn(core.DoFn):  # type: ignore[misc]
         group = self._group
         table = self.table
         max_keys = self._max_keys
+        create = self._combine_fn.create_accumulator
+        counting = group.counting
         flushed: list[Any] = []
         keys = group.keys
         windows = group.windows
@@ -250,20 +252,27 @@ class _PrecombineDoFn(core.DoFn):  # type: ignore[misc]
                 group.start(windows)
             found = keys.get(key)
             if found is not None:
-                found.append(value)
-                if len(found) >= _GROUPED_VALUES:
-                    group.add(key, self._combine_fn)
+                if counting:
+                    keys[key] = found + 1
+                else:
+                    found.append(value)
+                    if len(found) >= _GROUPED_VALUES:
+                        group.add(key, self._combine_fn)
                 continue
             if len(table) + len(windows) > max_keys:  # Beam's flush might come
                 self._end_group()
                 windows = None
                 flushed.extend(self._add_each([windowed_value]))
                 continue
-            group.entries[key] = [
-                table.get(wkey) or self._new_entry(wkey, None, window_, flushed)
-                for wkey, window_ in zip([(at, key) for at in group.ats], windows, strict=True)
-            ]
-            keys[key] = [value]
+            entries = []
+            for at, window_ in zip(group.ats, windows, strict=True):
+                wkey = (at, key)
+                entry = table.get(wkey)
+                if entry is None:  # as _new_entry, which has room to flush nothing
+                    entry = table[wkey] = [create(), None, window_]
+                entries.append(entry)
+            group.entries[key] = entries
+            keys[key] = 1 if counting else [value]
         return flushed
 
     def _end_group(self) -> None:
@@ -398,12 +407,14 @@ class _KeyGroups:
     """A grouped precombine's group (``_PrecombineDoFn._add_grouped``).
 
     Its windows, and per key its entries (one per window, in order) and values not yet
-    added to them.
+    added to them; for Beam's ``CountCombineFn`` (``counting``) only how many (its
+    ``add_inputs`` adds their number).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, counting: bool) -> None:
+        self.counting = counting
         self.entries: dict[Any, list[list[Any]]] = {}
-        self.keys: dict[Any, list[Any]] = {}
+        self.keys: dict[Any, Any] = {}
         self.start(None)
 
     def start(self, windows: Any) -> None:
@@ -426,6 +437,11 @@ class _KeyGroups:
         """Adds ``key``'s waiting values to its entries; none wait after."""
         values = self.keys[key]
         if not values:
+            return
+        if self.counting:
+            for entry in self.entries[key]:
+                entry[0] += values
+            self.keys[key] = 0
             return
         for entry in self.entries[key]:
             entry[0] = (
