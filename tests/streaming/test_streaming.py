@@ -254,7 +254,8 @@ def _sliding_counts(pipeline: beam.Pipeline) -> Any:
         | stream
         | beam.WindowInto(
             window.SlidingWindows(6, 2),
-            trigger=trigger.AfterWatermark(late=trigger.AfterCount(1)),
+            # The default trigger: Beam lifts the count (an AfterWatermark it lifts only
+            # with both its early and late firings set to triggers it allows).
             accumulation_mode=trigger.AccumulationMode.ACCUMULATING,
             allowed_lateness=10,
         )
