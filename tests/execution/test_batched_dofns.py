@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from apache_beam.transforms import core
 from apache_beam.transforms.window import GlobalWindow, IntervalWindow
 
@@ -46,7 +45,6 @@ def test_a_per_window_side_input_looks_each_window_up_once_until_reset() -> None
 
 
 def test_key_with_none_dofns_are_fresh_copies_of_one_map() -> None:
-    from apache_beam.transforms import core
 
     first, second = batched_dofns.key_with_none_dofn(), batched_dofns.key_with_none_dofn()
     assert first is not second
@@ -58,7 +56,6 @@ def test_key_with_none_dofns_are_fresh_copies_of_one_map() -> None:
 def test_is_simple_callable_reads_the_process_method_as_beams_signature_does() -> None:
     import apache_beam as beam
     from apache_beam.runners import common
-    from apache_beam.transforms import core
 
     class Plain(beam.DoFn):
         def process(self, element: Any) -> Any:
@@ -83,139 +80,3 @@ def test_is_simple_callable_reads_the_process_method_as_beams_signature_does() -
             else not defaults
         )
         assert batched_policy.is_simple_callable(dofn) is beams is expected, name
-
-
-class _RecordingSum(core.CombineFn):  # type: ignore[misc]
-    """A CombineFn summing, recording the runs ``add_inputs`` is given."""
-
-    def __init__(self) -> None:
-        self.runs: list[list[int]] = []
-        # What ``add_input`` is given, one element at a time.
-        self.singles: list[int] = []
-
-    def create_accumulator(self) -> int:
-        return 0
-
-    def add_input(self, accumulator: int, element: int) -> int:
-        self.singles.append(element)
-        return accumulator + element
-
-    def add_inputs(self, accumulator: int, elements: Any) -> int:
-        self.runs.append(list(elements))
-        return accumulator + sum(elements)
-
-    def merge_accumulators(self, accumulators: Any) -> int:
-        return sum(accumulators)
-
-    def extract_output(self, accumulator: int) -> int:
-        return accumulator
-
-
-@pytest.mark.parametrize("default_windowing", [True, False])
-def test_a_precombine_adds_each_run_of_one_window_and_key_at_once(
-    default_windowing: bool,
-) -> None:
-    """Neighbours of one (window, key) reach the CombineFn's ``add_inputs`` together, in
-    order; keys equal but not the same object join the run, ones equal across types start
-    another, a run of one goes to ``add_input`` as Beam's operation adds each element;
-    the accumulators are Beam's element-by-element ones."""
-    from apache_beam.utils.windowed_value import WindowedValue
-
-    combine_fn = _RecordingSum()
-    precombine = batched_dofns._PrecombineDoFn(combine_fn, default_windowing, None, 1000)
-    one, other = IntervalWindow(0, 10), IntervalWindow(10, 20)
-    windows = [(GlobalWindow(),)] * 7 if default_windowing else [(one,)] * 4 + [(other,)] * 3
-    # "ab" made anew is equal to, not the same object as, the first; 1.0 equals 1.
-    keys = ["a", "a", "".join(["a", "b"]), "ab", 1, 1.0, 1.0]
-    values = [
-        WindowedValue((key, n), 5, w)
-        for n, (key, w) in enumerate(zip(keys, windows, strict=True), start=1)
-    ]
-    precombine.start_bundle()
-    assert precombine.add_all(values) == []
-    assert combine_fn.runs == [[1, 2], [3, 4], [6, 7]]
-    assert combine_fn.singles == [5]
-    if default_windowing:
-        expected = {"a": 3, "ab": 7, 1: 18}
-    else:
-        expected = {(one, "a"): 3, (one, "ab"): 7, (other, 1): 18}
-    out = {
-        (wv.value[0] if default_windowing else (wv.windows[0], wv.value[0])): wv.value[1]
-        for wv in precombine.finish_bundle()
-    }
-    assert out == expected
-
-
-def test_a_precombine_adds_elements_in_sliding_windows_one_by_one() -> None:
-    """Elements each in two sliding windows make runs of one (window, key) each: each goes
-    to the CombineFn's ``add_input``, as Beam's operation adds it, not ``add_inputs`` of a
-    list of one; the accumulators per (window, key) are Beam's."""
-    from apache_beam.utils.windowed_value import WindowedValue
-
-    combine_fn = _RecordingSum()
-    precombine = batched_dofns._PrecombineDoFn(combine_fn, False, None, 1000)
-    early, late = IntervalWindow(0, 10), IntervalWindow(5, 15)
-    values = [WindowedValue((key, n), 7, (early, late)) for n, key in enumerate("xyxy", 1)]
-    precombine.start_bundle()
-    assert precombine.add_all(values) == []
-    assert combine_fn.runs == []
-    assert combine_fn.singles == [1, 1, 2, 2, 3, 3, 4, 4]
-    out = [(wv.windows, wv.value) for wv in precombine.finish_bundle()]
-    assert out == [
-        ((early,), ("x", 4)),
-        ((late,), ("x", 4)),
-        ((early,), ("y", 6)),
-        ((late,), ("y", 6)),
-    ]
-
-
-def _precombined(combine_fn: Any, grouped: bool, max_keys: int, chunks: Any) -> list[Any]:
-    """What a precombine outputs for ``chunks`` of windowed values: its flushes, then its
-    table at the bundle's end, each as (windows, timestamp, (key, accumulator))."""
-    precombine = batched_dofns._PrecombineDoFn(combine_fn, False, None, max_keys, grouped)
-    precombine.start_bundle()
-    out = [wv for chunk in chunks for wv in precombine.add_all(chunk)]
-    out.extend(precombine.finish_bundle())
-    return [(wv.windows, wv.timestamp, wv.value) for wv in out]
-
-
-@pytest.mark.parametrize(
-    "combine_fn",
-    [
-        batched_dofns.combiners.CountCombineFn(),
-        batched_dofns.combiners.MeanCombineFn(),
-        core.CombineFn.maybe_from_callable(sum),
-        core.CombineFn.maybe_from_callable(min),
-    ],
-    ids=["count", "mean", "sum", "min"],
-)
-@pytest.mark.parametrize("max_keys", [1000, 7])
-def test_a_grouped_precombine_gives_the_element_by_element_outputs(
-    combine_fn: Any, max_keys: int
-) -> None:
-    """A builtin CombineFn's precombine groups values per key while the windows stay the
-    same: the same accumulators (float sums added in Beam's order), entries in Beam's
-    order, and, with a small table, Beam's flushes at the same elements."""
-    from apache_beam.utils.windowed_value import WindowedValue
-
-    sliding = [IntervalWindow(s, s + 10) for s in range(0, 30, 2)]
-    # Runs of elements in the same (cached) windows, a run of equal windows made apart,
-    # an element in no window, windows going back; several keys interleaved.
-    groups = [
-        sliding[0:5],
-        sliding[0:5],
-        [IntervalWindow(w.start, w.end) for w in sliding[0:5]],
-        [],
-        sliding[1:6],
-        sliding[0:5],
-        [GlobalWindow()],
-    ]
-    values = [
-        WindowedValue((f"k{(n * 7) % 5}", n / 3), 5, groups[(n // 4) % len(groups)])
-        for n in range(300)
-    ]
-    chunks = [values[i : i + 37] for i in range(0, len(values), 37)]
-    grouped = _precombined(combine_fn, True, max_keys, chunks)
-    each = _precombined(combine_fn, False, max_keys, chunks)
-    assert grouped == each
-    assert len(grouped) > (20 if max_keys == 7 else 10)

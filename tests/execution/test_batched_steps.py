@@ -329,7 +329,7 @@ STEPS: dict[str, Callable[[Any], Any]] = {
         pc | beam.WindowInto(window.FixedWindows(10)) | beam.CombineGlobally(max).without_defaults()
     ),
     # Builtin CombineFns in windows: values grouped per key while the windows stay the
-    # same (``batched_dofns._PrecombineDoFn._add_grouped``).
+    # same (``batched_precombine._PrecombineDoFn._add_grouped``).
     "count_sliding": lambda pc: (
         pc
         | beam.WindowInto(window.SlidingWindows(10, 2))
