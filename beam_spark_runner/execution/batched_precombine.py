@@ -71,7 +71,10 @@ class _PrecombineDoFn(core.DoFn):  # type: ignore[misc]
         self._max_keys = max_keys
         # Grouped only where every entry's timestamp is its window's (end of window).
         self._grouped = grouped and not default_windowing and timestamp_combiner is None
-        self._group = _KeyGroups(type(combine_fn) is combiners.CountCombineFn)
+        self._group = _KeyGroups(
+            type(combine_fn) is combiners.CountCombineFn,
+            bi.callable_combine_fn_function(combine_fn) is sum,
+        )
         self._compact = (
             None if type(combine_fn).compact is core.CombineFn.compact else combine_fn.compact
         )
@@ -87,7 +90,7 @@ class _PrecombineDoFn(core.DoFn):  # type: ignore[misc]
 
     def start_bundle(self) -> None:
         self.table = {}
-        self._group = _KeyGroups(self._group.counting)
+        self._group = _KeyGroups(self._group.counting, self._group.one_by_one)
 
     def add_all(self, values: list[Any]) -> list[Any]:
         """Adds a chunk of windowed ``(key, value)``s; returns what a flush output.
@@ -290,11 +293,14 @@ class _KeyGroups:
 
     Its windows, and per key its entries (one per window, in order) and values not yet
     added to them; for Beam's ``CountCombineFn`` (``counting``) only how many (its
-    ``add_inputs`` adds their number).
+    ``add_inputs`` adds their number). A wrapped ``sum`` (``one_by_one``) gets each value
+    by ``add_input``, as Beam adds it: its buffer is summed when full, and Python's
+    ``sum`` of floats (compensated from 3.12) may round a longer buffer otherwise.
     """
 
-    def __init__(self, counting: bool) -> None:
+    def __init__(self, counting: bool, one_by_one: bool = False) -> None:
         self.counting = counting
+        self.one_by_one = one_by_one
         self.entries: dict[Any, list[list[Any]]] = {}
         self.keys: dict[Any, Any] = {}
         self.start(None)
@@ -324,6 +330,15 @@ class _KeyGroups:
             for entry in self.entries[key]:
                 entry[0] += values
             self.keys[key] = 0
+            return
+        if self.one_by_one:
+            add_input = combine_fn.add_input
+            for entry in self.entries[key]:
+                accumulator = entry[0]
+                for value in values:
+                    accumulator = add_input(accumulator, value)
+                entry[0] = accumulator
+            self.keys[key] = []
             return
         for entry in self.entries[key]:
             entry[0] = (

@@ -145,3 +145,22 @@ def test_a_grouped_precombine_gives_the_element_by_element_outputs(
     each = _precombined(combine_fn, False, max_keys, chunks)
     assert grouped == each
     assert len(grouped) > (20 if max_keys == 7 else 10)
+
+
+def test_a_grouped_sum_adds_each_value_by_add_input_as_beam_does() -> None:
+    """A wrapped ``sum`` sums its buffer when full: given longer runs, Python's ``sum`` of
+    floats (compensated from 3.12) could round otherwise than Beam's element by element."""
+    from apache_beam.utils.windowed_value import WindowedValue
+
+    def refused(accumulator: Any, elements: Any) -> Any:
+        raise AssertionError("a wrapped sum's values go to add_input one by one")
+
+    sliding = [IntervalWindow(s, s + 10) for s in range(0, 10, 2)]
+    values = [WindowedValue((n % 3, 0.1 * n), 5, list(sliding)) for n in range(100)]
+    outputs = []
+    for grouped in (True, False):
+        combine_fn = core.CombineFn.maybe_from_callable(sum)
+        combine_fn.add_inputs = refused
+        outputs.append(_precombined(combine_fn, grouped, 1000, [values]))
+    assert outputs[0] == outputs[1]
+    assert len(outputs[0]) == 3 * len(sliding)
