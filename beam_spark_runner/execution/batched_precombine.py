@@ -39,12 +39,17 @@ def precombine_dofn(payload: bytes, context: Any, windowing: Any) -> Any:
     small = isinstance(combine_fn, (combiners.CountCombineFn, combiners.MeanCombineFn)) or (
         bi.callable_combine_fn_function(combine_fn) in (min, max, sum)
     )
+    # Grouped: Beam's own classes only, not a subclass that may keep what it is given.
+    grouped = type(combine_fn) in (combiners.CountCombineFn, combiners.MeanCombineFn) or (
+        type(combine_fn) is core.CallableWrapperCombineFn
+        and bi.callable_combine_fn_function(combine_fn) in (min, max, sum)
+    )
     return _PrecombineDoFn(
         combine_fn,
         windowing.is_default(),
         timestamp_combiner,
         1000 * 1000 if small else 100 * 1000,
-        grouped=small,
+        grouped=grouped,
     )
 
 

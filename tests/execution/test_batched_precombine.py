@@ -164,3 +164,35 @@ def test_a_grouped_sum_adds_each_value_by_add_input_as_beam_does() -> None:
         outputs.append(_precombined(combine_fn, grouped, 1000, [values]))
     assert outputs[0] == outputs[1]
     assert len(outputs[0]) == 3 * len(sliding)
+
+
+class _KeepingMean(combiners.MeanCombineFn):  # type: ignore[misc]
+    """A user's subclass of a builtin CombineFn: it may keep what ``add_inputs`` is given."""
+
+
+@pytest.mark.parametrize(
+    ("combine_fn", "grouped"),
+    [
+        (combiners.CountCombineFn(), True),
+        (combiners.MeanCombineFn(), True),
+        (core.CombineFn.maybe_from_callable(max), True),
+        (_KeepingMean(), False),
+    ],
+    ids=["count", "mean", "max", "subclass"],
+)
+def test_only_beams_own_builtin_combine_fns_are_grouped(combine_fn: Any, grouped: bool) -> None:
+    from apache_beam.portability.api import beam_runner_api_pb2
+    from apache_beam.runners import pipeline_context
+    from apache_beam.transforms import window
+
+    context = pipeline_context.PipelineContext()
+    payload = beam_runner_api_pb2.CombinePayload(
+        combine_fn=combine_fn.to_runner_api(context)
+    ).SerializeToString()
+    windowing = core.Windowing(window.SlidingWindows(10, 2))
+    dofn = batched_precombine.precombine_dofn(payload, context, windowing)
+    assert dofn._grouped is grouped
+    default = batched_precombine.precombine_dofn(
+        payload, context, core.Windowing(window.GlobalWindows())
+    )
+    assert default._grouped is False
