@@ -1,7 +1,8 @@
 """The runner's own DoFns for the batched path, and its window assignment from a cache.
 
 What the bundle processor builds for ``WindowInto``, a Flatten, ``KeyWithVoid`` and a lifted
-combine's phases, as DoFns the batched steps (``execution.batched_steps``) run.
+combine's merge and extract phases, as DoFns the batched steps (``execution.batched_steps``)
+run; its precombine is ``execution.batched_precombine``'s.
 """
 
 from __future__ import annotations
@@ -14,11 +15,10 @@ from typing import Any
 from apache_beam.portability.api import (
     beam_runner_api_pb2,
 )
-from apache_beam.transforms import combiners, core, window
+from apache_beam.transforms import core, window
 from apache_beam.transforms.combiners import PhasedCombineFnExecutor
 from apache_beam.utils.timestamp import MIN_TIMESTAMP, Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
-from apache_beam.utils.windowed_value import create as create_windowed_value
 
 from beam_spark_runner import beam_internals as bi
 
@@ -136,195 +136,6 @@ class _CombinePhaseDoFn(core.DoFn):  # type: ignore[misc]
         yield self.apply_kv(element)
 
 
-def precombine_dofn(payload: bytes, context: Any, windowing: Any) -> Any:
-    """The DoFn the batched path runs for a lifted combine's precombine in a fused stage.
-
-    It is Beam's ``PGBKCVOperation`` (what the bundle processor builds for
-    ``COMBINE_PER_KEY_PRECOMBINE``): per bundle, a table from key (and window, outside the
-    default windowing) to an accumulator, flushed in part past Beam's key limit, output in
-    insertion order when the bundle finishes, with the CombineFn's ``compact`` and Beam's
-    timestamps and windows. The batched path calls ``add_all`` with a chunk of windowed
-    values (``runner_precombine``); ``process`` does the same for one.
-    """
-    combine_payload = beam_runner_api_pb2.CombinePayload.FromString(payload)
-    combine_fn = core.CombineFn.from_runner_api(combine_payload.combine_fn, context)
-    timestamp_combiner = (
-        None
-        if windowing.timestamp_combiner == window.TimestampCombiner.OUTPUT_AT_EOW
-        else window.TimestampCombiner.get_impl(windowing.timestamp_combiner, windowing.windowfn)
-    )
-    # As Beam's operation checks.
-    small = isinstance(combine_fn, (combiners.CountCombineFn, combiners.MeanCombineFn)) or (
-        bi.callable_combine_fn_function(combine_fn) in (min, max, sum)
-    )
-    return _PrecombineDoFn(
-        combine_fn,
-        windowing.is_default(),
-        timestamp_combiner,
-        1000 * 1000 if small else 100 * 1000,
-    )
-
-
-class _PrecombineDoFn(core.DoFn):  # type: ignore[misc]
-    runner_precombine = True
-
-    def __init__(
-        self, combine_fn: Any, default_windowing: bool, timestamp_combiner: Any, max_keys: int
-    ) -> None:
-        self._combine_fn = combine_fn
-        self._default_windowing = default_windowing
-        self._timestamp_combiner = timestamp_combiner
-        self._max_keys = max_keys
-        self._compact = (
-            None if type(combine_fn).compact is core.CombineFn.compact else combine_fn.compact
-        )
-        # (window, key) -> [accumulator, timestamp, window]. An IntervalWindow is keyed by
-        # its bounds (hashing the window object reads two Timestamp properties).
-        self.table: dict[Any, list[Any]] = {}
-
-    def setup(self) -> None:
-        self._combine_fn.setup()
-
-    def teardown(self) -> None:
-        self._combine_fn.teardown()
-
-    def start_bundle(self) -> None:
-        self.table = {}
-
-    def add_all(self, values: list[Any]) -> list[Any]:
-        """Adds a chunk of windowed ``(key, value)``s; returns what a flush output.
-
-        Neighbours of one (window, key) go to the CombineFn's ``add_inputs`` together, in
-        their order: Beam defines it as ``add_input`` over each, and a CombineFn may add a
-        run faster (a wrapped ``max`` extends its buffer once, not per element). A run of
-        one goes to ``add_input``, as Beam's operation adds every element.
-        """
-        table = self.table
-        add_input, add_inputs = self._combine_fn.add_input, self._combine_fn.add_inputs
-        new_entry = self._new_entry
-        flushed: list[Any] = []
-        # The (window, key)'s entry the run adds to, and its key.
-        entry: list[Any] | None = None
-        current: Any = None
-        run: list[Any] = []
-        if self._default_windowing:
-            for windowed_value in values:
-                key, value = windowed_value.value
-                if entry is None or not _same_key(key, current):
-                    if run:
-                        entry[0] = (  # type: ignore[index]
-                            add_input(entry[0], run[0])  # type: ignore[index]
-                            if len(run) == 1
-                            else add_inputs(entry[0], run)  # type: ignore[index]
-                        )
-                        run = []
-                    current = key
-                    entry = table.get(key) or new_entry(key, None, None, flushed)
-                run.append(value)
-            if run:
-                entry[0] = (  # type: ignore[index]
-                    add_input(entry[0], run[0])  # type: ignore[index]
-                    if len(run) == 1
-                    else add_inputs(entry[0], run)  # type: ignore[index]
-                )
-            return flushed
-        timestamp_combiner = self._timestamp_combiner
-        interval_window, bounds = window.IntervalWindow, bi.interval_bounds
-        # The run's window and key objects: the next element's, mostly (windows come from
-        # a cache), which needs neither its window's bounds nor a comparison.
-        last_window: Any = None
-        last_key: Any = None
-        for windowed_value in values:
-            key, value = windowed_value.value
-            timestamp = windowed_value.timestamp if timestamp_combiner else None
-            for window_ in windowed_value.windows:
-                if entry is None or window_ is not last_window or key is not last_key:
-                    at = bounds(window_) if type(window_) is interval_window else window_
-                    if entry is None or not (
-                        _same_key(at, current[0]) and _same_key(key, current[1])
-                    ):
-                        if run:
-                            # A run of one (sliding windows' usual) as Beam adds it.
-                            entry[0] = (  # type: ignore[index]
-                                add_input(entry[0], run[0])  # type: ignore[index]
-                                if len(run) == 1
-                                else add_inputs(entry[0], run)  # type: ignore[index]
-                            )
-                            run = []
-                        current = (at, key)
-                        entry = table.get(current) or new_entry(
-                            current, timestamp, window_, flushed
-                        )
-                    last_window, last_key = window_, key
-                run.append(value)
-                if timestamp_combiner:
-                    entry[1] = timestamp_combiner.combine(entry[1], timestamp)  # type: ignore[index]
-        if run:
-            entry[0] = (  # type: ignore[index]
-                add_input(entry[0], run[0])  # type: ignore[index]
-                if len(run) == 1
-                else add_inputs(entry[0], run)  # type: ignore[index]
-            )
-        return flushed
-
-    def _new_entry(self, wkey: Any, timestamp: Any, window_: Any, flushed: list[Any]) -> list[Any]:
-        """A new accumulator in the table, after Beam's flush if the table is full."""
-        if len(self.table) >= self._max_keys:
-            flushed.extend(self._flush())
-        entry = self.table[wkey] = [self._combine_fn.create_accumulator(), timestamp, window_]
-        return entry
-
-    def process(
-        self,
-        element: Any,
-        window_: Any = core.DoFn.WindowParam,
-        timestamp: Any = core.DoFn.TimestampParam,
-    ) -> Iterator[Any]:
-        # The batched path calls add_all with whole chunks; this is one element of it.
-        yield from self.add_all([WindowedValue(element, timestamp, (window_,))])
-
-    def finish_bundle(self) -> Iterator[Any]:
-        table, self.table = self.table, {}
-        for wkey, entry in table.items():
-            yield self._output(wkey, *entry)
-
-    def _flush(self) -> list[Any]:
-        """Beam's eviction: the oldest tenth of the table (and a key more) goes out."""
-        table = self.table
-        count = len(table)
-        target = count * 9 // 10
-        evicted = []
-        for wkey in table:
-            evicted.append(wkey)
-            count -= 1
-            if count <= target:
-                break
-        return [self._output(wkey, *table.pop(wkey)) for wkey in evicted]
-
-    def _output(self, wkey: Any, accumulator: Any, timestamp: Any, window_: Any) -> Any:
-        value = accumulator if self._compact is None else self._compact(accumulator)
-        if self._default_windowing:
-            return _GLOBAL_WINDOWED_NONE.with_value((wkey, value))
-        at, key = wkey
-        if self._timestamp_combiner is not None:
-            return WindowedValue((key, value), timestamp, (window_,))
-        if type(at) is tuple:  # an IntervalWindow's max_timestamp: its end's predecessor
-            return create_windowed_value((key, value), at[1] - 1, (window_,))
-        return WindowedValue((key, value), window_.max_timestamp(), (window_,))
-
-
-def _same_key(key: Any, other: Any) -> bool:
-    """Whether a dict surely holds the two as one key: the same object, or equal, one type.
-
-    Keys that fail this merely start another run, which finds its entry in the table.
-    """
-    return key is other or (type(key) is type(other) and key == other)
-
-
-# As Beam's operations module makes it.
-_GLOBAL_WINDOWED_NONE = window.GlobalWindows.windowed_value(None)
-
-
 _ASSIGNED_CACHED = 4096
 
 
@@ -378,14 +189,19 @@ def micros_windows(window_fn: Any) -> Callable[[int], list[Any]] | None:
     assign = window_fn.assign
     context = window.WindowFn.AssignContext
     cache: dict[Any, tuple[Any, ...]] = {}
+    # The last timestamp's windows: a source stamps runs of elements alike.
+    last: list[Any] = [None, ()]
 
     def windows(micros: int) -> list[Any]:
+        if micros == last[0]:
+            return list(last[1])
         at = key(micros)
         found = cache.get(at)
         if found is None:
             if len(cache) >= _ASSIGNED_CACHED:
                 cache.clear()
             found = cache[at] = tuple(assign(context(Timestamp(micros=micros))))
+        last[0], last[1] = micros, found
         return list(found)
 
     return windows

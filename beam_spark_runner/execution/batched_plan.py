@@ -19,7 +19,12 @@ from collections.abc import Callable
 from typing import Any
 
 from beam_spark_runner import beam_internals as bi
-from beam_spark_runner.execution import batched_dofns, batched_policy, batched_side_inputs
+from beam_spark_runner.execution import (
+    batched_dofns,
+    batched_policy,
+    batched_precombine,
+    batched_side_inputs,
+)
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -192,7 +197,7 @@ def _step_spec(descriptor: Any, context: Any, transform_id: str) -> StepSpec | s
         combine_payload = transform.spec.payload
         make = _input_windowed(
             functools.partial(
-                batched_dofns.precombine_dofn, combine_payload, context, input_windowing
+                batched_precombine.precombine_dofn, combine_payload, context, input_windowing
             )
             if urn == bi.PRECOMBINE_URN
             else functools.partial(batched_dofns.combine_phase_dofn, urn, combine_payload, context),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from apache_beam.transforms import core
 from apache_beam.transforms.window import GlobalWindow, IntervalWindow
 
@@ -46,7 +45,6 @@ def test_a_per_window_side_input_looks_each_window_up_once_until_reset() -> None
 
 
 def test_key_with_none_dofns_are_fresh_copies_of_one_map() -> None:
-    from apache_beam.transforms import core
 
     first, second = batched_dofns.key_with_none_dofn(), batched_dofns.key_with_none_dofn()
     assert first is not second
@@ -58,7 +56,6 @@ def test_key_with_none_dofns_are_fresh_copies_of_one_map() -> None:
 def test_is_simple_callable_reads_the_process_method_as_beams_signature_does() -> None:
     import apache_beam as beam
     from apache_beam.runners import common
-    from apache_beam.transforms import core
 
     class Plain(beam.DoFn):
         def process(self, element: Any) -> Any:
@@ -83,87 +80,3 @@ def test_is_simple_callable_reads_the_process_method_as_beams_signature_does() -
             else not defaults
         )
         assert batched_policy.is_simple_callable(dofn) is beams is expected, name
-
-
-class _RecordingSum(core.CombineFn):  # type: ignore[misc]
-    """A CombineFn summing, recording the runs ``add_inputs`` is given."""
-
-    def __init__(self) -> None:
-        self.runs: list[list[int]] = []
-        # What ``add_input`` is given, one element at a time.
-        self.singles: list[int] = []
-
-    def create_accumulator(self) -> int:
-        return 0
-
-    def add_input(self, accumulator: int, element: int) -> int:
-        self.singles.append(element)
-        return accumulator + element
-
-    def add_inputs(self, accumulator: int, elements: Any) -> int:
-        self.runs.append(list(elements))
-        return accumulator + sum(elements)
-
-    def merge_accumulators(self, accumulators: Any) -> int:
-        return sum(accumulators)
-
-    def extract_output(self, accumulator: int) -> int:
-        return accumulator
-
-
-@pytest.mark.parametrize("default_windowing", [True, False])
-def test_a_precombine_adds_each_run_of_one_window_and_key_at_once(
-    default_windowing: bool,
-) -> None:
-    """Neighbours of one (window, key) reach the CombineFn's ``add_inputs`` together, in
-    order; keys equal but not the same object join the run, ones equal across types start
-    another, a run of one goes to ``add_input`` as Beam's operation adds each element;
-    the accumulators are Beam's element-by-element ones."""
-    from apache_beam.utils.windowed_value import WindowedValue
-
-    combine_fn = _RecordingSum()
-    precombine = batched_dofns._PrecombineDoFn(combine_fn, default_windowing, None, 1000)
-    one, other = IntervalWindow(0, 10), IntervalWindow(10, 20)
-    windows = [(GlobalWindow(),)] * 7 if default_windowing else [(one,)] * 4 + [(other,)] * 3
-    # "ab" made anew is equal to, not the same object as, the first; 1.0 equals 1.
-    keys = ["a", "a", "".join(["a", "b"]), "ab", 1, 1.0, 1.0]
-    values = [
-        WindowedValue((key, n), 5, w)
-        for n, (key, w) in enumerate(zip(keys, windows, strict=True), start=1)
-    ]
-    precombine.start_bundle()
-    assert precombine.add_all(values) == []
-    assert combine_fn.runs == [[1, 2], [3, 4], [6, 7]]
-    assert combine_fn.singles == [5]
-    if default_windowing:
-        expected = {"a": 3, "ab": 7, 1: 18}
-    else:
-        expected = {(one, "a"): 3, (one, "ab"): 7, (other, 1): 18}
-    out = {
-        (wv.value[0] if default_windowing else (wv.windows[0], wv.value[0])): wv.value[1]
-        for wv in precombine.finish_bundle()
-    }
-    assert out == expected
-
-
-def test_a_precombine_adds_elements_in_sliding_windows_one_by_one() -> None:
-    """Elements each in two sliding windows make runs of one (window, key) each: each goes
-    to the CombineFn's ``add_input``, as Beam's operation adds it, not ``add_inputs`` of a
-    list of one; the accumulators per (window, key) are Beam's."""
-    from apache_beam.utils.windowed_value import WindowedValue
-
-    combine_fn = _RecordingSum()
-    precombine = batched_dofns._PrecombineDoFn(combine_fn, False, None, 1000)
-    early, late = IntervalWindow(0, 10), IntervalWindow(5, 15)
-    values = [WindowedValue((key, n), 7, (early, late)) for n, key in enumerate("xyxy", 1)]
-    precombine.start_bundle()
-    assert precombine.add_all(values) == []
-    assert combine_fn.runs == []
-    assert combine_fn.singles == [1, 1, 2, 2, 3, 3, 4, 4]
-    out = [(wv.windows, wv.value) for wv in precombine.finish_bundle()]
-    assert out == [
-        ((early,), ("x", 4)),
-        ((late,), ("x", 4)),
-        ((early,), ("y", 6)),
-        ((late,), ("y", 6)),
-    ]

@@ -328,6 +328,26 @@ STEPS: dict[str, Callable[[Any], Any]] = {
     "combine_globally_fixed": lambda pc: (
         pc | beam.WindowInto(window.FixedWindows(10)) | beam.CombineGlobally(max).without_defaults()
     ),
+    # Builtin CombineFns in windows: values grouped per key while the windows stay the
+    # same (``batched_precombine._PrecombineDoFn._add_grouped``).
+    "count_sliding": lambda pc: (
+        pc
+        | beam.WindowInto(window.SlidingWindows(10, 2))
+        | beam.Map(lambda x: x % 4)
+        | beam.combiners.Count.PerElement()
+    ),
+    "sum_floats_sliding": lambda pc: (
+        pc
+        | beam.WindowInto(window.SlidingWindows(6, 2, offset=1))
+        | beam.Map(lambda x: (x % 3, x / 7))
+        | beam.CombinePerKey(sum)
+    ),
+    "mean_fixed": lambda pc: (
+        pc
+        | beam.WindowInto(window.FixedWindows(10))
+        | beam.Map(lambda x: (x % 2, x))
+        | beam.CombinePerKey(beam.combiners.MeanCombineFn())
+    ),
     # Elements in several windows, the earliest timestamp kept, a CombineFn with compact.
     "combine_sliding_earliest": lambda pc: (
         pc

@@ -232,17 +232,56 @@ def _cogroup(pipeline: beam.Pipeline) -> Any:
     )
 
 
+def _sliding_counts(pipeline: beam.Pipeline) -> Any:
+    """A lifted count in sliding windows, accumulating, with late panes: the first stage
+    groups each key's elements per windows (``execution.batched_dofns``)."""
+    stream = (
+        ScriptedStream()
+        .add_elements(
+            [TimestampedValue(k, t) for k, t in [("a", 1), ("b", 2), ("a", 3), ("a", 3), ("c", 7)]]
+        )
+        .advance_watermark_to(9)
+        # Late for the windows ending by 9, within the allowed lateness: late panes that
+        # accumulate the on-time ones.
+        .add_elements([TimestampedValue("a", 2), TimestampedValue("b", 8)])
+        .advance_watermark_to(30)
+        # Past every window's end plus the allowed lateness: dropped.
+        .add_elements([TimestampedValue("a", 4)])
+        .advance_watermark_to_infinity()
+    )
+    return (
+        pipeline
+        | stream
+        | beam.WindowInto(
+            window.SlidingWindows(6, 2),
+            # The default trigger: Beam lifts the count (an AfterWatermark it lifts only
+            # with both its early and late firings set to triggers it allows).
+            accumulation_mode=trigger.AccumulationMode.ACCUMULATING,
+            allowed_lateness=10,
+        )
+        | beam.combiners.Count.PerElement()
+    )
+
+
 @pytest.mark.spark
 @pytest.mark.parametrize(
     "build",
     [
         _late_data,
+        _sliding_counts,
         pytest.param(_sessions, marks=pytest.mark.slow),
         pytest.param(_processing_time, marks=pytest.mark.slow),
         pytest.param(_processing_time_timer, marks=pytest.mark.slow),
         _cogroup,
     ],
-    ids=["late_data", "sessions", "processing_time", "processing_time_timer", "cogroup"],
+    ids=[
+        "late_data",
+        "sliding_counts",
+        "sessions",
+        "processing_time",
+        "processing_time_timer",
+        "cogroup",
+    ],
 )
 def test_the_same_panes_as_direct_runner(build: Callable[[beam.Pipeline], Any]) -> None:
     expected = _direct_output(build)
