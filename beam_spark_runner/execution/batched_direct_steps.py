@@ -30,6 +30,10 @@ _WITH_VALUE = bi.WindowedValue.with_value
 _TIMESTAMPED = bi.TimestampedValue
 # What ``next`` gives an iterator that has ended.
 _END = object()
+# What ``_kind_of`` finds a list of outputs to be.
+_PLAIN = "plain"  # none needs Beam's output handler
+_TIMESTAMPED_ONLY = "timestamped"  # each exactly a ``TimestampedValue``
+_SPECIAL = "special"  # others for Beam's output handler
 _GLOBAL_WINDOW = GlobalWindow()
 
 
@@ -57,6 +61,8 @@ class DirectStep(Step):
         # The step's windows of a ``TimestampedValue`` output, by its timestamp (µs), where
         # its window function is one ``batched_dofns.micros_windows`` takes.
         self.timestamped: Callable[[Any], Any] | None = None
+        # The one window its window function assigns whatever the timestamp, if so.
+        self.only_window: Any = None
         # Output types that need no output handler, seen so far.
         self.plain_types: set[type] = set()
         self._run: Callable[[list[Any], Callable[[], None]], None] | None = None
@@ -66,6 +72,7 @@ class DirectStep(Step):
     ) -> None:
         self.handler = bi.simple_output_handler(windowing, self.receiver)
         self.timestamped = batched_dofns.micros_windows(windowing.windowfn)
+        self.only_window = batched_dofns.only_window(windowing.windowfn)
         self.kind, self.callable = self._callable(dofn)
         self.arguments = (args, kwargs)
         self.call = self._bind()
@@ -81,7 +88,7 @@ class DirectStep(Step):
         return with_arguments(self.callable, *self.arguments, self.argument_orders)
 
     def _tear_down(self) -> None:
-        self.handler = self.timestamped = self._run = None
+        self.handler = self.timestamped = self.only_window = self._run = None
         self.kind = self.callable = self.call = None
         self.arguments = ((), {})
 
@@ -99,14 +106,20 @@ class DirectStep(Step):
 
     def _plain(self, outputs: Sequence[Any]) -> bool:
         """Whether no output needs Beam's output handler (checked per type, cached)."""
+        return self._kind_of(outputs) is _PLAIN
+
+    def _kind_of(self, outputs: Sequence[Any]) -> str:
+        """``_PLAIN``, ``_TIMESTAMPED_ONLY`` or ``_SPECIAL`` (plain types cached)."""
         types = set(map(type, outputs))
         if types <= self.plain_types:
-            return True
+            return _PLAIN
+        if len(types) == 1 and _TIMESTAMPED in types:
+            return _TIMESTAMPED_ONLY
         special = bi.special_output_types()
         if any(issubclass(t, special) for t in types):
-            return False
+            return _SPECIAL
         self.plain_types |= types
-        return True
+        return _PLAIN
 
     def _handle_each(self, values: list[Any], outputs: Sequence[Any]) -> None:
         timestamped = self.timestamped
@@ -214,10 +227,43 @@ class DirectStep(Step):
         if len(results) == 1 and type(results[0]) in self.plain_types:
             # A one-output element (most generators'): no set of its types to build.
             self.receiver.values.append(windowed_value.with_value(results[0]))
-        elif self._plain(results):
+            return
+        kind = self._kind_of(results)
+        if kind is _PLAIN:
             self.receiver.values.extend(map(windowed_value.with_value, results))
+        elif kind is _TIMESTAMPED_ONLY and self.timestamped is not None:
+            self._timestamped_outputs(windowed_value, results)
         else:
             self._handle_each([windowed_value] * len(results), results)
+
+    def _timestamped_outputs(self, windowed_value: Any, outputs: Sequence[Any]) -> None:
+        """One element's ``TimestampedValue`` outputs, as ``_handle_each`` makes them.
+
+        Its windows are read once for all its outputs (a source's FlatMap stamps many
+        events per seed), and a window function assigning one window whatever the
+        timestamp (``GlobalWindows``) gives it without a call per output.
+        """
+        make = bi.create_windowed_value
+        micros_of = bi.micros_of_timestamp
+        windows_at = self.timestamped
+        assert windows_at is not None
+        copies = len(windowed_value.windows)
+        only = self.only_window
+        if copies == 1 and only is not None:
+            made = [make(o.value, micros_of(o.timestamp), [only]) for o in outputs]
+        elif copies == 1:
+            made = [
+                make(o.value, micros, windows_at(micros))
+                for o in outputs
+                for micros in (micros_of(o.timestamp),)
+            ]
+        else:
+            made = [
+                make(o.value, micros, windows_at(micros) * copies)
+                for o in outputs
+                for micros in (micros_of(o.timestamp),)
+            ]
+        self.receiver.values.extend(made)
 
 
 class CombinePhaseStep(DirectStep):

@@ -149,6 +149,17 @@ def window_assigner(dofn: Any) -> Callable[[int], list[Any]] | None:
     return micros_windows(dofn.windowing.windowfn)
 
 
+def only_window(window_fn: Any) -> Any:
+    """The one window ``window_fn`` assigns at every timestamp (``GlobalWindows``'), else None.
+
+    Exactly Beam's ``GlobalWindows``: what its ``assign`` gives depends on nothing.
+    """
+    if type(window_fn) is not window.GlobalWindows:
+        return None
+    assigned = tuple(window_fn.assign(window.WindowFn.AssignContext(MIN_TIMESTAMP)))
+    return assigned[0] if len(assigned) == 1 else None
+
+
 def micros_windows(window_fn: Any) -> Callable[[int], list[Any]] | None:
     """What ``window_fn.assign`` gives an element at a timestamp (µs), for common classes.
 

@@ -256,6 +256,20 @@ STEPS: dict[str, Callable[[Any], Any]] = {
         )
         | beam.ParDo(WithParams())
     ),
+    # A FlatMap's TimestampedValues read their element's windows once
+    # (``DirectStep._timestamped_outputs``): in three sliding windows, in one fixed window,
+    # from a generator (outputs in chunks), in the global window (above).
+    "timestamped_flat_map_in_windows": lambda pc: (
+        pc
+        | beam.WindowInto(window.SlidingWindows(15, 5))
+        | beam.FlatMap(
+            lambda x: [window.TimestampedValue(x, x * 3), window.TimestampedValue(-x, x)]
+        )
+        | "InFixed" >> beam.WindowInto(window.FixedWindows(7))
+        | "Stamped"
+        >> beam.FlatMap(lambda x: (window.TimestampedValue(x + i, x * 2 + i) for i in range(300)))
+        | beam.ParDo(WithParams())
+    ),
     "timestamped_in_windows": lambda pc: (
         pc
         | beam.WindowInto(window.SlidingWindows(15, 5))
