@@ -171,13 +171,26 @@ class DefaultTriggerDriver:
             return None
         return min(times) if kind == "earliest" else max(times)
 
+    def window_hold(
+        self, window: Any, elements: list[WindowedValue], floor: int
+    ) -> int | None:
+        """The hold new elements of ``window`` add (micros), or None (``process_elements``')."""
+        if type(window) is IntervalWindow:
+            max_timestamp = bi.interval_bounds(window)[1] - 1
+        else:
+            max_timestamp = window.max_timestamp().micros
+        return self._output_time(max_timestamp, elements, floor)
+
     def fire_timers(self, state: DefaultTriggerState, watermark: Timestamp) -> Iterator[Any]:
         """The panes of windows whose end the watermark reached, in end order."""
         due = [w for w, panes in state.items() if panes.timer and w.end <= watermark]
         for window in sorted(due, key=lambda w: w.end):
-            panes = state[window]
-            panes.timer = False
-            yield self._output(window, panes, window.end, on_time=True)
+            yield self.fire(window, state[window])
+
+    def fire(self, window: Any, panes: WindowPanes) -> WindowedValue:
+        """The pane of the end-of-window timer of ``window``, whose end the watermark reached."""
+        panes.timer = False
+        return self._output(window, panes, window.end, on_time=True)
 
     def _output(
         self,

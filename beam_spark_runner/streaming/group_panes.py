@@ -19,6 +19,7 @@ from collections.abc import Generator, Iterable, Iterator
 from typing import Any
 
 from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution import gc_pause
@@ -66,6 +67,34 @@ from beam_spark_runner.streaming.watermarks import MAX_MICROS, Marker, Watermark
 
 # A pane fired: the key's bytes, the key, the pane.
 Fired = tuple[bytes, Any, Any]
+# A key's values of one window waiting for its on-time pane, as a chunk holds them: the
+# key's bytes, the key, the values, their holds (micros).
+Entry = tuple[bytes, Any, list[Any], list[int]]
+
+
+class FreshWindows:
+    """A batch's new values of windows before their end, of keys the shard does not hold.
+
+    ``StreamingGrouper.take_fresh`` fills it; ``unbuffer`` fires the windows the new
+    watermark reached, ``buffer`` writes the others to the chunk store.
+    """
+
+    def __init__(self) -> None:
+        # Per window's tag (``_window_tag``), its keys' entries in the order they came.
+        self.windows: dict[bytes, list[Entry]] = {}
+        # Per window's tag, its end and the earliest hold of its entries (micros).
+        self.ends: dict[bytes, tuple[int, int]] = {}
+        self._tags: dict[Any, bytes] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.windows)
+
+    def tag(self, token: Any) -> bytes:
+        """The tag of the window of ``token`` (``window_token``)."""
+        tag = self._tags.get(token)
+        if tag is None:
+            tag = self._tags[token] = pickle.dumps(token, protocol=pickle.HIGHEST_PROTOCOL)
+        return tag
 
 
 class _Clock:
@@ -133,36 +162,58 @@ class StreamingGrouper:
         run.elements = elements
         yield from run.step(shard, markers)
 
-    def unbuffer(self, shard: ShardState, chunks: ChunkStore) -> None:
+    def unbuffer(
+        self, shard: ShardState, chunks: ChunkStore, fresh: FreshWindows | None = None
+    ) -> list[Fired]:
         """Puts every buffered window the input watermark reached back into its keys.
 
         Such a window's on-time pane fires in this batch. A key's values from the chunks
-        go before those it got in this batch, which came later (a pane's values stay in
-        arrival order), and its holds join them; a key the shard no longer holds comes
-        back, after the keys it holds.
+        go before those it got in this batch (``fresh``'s, or its state's), which came
+        later (a pane's values stay in arrival order), and its holds join them; a key the
+        shard no longer holds comes back, after the keys it holds. Except where the key
+        is not in the shard and the window expires at this watermark (Beam's driver would
+        fire it, then forget it and the key in this batch): its on-time pane is returned
+        at once, the key left out of the shard. Windows go in the order of their ends, so
+        a key's panes do too.
         """
         watermark = shard.watermarks.input_watermark
-        due = [tag for tag, (end, _) in shard.buffered.items() if end <= watermark]
+        ends = dict(shard.buffered)
+        if fresh is not None:
+            ends.update(fresh.ends)
+        due = sorted((tag for tag, (end, _) in ends.items() if end <= watermark), key=ends.get)
         if not due:
-            return
+            return []
+        stored = {tag for tag in due if tag in shard.buffered}
+        taken = chunks.take(stored) if stored else {}
         # (window token, key bytes) -> [key, values, holds], in the order they came.
         earlier: dict[tuple[Any, bytes], list[Any]] = {}
-        for tag, tagged in chunks.take(set(due)).items():
+        for tag in due:
             token = pickle.loads(tag)
-            for chunk in tagged:
-                for key_bytes, key, values, holds in pickle.loads(chunk):
-                    entry = earlier.get((token, key_bytes))
-                    if entry is None:
-                        earlier[(token, key_bytes)] = [key, values, holds]
-                    else:
-                        entry[1].extend(values)
-                        entry[2].extend(holds)
+            entries = [entry for chunk in taken.get(tag, ()) for entry in pickle.loads(chunk)]
+            if fresh is not None:
+                entries.extend(fresh.windows.pop(tag, ()))
+                fresh.ends.pop(tag, None)
+            for key_bytes, key, values, holds in entries:
+                entry = earlier.get((token, key_bytes))
+                if entry is None:
+                    earlier[(token, key_bytes)] = [key, values, holds]
+                else:
+                    entry[1].extend(values)
+                    entry[2].extend(holds)
+        fired: list[Fired] = []
+        default = self.default
+        assert default is not None, f"GroupByKey '{self.name}' buffers without its driver"
+        lateness = self.allowed_lateness.micros
         for (token, key_bytes), (key, values, holds) in earlier.items():
+            window = window_of(token)
+            if key_bytes not in shard.blobs and end_of(window) + lateness < watermark:
+                panes = WindowPanes(values, holds, timer=True)
+                fired.append((key_bytes, key, default.fire(window, panes)))
+                continue
             key_state = shard.key_state(key_bytes)
             if key_state is None:
                 key_state = KeyState(key, DefaultTriggerState())
                 shard.add(key_bytes, key_state)
-            window = window_of(token)
             panes = key_state.state.get(window)
             if panes is None:
                 # Never fired (it would not wait in the store): no pane counted yet.
@@ -170,10 +221,58 @@ class StreamingGrouper:
             panes.values[:0] = values
             for hold in holds:
                 add_hold(panes.holds, hold)
-        for tag in due:
+        for tag in stored:
             del shard.buffered[tag]
+        return fired
 
-    def buffer(self, shard: ShardState, chunks: ChunkStore) -> None:
+    def take_fresh(
+        self,
+        fresh: FreshWindows,
+        key_bytes: bytes,
+        values: list[WindowedValue],
+        input_micros: int,
+        floor: int,
+    ) -> bool:
+        """Buffers a key's new elements without its state, if every window is before its end.
+
+        For a key the shard does not hold, whose elements' windows the input watermark has
+        not reached (no pane yet, none late), the driver would only add them and their
+        holds to a new state that ``buffer`` then moves to the chunk store whole: they go
+        to ``fresh`` instead, as ``buffer`` would write them. False (nothing taken) if a
+        window is at or behind the watermark.
+        """
+        default = self.default
+        assert default is not None, f"GroupByKey '{self.name}' buffers without its driver"
+        by_window: dict[Any, list[WindowedValue]] = {}
+        windows: dict[Any, Any] = {}
+        for wv in values:
+            for window in wv.windows:
+                # An IntervalWindow by its token: hashing it reads two Timestamp properties.
+                token = window_token(window)
+                elements = by_window.get(token)
+                if elements is None:
+                    if end_of(window) <= input_micros:
+                        return False
+                    by_window[token] = [wv]
+                    windows[token] = window
+                else:
+                    elements.append(wv)
+        key = values[0].value[0]
+        for token, elements in by_window.items():
+            window = windows[token]
+            hold = default.window_hold(window, elements, floor)
+            tag = fresh.tag(token)
+            fresh.windows.setdefault(tag, []).append(
+                (key_bytes, key, [wv.value[1] for wv in elements], [] if hold is None else [hold])
+            )
+            ends = fresh.ends
+            end, least = ends.get(tag) or (end_of(window), MAX_MICROS)
+            ends[tag] = (end, least if hold is None else min(least, hold))
+        return True
+
+    def buffer(
+        self, shard: ShardState, chunks: ChunkStore, fresh: FreshWindows | None = None
+    ) -> None:
         """Moves the windows still before their end out of this batch's keys, to ``chunks``.
 
         One chunk per window: (key bytes, key, values, holds) of each key it has in this
@@ -181,11 +280,16 @@ class StreamingGrouper:
         set (the watermark has not reached them), none has fired (a window that has keeps
         its values in its key's state, for late panes of the accumulating mode), so a
         key's window is its values and holds alone. A key left with no window leaves the
-        shard's value.
+        shard's value. The ``fresh`` windows' entries (``take_fresh``) go first.
         """
-        new: dict[bytes, list[tuple[bytes, Any, list[Any], list[int]]]] = {}
+        new: dict[bytes, list[Entry]] = {}
         ends: dict[bytes, tuple[int, int]] = {}
         tags: dict[Any, bytes] = {}
+        if fresh is not None:
+            new.update(fresh.windows)
+            for tag, (end, hold) in fresh.ends.items():
+                before = shard.buffered.get(tag)
+                ends[tag] = (end, hold if before is None else min(hold, before[1]))
         emptied = []
         for key_bytes, key_state in shard.keys.items():
             state = key_state.state
@@ -284,6 +388,9 @@ class GroupShard(ShardRun[ShardState, Fired]):
         self.grouper = grouper
         self.chunks = chunks
         self.elements: dict[bytes, list[bytes]] = {}
+        # New values of keys the shard does not hold, for windows before their end: they
+        # skip the keys' states (``StreamingGrouper.take_fresh``). Where values buffer.
+        self.fresh = FreshWindows() if chunks is not None and grouper.buffers else None
         # The keys under Beam's driver, whose timers fire round by round.
         self.beams: list[tuple[bytes, KeyState]] = []
 
@@ -336,8 +443,16 @@ class GroupShard(ShardRun[ShardState, Fired]):
         input_watermark = Timestamp(micros=watermarks.input_watermark)
         output_watermark = Timestamp(micros=watermarks.output_watermark)
         default = grouper.default
+        fresh, blobs = self.fresh, state.blobs
+        input_micros, floor = watermarks.input_watermark, watermarks.output_watermark
         for key_bytes, cells in self.elements.items():
             values = list(grouper.pre_impl.decode_all(b"".join(cells)))
+            if (
+                fresh is not None
+                and key_bytes not in blobs
+                and grouper.take_fresh(fresh, key_bytes, values, input_micros, floor)
+            ):
+                continue
             key_state = state.key_state(key_bytes)
             if key_state is None:
                 new_state = default.new_state() if default else bi.trigger_state()
@@ -360,11 +475,11 @@ class GroupShard(ShardRun[ShardState, Fired]):
         grouper = self.grouper
         grouper.clock.micros = state.watermarks.processing_time
         state.load_due(state.watermarks.input_watermark)
-        if state.buffered:
+        if state.buffered or self.fresh:
             assert self.chunks is not None, (
                 f"GroupByKey '{grouper.name}' has windows in a chunk store"
             )
-            grouper.unbuffer(state, self.chunks)
+            yield from grouper.unbuffer(state, self.chunks, self.fresh)
         watermark = Timestamp(micros=state.watermarks.input_watermark)
         for key_bytes, key_state in state.loaded():
             if isinstance(key_state.state, DefaultTriggerState):
@@ -405,7 +520,7 @@ class GroupShard(ShardRun[ShardState, Fired]):
         grouper = self.grouper
         grouper.collect_garbage(state)
         if self.chunks is not None and grouper.buffers:
-            grouper.buffer(state, self.chunks)
+            grouper.buffer(state, self.chunks, self.fresh)
         grouper.settle(state)
 
     def hold(self, state: ShardState) -> int:
