@@ -171,9 +171,7 @@ class DefaultTriggerDriver:
             return None
         return min(times) if kind == "earliest" else max(times)
 
-    def window_hold(
-        self, window: Any, elements: list[WindowedValue], floor: int
-    ) -> int | None:
+    def window_hold(self, window: Any, elements: list[WindowedValue], floor: int) -> int | None:
         """The hold new elements of ``window`` add (micros), or None (``process_elements``')."""
         if type(window) is IntervalWindow:
             max_timestamp = bi.interval_bounds(window)[1] - 1

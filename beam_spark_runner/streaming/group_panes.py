@@ -84,17 +84,17 @@ class FreshWindows:
         self.windows: dict[bytes, list[Entry]] = {}
         # Per window's tag, its end and the earliest hold of its entries (micros).
         self.ends: dict[bytes, tuple[int, int]] = {}
-        self._tags: dict[Any, bytes] = {}
+        self._tags: dict[Any, tuple[bytes, int]] = {}
 
     def __bool__(self) -> bool:
         return bool(self.windows)
 
-    def tag(self, token: Any) -> bytes:
-        """The tag of the window of ``token`` (``window_token``)."""
-        tag = self._tags.get(token)
-        if tag is None:
-            tag = self._tags[token] = pickle.dumps(token, protocol=pickle.HIGHEST_PROTOCOL)
-        return tag
+    def window(self, token: Any, window: Any) -> tuple[bytes, int]:
+        """The tag (``_window_tag``) and end (micros) of ``window``, of token ``token``."""
+        known = self._tags.get(token)
+        if known is None:
+            known = self._tags[token] = (_window_tag(window), end_of(window))
+        return known
 
 
 class _Clock:
@@ -247,27 +247,35 @@ class StreamingGrouper:
         windows: dict[Any, Any] = {}
         for wv in values:
             for window in wv.windows:
-                # An IntervalWindow by its token: hashing it reads two Timestamp properties.
+                # By its token: hashing an IntervalWindow reads two Timestamp properties.
                 token = window_token(window)
                 elements = by_window.get(token)
                 if elements is None:
-                    if end_of(window) <= input_micros:
-                        return False
                     by_window[token] = [wv]
                     windows[token] = window
                 else:
                     elements.append(wv)
+        known = [fresh.window(token, windows[token]) for token in by_window]
+        if any(end <= input_micros for _, end in known):
+            return False
         key = values[0].value[0]
-        for token, elements in by_window.items():
-            window = windows[token]
-            hold = default.window_hold(window, elements, floor)
-            tag = fresh.tag(token)
-            fresh.windows.setdefault(tag, []).append(
-                (key_bytes, key, [wv.value[1] for wv in elements], [] if hold is None else [hold])
+        ends, kept = fresh.ends, fresh.windows
+        for (tag, end), (token, elements) in zip(known, by_window.items(), strict=True):
+            hold = default.window_hold(windows[token], elements, floor)
+            entry = (
+                key_bytes,
+                key,
+                [wv.value[1] for wv in elements],
+                [] if hold is None else [hold],
             )
-            ends = fresh.ends
-            end, least = ends.get(tag) or (end_of(window), MAX_MICROS)
-            ends[tag] = (end, least if hold is None else min(least, hold))
+            entries = kept.get(tag)
+            if entries is None:
+                kept[tag] = [entry]
+                ends[tag] = (end, MAX_MICROS if hold is None else hold)
+            else:
+                entries.append(entry)
+                if hold is not None and hold < ends[tag][1]:
+                    ends[tag] = (end, hold)
         return True
 
     def buffer(
