@@ -8,7 +8,9 @@ the watermark from the markers and processing time; fires the timers due, key by
 timestamp order (processing-time ones too once the input is at +inf); forgets expired
 windows and empty keys; and emits the panes and its output watermark, the minimum of the
 input watermark and its keys' earliest hold. How the keys are kept between batches:
-``grouping``.
+``grouping``. Under the default trigger a window waits for its on-time pane in the shard's
+chunk store, and values of keys the shard does not hold go there without a key state
+(``StreamingGrouper.take_fresh``).
 """
 
 from __future__ import annotations
@@ -156,7 +158,8 @@ class StreamingGrouper:
         batch its keys' values and holds of that batch go into one chunk (``buffer``),
         and the batch whose input watermark reaches its end reads them back before it
         fires (``unbuffer``). Until then the shard's value holds only the window's end
-        and earliest hold; a key with nothing else is not in it at all.
+        and earliest hold; a key with nothing else is not in it at all, and its values
+        reach the chunk without a key state (``take_fresh``).
         """
         run = GroupShard(self, chunks)
         run.elements = elements
