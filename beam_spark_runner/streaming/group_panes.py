@@ -91,6 +91,20 @@ class FreshWindows:
     def __bool__(self) -> bool:
         return bool(self.windows)
 
+    def add(
+        self, tag: bytes, end: int, hold: int | None, entry: tuple[bytes, Any, list[Any]]
+    ) -> None:
+        """A key's (key bytes, key, values) of the window of ``tag``, with their hold."""
+        holds = [] if hold is None else [hold]
+        entries = self.windows.get(tag)
+        if entries is None:
+            self.windows[tag] = [(*entry, holds)]
+            self.ends[tag] = (end, MAX_MICROS if hold is None else hold)
+        else:
+            entries.append((*entry, holds))
+            if hold is not None and hold < self.ends[tag][1]:
+                self.ends[tag] = (end, hold)
+
     def window(self, token: Any, window: Any) -> tuple[bytes, int]:
         """The tag (``_window_tag``) and end (micros) of ``window``, of token ``token``."""
         known = self._tags.get(token)
@@ -246,6 +260,14 @@ class StreamingGrouper:
         """
         default = self.default
         assert default is not None, f"GroupByKey '{self.name}' buffers without its driver"
+        if len(values) == 1 and len(values[0].windows) == 1:  # most keys of a batch
+            (window,) = values[0].windows
+            tag, end = fresh.window(window_token(window), window)
+            if end <= input_micros:
+                return False
+            hold = default.window_hold(window, values, floor)
+            fresh.add(tag, end, hold, (key_bytes, values[0].value[0], [values[0].value[1]]))
+            return True
         by_window: dict[Any, list[WindowedValue]] = {}
         windows: dict[Any, Any] = {}
         for wv in values:
@@ -262,23 +284,9 @@ class StreamingGrouper:
         if any(end <= input_micros for _, end in known):
             return False
         key = values[0].value[0]
-        ends, kept = fresh.ends, fresh.windows
         for (tag, end), (token, elements) in zip(known, by_window.items(), strict=True):
             hold = default.window_hold(windows[token], elements, floor)
-            entry = (
-                key_bytes,
-                key,
-                [wv.value[1] for wv in elements],
-                [] if hold is None else [hold],
-            )
-            entries = kept.get(tag)
-            if entries is None:
-                kept[tag] = [entry]
-                ends[tag] = (end, MAX_MICROS if hold is None else hold)
-            else:
-                entries.append(entry)
-                if hold is not None and hold < ends[tag][1]:
-                    ends[tag] = (end, hold)
+            fresh.add(tag, end, hold, (key_bytes, key, [wv.value[1] for wv in elements]))
         return True
 
     def buffer(
@@ -456,8 +464,7 @@ class GroupShard(ShardRun[ShardState, Fired]):
         default = grouper.default
         fresh, blobs = self.fresh, state.blobs
         input_micros, floor = watermarks.input_watermark, watermarks.output_watermark
-        for key_bytes, cells in self.elements.items():
-            values = list(grouper.pre_impl.decode_all(b"".join(cells)))
+        for key_bytes, values in _decoded(grouper.pre_impl, self.elements):
             if (
                 fresh is not None
                 and key_bytes not in blobs
@@ -564,6 +571,23 @@ def streaming_grouper(spec: GroupSpec) -> StreamingGrouper:
             _GROUPERS.popitem(last=False)
     spec.environment.enter()
     return grouper
+
+
+def _decoded(impl: Any, elements: dict[bytes, list[bytes]]) -> Iterator[tuple[bytes, list[Any]]]:
+    """Each key's elements decoded by ``impl``, from one stream over all of them.
+
+    A stream and a generator per key (``decode_all``) cost more than a key's one element.
+    """
+    data = b"".join([cell for cells in elements.values() for cell in cells])
+    stream = bi.create_InputStream(data)
+    decode = impl.decode_from_stream
+    left = len(data)
+    for key_bytes, cells in elements.items():
+        left -= sum(map(len, cells))
+        values = []
+        while stream.size() > left:
+            values.append(decode(stream, True))
+        yield key_bytes, values
 
 
 def _window_tag(window: Any) -> bytes:
