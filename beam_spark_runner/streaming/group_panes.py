@@ -224,8 +224,7 @@ class StreamingGrouper:
         for (token, key_bytes), (key, values, holds) in earlier.items():
             window = window_of(token)
             if key_bytes not in shard.blobs and end_of(window) + lateness < watermark:
-                panes = WindowPanes(values, holds, timer=True)
-                fired.append((key_bytes, key, default.fire(window, panes)))
+                fired.append((key_bytes, key, default.first_pane(window, values, holds)))
                 continue
             key_state = shard.key_state(key_bytes)
             if key_state is None:
