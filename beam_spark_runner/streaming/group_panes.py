@@ -197,7 +197,8 @@ class StreamingGrouper:
         ends = dict(shard.buffered)
         if fresh is not None:
             ends.update(fresh.ends)
-        due = sorted((tag for tag, (end, _) in ends.items() if end <= watermark), key=ends.get)
+        due = [tag for tag, (end, _) in ends.items() if end <= watermark]
+        due.sort(key=lambda tag: ends[tag][0])
         if not due:
             return []
         stored = {tag for tag in due if tag in shard.buffered}
@@ -305,9 +306,9 @@ class StreamingGrouper:
         tags: dict[Any, bytes] = {}
         if fresh is not None:
             new.update(fresh.windows)
-            for tag, (end, hold) in fresh.ends.items():
-                before = shard.buffered.get(tag)
-                ends[tag] = (end, hold if before is None else min(hold, before[1]))
+            for fresh_tag, (end, hold) in fresh.ends.items():
+                before = shard.buffered.get(fresh_tag)
+                ends[fresh_tag] = (end, hold if before is None else min(hold, before[1]))
         emptied = []
         for key_bytes, key_state in shard.keys.items():
             state = key_state.state
