@@ -30,6 +30,8 @@ from beam_spark_runner import beam_internals as bi
 
 _GRANULARITY = TIME_GRANULARITY.micros
 _MAX_MICROS = MAX_TIMESTAMP.micros
+# A window's first pane, on time (``_output``'s), one object for all.
+_FIRST_ON_TIME = PaneInfo(True, False, PaneInfoTiming.ON_TIME, 0, 0)
 
 
 @dataclasses.dataclass
@@ -171,13 +173,36 @@ class DefaultTriggerDriver:
             return None
         return min(times) if kind == "earliest" else max(times)
 
+    def window_hold(self, window: Any, elements: list[WindowedValue], floor: int) -> int | None:
+        """The hold new elements of ``window`` add (micros), or None (``process_elements``')."""
+        if type(window) is IntervalWindow:
+            max_timestamp = bi.interval_bounds(window)[1] - 1
+        else:
+            max_timestamp = window.max_timestamp().micros
+        return self._output_time(max_timestamp, elements, floor)
+
     def fire_timers(self, state: DefaultTriggerState, watermark: Timestamp) -> Iterator[Any]:
         """The panes of windows whose end the watermark reached, in end order."""
         due = [w for w, panes in state.items() if panes.timer and w.end <= watermark]
         for window in sorted(due, key=lambda w: w.end):
-            panes = state[window]
-            panes.timer = False
-            yield self._output(window, panes, window.end, on_time=True)
+            yield self.fire(window, state[window])
+
+    def first_pane(self, window: Any, values: list[Any], holds: list[int]) -> WindowedValue:
+        """The on-time pane of a window with no pane yet whose end the watermark reached.
+
+        What ``fire`` gives for a new ``WindowPanes(values, holds, timer=True)``, without
+        the ``Timestamp`` comparisons and the pane's ``PaneInfo`` made anew.
+        """
+        if not holds:
+            timestamp = window.max_timestamp()
+        else:
+            timestamp = Timestamp(micros=min(holds) if self.kind == "earliest" else max(holds))
+        return WindowedValue(values, timestamp, (window,), _FIRST_ON_TIME)
+
+    def fire(self, window: Any, panes: WindowPanes) -> WindowedValue:
+        """The pane of the end-of-window timer of ``window``, whose end the watermark reached."""
+        panes.timer = False
+        return self._output(window, panes, window.end, on_time=True)
 
     def _output(
         self,

@@ -8,7 +8,9 @@ the watermark from the markers and processing time; fires the timers due, key by
 timestamp order (processing-time ones too once the input is at +inf); forgets expired
 windows and empty keys; and emits the panes and its output watermark, the minimum of the
 input watermark and its keys' earliest hold. How the keys are kept between batches:
-``grouping``.
+``grouping``. Under the default trigger a window waits for its on-time pane in the shard's
+chunk store, and values of keys the shard does not hold go there without a key state
+(``StreamingGrouper.take_fresh``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Generator, Iterable, Iterator
 from typing import Any
 
 from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.windowed_value import WindowedValue
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution import gc_pause
@@ -66,6 +69,48 @@ from beam_spark_runner.streaming.watermarks import MAX_MICROS, Marker, Watermark
 
 # A pane fired: the key's bytes, the key, the pane.
 Fired = tuple[bytes, Any, Any]
+# A key's values of one window waiting for its on-time pane, as a chunk holds them: the
+# key's bytes, the key, the values, their holds (micros).
+Entry = tuple[bytes, Any, list[Any], list[int]]
+
+
+class FreshWindows:
+    """A batch's new values of windows before their end, of keys the shard does not hold.
+
+    ``StreamingGrouper.take_fresh`` fills it; ``unbuffer`` fires the windows the new
+    watermark reached, ``buffer`` writes the others to the chunk store.
+    """
+
+    def __init__(self) -> None:
+        # Per window's tag (``_window_tag``), its keys' entries in the order they came.
+        self.windows: dict[bytes, list[Entry]] = {}
+        # Per window's tag, its end and the earliest hold of its entries (micros).
+        self.ends: dict[bytes, tuple[int, int]] = {}
+        self._tags: dict[Any, tuple[bytes, int]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.windows)
+
+    def add(
+        self, tag: bytes, end: int, hold: int | None, entry: tuple[bytes, Any, list[Any]]
+    ) -> None:
+        """A key's (key bytes, key, values) of the window of ``tag``, with their hold."""
+        holds = [] if hold is None else [hold]
+        entries = self.windows.get(tag)
+        if entries is None:
+            self.windows[tag] = [(*entry, holds)]
+            self.ends[tag] = (end, MAX_MICROS if hold is None else hold)
+        else:
+            entries.append((*entry, holds))
+            if hold is not None and hold < self.ends[tag][1]:
+                self.ends[tag] = (end, hold)
+
+    def window(self, token: Any, window: Any) -> tuple[bytes, int]:
+        """The tag (``_window_tag``) and end (micros) of ``window``, of token ``token``."""
+        known = self._tags.get(token)
+        if known is None:
+            known = self._tags[token] = (_window_tag(window), end_of(window))
+        return known
 
 
 class _Clock:
@@ -127,42 +172,65 @@ class StreamingGrouper:
         batch its keys' values and holds of that batch go into one chunk (``buffer``),
         and the batch whose input watermark reaches its end reads them back before it
         fires (``unbuffer``). Until then the shard's value holds only the window's end
-        and earliest hold; a key with nothing else is not in it at all.
+        and earliest hold; a key with nothing else is not in it at all, and its values
+        reach the chunk without a key state (``take_fresh``).
         """
         run = GroupShard(self, chunks)
         run.elements = elements
         yield from run.step(shard, markers)
 
-    def unbuffer(self, shard: ShardState, chunks: ChunkStore) -> None:
+    def unbuffer(
+        self, shard: ShardState, chunks: ChunkStore, fresh: FreshWindows | None = None
+    ) -> list[Fired]:
         """Puts every buffered window the input watermark reached back into its keys.
 
         Such a window's on-time pane fires in this batch. A key's values from the chunks
-        go before those it got in this batch, which came later (a pane's values stay in
-        arrival order), and its holds join them; a key the shard no longer holds comes
-        back, after the keys it holds.
+        go before those it got in this batch (``fresh``'s, or its state's), which came
+        later (a pane's values stay in arrival order), and its holds join them; a key the
+        shard no longer holds comes back, after the keys it holds. Except where the key
+        is not in the shard and the window expires at this watermark (Beam's driver would
+        fire it, then forget it and the key in this batch): its on-time pane is returned
+        at once, the key left out of the shard. Windows go in the order of their ends, so
+        a key's panes do too.
         """
         watermark = shard.watermarks.input_watermark
-        due = [tag for tag, (end, _) in shard.buffered.items() if end <= watermark]
+        ends = dict(shard.buffered)
+        if fresh is not None:
+            ends.update(fresh.ends)
+        due = [tag for tag, (end, _) in ends.items() if end <= watermark]
+        due.sort(key=lambda tag: ends[tag][0])
         if not due:
-            return
+            return []
+        stored = {tag for tag in due if tag in shard.buffered}
+        taken = chunks.take(stored) if stored else {}
         # (window token, key bytes) -> [key, values, holds], in the order they came.
         earlier: dict[tuple[Any, bytes], list[Any]] = {}
-        for tag, tagged in chunks.take(set(due)).items():
+        for tag in due:
             token = pickle.loads(tag)
-            for chunk in tagged:
-                for key_bytes, key, values, holds in pickle.loads(chunk):
-                    entry = earlier.get((token, key_bytes))
-                    if entry is None:
-                        earlier[(token, key_bytes)] = [key, values, holds]
-                    else:
-                        entry[1].extend(values)
-                        entry[2].extend(holds)
+            entries = [entry for chunk in taken.get(tag, ()) for entry in pickle.loads(chunk)]
+            if fresh is not None:
+                entries.extend(fresh.windows.pop(tag, ()))
+                fresh.ends.pop(tag, None)
+            for key_bytes, key, values, holds in entries:
+                entry = earlier.get((token, key_bytes))
+                if entry is None:
+                    earlier[(token, key_bytes)] = [key, values, holds]
+                else:
+                    entry[1].extend(values)
+                    entry[2].extend(holds)
+        fired: list[Fired] = []
+        default = self.default
+        assert default is not None, f"GroupByKey '{self.name}' buffers without its driver"
+        lateness = self.allowed_lateness.micros
         for (token, key_bytes), (key, values, holds) in earlier.items():
+            window = window_of(token)
+            if key_bytes not in shard.blobs and end_of(window) + lateness < watermark:
+                fired.append((key_bytes, key, default.first_pane(window, values, holds)))
+                continue
             key_state = shard.key_state(key_bytes)
             if key_state is None:
                 key_state = KeyState(key, DefaultTriggerState())
                 shard.add(key_bytes, key_state)
-            window = window_of(token)
             panes = key_state.state.get(window)
             if panes is None:
                 # Never fired (it would not wait in the store): no pane counted yet.
@@ -170,10 +238,60 @@ class StreamingGrouper:
             panes.values[:0] = values
             for hold in holds:
                 add_hold(panes.holds, hold)
-        for tag in due:
+        for tag in stored:
             del shard.buffered[tag]
+        return fired
 
-    def buffer(self, shard: ShardState, chunks: ChunkStore) -> None:
+    def take_fresh(
+        self,
+        fresh: FreshWindows,
+        key_bytes: bytes,
+        values: list[WindowedValue],
+        input_micros: int,
+        floor: int,
+    ) -> bool:
+        """Buffers a key's new elements without its state, if every window is before its end.
+
+        For a key the shard does not hold, whose elements' windows the input watermark has
+        not reached (no pane yet, none late), the driver would only add them and their
+        holds to a new state that ``buffer`` then moves to the chunk store whole: they go
+        to ``fresh`` instead, as ``buffer`` would write them. False (nothing taken) if a
+        window is at or behind the watermark.
+        """
+        default = self.default
+        assert default is not None, f"GroupByKey '{self.name}' buffers without its driver"
+        if len(values) == 1 and len(values[0].windows) == 1:  # most keys of a batch
+            (window,) = values[0].windows
+            tag, end = fresh.window(window_token(window), window)
+            if end <= input_micros:
+                return False
+            hold = default.window_hold(window, values, floor)
+            fresh.add(tag, end, hold, (key_bytes, values[0].value[0], [values[0].value[1]]))
+            return True
+        by_window: dict[Any, list[WindowedValue]] = {}
+        windows: dict[Any, Any] = {}
+        for wv in values:
+            for window in wv.windows:
+                # By its token: hashing an IntervalWindow reads two Timestamp properties.
+                token = window_token(window)
+                elements = by_window.get(token)
+                if elements is None:
+                    by_window[token] = [wv]
+                    windows[token] = window
+                else:
+                    elements.append(wv)
+        known = [fresh.window(token, windows[token]) for token in by_window]
+        if any(end <= input_micros for _, end in known):
+            return False
+        key = values[0].value[0]
+        for (tag, end), (token, elements) in zip(known, by_window.items(), strict=True):
+            hold = default.window_hold(windows[token], elements, floor)
+            fresh.add(tag, end, hold, (key_bytes, key, [wv.value[1] for wv in elements]))
+        return True
+
+    def buffer(
+        self, shard: ShardState, chunks: ChunkStore, fresh: FreshWindows | None = None
+    ) -> None:
         """Moves the windows still before their end out of this batch's keys, to ``chunks``.
 
         One chunk per window: (key bytes, key, values, holds) of each key it has in this
@@ -181,11 +299,16 @@ class StreamingGrouper:
         set (the watermark has not reached them), none has fired (a window that has keeps
         its values in its key's state, for late panes of the accumulating mode), so a
         key's window is its values and holds alone. A key left with no window leaves the
-        shard's value.
+        shard's value. The ``fresh`` windows' entries (``take_fresh``) go first.
         """
-        new: dict[bytes, list[tuple[bytes, Any, list[Any], list[int]]]] = {}
+        new: dict[bytes, list[Entry]] = {}
         ends: dict[bytes, tuple[int, int]] = {}
         tags: dict[Any, bytes] = {}
+        if fresh is not None:
+            new.update(fresh.windows)
+            for fresh_tag, (end, hold) in fresh.ends.items():
+                before = shard.buffered.get(fresh_tag)
+                ends[fresh_tag] = (end, hold if before is None else min(hold, before[1]))
         emptied = []
         for key_bytes, key_state in shard.keys.items():
             state = key_state.state
@@ -284,6 +407,9 @@ class GroupShard(ShardRun[ShardState, Fired]):
         self.grouper = grouper
         self.chunks = chunks
         self.elements: dict[bytes, list[bytes]] = {}
+        # New values of keys the shard does not hold, for windows before their end: they
+        # skip the keys' states (``StreamingGrouper.take_fresh``). Where values buffer.
+        self.fresh = FreshWindows() if chunks is not None and grouper.buffers else None
         # The keys under Beam's driver, whose timers fire round by round.
         self.beams: list[tuple[bytes, KeyState]] = []
 
@@ -336,8 +462,15 @@ class GroupShard(ShardRun[ShardState, Fired]):
         input_watermark = Timestamp(micros=watermarks.input_watermark)
         output_watermark = Timestamp(micros=watermarks.output_watermark)
         default = grouper.default
-        for key_bytes, cells in self.elements.items():
-            values = list(grouper.pre_impl.decode_all(b"".join(cells)))
+        fresh, blobs = self.fresh, state.blobs
+        input_micros, floor = watermarks.input_watermark, watermarks.output_watermark
+        for key_bytes, values in _decoded(grouper.pre_impl, self.elements):
+            if (
+                fresh is not None
+                and key_bytes not in blobs
+                and grouper.take_fresh(fresh, key_bytes, values, input_micros, floor)
+            ):
+                continue
             key_state = state.key_state(key_bytes)
             if key_state is None:
                 new_state = default.new_state() if default else bi.trigger_state()
@@ -360,11 +493,11 @@ class GroupShard(ShardRun[ShardState, Fired]):
         grouper = self.grouper
         grouper.clock.micros = state.watermarks.processing_time
         state.load_due(state.watermarks.input_watermark)
-        if state.buffered:
+        if state.buffered or self.fresh:
             assert self.chunks is not None, (
                 f"GroupByKey '{grouper.name}' has windows in a chunk store"
             )
-            grouper.unbuffer(state, self.chunks)
+            yield from grouper.unbuffer(state, self.chunks, self.fresh)
         watermark = Timestamp(micros=state.watermarks.input_watermark)
         for key_bytes, key_state in state.loaded():
             if isinstance(key_state.state, DefaultTriggerState):
@@ -405,7 +538,7 @@ class GroupShard(ShardRun[ShardState, Fired]):
         grouper = self.grouper
         grouper.collect_garbage(state)
         if self.chunks is not None and grouper.buffers:
-            grouper.buffer(state, self.chunks)
+            grouper.buffer(state, self.chunks, self.fresh)
         grouper.settle(state)
 
     def hold(self, state: ShardState) -> int:
@@ -438,6 +571,23 @@ def streaming_grouper(spec: GroupSpec) -> StreamingGrouper:
             _GROUPERS.popitem(last=False)
     spec.environment.enter()
     return grouper
+
+
+def _decoded(impl: Any, elements: dict[bytes, list[bytes]]) -> Iterator[tuple[bytes, list[Any]]]:
+    """Each key's elements decoded by ``impl``, from one stream over all of them.
+
+    A stream and a generator per key (``decode_all``) cost more than a key's one element.
+    """
+    data = b"".join([cell for cells in elements.values() for cell in cells])
+    stream = bi.create_InputStream(data)
+    decode = impl.decode_from_stream
+    left = len(data)
+    for key_bytes, cells in elements.items():
+        left -= sum(map(len, cells))
+        values = []
+        while stream.size() > left:
+            values.append(decode(stream, True))
+        yield key_bytes, values
 
 
 def _window_tag(window: Any) -> bytes:

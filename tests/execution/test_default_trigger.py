@@ -91,6 +91,7 @@ class Mix:
     most: int
     steps: tuple[int, ...]
     batches: int
+    keys: int = 3  # drawn from this many
 
 
 def _per_key(panes: list[Any]) -> dict[bytes, list[Any]]:
@@ -128,7 +129,7 @@ def compare_with_beams_driver(
     for _ in range(mix.batches):
         cells: dict[bytes, list[bytes]] = {}
         for _ in range(rng.randrange(0, mix.most)):
-            key = rng.choice(["a", "b", "c"])
+            key = "abc"[rng.randrange(3)] if mix.keys == 3 else f"k{rng.randrange(mix.keys)}"
             at = max(0, watermark + rng.choice(mix.offsets) * SECOND)
             at = max(0, at + rng.choice(mix.jitters))
             ts = Timestamp(micros=at)
@@ -183,6 +184,19 @@ def test_the_same_panes_holds_and_state_as_beams_driver(
     compare_with_beams_driver(_into(CASES[name]), seed, AROUND, DefaultTriggerState, chunks)
     if chunks is not None:
         assert chunks.appended, "no values waited in the chunk store"
+
+
+# Many keys, most new to the shard: their values skip the keys' states on the way to the
+# chunk store, and a window that expires as it fires fires without them entering the shard.
+MANY_KEYS = dataclasses.replace(AROUND, keys=40, most=30)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("seed", [1, 2])
+def test_keys_new_to_the_shard_give_beams_panes(name: str, seed: int) -> None:
+    chunks = MemoryChunks()
+    compare_with_beams_driver(_into(CASES[name]), seed, MANY_KEYS, DefaultTriggerState, chunks)
+    assert chunks.appended and chunks.taken
 
 
 def test_it_stands_in_only_for_the_default_trigger_over_windows_that_do_not_merge() -> None:

@@ -418,6 +418,50 @@ def test_a_windows_values_wait_in_the_chunk_store_until_it_fires() -> None:
     assert shard.state.blobs == {}
 
 
+def test_new_keys_of_windows_before_their_end_never_enter_the_shard() -> None:
+    """Values of keys the shard does not hold, for a window before its end, go to the
+    chunk store without a key state; the window that expires as it fires gives its panes
+    without them: neither batch's change log names a key."""
+    import pickle
+
+    chunks = MemoryChunks()
+    shard = _Shard(beam.WindowInto(window.FixedWindows(10)), store=True, chunks=chunks)
+    w = IntervalWindow(0, 10)
+    panes, out = shard.batch([(f"k{i}", i, 1 + i % 5, w) for i in range(20)], watermark=0)
+    assert panes == [] and out == 0
+    assert shard.state is not None and shard.state.blobs == {}
+    assert len(chunks.chunks) == 1 and list(shard.state.buffered.values()) == [
+        (10 * SECOND, 10 * SECOND - 1)
+    ]
+    assert pickle.loads(grouping.shard_changes(shard.state))[3:] == ([], [])
+    panes, out = shard.batch([("k0", 20, 9, w), ("new", 21, 9, w)], watermark=11)
+    assert sorted(_values(panes)) == sorted(
+        [(f"k{i}", [i, 20] if i == 0 else [i], w) for i in range(20)] + [("new", [21], w)]
+    )
+    assert {p.pane_info.timing for p in panes} == {PaneInfoTiming.ON_TIME}
+    assert {p.timestamp for p in panes} == {Timestamp(9.999)}  # in the coder's milliseconds
+    assert out == 11 * SECOND
+    assert shard.state.blobs == {} and shard.state.buffered == {} and chunks.chunks == []
+    assert pickle.loads(grouping.shard_changes(shard.state))[3:] == ([], [])
+
+
+def test_a_new_key_whose_window_fires_within_its_lateness_enters_the_shard() -> None:
+    """With allowed lateness the fired window stays, for its late panes: the key is kept."""
+    shard = _Shard(
+        beam.WindowInto(window.FixedWindows(10), allowed_lateness=30),
+        store=True,
+        chunks=MemoryChunks(),
+    )
+    w = IntervalWindow(0, 10)
+    assert shard.batch([(1, 1, w)], watermark=0)[0] == []
+    assert shard.state is not None and shard.state.blobs == {}
+    panes, _ = shard.batch([], watermark=11)
+    assert [p.pane_info.timing for p in panes] == [PaneInfoTiming.ON_TIME]
+    assert list(shard.state.blobs) == [b"k"]
+    panes, _ = shard.batch([(2, 5, w)], watermark=12)
+    assert [(p.pane_info.timing, p.pane_info.index) for p in panes] == [(PaneInfoTiming.LATE, 1)]
+
+
 def test_buffered_values_give_the_panes_of_values_kept_in_the_keys() -> None:
     """Sliding windows, accumulating, with allowed lateness: late panes of a window whose
     on-time values came back from the store hold them too."""
