@@ -25,6 +25,7 @@ from apache_beam.transforms.window import GlobalWindow
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import pickled_runs
 from beam_spark_runner.streaming.chunk_lists import ListStateChunks
+from beam_spark_runner.streaming.side_input_view import SideInputView
 from beam_spark_runner.streaming.watermarks import MAX_MICROS, WatermarkState
 
 Needs = tuple[int, ...]
@@ -122,6 +123,7 @@ class SideInputShardState:
         """What is pickled: the state without its journal."""
         stored = dict(self.__dict__)
         stored.pop("_journal", None)
+        stored.pop("_view", None)
         return stored
 
     def encode(self) -> bytes:
@@ -156,6 +158,15 @@ class SideInputShardState:
             journal = self.__dict__["_journal"] = SideInputChanges()
         return journal
 
+    @property
+    def view(self) -> SideInputView | None:
+        """The side inputs as served, following this state's changes (``follow``), if any."""
+        return self.__dict__.get("_view")
+
+    def follow(self, view: SideInputView | None) -> None:
+        """From now on tells ``view`` (built from this state as it is) what changes."""
+        self.__dict__["_view"] = view
+
     def begin_batch(self) -> None:
         """Starts noting a micro-batch's changes afresh."""
         self.__dict__["_journal"] = SideInputChanges()
@@ -176,6 +187,8 @@ class SideInputShardState:
         plain: list[tuple[int, bytes]] = []
         fired = self.fired[number]
         touched = self.journal.fired
+        # The firings this call set, for the view.
+        slots: dict[bytes, None] = {}
         while stream.size() > 0:
             start = size - stream.size()
             value = impl.decode_from_stream(stream, True)
@@ -196,10 +209,14 @@ class SideInputShardState:
                 entry = fired.get(slot)
                 if entry is None or entry[0] < pane.index:
                     fired[slot] = [pane.index, end, [impl.encode_nested(single)]]
-                    touched[(number, slot)] = None
+                    touched[(number, slot)] = slots[slot] = None
                 elif entry[0] == pane.index:
                     entry[2].append(impl.encode_nested(single))
-                    touched[(number, slot)] = None
+                    touched[(number, slot)] = slots[slot] = None
+        view = self.view
+        if view is not None:
+            for slot in slots:
+                view.set_fired(number, slot, fired[slot][2])
         self._keep(number, plain)
 
     def _keep(self, number: int, plain: list[tuple[int, bytes]]) -> None:
@@ -216,9 +233,12 @@ class SideInputShardState:
         if len(self.ends) < len(self.sides):
             self.ends = [[MAX_MICROS] * len(chunks) for chunks in self.sides]
         chunks, ends = self.sides[number], self.ends[number]
+        view = self.view
         for end, chunk in added:
             chunks.append(chunk)
             ends.append(end)
+            if view is not None:
+                view.add_chunk(number, end, chunk)
 
     def forget(self, horizons: list[int]) -> None:
         """Drops each side input's windows that end before its horizon (microseconds).
@@ -235,6 +255,8 @@ class SideInputShardState:
                 for slot in [s for s, entry in fired.items() if entry[1] < horizon]:
                     del fired[slot]
                     self.journal.fired[(number, slot)] = None
+                    if self.view is not None:
+                        self.view.set_fired(number, slot, None)
 
     def _forget_chunks(self, horizons: list[int]) -> bool:
         """Drops the chunks whose windows end before their side input's horizon; whether any."""
@@ -248,6 +270,8 @@ class SideInputShardState:
                 self.ends[number] = [e for e, _ in kept]
                 self.sides[number] = [c for _, c in kept]
                 dropped = True
+                if self.view is not None:
+                    self.view.forget(number, horizon)
         return dropped
 
     def side_elements(self, number: int) -> list[bytes]:
@@ -329,11 +353,14 @@ class SideInputShardState:
                 self._forget_chunks(change[1])
         if fired and len(self.fired) < len(self.sides):
             self.fired = [{} for _ in self.sides]
+        view = self.view
         for (number, slot), entry in fired.items():
             if entry is None:
                 self.fired[number].pop(slot, None)
             else:
                 self.fired[number][slot] = _copied(entry)
+            if view is not None:
+                view.set_fired(number, slot, None if entry is None else entry[2])
         for needs, bucket in buckets.items():
             if bucket is None:
                 self.buckets.pop(needs, None)
