@@ -13,6 +13,7 @@ side element it holds.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import operator
@@ -124,6 +125,7 @@ class SideInputShardState:
         stored = dict(self.__dict__)
         stored.pop("_journal", None)
         stored.pop("_view", None)
+        stored.pop("_held_ends", None)
         return stored
 
     def encode(self) -> bytes:
@@ -167,6 +169,32 @@ class SideInputShardState:
         """From now on tells ``view`` (built from this state as it is) what changes."""
         self.__dict__["_view"] = view
 
+    def sides_replaced(self) -> None:
+        """Its side inputs and firings were replaced whole: what follows them is made anew."""
+        self.__dict__.pop("_view", None)
+        self.__dict__.pop("_held_ends", None)
+
+    def _ends_held(self) -> list[collections.Counter[int]]:
+        """Per side input, its firings per window end: made once, kept with the state.
+
+        Not stored: a batch asks which windows had a firing (``fired_ends``) and whether
+        some end before a horizon (``forget``), and a side input holds a firing per key.
+        """
+        held: list[collections.Counter[int]] | None = self.__dict__.get("_held_ends")
+        if held is None or len(held) != len(self.fired):
+            held = [collections.Counter(entry[1] for entry in f.values()) for f in self.fired]
+            self.__dict__["_held_ends"] = held
+        return held
+
+    def _count_end(self, number: int, end: int, change: int) -> None:
+        """A firing of a window ending at ``end`` came (1) or went (-1)."""
+        held = self.__dict__.get("_held_ends")
+        if held is None or len(held) != len(self.fired):
+            return
+        held[number][end] += change
+        if not held[number][end]:
+            del held[number][end]
+
     def begin_batch(self) -> None:
         """Starts noting a micro-batch's changes afresh."""
         self.__dict__["_journal"] = SideInputChanges()
@@ -208,6 +236,8 @@ class SideInputShardState:
                 slot = window_impl.encode_nested(window) + key
                 entry = fired.get(slot)
                 if entry is None or entry[0] < pane.index:
+                    if entry is None:
+                        self._count_end(number, end, 1)
                     fired[slot] = [pane.index, end, [impl.encode_nested(single)]]
                     touched[(number, slot)] = slots[slot] = None
                 elif entry[0] == pane.index:
@@ -250,10 +280,13 @@ class SideInputShardState:
         if self._forget_chunks(horizons):
             self.journal.chunks.append(("forget", list(horizons)))
         for number, horizon in enumerate(horizons):
-            if number < len(self.fired):
+            if (
+                number < len(self.fired)
+                and min(self._ends_held()[number], default=horizon) < horizon
+            ):
                 fired = self.fired[number]
                 for slot in [s for s, entry in fired.items() if entry[1] < horizon]:
-                    del fired[slot]
+                    self._count_end(number, fired.pop(slot)[1], -1)
                     self.journal.fired[(number, slot)] = None
                     if self.view is not None:
                         self.view.set_fired(number, slot, None)
@@ -281,8 +314,9 @@ class SideInputShardState:
 
     def fired_ends(self) -> list[frozenset[int]]:
         """Per side input, the ends of the windows that had a trigger firing."""
-        fired = self.fired if len(self.fired) == len(self.sides) else [{}] * len(self.sides)
-        return [frozenset(entry[1] for entry in windows.values()) for windows in fired]
+        if len(self.fired) != len(self.sides):
+            return [frozenset()] * len(self.sides)
+        return [frozenset(ends) for ends in self._ends_held()]
 
     def wait(self, elements: bytes, earliest: int, needs: Needs) -> None:
         """Main elements (encoded, concatenated) that wait for ``needs``."""
@@ -356,8 +390,12 @@ class SideInputShardState:
         view = self.view
         for (number, slot), entry in fired.items():
             if entry is None:
-                self.fired[number].pop(slot, None)
+                dropped = self.fired[number].pop(slot, None)
+                if dropped is not None:
+                    self._count_end(number, dropped[1], -1)
             else:
+                if slot not in self.fired[number]:
+                    self._count_end(number, entry[1], 1)
                 self.fired[number][slot] = _copied(entry)
             if view is not None:
                 view.set_fired(number, slot, None if entry is None else entry[2])

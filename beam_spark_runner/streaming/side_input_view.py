@@ -183,8 +183,12 @@ class SideInputView:
     def token(self) -> str:
         return f"{self._id}/{self._version}"
 
-    def built_from(self, sides: Sequence[Sequence[bytes]], ends: Sequence[Sequence[int]],
-                   fired: Sequence[dict[bytes, list[Any]]]) -> SideInputView:
+    def built_from(
+        self,
+        sides: Sequence[Sequence[bytes]],
+        ends: Sequence[Sequence[int]],
+        fired: Sequence[dict[bytes, list[Any]]],
+    ) -> SideInputView:
         """Takes what a state holds: per side input its chunks, their ends, its firings."""
         STATS.built += 1
         for number, side in enumerate(self.sides):
@@ -198,7 +202,8 @@ class SideInputView:
     def follows(self, sides: Sequence[Sequence[bytes]], fired: Sequence[dict[bytes, Any]]) -> bool:
         """Whether it holds as many chunks and firings as the state (a cheap check)."""
         return all(
-            len(view.chunks) == len(sides[n]) and len(view.slots) == len(fired[n] if n < len(fired) else ())
+            len(view.chunks) == len(sides[n])
+            and len(view.slots) == len(fired[n] if n < len(fired) else ())
             for n, view in enumerate(self.sides)
         )
 
@@ -214,7 +219,9 @@ class SideInputView:
         self.sides[number].set_fired(slot, elements)
         self._version += 1
 
-    def get_raw(self, state_key: Any, continuation_token: bytes | None = None) -> tuple[bytes, None]:
+    def get_raw(
+        self, state_key: Any, continuation_token: bytes | None = None
+    ) -> tuple[bytes, None]:
         """What Beam's ``StateServicer`` would hold under ``state_key`` (no continuation)."""
         kind = state_key.WhichOneof("type")
         if kind not in _SERVED:

@@ -48,7 +48,10 @@ class _Sides:
             coders.WindowedValueCoder(kv, window_coder),
             coders.WindowedValueCoder(coders.VarIntCoder(), window_coder),
         ]
-        self.specs = [("t", "multi", _MULTIMAP, self.coders[0]), ("t", "iter", _ITERABLE, self.coders[1])]
+        self.specs = [
+            ("t", "multi", _MULTIMAP, self.coders[0]),
+            ("t", "iter", _ITERABLE, self.coders[1]),
+        ]
         # What ``SideInputShardState.add_side`` reads: per side input its coders' impls.
         self.side_impls = [
             (c.get_impl(), c.window_coder.get_impl(), key)
@@ -80,7 +83,7 @@ class _Sides:
                     windows.append(IntervalWindow(start + 5, start + 15))
             for w in windows:
                 self.windows.add(self.coders[number].window_coder.encode(w))
-            out.append(impl.encode_nested(WindowedValue(value, Timestamp(1), windows, pane)))
+            out.append(impl.encode_nested(WindowedValue(value, Timestamp(1), tuple(windows), pane)))
         return b"".join(out)
 
     def view(self, state: SideInputShardState) -> SideInputView:
@@ -90,18 +93,43 @@ class _Sides:
         """Every state key a bundle could ask for, of windows and keys seen, and wrong ones."""
         keys = []
         for window in sorted(self.windows):
-            keys.append(StateKey(iterable_side_input=StateKey.IterableSideInput(
-                transform_id="t", side_input_id="iter", window=window)))
-            keys.append(StateKey(iterable_side_input=StateKey.IterableSideInput(
-                transform_id="t", side_input_id="multi", window=window)))
-            keys.append(StateKey(multimap_keys_side_input=StateKey.MultimapKeysSideInput(
-                transform_id="t", side_input_id="multi", window=window)))
-            keys.append(StateKey(multimap_keys_values_side_input=StateKey.MultimapKeysValuesSideInput(
-                transform_id="t", side_input_id="multi", window=window)))
+            keys.append(
+                StateKey(
+                    iterable_side_input=StateKey.IterableSideInput(
+                        transform_id="t", side_input_id="iter", window=window
+                    )
+                )
+            )
+            keys.append(
+                StateKey(
+                    iterable_side_input=StateKey.IterableSideInput(
+                        transform_id="t", side_input_id="multi", window=window
+                    )
+                )
+            )
+            keys.append(
+                StateKey(
+                    multimap_keys_side_input=StateKey.MultimapKeysSideInput(
+                        transform_id="t", side_input_id="multi", window=window
+                    )
+                )
+            )
+            keys.append(
+                StateKey(
+                    multimap_keys_values_side_input=StateKey.MultimapKeysValuesSideInput(
+                        transform_id="t", side_input_id="multi", window=window
+                    )
+                )
+            )
             for key in [*_KEYS, "z"]:
                 encoded = coders.StrUtf8Coder().get_impl().encode_nested(key)
-                keys.append(StateKey(multimap_side_input=StateKey.MultimapSideInput(
-                    transform_id="t", side_input_id="multi", window=window, key=encoded)))
+                keys.append(
+                    StateKey(
+                        multimap_side_input=StateKey.MultimapSideInput(
+                            transform_id="t", side_input_id="multi", window=window, key=encoded
+                        )
+                    )
+                )
         return keys
 
     def beams(self, state: SideInputShardState) -> Any:
@@ -119,6 +147,8 @@ class _Sides:
         view = state.view
         assert view is not None
         assert view.follows(state.sides, state.fired)
+        # The windows with a firing, kept with the state as the view is.
+        assert state.fired_ends() == [frozenset(e[1] for e in f.values()) for f in state.fired]
         beams, fresh = self.beams(state), self.view(state)
         for key in self.state_keys():
             served = view.get_raw(key)[0]
@@ -194,12 +224,15 @@ def test_side_windows_expiring_leave_the_view_as_they_leave_the_state() -> None:
     state.follow(sides.view(state))
     impl = sides.side_impls[1][0]
     for start in range(0, 50, 10):
-        element = WindowedValue(start, Timestamp(start), [IntervalWindow(start, start + 10)])
+        element = WindowedValue(start, Timestamp(start), (IntervalWindow(start, start + 10),))
         state.add_side(1, impl.encode_nested(element), sides)
     state.forget([0, Timestamp(30).micros])
     window = coders.IntervalWindowCoder().encode(IntervalWindow(10, 20))
-    key = StateKey(iterable_side_input=StateKey.IterableSideInput(
-        transform_id="t", side_input_id="iter", window=window))
+    key = StateKey(
+        iterable_side_input=StateKey.IterableSideInput(
+            transform_id="t", side_input_id="iter", window=window
+        )
+    )
     assert state.view is not None
     assert state.view.get_raw(key)[0] == b""
     kept = coders.IntervalWindowCoder().encode(IntervalWindow(30, 40))
