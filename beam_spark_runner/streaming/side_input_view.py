@@ -38,6 +38,8 @@ class ViewStats:
     built: int = 0
     # Built again because the one kept no longer followed its state (a bookkeeping miss).
     diverged: int = 0
+    # Window listings made (keys, keys with values): each costs the window's keys.
+    listed: int = 0
 
 
 STATS = ViewStats()
@@ -148,6 +150,7 @@ class _SideView:
         """A window's keys, and its keys each with its count and values, encoded."""
         listed = self._listings.get(window)
         if listed is None:
+            STATS.listed += 1
             plain = self.plain.get(window, {})
             fired = self.fired.get(window, {})
             # Where a key first appears: in the chunks in order, then in the firings.

@@ -10,10 +10,16 @@ from __future__ import annotations
 import copy
 import pickle
 import random
+import uuid
 from typing import Any
 
+import apache_beam as beam
 import pytest
 from apache_beam.coders import coders
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.transforms import trigger
+from apache_beam.transforms import window as windows_
+from apache_beam.transforms.periodicsequence import PeriodicImpulse
 from apache_beam.transforms.window import GlobalWindow, IntervalWindow
 from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import (
@@ -25,10 +31,34 @@ from apache_beam.utils.windowed_value import (
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.execution.side_inputs import side_input_state_entries
-from beam_spark_runner.streaming import side_input_view
-from beam_spark_runner.streaming.side_input_state import SideInputShardState
-from beam_spark_runner.streaming.side_input_view import SideInputView
-from beam_spark_runner.streaming.watermarks import WatermarkState
+from beam_spark_runner.execution.stage_worker import NO_SINKS
+from beam_spark_runner.planning import build_plan
+from beam_spark_runner.spark.compat import OLDEST_STREAMING_SPARK, pyspark_version
+from tests.stage_specs import stage_spec
+
+if pyspark_version() < OLDEST_STREAMING_SPARK:
+    pytest.skip("streaming runs need PySpark 3.5+; this is older", allow_module_level=True)
+
+from beam_spark_runner.streaming import side_input_view, side_inputs, state_cache  # noqa: E402
+from beam_spark_runner.streaming.compression import pack  # noqa: E402
+from beam_spark_runner.streaming.query import side_input_specs  # noqa: E402
+from beam_spark_runner.streaming.rows import (  # noqa: E402
+    ELEMENT,
+    FRAMED_RUN,
+    PORT,
+    PRODUCER,
+    PTIME,
+    WATERMARK,
+)
+from beam_spark_runner.streaming.side_input_state import SideInputShardState  # noqa: E402
+from beam_spark_runner.streaming.side_input_view import SideInputView  # noqa: E402
+from beam_spark_runner.streaming.side_inputs import SideInputShard  # noqa: E402
+from beam_spark_runner.streaming.topology import STAGE, Node, Topology  # noqa: E402
+from beam_spark_runner.streaming.watermarks import WatermarkState  # noqa: E402
+from tests.streaming import test_side_inputs as side_tests  # noqa: E402
+from tests.streaming.memory_state import MemoryList as _List  # noqa: E402
+from tests.streaming.memory_state import MemoryValue as _Value  # noqa: E402
+from tests.streaming.test_side_inputs import MemoryWaitingStore  # noqa: E402
 
 _ITERABLE = bi.common_urns.side_inputs.ITERABLE.urn
 _MULTIMAP = bi.common_urns.side_inputs.MULTIMAP.urn
@@ -255,3 +285,127 @@ def test_a_token_names_the_contents() -> None:
     built = side_input_view.STATS.built
     sides.view(state)
     assert side_input_view.STATS.built == built + 1
+
+
+_LOOKED_UP: list[tuple[str, list[int]]] = []
+
+
+class _Lookup(beam.DoFn):  # type: ignore[misc]
+    """Records each main key with the side values it finds (the pane: Beam's processor runs it)."""
+
+    def process(self, kv: tuple[str, int], side: Any, pane: Any = beam.DoFn.PaneInfoParam) -> Any:
+        _LOOKED_UP.append((kv[0], [v for values in side[kv[0]] for v in values]))
+        return iter(())
+
+
+def _multimap_stage() -> tuple[Any, ...]:
+    """A stage looking main keys up in a multimap side input fed by a GroupByKey's firings."""
+    pipeline = beam.Pipeline(options=PipelineOptions(["--streaming"]))
+    ticks = pipeline | PeriodicImpulse(0, 10, 1)
+    side = (
+        ticks
+        | "Side" >> beam.Map(lambda _: ("a", 1))
+        | "SideWindow"
+        >> beam.WindowInto(
+            windows_.GlobalWindows(),
+            trigger=trigger.Repeatedly(trigger.AfterCount(1)),
+            accumulation_mode=trigger.AccumulationMode.DISCARDING,
+        )
+        | beam.GroupByKey()
+    )
+    _ = (
+        ticks
+        | "Main" >> beam.Map(lambda _: ("a", 1))
+        | "MainWindow" >> beam.WindowInto(windows_.GlobalWindows())
+        | beam.ParDo(_Lookup(), beam.pvalue.AsMultiMap(side))
+    )
+    pipeline.visit(bi.group_by_key_input_visitor(True))
+    plan = build_plan(
+        pipeline.to_runner_api(default_environment=bi.default_environment()), streaming=True
+    )
+    (stage,) = [s for s in plan.stages if s.side_inputs]
+    spec = side_inputs.SideInputStageSpec(
+        stage=stage_spec(plan, stage, "side-input-view"),
+        components=plan.components.SerializeToString(),
+        input_coder_id=stage.input_coder_id,
+        side_inputs=side_input_specs(stage, plan),
+    )
+    context = bi.PipelineContext(plan.components)
+    side_coder = plan.data_channel_coders[stage.side_inputs[0].pcollection_id]
+    return (
+        spec,
+        context.coders[stage.input_coder_id].get_impl(),
+        context.coders[side_coder].get_impl(),
+    )
+
+
+def test_a_multimap_read_in_beams_processor_follows_firings_across_workers(
+    monkeypatch: Any,
+) -> None:
+    """Workers alternating a shard look keys up in the latest firing, key by key."""
+    # Changes kept in the header, however small the state: a worker catches up on them.
+    monkeypatch.setattr(state_cache, "COMPACT_FRACTION", 100.0)
+    monkeypatch.setattr(state_cache, "RECENT_SHARE", 100.0)
+    spec, main, side = _multimap_stage()
+    node = Node(
+        index=0,
+        name=spec.stage.name,
+        kind=STAGE,
+        stateful=True,
+        step=1,
+        targets=tuple(() for _ in spec.stage.outputs),
+        expected=frozenset({"main", "side"}),
+        main_expected=frozenset({"main"}),
+        side_expected=(frozenset({"side"}),),
+    )
+    topology = Topology(nodes=(node,), roots={}, levels=1, shards=1, sink_producers=frozenset())
+    store = MemoryWaitingStore()
+    value, log = _Value(), _List()
+    key = (uuid.uuid4().hex, node.index, 0)
+    caches: list[Any] = [None, None]
+
+    def batch(turn: int, fired: dict[str, int], index: int, mains: list[str]) -> None:
+        pane = PaneInfo(index == 0, False, PaneInfoTiming.EARLY, index, -1)
+        at = (GlobalWindow(),)
+        rows: list[dict[str, Any]] = [
+            {ELEMENT: None, PRODUCER: p, WATERMARK: 0, PTIME: 0} for p in ("main", "side")
+        ]
+        if fired:
+            encoded = b"".join(
+                side.encode_nested(WindowedValue((k, [v]), Timestamp(1), at, pane))
+                for k, v in fired.items()
+            )
+            rows.append({ELEMENT: pack(encoded), PORT: 1})
+        elements = [main.encode_nested(WindowedValue((k, 1), Timestamp(1), at)) for k in mains]
+        rows.append({ELEMENT: pack(side_tests._framed(elements)), PORT: FRAMED_RUN})
+        state_cache._CACHE.pop(key, None)
+        if caches[turn] is not None:
+            state_cache._CACHE[key] = caches[turn]
+        shard = SideInputShard(spec, NO_SINKS, store)
+        state_cache.run_logged(shard, shard, value, log, key, topology, node, rows)
+        caches[turn] = state_cache._CACHE[key]
+
+    _LOOKED_UP.clear()
+    listed, built = side_input_view.STATS.listed, side_input_view.STATS.built
+    caught_up = state_cache.STATS.caught_up
+    batch(0, {"a": 1, "b": 1}, 0, ["a", "b", "c"])
+    batch(1, {"a": 2}, 1, ["a", "b"])
+    batch(0, {"b": 3}, 2, ["a", "b"])  # caught up on worker 1's batch
+    batch(1, {}, 3, ["a", "b", "c"])
+    assert _LOOKED_UP == [
+        ("a", [1]),
+        ("b", [1]),
+        ("c", []),
+        ("a", [2]),
+        ("b", [1]),
+        ("a", [2]),
+        ("b", [3]),
+        ("a", [2]),
+        ("b", [3]),
+        ("c", []),
+    ]
+    # A view built once per worker, then caught up with the other's batches.
+    assert state_cache.STATS.caught_up == caught_up + 2
+    assert side_input_view.STATS.built == built + 2
+    # Key by key: no window's every key and value listed (Beam's bulk read).
+    assert side_input_view.STATS.listed == listed
