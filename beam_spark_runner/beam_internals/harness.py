@@ -8,6 +8,7 @@ import logging
 import threading
 from typing import Any
 
+from apache_beam.portability import common_urns
 from apache_beam.portability.api import (
     beam_fn_api_pb2,
 )
@@ -38,6 +39,10 @@ _failed_bundle_infos: list[Any] = []
 _failed_bundle_lock = threading.Lock()
 
 
+# The capability that lets Beam's multimap side inputs read a window's keys and values at once.
+_BULK_READ = common_urns.runner_protocols.MULTIMAP_KEYS_VALUES_SIDE_INPUT.urn
+
+
 class BundleProcessorCache(sdk_worker.BundleProcessorCache):
     """Beam's bundle processor cache, keeping what a failed bundle's metrics had counted.
 
@@ -59,12 +64,16 @@ class BundleProcessorCache(sdk_worker.BundleProcessorCache):
         """Beam's ``get``; a processor it builds samples every ``sampling_period_ms``.
 
         With ``side_inputs_change``, its invokers read globally windowed side inputs per
-        element (``patches.side_inputs_per_element``).
+        element (``patches.side_inputs_per_element``), and a multimap side input key by key:
+        Beam's bulk read (where the runner serves a window's keys and values at once) decodes
+        every key and value of the window and sizes them for the SDK's cache, which, for side
+        inputs that change each micro-batch, costs the whole side input per batch.
         """
         with contextlib.ExitStack() as scope:
             scope.enter_context(bundle_sampling_period(self.sampling_period_ms))
             if self.side_inputs_change:
                 scope.enter_context(side_inputs_per_element())
+                self.runner_capabilities = self.runner_capabilities - {_BULK_READ}
             return super().get(instruction_id, bundle_descriptor_id)
 
     def _schedule_periodic_shutdown(self) -> None:

@@ -118,13 +118,14 @@ class StageWorker:
             )
             self._state_backed_input = writing.coders[spec.state_backed_input_coder_id].get_impl()
 
-    def load_side_inputs(self, entries: list[tuple[bytes, bytes]], token: str) -> None:
-        """Replaces the side inputs served to bundles (a streaming shard's, per batch).
+    def serve_side_inputs(self, servicer: Any, token: str) -> None:
+        """Serves bundles the side inputs ``servicer`` holds (a streaming shard's, per batch).
 
-        ``token`` names the contents: the SDK caches decoded side inputs by it, so new
-        contents need a new token.
+        ``servicer`` answers the SDK's side-input state requests (``get_raw``); ``token``
+        names its contents: the SDK caches decoded side inputs by it, so new contents need a
+        new token.
         """
-        self.state.load_side_inputs(entries)
+        self.state.serve_side_inputs(servicer)
         # Processors built from now on resolve global-window side inputs per element.
         self.processor_cache.side_inputs_change = True
         self.cache_tokens = _side_input_cache_tokens(self._side_inputs, token)

@@ -65,6 +65,10 @@ class StateBackend(bi.StateHandler):  # type: ignore[misc]
         """Replaces the side-input contents by ``entries`` (state key, data)."""
 
     @abc.abstractmethod
+    def serve_side_inputs(self, servicer: Any) -> None:
+        """Serves side inputs from ``servicer`` (its ``get_raw``) instead of what they were."""
+
+    @abc.abstractmethod
     def export_user_state(self) -> Any:
         """The user state held, as plain data (a streaming shard keeps it between batches).
 
@@ -117,6 +121,10 @@ class InMemoryStateBackend(StateBackend):
         self._side_inputs = bi.StateServicer()
         for key, data in entries:
             self._side_inputs.append_raw(bi.beam_fn_api_pb2.StateKey.FromString(key), data)
+
+    def serve_side_inputs(self, servicer: Any) -> None:
+        """Serves side inputs from ``servicer``: a ``StateServicer`` or one answering as it."""
+        self._side_inputs = servicer
 
     def write_iterable(self, values: Iterable[Any], element_coder_impl: Any) -> bytes:
         """Encodes the values under a fresh runner state key (Beam's iterable_state_write)."""

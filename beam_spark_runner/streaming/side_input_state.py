@@ -13,6 +13,7 @@ side element it holds.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import operator
@@ -25,6 +26,7 @@ from apache_beam.transforms.window import GlobalWindow
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import pickled_runs
 from beam_spark_runner.streaming.chunk_lists import ListStateChunks
+from beam_spark_runner.streaming.side_input_view import SideInputView
 from beam_spark_runner.streaming.watermarks import MAX_MICROS, WatermarkState
 
 Needs = tuple[int, ...]
@@ -122,6 +124,8 @@ class SideInputShardState:
         """What is pickled: the state without its journal."""
         stored = dict(self.__dict__)
         stored.pop("_journal", None)
+        stored.pop("_view", None)
+        stored.pop("_held_ends", None)
         return stored
 
     def encode(self) -> bytes:
@@ -156,6 +160,41 @@ class SideInputShardState:
             journal = self.__dict__["_journal"] = SideInputChanges()
         return journal
 
+    @property
+    def view(self) -> SideInputView | None:
+        """The side inputs as served, following this state's changes (``follow``), if any."""
+        return self.__dict__.get("_view")
+
+    def follow(self, view: SideInputView | None) -> None:
+        """From now on tells ``view`` (built from this state as it is) what changes."""
+        self.__dict__["_view"] = view
+
+    def sides_replaced(self) -> None:
+        """Its side inputs and firings were replaced whole: what follows them is made anew."""
+        self.__dict__.pop("_view", None)
+        self.__dict__.pop("_held_ends", None)
+
+    def _ends_held(self) -> list[collections.Counter[int]]:
+        """Per side input, its firings per window end: made once, kept with the state.
+
+        Not stored: a batch asks which windows had a firing (``fired_ends``) and whether
+        some end before a horizon (``forget``), and a side input holds a firing per key.
+        """
+        held: list[collections.Counter[int]] | None = self.__dict__.get("_held_ends")
+        if held is None or len(held) != len(self.fired):
+            held = [collections.Counter(entry[1] for entry in f.values()) for f in self.fired]
+            self.__dict__["_held_ends"] = held
+        return held
+
+    def _count_end(self, number: int, end: int, change: int) -> None:
+        """A firing of a window ending at ``end`` came (1) or went (-1)."""
+        held = self.__dict__.get("_held_ends")
+        if held is None or len(held) != len(self.fired):
+            return
+        held[number][end] += change
+        if not held[number][end]:
+            del held[number][end]
+
     def begin_batch(self) -> None:
         """Starts noting a micro-batch's changes afresh."""
         self.__dict__["_journal"] = SideInputChanges()
@@ -176,6 +215,8 @@ class SideInputShardState:
         plain: list[tuple[int, bytes]] = []
         fired = self.fired[number]
         touched = self.journal.fired
+        # The firings this call set, for the view.
+        slots: dict[bytes, None] = {}
         while stream.size() > 0:
             start = size - stream.size()
             value = impl.decode_from_stream(stream, True)
@@ -195,11 +236,17 @@ class SideInputShardState:
                 slot = window_impl.encode_nested(window) + key
                 entry = fired.get(slot)
                 if entry is None or entry[0] < pane.index:
+                    if entry is None:
+                        self._count_end(number, end, 1)
                     fired[slot] = [pane.index, end, [impl.encode_nested(single)]]
-                    touched[(number, slot)] = None
+                    touched[(number, slot)] = slots[slot] = None
                 elif entry[0] == pane.index:
                     entry[2].append(impl.encode_nested(single))
-                    touched[(number, slot)] = None
+                    touched[(number, slot)] = slots[slot] = None
+        view = self.view
+        if view is not None:
+            for slot in slots:
+                view.set_fired(number, slot, fired[slot][2])
         self._keep(number, plain)
 
     def _keep(self, number: int, plain: list[tuple[int, bytes]]) -> None:
@@ -216,9 +263,12 @@ class SideInputShardState:
         if len(self.ends) < len(self.sides):
             self.ends = [[MAX_MICROS] * len(chunks) for chunks in self.sides]
         chunks, ends = self.sides[number], self.ends[number]
+        view = self.view
         for end, chunk in added:
             chunks.append(chunk)
             ends.append(end)
+            if view is not None:
+                view.add_chunk(number, end, chunk)
 
     def forget(self, horizons: list[int]) -> None:
         """Drops each side input's windows that end before its horizon (microseconds).
@@ -230,11 +280,16 @@ class SideInputShardState:
         if self._forget_chunks(horizons):
             self.journal.chunks.append(("forget", list(horizons)))
         for number, horizon in enumerate(horizons):
-            if number < len(self.fired):
+            if (
+                number < len(self.fired)
+                and min(self._ends_held()[number], default=horizon) < horizon
+            ):
                 fired = self.fired[number]
                 for slot in [s for s, entry in fired.items() if entry[1] < horizon]:
-                    del fired[slot]
+                    self._count_end(number, fired.pop(slot)[1], -1)
                     self.journal.fired[(number, slot)] = None
+                    if self.view is not None:
+                        self.view.set_fired(number, slot, None)
 
     def _forget_chunks(self, horizons: list[int]) -> bool:
         """Drops the chunks whose windows end before their side input's horizon; whether any."""
@@ -248,6 +303,8 @@ class SideInputShardState:
                 self.ends[number] = [e for e, _ in kept]
                 self.sides[number] = [c for _, c in kept]
                 dropped = True
+                if self.view is not None:
+                    self.view.forget(number, horizon)
         return dropped
 
     def side_elements(self, number: int) -> list[bytes]:
@@ -257,8 +314,9 @@ class SideInputShardState:
 
     def fired_ends(self) -> list[frozenset[int]]:
         """Per side input, the ends of the windows that had a trigger firing."""
-        fired = self.fired if len(self.fired) == len(self.sides) else [{}] * len(self.sides)
-        return [frozenset(entry[1] for entry in windows.values()) for windows in fired]
+        if len(self.fired) != len(self.sides):
+            return [frozenset()] * len(self.sides)
+        return [frozenset(ends) for ends in self._ends_held()]
 
     def wait(self, elements: bytes, earliest: int, needs: Needs) -> None:
         """Main elements (encoded, concatenated) that wait for ``needs``."""
@@ -329,11 +387,18 @@ class SideInputShardState:
                 self._forget_chunks(change[1])
         if fired and len(self.fired) < len(self.sides):
             self.fired = [{} for _ in self.sides]
+        view = self.view
         for (number, slot), entry in fired.items():
             if entry is None:
-                self.fired[number].pop(slot, None)
+                dropped = self.fired[number].pop(slot, None)
+                if dropped is not None:
+                    self._count_end(number, dropped[1], -1)
             else:
+                if slot not in self.fired[number]:
+                    self._count_end(number, entry[1], 1)
                 self.fired[number][slot] = _copied(entry)
+            if view is not None:
+                view.set_fired(number, slot, None if entry is None else entry[2])
         for needs, bucket in buckets.items():
             if bucket is None:
                 self.buckets.pop(needs, None)

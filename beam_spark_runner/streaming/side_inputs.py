@@ -23,14 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import pickle
 from collections.abc import Hashable, Iterable, Iterator
 from typing import Any
 
 from beam_spark_runner import beam_internals as bi
 from beam_spark_runner.coders import pickled_runs
-from beam_spark_runner.execution.side_inputs import side_input_state_entries
 from beam_spark_runner.execution.stage_worker import (
     BundleOutputs,
     StageSpec,
@@ -56,6 +54,8 @@ from beam_spark_runner.streaming.side_input_state import (
     SideInputShardState,
     WaitingStore,
 )
+from beam_spark_runner.streaming.side_input_view import STATS as view_stats
+from beam_spark_runner.streaming.side_input_view import SideInputView
 from beam_spark_runner.streaming.topology import Node, Topology
 from beam_spark_runner.streaming.watermarks import (
     MAX_MICROS,
@@ -313,25 +313,27 @@ def read_rows(
 def load_side_inputs(worker: Any, spec: SideInputStageSpec, state: SideInputShardState) -> None:
     """Serves the side inputs the state holds to ``worker``'s bundles.
 
-    Called before a shard's first bundle, so the invokers its bundles build read them anew.
+    Called before a shard's first bundle of a batch, so the invokers its bundles build read
+    them anew. The view served (``side_input_view``) stays with the state in the worker's
+    cache and follows its changes: built from every side element held only where the state
+    has none (read back from the store, or new to this worker).
     """
-    entries = [
-        entry
-        for number, (side, coder) in enumerate(
-            zip(spec.side_inputs, _coders(spec).value_coders, strict=True)
+    view = state.view
+    if view is not None and view.stage != spec.stage.cache_key:
+        view = None
+    if view is not None and not view.follows(state.sides, state.fired):
+        view_stats.diverged += 1
+        view = None
+    if view is None:
+        sides = [
+            (side.transform_id, side.tag, side.access_pattern_urn, coder)
+            for side, coder in zip(spec.side_inputs, _coders(spec).value_coders, strict=True)
+        ]
+        view = SideInputView(spec.stage.cache_key, sides).built_from(
+            state.sides, state.ends, state.fired
         )
-        for entry in side_input_state_entries(
-            side.transform_id,
-            side.tag,
-            side.access_pattern_urn,
-            state.side_elements(number),
-            coder,
-        )
-    ]
-    digest = hashlib.sha1(
-        b"".join(key + data for key, data in entries), usedforsecurity=False
-    ).hexdigest()
-    worker.load_side_inputs(entries, f"{spec.stage.cache_key}/{digest}")
+        state.follow(view)
+    worker.serve_side_inputs(view, f"{spec.stage.cache_key}/{view.token}")
 
 
 class SideInputShard(ShardRun[SideInputShardState, BundleOutputs]):

@@ -104,6 +104,7 @@ class StatefulSideInputShard(StatefulShard):
             state.replay(side)
         else:
             state.sides, state.buckets, state.waiting, state.fired, state.ends = side
+            state.sides_replaced()
         self.replay_user(state, user, timers_whole=layout == _CHANGES_TIMERS_WHOLE)
 
     def before_watermark(self, state: Any, markers: list[Marker]) -> Iterator[BundleOutputs]:
