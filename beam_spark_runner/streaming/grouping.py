@@ -268,8 +268,9 @@ def shard_changes(shard: ShardState) -> bytes:
     for key_bytes in shard.dirty:
         blob = blobs[key_bytes] = _encode_key(keys[key_bytes])
         changed.append((key_bytes, blob, visits.get(key_bytes), holds.get(key_bytes)))
+    # Removed keys sorted: a set's order, which the hash seed decides, is not written.
     data = pickle.dumps(
-        (_CHANGES, shard.watermarks, shard.buffered, list(shard.removed), changed),
+        (_CHANGES, shard.watermarks, shard.buffered, sorted(shard.removed), changed),
         protocol=pickle.HIGHEST_PROTOCOL,
     )
     shard.dirty.clear()

@@ -150,7 +150,9 @@ class StatefulShard(ShardRun[StatefulShardState, BundleOutputs]):
         if self.touched is None:
             whole = (dict(cells), ordered)
         else:
-            used = self.touched | self.expired
+            # Sorted, not in the set's order: that hangs on the hash seed, and a replay adds
+            # new cells in this order, so the state read back would too.
+            used = sorted(self.touched | self.expired)
             changed = [(key, cells.get(key), ordered.get(key)) for key in used]
         return (state.watermarks, self.pending.changes(), state.next_expiry, whole, changed)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 # Beam's ``MIN_TIMESTAMP.micros`` and ``MAX_TIMESTAMP.micros``, written out: this module is
 # imported where Beam is not (the streaming source's driver process; a test checks them).
@@ -49,6 +50,22 @@ class WatermarkState:
     input_watermark: int = MIN_MICROS
     output_watermark: int = MIN_MICROS
     processing_time: int = MIN_MICROS
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What is pickled: ``expected`` as a sorted tuple.
+
+        A frozenset pickles in its iteration order, which hangs on the hash seed (and, for
+        colliding strings, on the order they went in): the same state would be stored as
+        different bytes by different worker processes.
+        """
+        stored = dict(self.__dict__)
+        stored["expected"] = tuple(sorted(self.expected))
+        return stored
+
+    def __setstate__(self, stored: dict[str, Any]) -> None:
+        """What ``__getstate__`` wrote, or a state pickled before it (a frozenset)."""
+        self.__dict__.update(stored)
+        self.expected = frozenset(self.expected)
 
     def advance(self, markers: Iterable[Marker]) -> int:
         """Takes a micro-batch's markers; returns the new input watermark.

@@ -604,3 +604,15 @@ def test_keys_with_the_same_visit_and_hold_share_one_object_of_each() -> None:
         assert len(state.visits) == len(state.holds) == 50
         assert len({id(v) for v in state.visits.values()}) == 1
         assert len({id(h) for h in state.holds.values()}) == 1
+
+
+def test_a_change_log_writes_the_removed_keys_sorted() -> None:
+    """Not in their set's order, which the hash seed decides: the bytes a batch logs are the
+    same in every worker process."""
+    import pickle
+
+    from beam_spark_runner.streaming.watermarks import WatermarkState
+
+    removed = {f"key{i}".encode() for i in range(50)}
+    shard = grouping.ShardState(WatermarkState(frozenset({"src"})), removed=set(removed))
+    assert pickle.loads(grouping.shard_changes(shard))[3] == sorted(removed)

@@ -33,7 +33,7 @@ from beam_spark_runner.streaming import state_cache
 from beam_spark_runner.streaming.compression import pack
 from beam_spark_runner.streaming.rows import ELEMENT, PRODUCER, PTIME, WATERMARK
 from beam_spark_runner.streaming.stateful import StatefulShard, StatefulShardState
-from beam_spark_runner.streaming.watermarks import MAX_MICROS
+from beam_spark_runner.streaming.watermarks import MAX_MICROS, WatermarkState
 from beam_spark_runner.streaming.window_expiry import WindowExpiry, window_expiry
 from tests.conftest import SPARK_TEST_MASTER
 from tests.stage_specs import one_stage_topology, stage_spec
@@ -564,3 +564,14 @@ def test_a_log_written_by_the_layout_before_replays(workers: int) -> None:
         _FIRED.clear()
     assert state_cache.STATS.reloads >= reloads + 1
     assert _kept(run.read_back(), run.spec) == kept[-1]
+
+
+def test_a_change_log_writes_the_cells_used_sorted() -> None:
+    """Not in their set's order, which the hash seed decides: a replay adds new cells in the
+    order written, and the bytes a batch logs are the same in every worker process."""
+    shard = StatefulShard(_spec(0), NO_SINKS)
+    cells = {f"cell{i}".encode(): [b"v"] for i in range(50)}
+    shard.touched, shard.expired = set(list(cells)[:30]), set(list(cells)[30:])
+    state = StatefulShardState(WatermarkState(frozenset({_SOURCE})), (cells, {}))
+    changed = shard.user_changes(state)[4]
+    assert [key for key, _, _ in changed] == sorted(cells)

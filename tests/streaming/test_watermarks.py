@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import pickle
+import subprocess
+import sys
+
 import pytest
 
 from beam_spark_runner.streaming.watermarks import (
@@ -54,3 +59,44 @@ def test_the_bounds_are_beams_minimum_and_maximum_timestamps() -> None:
     from beam_spark_runner.streaming.watermarks import MAX_MICROS, MIN_MICROS
 
     assert (MIN_MICROS, MAX_MICROS) == (MIN_TIMESTAMP.micros, MAX_TIMESTAMP.micros)
+
+
+# Pickles a shard's watermarks, expecting several producers, and prints the bytes' hex.
+_PICKLE_WATERMARKS = """
+import pickle
+from beam_spark_runner.streaming.watermarks import WatermarkState
+expected = frozenset(["main", "side", *(f"{n}#{s}" for n in range(3) for s in range(4))])
+print(pickle.dumps(WatermarkState(expected), protocol=pickle.HIGHEST_PROTOCOL).hex())
+"""
+
+
+def test_the_watermarks_pickle_to_the_same_bytes_under_any_hash_seed() -> None:
+    # A frozenset pickles in its iteration order, which the hash seed decides: each worker
+    # process would store the same state as other bytes (seed 40 once failed a test).
+    pickled = set()
+    for seed in ("1", "7", "40", "123"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run(
+            [sys.executable, "-c", _PICKLE_WATERMARKS], env=env, check=True, capture_output=True
+        )
+        pickled.add(out.stdout)
+    assert len(pickled) == 1
+    state = pickle.loads(bytes.fromhex(pickled.pop().decode()))
+    assert isinstance(state.expected, frozenset) and "main" in state.expected
+
+
+# ``WatermarkState(frozenset({"src"}), {"src": 5}, 5, 4, 7)`` as the runner pickled it
+# before ``expected`` was stored sorted: a frozenset.
+_PICKLED_BEFORE = (
+    b"\x80\x05\x95\xa9\x00\x00\x00\x00\x00\x00\x00\x8c&beam_spark_runner.streaming.watermarks"
+    b"\x94\x8c\x0eWatermarkState\x94\x93\x94)\x81\x94}\x94(\x8c\x08expected\x94(\x8c\x03src"
+    b"\x94\x91\x94\x8c\tproducers\x94}\x94h\x06K\x05s\x8c\x0finput_watermark\x94K\x05"
+    b"\x8c\x10output_watermark\x94K\x04\x8c\x0fprocessing_time\x94K\x07ub."
+)
+
+
+def test_watermarks_pickled_before_with_a_frozenset_still_load() -> None:
+    state = pickle.loads(_PICKLED_BEFORE)
+    assert state == WatermarkState(frozenset({"src"}), {"src": 5}, 5, 4, 7)
+    assert isinstance(state.expected, frozenset)
+    assert state.advance([Marker("src", 9, 8)]) == 9
