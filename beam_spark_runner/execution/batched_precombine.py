@@ -176,6 +176,11 @@ class _PrecombineDoFn(core.DoFn):  # type: ignore[misc]
         """``add_all`` element by element (each window of each, as Beam's operation)."""
         table = self.table
         add_input, add_inputs = self._combine_fn.add_input, self._combine_fn.add_inputs
+
+        def add_run(entry: Any, run: list[Any]) -> None:
+            # A run of one (sliding windows' usual) as Beam adds it.
+            entry[0] = add_input(entry[0], run[0]) if len(run) == 1 else add_inputs(entry[0], run)
+
         new_entry = self._new_entry
         flushed: list[Any] = []
         # The (window, key)'s entry the run adds to, and its key.
@@ -187,21 +192,13 @@ class _PrecombineDoFn(core.DoFn):  # type: ignore[misc]
                 key, value = windowed_value.value
                 if entry is None or not _same_key(key, current):
                     if run:
-                        entry[0] = (  # type: ignore[index]
-                            add_input(entry[0], run[0])  # type: ignore[index]
-                            if len(run) == 1
-                            else add_inputs(entry[0], run)  # type: ignore[index]
-                        )
+                        add_run(entry, run)
                         run = []
                     current = key
                     entry = table.get(key) or new_entry(key, None, None, flushed)
                 run.append(value)
             if run:
-                entry[0] = (  # type: ignore[index]
-                    add_input(entry[0], run[0])  # type: ignore[index]
-                    if len(run) == 1
-                    else add_inputs(entry[0], run)  # type: ignore[index]
-                )
+                add_run(entry, run)
             return flushed
         timestamp_combiner = self._timestamp_combiner
         interval_window, bounds = window.IntervalWindow, bi.interval_bounds
@@ -219,12 +216,7 @@ class _PrecombineDoFn(core.DoFn):  # type: ignore[misc]
                         _same_key(at, current[0]) and _same_key(key, current[1])
                     ):
                         if run:
-                            # A run of one (sliding windows' usual) as Beam adds it.
-                            entry[0] = (  # type: ignore[index]
-                                add_input(entry[0], run[0])  # type: ignore[index]
-                                if len(run) == 1
-                                else add_inputs(entry[0], run)  # type: ignore[index]
-                            )
+                            add_run(entry, run)
                             run = []
                         current = (at, key)
                         entry = table.get(current) or new_entry(
@@ -235,11 +227,7 @@ class _PrecombineDoFn(core.DoFn):  # type: ignore[misc]
                 if timestamp_combiner:
                     entry[1] = timestamp_combiner.combine(entry[1], timestamp)  # type: ignore[index]
         if run:
-            entry[0] = (  # type: ignore[index]
-                add_input(entry[0], run[0])  # type: ignore[index]
-                if len(run) == 1
-                else add_inputs(entry[0], run)  # type: ignore[index]
-            )
+            add_run(entry, run)
         return flushed
 
     def _new_entry(self, wkey: Any, timestamp: Any, window_: Any, flushed: list[Any]) -> list[Any]:
