@@ -123,34 +123,18 @@ class _Sides:
         """Every state key a bundle could ask for, of windows and keys seen, and wrong ones."""
         keys = []
         for window in sorted(self.windows):
-            keys.append(
-                StateKey(
-                    iterable_side_input=StateKey.IterableSideInput(
-                        transform_id="t", side_input_id="iter", window=window
-                    )
-                )
-            )
-            keys.append(
-                StateKey(
-                    iterable_side_input=StateKey.IterableSideInput(
-                        transform_id="t", side_input_id="multi", window=window
-                    )
-                )
-            )
-            keys.append(
-                StateKey(
-                    multimap_keys_side_input=StateKey.MultimapKeysSideInput(
-                        transform_id="t", side_input_id="multi", window=window
-                    )
-                )
-            )
-            keys.append(
-                StateKey(
-                    multimap_keys_values_side_input=StateKey.MultimapKeysValuesSideInput(
-                        transform_id="t", side_input_id="multi", window=window
-                    )
-                )
-            )
+            for field, kind, side in (
+                ("iterable_side_input", StateKey.IterableSideInput, "iter"),
+                ("iterable_side_input", StateKey.IterableSideInput, "multi"),
+                ("multimap_keys_side_input", StateKey.MultimapKeysSideInput, "multi"),
+                (
+                    "multimap_keys_values_side_input",
+                    StateKey.MultimapKeysValuesSideInput,
+                    "multi",
+                ),
+            ):
+                request = kind(transform_id="t", side_input_id=side, window=window)
+                keys.append(StateKey(**{field: request}))
             for key in [*_KEYS, "z"]:
                 encoded = coders.StrUtf8Coder().get_impl().encode_nested(key)
                 keys.append(
